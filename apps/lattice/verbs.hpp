@@ -1,0 +1,18 @@
+// The verbs of the `lattice` CLI: each file verb_<name>.cpp registers one verb (or one `bench` target)
+// on the CLI11 app. Verbs report user errors by throwing lattice::Error; main prints them as one line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace lattice::cli {
+
+void register_train_verb(CLI::App& app);
+void register_generate_verb(CLI::App& app);
+void register_estimate_verb(CLI::App& app);
+void register_simulate_verb(CLI::App& app);
+void register_plan_verb(CLI::App& app);
+// Targets of `lattice bench <target>`.
+void register_bench_train(CLI::App& bench);
+void register_bench_comm(CLI::App& bench);
+
+}  // namespace lattice::cli

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what Lattice needs to build, test and run its demo, from Debian's archive only.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libdnnl-dev libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  openmpi-bin libopenmpi-dev
+  python3 python3-numpy python3-torch
+  fortunes
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+echo "install_deps: installing ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,93 @@
+// Tensor: an owned, 64-byte-aligned, contiguous n-d buffer with a dtype, a shape and an optional
+// memory-accounting category. Kernels take raw pointers from it; it does no arithmetic itself.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "lattice/core/dtype.hpp"
+#include "lattice/core/memory.hpp"
+
+namespace lattice {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_string(const Shape& shape);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates zero-filled storage. With a tracker, the bytes are counted under `category` until the
+  // tensor is destroyed or reset.
+  Tensor(Shape shape, DType dtype, MemoryTracker* tracker = nullptr,
+         MemoryCategory category = MemoryCategory::other);
+  ~Tensor();
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+
+  // A deep copy (same tracker and category).
+  Tensor clone() const;
+  // Frees the storage (and its accounting); the tensor becomes empty.
+  void reset();
+  void zero();
+
+  bool empty() const { return data_ == nullptr; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_.at(static_cast<size_t>(i < 0 ? i + rank() : i)); }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  DType dtype() const { return dtype_; }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
+  MemoryCategory category() const { return category_; }
+
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  // Typed access; throws Error when T does not match the dtype.
+  template <class T>
+  T* data();
+  template <class T>
+  const T* data() const;
+  float* f32() { return data<float>(); }
+  const float* f32() const { return data<float>(); }
+
+ private:
+  void check_type(DType expected) const;
+
+  Shape shape_;
+  DType dtype_ = DType::f32;
+  int64_t numel_ = 0;
+  void* data_ = nullptr;
+  MemoryTracker* tracker_ = nullptr;
+  MemoryCategory category_ = MemoryCategory::other;
+};
+
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::f32; }
+template <>
+constexpr DType dtype_of<bf16>() { return DType::bf16; }
+template <>
+constexpr DType dtype_of<int32_t>() { return DType::i32; }
+template <>
+constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <>
+constexpr DType dtype_of<uint8_t>() { return DType::u8; }
+
+template <class T>
+T* Tensor::data() {
+  check_type(dtype_of<T>());
+  return static_cast<T*>(data_);
+}
+template <class T>
+const T* Tensor::data() const {
+  check_type(dtype_of<T>());
+  return static_cast<const T*>(data_);
+}
+
+}  // namespace lattice

@@ -1,0 +1,18 @@
+// Pointwise activations: GELU in its tanh form (GPT-2, PyTorch approximate="tanh") and SwiGLU
+// (Llama: silu(gate) * up), forward and backward.
+#pragma once
+
+#include <cstdint>
+
+namespace lattice::kernels {
+
+void gelu_forward(float* out, const float* in, int64_t n);
+void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n);  // d_in overwritten
+
+// out = silu(gate) * up, silu(x) = x * sigmoid(x).
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);
+// d_gate and d_up overwritten.
+void swiglu_backward(float* d_gate, float* d_up, const float* d_out, const float* gate,
+                     const float* up, int64_t n);
+
+}  // namespace lattice::kernels

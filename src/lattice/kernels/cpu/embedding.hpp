@@ -1,0 +1,18 @@
+// Token (and optional learned position) embedding lookup, forward and backward.
+#pragma once
+
+#include <cstdint>
+
+namespace lattice::kernels {
+
+// out[b,t,:] = wte[tokens[b,t],:] (+ wpe[pos_offset + t,:] when wpe is not null).
+// Token ids are trusted here (the data loader checks them).
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C, int64_t pos_offset = 0);
+
+// d_wte[tokens[b,t],:] += d_out[b,t,:]; d_wpe[t,:] += sum over b (when d_wpe is not null).
+// Deterministic: the summation order does not depend on the thread count.
+void embedding_backward(float* d_wte, float* d_wpe, const float* d_out, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C);
+
+}  // namespace lattice::kernels

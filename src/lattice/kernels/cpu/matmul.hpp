@@ -1,0 +1,42 @@
+// Matmul through oneDNN: the Linear layer's forward and backward (weights stored [out, in] as in
+// PyTorch), in fp32 or bf16 (AMX) with fp32 accumulation. The engine caches primitives and scratch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "lattice/kernels/cpu/precision.hpp"
+
+namespace lattice::kernels {
+
+class MatmulEngine {
+ public:
+  MatmulEngine();
+  ~MatmulEngine();
+  MatmulEngine(const MatmulEngine&) = delete;
+  MatmulEngine& operator=(const MatmulEngine&) = delete;
+
+  // out[M,N] = in[M,K] · weight[N,K]^T (+ bias[N] when bias is not null). out is overwritten.
+  void forward(float* out, const float* in, const float* weight, const float* bias, int64_t M,
+               int64_t K, int64_t N, Precision precision);
+
+  // Given d_out[M,N]:
+  //   d_in[M,K]      = d_out · weight          (overwritten; skipped when d_in is null)
+  //   d_weight[N,K] += d_out^T · in            (accumulated; skipped when null)
+  //   d_bias[N]     += sum over rows of d_out  (accumulated; skipped when null)
+  void backward(float* d_in, float* d_weight, float* d_bias, const float* d_out, const float* in,
+                const float* weight, int64_t M, int64_t K, int64_t N, Precision precision);
+
+  // General row-major GEMM: C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when the flag
+  // is set. A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K] transposed), leading dimensions
+  // are the row strides. Used by attention and anything else that is not a Linear layer.
+  void gemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc, Precision precision);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lattice::kernels

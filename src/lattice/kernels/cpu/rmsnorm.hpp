@@ -1,0 +1,16 @@
+// RMSNorm over the last dimension (Llama), forward and backward, as Hugging Face's LlamaRMSNorm.
+#pragma once
+
+#include <cstdint>
+
+namespace lattice::kernels {
+
+// out[r,:] = in[r,:] * rstd_r * weight, rstd_r = 1/sqrt(mean(in[r,:]^2) + eps); saves rstd[rows].
+void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t rows,
+                     int64_t C, float eps);
+
+// d_in overwritten; d_weight accumulated (+=). Bit-identical for any OpenMP thread count.
+void rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const float* in,
+                      const float* weight, const float* rstd, int64_t rows, int64_t C);
+
+}  // namespace lattice::kernels

@@ -1,0 +1,64 @@
+// Tests of core: Tensor storage and accounting, bf16 rounding, RNG determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "lattice/core/dtype.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/core/rng.hpp"
+#include "lattice/core/tensor.hpp"
+
+using namespace lattice;
+
+TEST(Tensor, AllocatesZeroedAlignedStorageAndCountsIt) {
+  MemoryTracker tracker;
+  {
+    Tensor t({3, 5}, DType::f32, &tracker, MemoryCategory::activations);
+    EXPECT_EQ(t.numel(), 15);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+    for (int i = 0; i < 15; ++i) EXPECT_EQ(t.f32()[i], 0.0f);
+    EXPECT_EQ(tracker.current(MemoryCategory::activations), 60);
+    Tensor moved = std::move(t);
+    EXPECT_TRUE(t.empty());
+    EXPECT_EQ(tracker.current(MemoryCategory::activations), 60);
+  }
+  EXPECT_EQ(tracker.current(MemoryCategory::activations), 0);
+  EXPECT_EQ(tracker.peak(MemoryCategory::activations), 60);
+}
+
+TEST(Tensor, TypedAccessChecksDtype) {
+  Tensor t({4}, DType::bf16);
+  EXPECT_NO_THROW(t.data<bf16>());
+  EXPECT_THROW(t.data<float>(), Error);
+}
+
+TEST(BF16, RoundsToNearestEven) {
+  // 1 + 2^-8 is exactly halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to even (1).
+  EXPECT_EQ(to_float(to_bf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
+  // 1 + 3*2^-8 is halfway between 1+2^-7 (odd mantissa) and 1+2^-6: goes to 1+2^-6.
+  EXPECT_EQ(to_float(to_bf16(1.0f + 3 * std::ldexp(1.0f, -8))), 1.0f + std::ldexp(1.0f, -6));
+  EXPECT_EQ(to_float(to_bf16(-2.5f)), -2.5f);
+  EXPECT_TRUE(std::isnan(to_float(to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(to_float(to_bf16(std::numeric_limits<float>::infinity()))));
+  // Largest finite float rounds up to infinity in bf16 (as PyTorch does).
+  EXPECT_TRUE(std::isinf(to_float(to_bf16(std::numeric_limits<float>::max()))));
+}
+
+TEST(Rng, IsDeterministicAndRestorable) {
+  Rng a(42), b(42);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(a.next_u64(), b.next_u64());
+  auto saved = a.state();
+  float x = a.normal();
+  a.set_state(saved);
+  EXPECT_EQ(a.normal(), x);
+  double sum = 0, sum_sq = 0;
+  Rng c(7);
+  for (int i = 0; i < 100000; ++i) {
+    double v = c.normal();
+    sum += v;
+    sum_sq += v * v;
+  }
+  EXPECT_NEAR(sum / 1e5, 0.0, 0.02);
+  EXPECT_NEAR(sum_sq / 1e5, 1.0, 0.02);
+}
