@@ -1,0 +1,96 @@
+// LayerNorm forward and backward over the last dimension: see layernorm.hpp. Each row is read from
+// memory once (later sweeps over the row hit L1/L2); rows are spread over OpenMP threads; the
+// parameter gradients are reduced over a fixed row partition so they do not depend on the thread
+// count.
+#include "lattice/kernels/cpu/layernorm.hpp"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/row_chunks.hpp"
+
+namespace lattice::kernels {
+
+namespace {
+
+void check_shape(const char* op, int64_t rows, int64_t C) {
+  check(rows >= 0 && C > 0, std::string(op) + ": needs rows >= 0 and C > 0, got rows=" +
+                                std::to_string(rows) + " C=" + std::to_string(C));
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
+                       const float* bias, int64_t rows, int64_t C, float eps) {
+  check_shape("layernorm_forward", rows, C);
+  const float inv_C = 1.0f / static_cast<float>(C);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in + r * C;
+    float* y = out + r * C;
+    float sum = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : sum)
+    for (int64_t c = 0; c < C; ++c) sum += x[c];
+    const float m = sum * inv_C;
+    // Two-pass variance about the mean: no cancellation when |mean| >> std.
+    float squares = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : squares)
+    for (int64_t c = 0; c < C; ++c) {
+      const float d = x[c] - m;
+      squares += d * d;
+    }
+    const float s = 1.0f / std::sqrt(squares * inv_C + eps);
+#pragma omp simd simdlen(16)
+    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+void layernorm_backward(float* d_in, float* d_weight, float* d_bias, const float* d_out,
+                        const float* in, const float* weight, const float* mean, const float* rstd,
+                        int64_t rows, int64_t C) {
+  check_shape("layernorm_backward", rows, C);
+  if (rows == 0) return;
+  const RowChunks chunks = fixed_row_chunks(rows);
+  // Per chunk: C partial sums for d_weight, then C for d_bias.
+  std::vector<float> partials(static_cast<size_t>(chunks.count * 2 * C), 0.0f);
+  const float inv_C = 1.0f / static_cast<float>(C);
+#pragma omp parallel for schedule(static)
+  for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
+    float* partial_weight = partials.data() + chunk * 2 * C;
+    float* partial_bias = partial_weight + C;
+    for (int64_t r = chunks.begin(chunk); r < chunks.end(chunk, rows); ++r) {
+      const float* x = in + r * C;
+      const float* dy = d_out + r * C;
+      float* dx = d_in + r * C;
+      const float m = mean[r];
+      const float s = rstd[r];
+      float sum_dnorm = 0.0f;
+      float sum_dnorm_xhat = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : sum_dnorm, sum_dnorm_xhat)
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (x[c] - m) * s;
+        const float dnorm = dy[c] * weight[c];
+        sum_dnorm += dnorm;
+        sum_dnorm_xhat += dnorm * xhat;
+        partial_weight[c] += dy[c] * xhat;
+        partial_bias[c] += dy[c];
+      }
+      const float mean_dnorm = sum_dnorm * inv_C;
+      const float mean_dnorm_xhat = sum_dnorm_xhat * inv_C;
+#pragma omp simd simdlen(16)
+      for (int64_t c = 0; c < C; ++c) {
+        const float xhat = (x[c] - m) * s;
+        const float dnorm = dy[c] * weight[c];
+        dx[c] = s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat);
+      }
+    }
+  }
+  add_chunk_partials(d_weight, partials.data(), chunks.count, 2 * C, C);
+  add_chunk_partials(d_bias, partials.data() + C, chunks.count, 2 * C, C);
+}
+
+}  // namespace lattice::kernels

@@ -1,0 +1,55 @@
+// Fixed partition of rows into chunks for deterministic parameter-gradient reductions: each chunk
+// sums its rows into its own partial, and partials are reduced in chunk order afterwards. The
+// partition depends only on the row count, so results are bit-identical for any OpenMP thread
+// count.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace lattice::kernels {
+
+struct RowChunks {
+  int64_t rows_per_chunk = 1;
+  int64_t count = 0;
+
+  int64_t begin(int64_t chunk) const { return chunk * rows_per_chunk; }
+  int64_t end(int64_t chunk, int64_t rows) const {
+    return std::min(rows, (chunk + 1) * rows_per_chunk);
+  }
+};
+
+// At most 128 chunks (bounded scratch) of at least 8 rows (partials cost little next to the rows).
+inline RowChunks fixed_row_chunks(int64_t rows) {
+  constexpr int64_t kMaxChunks = 128;
+  constexpr int64_t kMinRowsPerChunk = 8;
+  RowChunks chunks;
+  chunks.rows_per_chunk = std::max(kMinRowsPerChunk, (rows + kMaxChunks - 1) / kMaxChunks);
+  chunks.count = (rows + chunks.rows_per_chunk - 1) / chunks.rows_per_chunk;
+  return chunks;
+}
+
+// accumulator[c] += sum over chunks k (in order k = 0, 1, ...) of partials[k * stride + c], summed
+// in double and rounded once; parallel over channel blocks, so the order per channel never changes.
+inline void add_chunk_partials(float* accumulator, const float* partials, int64_t chunk_count,
+                               int64_t stride, int64_t C) {
+  constexpr int64_t kBlock = 256;
+  const int64_t blocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (chunk_count * C > 65536)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kBlock;
+    const int64_t width = std::min(kBlock, C - c0);
+    double sum[kBlock] = {};
+    for (int64_t k = 0; k < chunk_count; ++k) {
+      const float* partial = partials + k * stride + c0;
+#pragma omp simd
+      for (int64_t c = 0; c < width; ++c) sum[c] += static_cast<double>(partial[c]);
+    }
+#pragma omp simd
+    for (int64_t c = 0; c < width; ++c) {
+      accumulator[c0 + c] = static_cast<float>(static_cast<double>(accumulator[c0 + c]) + sum[c]);
+    }
+  }
+}
+
+}  // namespace lattice::kernels

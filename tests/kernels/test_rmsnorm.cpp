@@ -1,0 +1,202 @@
+// Tests for the CPU RMSNorm kernels: forward and backward against a naive double-precision
+// reference (Hugging Face LlamaRMSNorm), backward against central finite differences, += semantics
+// of d_weight, odd shapes, and bit-identical results for 1, 2 and 3 OpenMP threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "gradcheck.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/rmsnorm.hpp"
+#include "omp_thread_count.hpp"
+
+namespace lattice::kernels {
+namespace {
+
+using testing::max_relative_error;
+using testing::random_vector;
+
+constexpr float kEps = 1e-6f;  // Llama's rms_norm_eps
+
+struct Shape {
+  int64_t rows;
+  int64_t C;
+};
+
+const Shape kShapes[] = {{1, 1}, {3, 1}, {1, 7}, {3, 7}, {3, 33}, {1, 768}, {3, 768}};
+
+struct Reference {
+  std::vector<double> out, rstd, d_in, d_weight;
+};
+
+// Naive double-precision RMSNorm: out = weight * x / sqrt(mean(x^2) + eps), and its gradient.
+Reference reference_rmsnorm(const std::vector<float>& in, const std::vector<float>& weight,
+                            const std::vector<float>& d_out, int64_t rows, int64_t C, double eps) {
+  Reference ref;
+  ref.out.resize(rows * C);
+  ref.d_in.resize(rows * C);
+  ref.d_weight.assign(C, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mean_square = 0;
+    for (int64_t c = 0; c < C; ++c)
+      mean_square += static_cast<double>(in[r * C + c]) * in[r * C + c];
+    mean_square /= C;
+    const double rstd = 1.0 / std::sqrt(mean_square + eps);
+    ref.rstd.push_back(rstd);
+    double sum_dnorm_xhat = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double xhat = in[r * C + c] * rstd;
+      ref.out[r * C + c] = xhat * weight[c];
+      sum_dnorm_xhat += static_cast<double>(d_out[r * C + c]) * weight[c] * xhat;
+      ref.d_weight[c] += static_cast<double>(d_out[r * C + c]) * xhat;
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const double xhat = in[r * C + c] * rstd;
+      ref.d_in[r * C + c] =
+          rstd * (static_cast<double>(d_out[r * C + c]) * weight[c] - xhat * sum_dnorm_xhat / C);
+    }
+  }
+  return ref;
+}
+
+struct Problem {
+  int64_t rows, C;
+  std::vector<float> in, weight, d_out;
+};
+
+Problem make_problem(int64_t rows, int64_t C, uint64_t seed) {
+  Problem p{rows, C, random_vector(rows * C, seed, 2.0f), random_vector(C, seed + 1, 0.5f),
+            random_vector(rows * C, seed + 3)};
+  for (auto& w : p.weight) w += 1.0f;
+  return p;
+}
+
+TEST(RmsNorm, ForwardMatchesDoubleReference) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "rows=" << s.rows << " C=" << s.C);
+    Problem p = make_problem(s.rows, s.C, 101);
+    std::vector<float> out(s.rows * s.C), rstd(s.rows);
+    rmsnorm_forward(out.data(), rstd.data(), p.in.data(), p.weight.data(), s.rows, s.C, kEps);
+    Reference ref = reference_rmsnorm(p.in, p.weight, p.d_out, s.rows, s.C, kEps);
+    // A 16-lane fp32 sum of squares and three roundings per element: a few ulp (observed ~2e-7).
+    EXPECT_LT(max_relative_error(out, ref.out), 1e-6);
+    EXPECT_LT(max_relative_error(rstd, ref.rstd), 1e-6);
+  }
+}
+
+TEST(RmsNorm, BackwardMatchesDoubleReference) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "rows=" << s.rows << " C=" << s.C);
+    Problem p = make_problem(s.rows, s.C, 103);
+    std::vector<float> out(s.rows * s.C), rstd(s.rows);
+    rmsnorm_forward(out.data(), rstd.data(), p.in.data(), p.weight.data(), s.rows, s.C, kEps);
+    std::vector<float> d_in(s.rows * s.C), d_weight(s.C, 0.0f);
+    rmsnorm_backward(d_in.data(), d_weight.data(), p.d_out.data(), p.in.data(), p.weight.data(),
+                     rstd.data(), s.rows, s.C);
+    Reference ref = reference_rmsnorm(p.in, p.weight, p.d_out, s.rows, s.C, kEps);
+    // One fp32 cancellation (dnorm - xhat * mean) per element: a few ulp of the row's scale.
+    if (s.C > 1) {
+      EXPECT_LT(max_relative_error(d_in, ref.d_in), 2e-6);
+    } else {
+      // C = 1: d_in = rstd * dnorm * (1 - xhat^2) with 1 - xhat^2 = eps / (x^2 + eps) ~ 1e-7, far
+      // below fp32 resolution of xhat^2 ~ 1: the error is a few ulp of rstd * dnorm, not of d_in.
+      for (int64_t r = 0; r < s.rows; ++r) {
+        const double uncancelled = std::fabs(rstd[r] * p.d_out[r] * p.weight[0]);
+        EXPECT_NEAR(d_in[r], ref.d_in[r], 4 * 6e-8 * uncancelled);
+      }
+    }
+    EXPECT_LT(max_relative_error(d_weight, ref.d_weight), 2e-6);
+  }
+}
+
+TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
+  // Loss = sum_i w_i * out_i (in double) through the fp32 forward kernel; central differences with
+  // step 1e-2 on inputs of scale 2 and weights of scale 1: truncation O(h^2) ~ 1e-5, fp32 rounding
+  // of the perturbed row's C outputs ~ sqrt(C) * 6e-8 / 2h ~ 1e-4 at C = 768. Tolerance 1e-3. One
+  // thread: thousands of tiny calls.
+  const float step = 1e-2f;
+  const double tolerance = 1e-3;
+  testing::ScopedOmpThreads one_thread(1);
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << "rows=" << s.rows << " C=" << s.C);
+    Problem p = make_problem(s.rows, s.C, 107);
+    std::vector<float> out(s.rows * s.C), rstd(s.rows);
+    auto loss = [&] {
+      rmsnorm_forward(out.data(), rstd.data(), p.in.data(), p.weight.data(), s.rows, s.C, kEps);
+      return testing::weighted_sum(out, p.d_out);
+    };
+    auto num_d_in = testing::numerical_gradient(loss, p.in.data(), s.rows * s.C, step);
+    auto num_d_weight = testing::numerical_gradient(loss, p.weight.data(), s.C, step);
+
+    loss();
+    std::vector<float> d_in(s.rows * s.C), d_weight(s.C, 0.0f);
+    rmsnorm_backward(d_in.data(), d_weight.data(), p.d_out.data(), p.in.data(), p.weight.data(),
+                     rstd.data(), s.rows, s.C);
+    if (s.C > 1) {
+      EXPECT_LT(max_relative_error(d_in, num_d_in), tolerance);
+    } else {
+      // C = 1: out = weight * sign(x) (up to eps), so d out / d x ~ 0 away from x = 0.
+      for (size_t i = 0; i < d_in.size(); ++i) {
+        EXPECT_LT(std::fabs(d_in[i]), 1e-3f);
+        EXPECT_LT(std::fabs(num_d_in[i]), 1e-3);
+      }
+    }
+    EXPECT_LT(max_relative_error(d_weight, num_d_weight), tolerance);
+  }
+}
+
+TEST(RmsNorm, BackwardAccumulatesWeightGradAndOverwritesInputGrad) {
+  const int64_t rows = 3, C = 33;
+  Problem p = make_problem(rows, C, 109);
+  std::vector<float> out(rows * C), rstd(rows);
+  rmsnorm_forward(out.data(), rstd.data(), p.in.data(), p.weight.data(), rows, C, kEps);
+  std::vector<float> fresh_d_in(rows * C), fresh_d_weight(C, 0.0f);
+  rmsnorm_backward(fresh_d_in.data(), fresh_d_weight.data(), p.d_out.data(), p.in.data(),
+                   p.weight.data(), rstd.data(), rows, C);
+
+  const std::vector<float> prior = random_vector(C, 113);
+  std::vector<float> d_in(rows * C, std::numeric_limits<float>::quiet_NaN()), d_weight = prior;
+  rmsnorm_backward(d_in.data(), d_weight.data(), p.d_out.data(), p.in.data(), p.weight.data(),
+                   rstd.data(), rows, C);
+  EXPECT_EQ(0, std::memcmp(d_in.data(), fresh_d_in.data(), d_in.size() * sizeof(float)));
+  for (int64_t c = 0; c < C; ++c) {
+    // prior + gradient, rounded once (kernel) or twice (here) in fp32: within 1 ulp.
+    const float expected = prior[c] + fresh_d_weight[c];
+    EXPECT_NEAR(d_weight[c], expected, 2e-7f * (1.0f + std::fabs(expected)));
+  }
+}
+
+TEST(RmsNorm, BitIdenticalForAnyThreadCount) {
+  const int64_t rows = 1037, C = 768;
+  Problem p = make_problem(rows, C, 127);
+  std::vector<float> baseline_out, baseline_d_in, baseline_d_weight;
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "threads=" << threads);
+    testing::ScopedOmpThreads scoped(threads);
+    std::vector<float> out(rows * C), rstd(rows);
+    rmsnorm_forward(out.data(), rstd.data(), p.in.data(), p.weight.data(), rows, C, kEps);
+    std::vector<float> d_in(rows * C), d_weight(C, 0.5f);
+    rmsnorm_backward(d_in.data(), d_weight.data(), p.d_out.data(), p.in.data(), p.weight.data(),
+                     rstd.data(), rows, C);
+    if (threads == 1) {
+      baseline_out = out;
+      baseline_d_in = d_in;
+      baseline_d_weight = d_weight;
+      continue;
+    }
+    EXPECT_EQ(0, std::memcmp(out.data(), baseline_out.data(), out.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(d_in.data(), baseline_d_in.data(), d_in.size() * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(d_weight.data(), baseline_d_weight.data(), C * sizeof(float)));
+  }
+}
+
+TEST(RmsNorm, RejectsNonPositiveChannels) {
+  float x = 0;
+  EXPECT_THROW(rmsnorm_forward(&x, &x, &x, &x, 1, 0, kEps), Error);
+}
+
+}  // namespace
+}  // namespace lattice::kernels
