@@ -1,0 +1,18 @@
+// Block helpers: the shared backward scratch and activation allocation (see block.hpp).
+#include "lattice/model/block.hpp"
+
+namespace lattice::model {
+
+float* BackwardScratch::get(int slot, int64_t numel, MemoryTracker* tracker) {
+  if (static_cast<int>(buffers_.size()) <= slot) buffers_.resize(static_cast<size_t>(slot) + 1);
+  Tensor& buffer = buffers_[static_cast<size_t>(slot)];
+  if (buffer.numel() < numel) buffer = Tensor({numel}, DType::f32, tracker, MemoryCategory::activations);
+  return buffer.f32();
+}
+
+void ensure_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
+  if (tensor.shape() == shape) return;
+  tensor = Tensor(std::move(shape), DType::f32, tracker, MemoryCategory::activations);
+}
+
+}  // namespace lattice::model

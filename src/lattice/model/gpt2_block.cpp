@@ -1,0 +1,107 @@
+// GPT-2 transformer block: see gpt2_block.hpp.
+#include "lattice/model/gpt2_block.hpp"
+
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/activations.hpp"
+#include "lattice/kernels/cpu/attention.hpp"
+#include "lattice/kernels/cpu/elementwise.hpp"
+#include "lattice/kernels/cpu/layernorm.hpp"
+
+namespace lattice::model {
+
+namespace k = lattice::kernels;
+
+Gpt2Block::Gpt2Block(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
+                     const TensorParallelGroup& tp)
+    : store_(store), C_(config.d_model), F_(config.ffn_hidden), heads_(config.n_heads),
+      eps_(config.norm_eps) {
+  check(tp.size == 1, "tensor parallelism is not available yet: set parallelism.tp = 1");
+  const std::string p = "transformer.h." + std::to_string(layer_index) + ".";
+  ln1_weight_ = store.declare(p + "ln_1.weight", {C_}, InitKind::ones, false);
+  ln1_bias_ = store.declare(p + "ln_1.bias", {C_}, InitKind::zeros, false);
+  c_attn_ = Linear(store, p + "attn.c_attn", C_, 3 * C_, true, InitKind::normal);
+  attn_proj_ = Linear(store, p + "attn.c_proj", C_, C_, true, InitKind::normal_residual);
+  ln2_weight_ = store.declare(p + "ln_2.weight", {C_}, InitKind::ones, false);
+  ln2_bias_ = store.declare(p + "ln_2.bias", {C_}, InitKind::zeros, false);
+  c_fc_ = Linear(store, p + "mlp.c_fc", C_, F_, true, InitKind::normal);
+  mlp_proj_ = Linear(store, p + "mlp.c_proj", F_, C_, true, InitKind::normal_residual);
+}
+
+static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, int64_t C) {
+  k::AttentionShape s = k::AttentionShape::contiguous(B, T, heads, heads, C / heads);
+  s.q_row_stride = s.k_row_stride = s.v_row_stride = 3 * C;
+  s.q_batch_stride = s.kv_batch_stride = T * 3 * C;
+  return s;
+}
+
+void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+                        int64_t T) {
+  const int64_t rows = B * T;
+  auto* tr = ctx.tracker;
+  ensure_activation(ln1_, {rows, C_}, tr);
+  ensure_activation(ln1_mean_, {rows}, tr);
+  ensure_activation(ln1_rstd_, {rows}, tr);
+  ensure_activation(qkv_, {rows, 3 * C_}, tr);
+  ensure_activation(att_, {rows, C_}, tr);
+  ensure_activation(lse_, {B, heads_, T}, tr);
+  ensure_activation(x2_, {rows, C_}, tr);
+  ensure_activation(ln2_, {rows, C_}, tr);
+  ensure_activation(ln2_mean_, {rows}, tr);
+  ensure_activation(ln2_rstd_, {rows}, tr);
+  ensure_activation(fc_, {rows, F_}, tr);
+  ensure_activation(gelu_, {rows, F_}, tr);
+
+  k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
+                       store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
+  c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
+  const float* qkv = qkv_.f32();
+  k::attention_forward(att_.f32(), lse_.f32(), qkv, qkv + C_, qkv + 2 * C_,
+                       packed_qkv_shape(B, T, heads_, C_), ctx.precision, ctx.matmul);
+  attn_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
+  k::add_inplace(x2_.f32(), x_in, rows * C_);
+  k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
+                       store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
+  c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
+  k::gelu_forward(gelu_.f32(), fc_.f32(), rows * F_);
+  mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
+  k::add_inplace(x_out, x2_.f32(), rows * C_);
+}
+
+void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out,
+                         const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch) {
+  const int64_t rows = B * T;
+  auto* tr = ctx.tracker;
+  float* d_gelu = scratch.get(0, rows * F_, tr);
+  float* d_fc = scratch.get(5, rows * F_, tr);
+  float* d_ln = scratch.get(1, rows * C_, tr);       // d of a LayerNorm output
+  float* d_x2 = scratch.get(2, rows * C_, tr);       // d residual after attention
+  float* d_qkv = scratch.get(3, rows * 3 * C_, tr);  // d q, k, v packed
+  float* d_att = scratch.get(4, rows * C_, tr);
+
+  // MLP branch: x_out = x2 + c_proj(gelu(c_fc(ln2(x2)))).
+  mlp_proj_.backward(ctx, d_gelu, d_x_out, gelu_.f32(), rows);
+  k::gelu_backward(d_fc, d_gelu, fc_.f32(), rows * F_);
+  c_fc_.backward(ctx, d_ln, d_fc, ln2_.f32(), rows);
+  k::layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln, x2_.f32(),
+                        store_.value(ln2_weight_), ln2_mean_.f32(), ln2_rstd_.f32(), rows, C_);
+  k::add_inplace(d_x2, d_x_out, rows * C_);
+
+  // Attention branch: x2 = x_in + c_proj(attention(c_attn(ln1(x_in)))).
+  attn_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
+  const float* qkv = qkv_.f32();
+  k::attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_, qkv + 2 * C_,
+                        att_.f32(), lse_.f32(), packed_qkv_shape(B, T, heads_, C_),
+                        ctx.precision, ctx.matmul);
+  c_attn_.backward(ctx, d_ln, d_qkv, ln1_.f32(), rows);
+  k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
+                        store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_);
+  k::add_inplace(d_x_in, d_x2, rows * C_);
+}
+
+void Gpt2Block::release_activations() {
+  for (Tensor* t : {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &lse_, &x2_, &ln2_, &ln2_mean_,
+                    &ln2_rstd_, &fc_, &gelu_})
+    t->reset();
+}
+
+}  // namespace lattice::model

@@ -1,0 +1,36 @@
+// GPT-2 transformer block: x + attn(LN1(x)), then + MLP(LN2(·)) with GELU (tanh), biases everywhere,
+// fused c_attn (q, k, v) projection; parameters named as Hugging Face's GPT2Model
+// ("transformer.h.<i>.ln_1.weight", ".attn.c_attn.weight", ...). Note: Hugging Face stores GPT-2's
+// Conv1D weights as [in, out]; Lattice stores every weight [out, in] and transposes on export.
+#pragma once
+
+#include <string>
+
+#include "lattice/model/block.hpp"
+#include "lattice/model/linear.hpp"
+#include "lattice/model/model_config.hpp"
+
+namespace lattice::model {
+
+class Gpt2Block final : public Block {
+ public:
+  Gpt2Block(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
+            const TensorParallelGroup& tp);
+
+  void forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+               int64_t T) override;
+  void backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out, const float* x_in,
+                int64_t B, int64_t T, BackwardScratch& scratch) override;
+  void release_activations() override;
+
+ private:
+  ParameterStore& store_;
+  int64_t C_, F_, heads_;
+  float eps_;
+  int ln1_weight_, ln1_bias_, ln2_weight_, ln2_bias_;
+  Linear c_attn_, attn_proj_, c_fc_, mlp_proj_;
+  // Saved activations.
+  Tensor ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, lse_, x2_, ln2_, ln2_mean_, ln2_rstd_, fc_, gelu_;
+};
+
+}  // namespace lattice::model

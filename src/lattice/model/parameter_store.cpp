@@ -1,0 +1,67 @@
+// ParameterStore: see parameter_store.hpp.
+#include "lattice/model/parameter_store.hpp"
+
+#include <cmath>
+
+#include "lattice/core/error.hpp"
+#include "lattice/core/rng.hpp"
+
+namespace lattice::model {
+
+int ParameterStore::declare(std::string name, Shape shape, InitKind init, bool weight_decay) {
+  check(values_.empty(), "parameter '" + name + "' declared after the store was allocated");
+  check(!by_name_.contains(name), "parameter '" + name + "' declared twice");
+  ParameterInfo info;
+  info.name = std::move(name);
+  info.numel = shape_numel(shape);
+  info.shape = std::move(shape);
+  info.offset = total_;
+  info.init = init;
+  info.weight_decay = weight_decay;
+  // Keep every parameter 64-byte aligned inside the flat buffer (16 floats).
+  total_ += (info.numel + 15) / 16 * 16;
+  by_name_[info.name] = static_cast<int>(params_.size());
+  params_.push_back(std::move(info));
+  return static_cast<int>(params_.size()) - 1;
+}
+
+void ParameterStore::allocate(MemoryTracker* tracker) {
+  values_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::parameters);
+  grads_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::gradients);
+}
+
+static uint64_t fnv1a(const std::string& s, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull ^ (seed * 0x9e3779b97f4a7c15ull);
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+void ParameterStore::initialize(uint64_t seed, float std, int64_t n_layers) {
+  for (const auto& p : params_) {
+    float* v = values() + p.offset;
+    Rng rng(fnv1a(p.name, seed));
+    float scale = std;
+    switch (p.init) {
+      case InitKind::zeros:
+        for (int64_t i = 0; i < p.numel; ++i) v[i] = 0.0f;
+        break;
+      case InitKind::ones:
+        for (int64_t i = 0; i < p.numel; ++i) v[i] = 1.0f;
+        break;
+      case InitKind::normal_residual:
+        scale = std / std::sqrt(2.0f * static_cast<float>(n_layers));
+        [[fallthrough]];
+      case InitKind::normal:
+        for (int64_t i = 0; i < p.numel; ++i) v[i] = rng.normal() * scale;
+        break;
+    }
+  }
+}
+
+int ParameterStore::index_of(const std::string& name) const {
+  auto it = by_name_.find(name);
+  check(it != by_name_.end(), "no parameter named '" + name + "' in this model");
+  return it->second;
+}
+
+}  // namespace lattice::model

@@ -1,0 +1,62 @@
+// ParameterStore: every parameter of a model (or of one pipeline stage) in one flat fp32 buffer, with a
+// matching flat gradient buffer, each parameter a named view (Hugging Face names). Flat storage is what
+// the optimizer, the gradient norm, checkpoints and (later) data-parallel buckets and ZeRO shards use.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "lattice/core/tensor.hpp"
+
+namespace lattice::model {
+
+// How a parameter is initialised and whether AdamW decays it.
+enum class InitKind { normal, normal_residual, zeros, ones };
+
+struct ParameterInfo {
+  std::string name;  // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
+  Shape shape;
+  int64_t offset = 0;  // element offset into the flat buffers
+  int64_t numel = 0;
+  InitKind init = InitKind::normal;
+  bool weight_decay = true;  // matrices and embeddings decay; biases and norm weights do not
+};
+
+class ParameterStore {
+ public:
+  // Declares a parameter; returns its index. Only before allocate().
+  int declare(std::string name, Shape shape, InitKind init, bool weight_decay);
+  // Allocates the flat parameter and gradient buffers (zero-filled).
+  void allocate(MemoryTracker* tracker);
+  bool allocated() const { return !values_.empty() || total_ == 0; }
+
+  // Initialises every parameter from `seed`: each parameter draws from its own generator seeded by a
+  // hash of (seed, name), so the values do not depend on which parameters live on this rank.
+  // normal: N(0, std); normal_residual: N(0, std/sqrt(2·n_layers)) (GPT-2's scaled projections).
+  void initialize(uint64_t seed, float std, int64_t n_layers);
+
+  int64_t size() const { return total_; }
+  const std::vector<ParameterInfo>& parameters() const { return params_; }
+  const ParameterInfo& info(int index) const { return params_.at(static_cast<size_t>(index)); }
+  // Index of a parameter by name; throws lattice::Error naming it when absent.
+  int index_of(const std::string& name) const;
+
+  float* values() { return values_.f32(); }
+  const float* values() const { return values_.f32(); }
+  float* grads() { return grads_.f32(); }
+  const float* grads() const { return grads_.f32(); }
+  float* value(int index) { return values() + info(index).offset; }
+  const float* value(int index) const { return values() + info(index).offset; }
+  float* grad(int index) { return grads() + info(index).offset; }
+  void zero_grads() { grads_.zero(); }
+
+ private:
+  std::vector<ParameterInfo> params_;
+  std::unordered_map<std::string, int> by_name_;
+  int64_t total_ = 0;
+  Tensor values_, grads_;
+};
+
+}  // namespace lattice::model

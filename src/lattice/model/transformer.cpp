@@ -1,0 +1,238 @@
+// Transformer model: see transformer.hpp.
+#include "lattice/model/transformer.hpp"
+
+#include <cstring>
+
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/cross_entropy.hpp"
+#include "lattice/kernels/cpu/elementwise.hpp"
+#include "lattice/kernels/cpu/embedding.hpp"
+#include "lattice/kernels/cpu/layernorm.hpp"
+#include "lattice/kernels/cpu/rmsnorm.hpp"
+#include "lattice/model/gpt2_block.hpp"
+#include "lattice/model/llama_block.hpp"
+
+namespace lattice::model {
+
+namespace k = lattice::kernels;
+
+Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range,
+                         TensorParallelGroup tp)
+    : config_(config), range_(range), tracker_(tracker) {
+  config_.validate();
+  if (range_.last_block < 0) range_.last_block = config_.n_layers;
+  check(range_.first_block >= 0 && range_.first_block < range_.last_block &&
+            range_.last_block <= config_.n_layers,
+        "stage block range [" + std::to_string(range_.first_block) + ", " +
+            std::to_string(range_.last_block) + ") does not fit a model of " +
+            std::to_string(config_.n_layers) + " layers");
+  const bool gpt2 = config_.family == Family::gpt2;
+  const int64_t C = config_.d_model, V = config_.vocab_size;
+  if (has_embedding()) {
+    token_embedding_ = params_.declare(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
+                                       {V, C}, InitKind::normal, true);
+    if (gpt2)
+      position_embedding_ = params_.declare("transformer.wpe.weight", {config_.max_seq_len, C},
+                                            InitKind::normal, true);
+  }
+  if (!gpt2) rope_.emplace(config_.max_seq_len, config_.head_dim(), config_.rope_theta);
+  for (int64_t i = range_.first_block; i < range_.last_block; ++i) {
+    if (gpt2)
+      blocks_.push_back(std::make_unique<Gpt2Block>(params_, config_, i, tp));
+    else
+      blocks_.push_back(std::make_unique<LlamaBlock>(params_, config_, i, tp, *rope_));
+  }
+  if (has_head()) {
+    final_norm_weight_ = params_.declare(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight",
+                                         {C}, InitKind::ones, false);
+    if (gpt2)
+      final_norm_bias_ = params_.declare("transformer.ln_f.bias", {C}, InitKind::zeros, false);
+    // A tied head shares the token embedding when this stage holds both.
+    if (config_.tied_embeddings && has_embedding())
+      head_weight_ = token_embedding_;
+    else
+      head_weight_ = params_.declare("lm_head.weight", {V, C}, InitKind::normal, true);
+  }
+  params_.allocate(tracker_);
+}
+
+Transformer::~Transformer() = default;
+
+void Transformer::initialize(uint64_t seed) {
+  params_.initialize(seed, config_.init_std, config_.n_layers);
+  // An untied copy of a tied head (a last stage without the embedding) starts equal to the embedding.
+  if (config_.tied_embeddings && has_head() && !has_embedding()) {
+    ParameterStore probe;
+    int wte = probe.declare(config_.family == Family::gpt2 ? "transformer.wte.weight"
+                                                           : "model.embed_tokens.weight",
+                            {config_.vocab_size, config_.d_model}, InitKind::normal, true);
+    probe.allocate(nullptr);
+    probe.initialize(seed, config_.init_std, config_.n_layers);
+    std::memcpy(params_.value(head_weight_), probe.value(wte),
+                sizeof(float) * static_cast<size_t>(probe.info(wte).numel));
+  }
+}
+
+void Transformer::check_tokens(const int32_t* tokens, int64_t n, const char* what) const {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      throw Error(std::string(what) + " id " + std::to_string(tokens[i]) +
+                  " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) +
+                  "): the data does not match model.vocab_size");
+  }
+}
+
+void Transformer::embed(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T) {
+  check_tokens(tokens, B * T, "token");
+  if (tokens_.numel() != B * T) tokens_ = Tensor({B * T}, DType::i32);
+  std::memcpy(tokens_.raw(), tokens, sizeof(int32_t) * static_cast<size_t>(B * T));
+  const float* wpe = position_embedding_ >= 0 ? params_.value(position_embedding_) : nullptr;
+  k::embedding_forward(residual_[0].f32(), tokens, params_.value(token_embedding_), wpe, B, T,
+                       config_.d_model);
+}
+
+float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
+                                 const float* hidden_in, const int32_t* targets, int64_t B,
+                                 int64_t T, float loss_scale) {
+  check(B > 0 && T > 0, "batch and sequence length must be positive");
+  check(T <= config_.max_seq_len, "sequence length " + std::to_string(T) +
+                                      " exceeds model.max_seq_len " +
+                                      std::to_string(config_.max_seq_len) +
+                                      ": lower training.seq_len or raise model.max_seq_len");
+  const int64_t rows = B * T, C = config_.d_model;
+  B_ = B;
+  T_ = T;
+  gradient_ready_ = false;
+  residual_.resize(blocks_.size() + 1);
+  for (auto& r : residual_) ensure_activation(r, {rows, C}, tracker_);
+  if (has_embedding()) {
+    embed(ctx, tokens, B, T);
+  } else {
+    k::copy(residual_[0].f32(), hidden_in, rows * C);
+  }
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->forward(ctx, residual_[i + 1].f32(), residual_[i].f32(), B, T);
+  if (!has_head()) {
+    gradient_ready_ = loss_scale != 0.0f;
+    return 0.0f;
+  }
+  head_forward(ctx, B, T);
+  const int64_t V = config_.vocab_size;
+  int64_t counted = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    check(targets[i] < V, "target id " + std::to_string(targets[i]) +
+                              " is outside the vocabulary [0, " + std::to_string(V) +
+                              "): the data does not match model.vocab_size");
+    counted += targets[i] >= 0;
+  }
+  check(counted > 0, "the batch has no target to train on (every target is ignored)");
+  double loss_sum;
+  if (loss_scale != 0.0f) {
+    const float grad_scale = loss_scale / static_cast<float>(counted);
+    loss_sum = k::cross_entropy_forward_backward(logits_.f32(), logits_.f32(), targets, rows, V,
+                                                 grad_scale);
+    gradient_ready_ = true;
+  } else {
+    loss_sum = k::cross_entropy_forward(logits_.f32(), targets, rows, V);
+  }
+  return static_cast<float>(loss_sum / static_cast<double>(counted));
+}
+
+void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
+  const int64_t rows = B * T, C = config_.d_model, V = config_.vocab_size;
+  ensure_activation(normed_, {rows, C}, tracker_);
+  ensure_activation(norm_rstd_, {rows}, tracker_);
+  ensure_activation(logits_, {rows, V}, tracker_);
+  const float* x = residual_.back().f32();
+  if (config_.family == Family::gpt2) {
+    ensure_activation(norm_mean_, {rows}, tracker_);
+    k::layernorm_forward(normed_.f32(), norm_mean_.f32(), norm_rstd_.f32(), x,
+                         params_.value(final_norm_weight_), params_.value(final_norm_bias_), rows,
+                         C, config_.norm_eps);
+  } else {
+    k::rmsnorm_forward(normed_.f32(), norm_rstd_.f32(), x, params_.value(final_norm_weight_), rows,
+                       C, config_.norm_eps);
+  }
+  ctx.matmul.forward(logits_.f32(), normed_.f32(), params_.value(head_weight_), nullptr, rows, C,
+                     V, ctx.precision);
+}
+
+void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
+  const int64_t C = config_.d_model, V = config_.vocab_size;
+  ensure_activation(d_normed_, {rows, C}, tracker_);
+  ctx.matmul.backward(d_normed_.f32(), params_.grad(head_weight_), nullptr, logits_.f32(),
+                      normed_.f32(), params_.value(head_weight_), rows, C, V, ctx.precision);
+  const float* x = residual_.back().f32();
+  if (config_.family == Family::gpt2) {
+    k::layernorm_backward(d_residual_.f32(), params_.grad(final_norm_weight_),
+                          params_.grad(final_norm_bias_), d_normed_.f32(), x,
+                          params_.value(final_norm_weight_), norm_mean_.f32(), norm_rstd_.f32(),
+                          rows, C);
+  } else {
+    k::rmsnorm_backward(d_residual_.f32(), params_.grad(final_norm_weight_), d_normed_.f32(), x,
+                        params_.value(final_norm_weight_), norm_rstd_.f32(), rows, C);
+  }
+}
+
+void Transformer::backward_stage(const LayerContext& ctx, const float* d_hidden_out) {
+  check(gradient_ready_, "backward() needs a preceding training forward (loss_scale != 0)");
+  gradient_ready_ = false;
+  const int64_t rows = B_ * T_, C = config_.d_model;
+  ensure_activation(d_residual_, {rows, C}, tracker_);
+  if (has_head())
+    head_backward(ctx, rows);
+  else
+    k::copy(d_residual_.f32(), d_hidden_out, rows * C);
+  // Each block's d_x_in overwrites its d_x_out in place.
+  for (size_t i = blocks_.size(); i-- > 0;)
+    blocks_[i]->backward(ctx, d_residual_.f32(), d_residual_.f32(), residual_[i].f32(), B_, T_,
+                         scratch_);
+  if (has_embedding()) {
+    float* d_wpe = position_embedding_ >= 0 ? params_.grad(position_embedding_) : nullptr;
+    k::embedding_backward(params_.grad(token_embedding_), d_wpe, d_residual_.f32(),
+                          tokens_.data<int32_t>(), B_, T_, C);
+  }
+}
+
+float Transformer::forward(const LayerContext& ctx, const int32_t* tokens,
+                           const int32_t* targets, int64_t B, int64_t T, float loss_scale) {
+  check(has_embedding() && has_head(), "forward() needs the whole model; use forward_stage()");
+  return forward_stage(ctx, tokens, nullptr, targets, B, T, loss_scale);
+}
+
+void Transformer::backward(const LayerContext& ctx) { backward_stage(ctx, nullptr); }
+
+float Transformer::evaluate(const LayerContext& ctx, const int32_t* tokens,
+                            const int32_t* targets, int64_t B, int64_t T) {
+  return forward(ctx, tokens, targets, B, T, 0.0f);
+}
+
+const float* Transformer::logits(const LayerContext& ctx, const int32_t* tokens, int64_t B,
+                                 int64_t T) {
+  check(has_embedding() && has_head(), "logits() needs the whole model");
+  check(T <= config_.max_seq_len, "sequence length " + std::to_string(T) +
+                                      " exceeds model.max_seq_len " +
+                                      std::to_string(config_.max_seq_len));
+  B_ = B;
+  T_ = T;
+  gradient_ready_ = false;
+  residual_.resize(blocks_.size() + 1);
+  for (auto& r : residual_) ensure_activation(r, {B * T, config_.d_model}, tracker_);
+  embed(ctx, tokens, B, T);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->forward(ctx, residual_[i + 1].f32(), residual_[i].f32(), B, T);
+  head_forward(ctx, B, T);
+  return logits_.f32();
+}
+
+const float* Transformer::hidden_out() const { return residual_.back().f32(); }
+const float* Transformer::d_hidden_in() const { return d_residual_.f32(); }
+
+void Transformer::release_activations() {
+  for (auto& b : blocks_) b->release_activations();
+  residual_.clear();
+  for (Tensor* t : {&normed_, &norm_mean_, &norm_rstd_, &logits_, &d_residual_, &d_normed_})
+    t->reset();
+}
+
+}  // namespace lattice::model

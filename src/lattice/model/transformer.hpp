@@ -1,0 +1,90 @@
+// Transformer: a GPT-2 or Llama model (or one contiguous range of its blocks, the seam for pipeline
+// stages: the first range owns the embedding, the last owns the final norm, the head and the loss), with
+// hand-written forward and backward over flat parameter and gradient buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "lattice/kernels/cpu/rope.hpp"
+#include "lattice/model/block.hpp"
+#include "lattice/model/model_config.hpp"
+#include "lattice/model/parameter_store.hpp"
+
+namespace lattice::model {
+
+// Which part of the model this instance holds: blocks [first_block, last_block).
+struct StageRange {
+  int64_t first_block = 0;
+  int64_t last_block = -1;  // -1: up to n_layers
+  bool is_first() const { return first_block == 0; }
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range = {},
+              TensorParallelGroup tp = {});
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  ParameterStore& parameters() { return params_; }
+  const ParameterStore& parameters() const { return params_; }
+  bool has_embedding() const { return range_.first_block == 0; }
+  bool has_head() const { return range_.last_block == config_.n_layers; }
+
+  // Draws initial weights from `seed` (per-parameter generators: independent of the stage layout).
+  void initialize(uint64_t seed);
+
+  // Whole-model training forward: tokens and targets are [B, T] (targets < 0 are ignored). Returns
+  // the mean cross-entropy over counted targets and prepares backward() to accumulate the gradient of
+  // loss_scale · mean loss (loss_scale = 1/accumulation steps). Requires a model holding every block.
+  float forward(const LayerContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
+                int64_t T, float loss_scale);
+  void backward(const LayerContext& ctx);
+  // Forward only: the mean loss (for validation); no gradient is prepared.
+  float evaluate(const LayerContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
+                 int64_t T);
+  // Forward only: logits [B·T, vocab] (valid until the next call).
+  const float* logits(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T);
+
+  // Stage-level forward/backward (pipeline seam). The first stage reads tokens, later stages read
+  // hidden_in [B·T, d_model]; the last stage computes the loss from targets, earlier ones leave their
+  // output in hidden_out(). backward_stage takes d_hidden_out (ignored on the last stage) and leaves
+  // ∂/∂hidden_in in d_hidden_in() on stages after the first. Returns the mean loss on the last stage.
+  float forward_stage(const LayerContext& ctx, const int32_t* tokens, const float* hidden_in,
+                      const int32_t* targets, int64_t B, int64_t T, float loss_scale);
+  void backward_stage(const LayerContext& ctx, const float* d_hidden_out);
+  const float* hidden_out() const;
+  const float* d_hidden_in() const;
+
+  void release_activations();
+
+ private:
+  void check_tokens(const int32_t* tokens, int64_t n, const char* what) const;
+  void embed(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T);
+  void head_forward(const LayerContext& ctx, int64_t B, int64_t T);
+  void head_backward(const LayerContext& ctx, int64_t rows);
+
+  ModelConfig config_;
+  StageRange range_;
+  MemoryTracker* tracker_;
+  ParameterStore params_;
+  std::optional<kernels::RopeTable> rope_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  int token_embedding_ = -1, position_embedding_ = -1, final_norm_weight_ = -1,
+      final_norm_bias_ = -1, head_weight_ = -1;
+
+  // Activations of the last forward.
+  int64_t B_ = 0, T_ = 0;
+  std::vector<Tensor> residual_;  // residual_[i] is the input of block i; the last is the output
+  Tensor normed_, norm_mean_, norm_rstd_, logits_, d_residual_, d_normed_;
+  Tensor tokens_;  // copy of the last forward's tokens (embedding backward needs them)
+  bool gradient_ready_ = false;
+  BackwardScratch scratch_;
+};
+
+}  // namespace lattice::model

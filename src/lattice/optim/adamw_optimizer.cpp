@@ -1,0 +1,43 @@
+// AdamW optimizer: see adamw_optimizer.hpp.
+#include "lattice/optim/adamw_optimizer.hpp"
+
+#include <cmath>
+
+#include "lattice/kernels/cpu/reduce.hpp"
+
+namespace lattice::optim {
+
+AdamWOptimizer::AdamWOptimizer(model::ParameterStore& params, AdamWSettings settings,
+                               MemoryTracker* tracker)
+    : params_(params), settings_(settings) {
+  m_ = Tensor({params.size()}, DType::f32, tracker, MemoryCategory::optimizer_state);
+  v_ = Tensor({params.size()}, DType::f32, tracker, MemoryCategory::optimizer_state);
+}
+
+double AdamWOptimizer::gradient_norm() const {
+  double sum = 0;
+  for (const auto& p : params_.parameters())
+    sum += kernels::sum_of_squares(params_.grads() + p.offset, p.numel);
+  return std::sqrt(sum);
+}
+
+double AdamWOptimizer::step(float lr) {
+  const double norm = gradient_norm();
+  float clip = 1.0f;
+  if (settings_.max_grad_norm > 0) {
+    // As torch.nn.utils.clip_grad_norm_: the coefficient is computed in fp32 and capped at 1.
+    const float coefficient =
+        settings_.max_grad_norm / (static_cast<float>(norm) + 1e-6f);
+    clip = coefficient < 1.0f ? coefficient : 1.0f;
+  }
+  ++step_;
+  for (const auto& p : params_.parameters()) {
+    kernels::AdamWHyper hyper{lr, settings_.beta1, settings_.beta2, settings_.eps,
+                              p.weight_decay ? settings_.weight_decay : 0.0f};
+    kernels::adamw_update(params_.values() + p.offset, params_.grads() + p.offset,
+                          m_.f32() + p.offset, v_.f32() + p.offset, p.numel, hyper, step_, clip);
+  }
+  return norm;
+}
+
+}  // namespace lattice::optim

@@ -1,0 +1,43 @@
+// AdamW optimizer over a flat ParameterStore: fp32 moments per parameter, weight decay only where the
+// parameter asks for it (matrices and embeddings), global-norm gradient clipping (PyTorch's
+// clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1).
+#pragma once
+
+#include <cstdint>
+
+#include "lattice/core/tensor.hpp"
+#include "lattice/kernels/cpu/adamw.hpp"
+#include "lattice/model/parameter_store.hpp"
+
+namespace lattice::optim {
+
+struct AdamWSettings {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
+  float max_grad_norm = 1.0f;  // <= 0 disables clipping
+};
+
+class AdamWOptimizer {
+ public:
+  AdamWOptimizer(model::ParameterStore& params, AdamWSettings settings, MemoryTracker* tracker);
+
+  // L2 norm of all gradients (each parameter once), accumulated in double.
+  double gradient_norm() const;
+  // One update at learning rate lr; clips first when enabled. Returns the pre-clip gradient norm.
+  double step(float lr);
+
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t step) { step_ = step; }
+  float* exp_avg() { return m_.f32(); }
+  float* exp_avg_sq() { return v_.f32(); }
+  const float* exp_avg() const { return m_.f32(); }
+  const float* exp_avg_sq() const { return v_.f32(); }
+  const AdamWSettings& settings() const { return settings_; }
+
+ private:
+  model::ParameterStore& params_;
+  AdamWSettings settings_;
+  Tensor m_, v_;
+  int64_t step_ = 0;
+};
+
+}  // namespace lattice::optim

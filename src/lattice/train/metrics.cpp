@@ -1,0 +1,100 @@
+// Training metrics: see metrics.hpp.
+#include "lattice/train/metrics.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::train {
+
+double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision) {
+  const int64_t n = 1024;
+  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    auto start = std::chrono::steady_clock::now();
+    matmul.forward(c.data(), a.data(), b.data(), nullptr, n, n, n, precision);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (rep > 0) best = std::max(best, 2.0 * n * n * n / seconds);  // first run warms up
+  }
+  return best;
+}
+
+std::string format_bytes(int64_t bytes) {
+  char buffer[32];
+  double v = static_cast<double>(bytes);
+  if (v >= 1e9)
+    std::snprintf(buffer, sizeof buffer, "%.2fGB", v / 1e9);
+  else
+    std::snprintf(buffer, sizeof buffer, "%.1fMB", v / 1e6);
+  return buffer;
+}
+
+MetricsLogger::MetricsLogger(const std::string& jsonl_path) : terminal_(isatty(STDOUT_FILENO)) {
+  if (!jsonl_path.empty()) {
+    jsonl_.open(jsonl_path, std::ios::app);
+    check(jsonl_.good(), "cannot write metrics file " + jsonl_path + ": check the run directory");
+  }
+}
+
+void MetricsLogger::log_step(const StepMetrics& m) {
+  finish_progress();
+  std::printf(
+      "step %6lld/%lld | loss %.4f | grad_norm %.3f | lr %.3e | %.0f tok/s | %.3f TFLOP/s | MFU "
+      "%.1f%% | mem %s (peak %s) rss %s",
+      static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.grad_norm,
+      m.lr, m.tokens_per_second, m.tflops, 100.0 * m.mfu, format_bytes(m.tracked_bytes).c_str(),
+      format_bytes(m.peak_tracked_bytes).c_str(), format_bytes(m.rss_bytes).c_str());
+  if (m.val_loss) std::printf(" | val_loss %.4f", *m.val_loss);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void MetricsLogger::record(const StepMetrics& m) {
+  if (!jsonl_.is_open()) return;
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"grad_norm", m.grad_norm},
+                      {"lr", m.lr},
+                      {"step_seconds", m.step_seconds},
+                      {"tokens_per_second", m.tokens_per_second},
+                      {"tflops", m.tflops},
+                      {"mfu", m.mfu},
+                      {"memory",
+                       {{"parameters", m.parameter_bytes},
+                        {"gradients", m.gradient_bytes},
+                        {"optimizer_state", m.optimizer_bytes},
+                        {"activations", m.activation_bytes},
+                        {"tracked", m.tracked_bytes},
+                        {"peak_tracked", m.peak_tracked_bytes},
+                        {"rss", m.rss_bytes}}}};
+  if (m.val_loss) j["val_loss"] = *m.val_loss;
+  jsonl_ << j.dump() << "\n";
+  jsonl_.flush();
+}
+
+void MetricsLogger::progress(int64_t step, int64_t total, double seconds_per_step) {
+  if (!terminal_) return;
+  const int width = 30;
+  int filled = total > 0 ? static_cast<int>(width * step / total) : width;
+  double eta = seconds_per_step * static_cast<double>(total - step);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.resize(width, '.');
+  std::printf("\r[%s] %lld/%lld ETA %dm%02ds", bar.c_str(), static_cast<long long>(step),
+              static_cast<long long>(total), static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+  std::fflush(stdout);
+  bar_drawn_ = true;
+}
+
+void MetricsLogger::finish_progress() {
+  if (bar_drawn_) std::printf("\r%60s\r", "");
+  bar_drawn_ = false;
+}
+
+}  // namespace lattice::train

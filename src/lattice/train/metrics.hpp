@@ -1,0 +1,45 @@
+// Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory), the
+// JSONL record of the same scalars, a progress bar with ETA on terminals, and the GEMM calibration that
+// measures the peak FLOP/s MFU is taken against when the config gives none.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "lattice/core/memory.hpp"
+#include "lattice/kernels/cpu/matmul.hpp"
+
+namespace lattice::train {
+
+struct StepMetrics {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, grad_norm = 0, lr = 0;
+  double step_seconds = 0, tokens_per_second = 0, tflops = 0, mfu = 0;
+  int64_t tracked_bytes = 0, peak_tracked_bytes = 0, rss_bytes = 0;
+  int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  std::optional<double> val_loss;
+};
+
+// Model FLOP/s of a square GEMM at the given precision, best of a few repetitions (the measured peak).
+double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision);
+
+class MetricsLogger {
+ public:
+  // jsonl_path empty: no JSONL. The progress bar is drawn only when stdout is a terminal.
+  explicit MetricsLogger(const std::string& jsonl_path);
+  void log_step(const StepMetrics& m);       // the printed line
+  void record(const StepMetrics& m);          // the JSONL record (every step)
+  void progress(int64_t step, int64_t total, double seconds_per_step);  // terminal only
+  void finish_progress();
+
+ private:
+  std::ofstream jsonl_;
+  bool terminal_ = false;
+  bool bar_drawn_ = false;
+};
+
+std::string format_bytes(int64_t bytes);
+
+}  // namespace lattice::train

@@ -1,0 +1,407 @@
+// TrainConfig: TOML schema, overrides and checks (see train_config.hpp).
+#include "lattice/train/train_config.hpp"
+
+#include <functional>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::train {
+
+namespace {
+
+using Setter = std::function<void(TrainConfig&, const toml::node&, const std::string& key)>;
+using Getter = std::function<void(const TrainConfig&, toml::table&, const std::string& name)>;
+struct KeySpec {
+  Setter set;
+  Getter get;
+};
+using Schema = std::map<std::string, std::map<std::string, KeySpec>>;
+
+std::string node_type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::table: return "a table";
+    default: return "a date/time";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& key, const char* expected, const toml::node& node) {
+  throw Error("config key " + key + " must be " + expected + ", got " + node_type_name(node));
+}
+
+int64_t as_int(const toml::node& node, const std::string& key) {
+  if (auto v = node.as_integer()) return v->get();
+  wrong_type(key, "an integer", node);
+}
+double as_double(const toml::node& node, const std::string& key) {
+  if (auto v = node.as_floating_point()) return v->get();
+  if (auto v = node.as_integer()) return static_cast<double>(v->get());
+  wrong_type(key, "a number", node);
+}
+bool as_bool(const toml::node& node, const std::string& key) {
+  if (auto v = node.as_boolean()) return v->get();
+  wrong_type(key, "a boolean (true or false)", node);
+}
+std::string as_string(const toml::node& node, const std::string& key) {
+  if (auto v = node.as_string()) return v->get();
+  wrong_type(key, "a string", node);
+}
+std::vector<std::string> as_string_list(const toml::node& node, const std::string& key) {
+  std::vector<std::string> out;
+  if (auto s = node.as_string()) return {s->get()};
+  auto arr = node.as_array();
+  if (!arr) wrong_type(key, "an array of strings", node);
+  for (const auto& item : *arr) {
+    auto s = item.as_string();
+    if (!s) wrong_type(key, "an array of strings", item);
+    out.push_back(s->get());
+  }
+  return out;
+}
+
+template <class T>
+KeySpec int_key(T TrainConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.*member = static_cast<T>(as_int(n, k));
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, static_cast<int64_t>(c.*member));
+          }};
+}
+template <class T>
+KeySpec float_key(T TrainConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.*member = static_cast<T>(as_double(n, k));
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, static_cast<double>(c.*member));
+          }};
+}
+KeySpec bool_key(bool TrainConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.*member = as_bool(n, k);
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, c.*member);
+          }};
+}
+KeySpec string_key(std::string TrainConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.*member = as_string(n, k);
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, c.*member);
+          }};
+}
+KeySpec list_key(std::vector<std::string> TrainConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.*member = as_string_list(n, k);
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            toml::array arr;
+            for (const auto& s : c.*member) arr.push_back(s);
+            t.insert_or_assign(name, arr);
+          }};
+}
+// Keys of the model dimensions and the AdamW settings live in nested structs.
+template <class T>
+KeySpec model_int(T model::ModelConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.*member = static_cast<T>(as_int(n, k));
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, static_cast<int64_t>(c.model.*member));
+          }};
+}
+KeySpec model_float(float model::ModelConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.*member = static_cast<float>(as_double(n, k));
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, static_cast<double>(c.model.*member));
+          }};
+}
+KeySpec adamw_float(float optim::AdamWSettings::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.adamw.*member = static_cast<float>(as_double(n, k));
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, static_cast<double>(c.adamw.*member));
+          }};
+}
+
+const Schema& schema() {
+  static const Schema table = {
+      {"job", {{"run_dir", string_key(&TrainConfig::run_dir)},
+               {"description", string_key(&TrainConfig::description)}}},
+      {"model",
+       {{"preset",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model_preset = as_string(n, k);
+            c.model = model::model_preset(c.model_preset);
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, c.model_preset);
+          }}},
+        {"family",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.family = model::parse_family(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, model::family_name(c.model.family));
+          }}},
+        {"vocab_size", model_int(&model::ModelConfig::vocab_size)},
+        {"max_seq_len", model_int(&model::ModelConfig::max_seq_len)},
+        {"d_model", model_int(&model::ModelConfig::d_model)},
+        {"n_layers", model_int(&model::ModelConfig::n_layers)},
+        {"n_heads", model_int(&model::ModelConfig::n_heads)},
+        {"n_kv_heads", model_int(&model::ModelConfig::n_kv_heads)},
+        {"ffn_hidden", model_int(&model::ModelConfig::ffn_hidden)},
+        {"norm_eps", model_float(&model::ModelConfig::norm_eps)},
+        {"rope_theta", model_float(&model::ModelConfig::rope_theta)},
+        {"init_std", model_float(&model::ModelConfig::init_std)},
+        {"tied_embeddings",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.tied_embeddings = as_bool(n, k);
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, c.model.tied_embeddings);
+          }}}}},
+      {"training",
+       {{"seed", int_key(&TrainConfig::seed)},
+        {"steps", int_key(&TrainConfig::steps)},
+        {"seq_len", int_key(&TrainConfig::seq_len)},
+        {"micro_batch_size", int_key(&TrainConfig::micro_batch_size)},
+        {"global_batch_size", int_key(&TrainConfig::global_batch_size)},
+        {"gradient_accumulation_steps", int_key(&TrainConfig::gradient_accumulation_steps)},
+        {"threads", int_key(&TrainConfig::threads)},
+        {"max_norm", adamw_float(&optim::AdamWSettings::max_grad_norm)},
+        {"precision",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.precision = kernels::parse_precision(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, std::string(kernels::precision_name(c.precision)));
+          }}}}},
+      {"optimizer",
+       {{"name",
+         {[](TrainConfig&, const toml::node& n, const std::string& k) {
+            check(as_string(n, k) == "AdamW", "optimizer.name '" + as_string(n, k) +
+                                                  "' is not available: use \"AdamW\"");
+          },
+          [](const TrainConfig&, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, "AdamW");
+          }}},
+        {"lr", float_key(&TrainConfig::lr)},
+        {"beta1", adamw_float(&optim::AdamWSettings::beta1)},
+        {"beta2", adamw_float(&optim::AdamWSettings::beta2)},
+        {"eps", adamw_float(&optim::AdamWSettings::eps)},
+        {"weight_decay", adamw_float(&optim::AdamWSettings::weight_decay)}}},
+      {"lr_scheduler",
+       {{"warmup_steps", int_key(&TrainConfig::warmup_steps)},
+        {"min_lr_ratio", float_key(&TrainConfig::min_lr_ratio)},
+        {"decay",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.decay = optim::parse_decay(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, optim::decay_name(c.decay));
+          }}}}},
+      {"parallelism",
+       {{"dp", int_key(&TrainConfig::dp)},
+        {"tp", int_key(&TrainConfig::tp)},
+        {"pp", int_key(&TrainConfig::pp)},
+        {"cp", int_key(&TrainConfig::cp)},
+        {"ep", int_key(&TrainConfig::ep)},
+        {"zero", int_key(&TrainConfig::zero)}}},
+      {"activation_checkpoint", {{"mode", string_key(&TrainConfig::recompute)}}},
+      {"checkpoint",
+       {{"enable", bool_key(&TrainConfig::checkpoint_enable)},
+        {"interval", int_key(&TrainConfig::checkpoint_interval)},
+        {"keep_latest", int_key(&TrainConfig::keep_latest)},
+        {"resume", bool_key(&TrainConfig::resume)},
+        {"resume_from", string_key(&TrainConfig::resume_from)}}},
+      {"metrics",
+       {{"log_freq", int_key(&TrainConfig::log_freq)},
+        {"jsonl", bool_key(&TrainConfig::jsonl)},
+        {"peak_tflops", float_key(&TrainConfig::peak_tflops)}}},
+      {"data",
+       {{"train_files", list_key(&TrainConfig::train_files)},
+        {"exclude", list_key(&TrainConfig::exclude)},
+        {"val_fraction", float_key(&TrainConfig::val_fraction)},
+        {"tokenizer", string_key(&TrainConfig::tokenizer)}}},
+      {"validation",
+       {{"freq", int_key(&TrainConfig::val_freq)}, {"batches", int_key(&TrainConfig::val_batches)}}},
+  };
+  return table;
+}
+
+std::string key_list(const std::map<std::string, KeySpec>& keys) {
+  std::string s;
+  for (const auto& [name, _] : keys) s += (s.empty() ? "" : ", ") + name;
+  return s;
+}
+
+const KeySpec& find_key(const std::string& section, const std::string& name,
+                        const std::string& origin) {
+  auto sec = schema().find(section);
+  if (sec == schema().end()) {
+    std::string sections;
+    for (const auto& [n, _] : schema()) sections += (sections.empty() ? "" : ", ") + n;
+    throw Error("unknown config section [" + section + "]" + origin + ": valid sections are " +
+                sections);
+  }
+  auto key = sec->second.find(name);
+  if (key == sec->second.end())
+    throw Error("unknown config key " + section + "." + name + origin + ": valid keys in [" +
+                section + "] are " + key_list(sec->second));
+  return key->second;
+}
+
+void apply_table(TrainConfig& config, const toml::table& root, const std::string& origin) {
+  for (const auto& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    auto section_table = section_node.as_table();
+    if (!section_table)
+      throw Error("config key '" + section + "'" + origin +
+                  " must be a [section] table: put keys under a section such as [training]");
+    // The model preset comes first so that explicit dimensions override it whatever the key order.
+    if (section == "model") {
+      if (auto preset = section_table->get("preset"))
+        find_key("model", "preset", origin).set(config, *preset, "model.preset");
+    }
+    for (const auto& [key, node] : *section_table) {
+      const std::string name(key.str());
+      if (section == "model" && name == "preset") continue;
+      find_key(section, name, origin).set(config, node, section + "." + name);
+    }
+  }
+}
+
+}  // namespace
+
+optim::LrSchedule TrainConfig::lr_schedule() const {
+  optim::LrSchedule s;
+  s.peak_lr = lr;
+  s.warmup_steps = warmup_steps;
+  s.total_steps = steps;
+  s.decay = decay;
+  s.min_lr_ratio = min_lr_ratio;
+  return s;
+}
+
+void TrainConfig::finalize() {
+  model.validate();
+  for (auto [name, value] : {std::pair{"dp", dp}, {"tp", tp}, {"pp", pp}, {"cp", cp}, {"ep", ep}})
+    check(value == 1, std::string("parallelism.") + name + " = " + std::to_string(value) +
+                          " is not available in this version (single rank only): set it to 1");
+  check(zero == 0, "parallelism.zero = " + std::to_string(zero) +
+                       " needs data parallelism, which this version does not have: set it to 0");
+  check(recompute == "none", "activation_checkpoint.mode '" + recompute +
+                                 "' is not available yet: use \"none\"");
+  check(tokenizer == "byte", "data.tokenizer '" + tokenizer +
+                                 "' is not available yet: use \"byte\" (vocabulary 256)");
+  check(steps > 0, "training.steps must be positive");
+  check(seq_len > 0 && seq_len <= model.max_seq_len,
+        "training.seq_len (" + std::to_string(seq_len) + ") must be in [1, model.max_seq_len = " +
+            std::to_string(model.max_seq_len) + "]: lower it or raise model.max_seq_len");
+  check(lr > 0, "optimizer.lr must be positive");
+  check(log_freq > 0, "metrics.log_freq must be positive");
+  check(warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
+  check(threads >= 0, "training.threads must not be negative (0 uses every core)");
+  check(val_freq >= 0 && val_batches > 0,
+        "validation.freq must be >= 0 (0 disables) and validation.batches positive");
+  check(checkpoint_interval >= 0 && keep_latest >= 1,
+        "checkpoint.interval must be >= 0 and checkpoint.keep_latest >= 1");
+  // Batch: two of micro, global and accumulation decide the third (with dp ranks in between).
+  int given = (micro_batch_size > 0) + (global_batch_size > 0) + (gradient_accumulation_steps > 0);
+  for (auto [name, value] : {std::pair{"micro_batch_size", micro_batch_size},
+                             {"global_batch_size", global_batch_size},
+                             {"gradient_accumulation_steps", gradient_accumulation_steps}})
+    check(value >= 0, std::string("training.") + name + " must be positive");
+  if (given == 0) micro_batch_size = 8;
+  if (given <= 1 && gradient_accumulation_steps == 0 && global_batch_size == 0)
+    gradient_accumulation_steps = 1;
+  if (global_batch_size == 0) {
+    if (micro_batch_size == 0) micro_batch_size = 8;
+    global_batch_size = micro_batch_size * gradient_accumulation_steps * dp;
+  } else if (micro_batch_size == 0) {
+    if (gradient_accumulation_steps == 0) gradient_accumulation_steps = 1;
+    check(global_batch_size % (gradient_accumulation_steps * dp) == 0,
+          "training.global_batch_size (" + std::to_string(global_batch_size) +
+              ") is not divisible by gradient_accumulation_steps × dp (" +
+              std::to_string(gradient_accumulation_steps * dp) + "): change one of them");
+    micro_batch_size = global_batch_size / (gradient_accumulation_steps * dp);
+  } else if (gradient_accumulation_steps == 0) {
+    check(global_batch_size % (micro_batch_size * dp) == 0,
+          "training.global_batch_size (" + std::to_string(global_batch_size) +
+              ") is not divisible by micro_batch_size × dp (" +
+              std::to_string(micro_batch_size * dp) + "): change one of them");
+    gradient_accumulation_steps = global_batch_size / (micro_batch_size * dp);
+  }
+  check(global_batch_size == micro_batch_size * gradient_accumulation_steps * dp,
+        "training.global_batch_size (" + std::to_string(global_batch_size) +
+            ") must equal micro_batch_size (" + std::to_string(micro_batch_size) +
+            ") × gradient_accumulation_steps (" + std::to_string(gradient_accumulation_steps) +
+            ") × dp (" + std::to_string(dp) + "): give only two of the three");
+}
+
+std::string TrainConfig::to_toml() const {
+  toml::table root;
+  for (const auto& [section, keys] : schema()) {
+    toml::table t;
+    for (const auto& [name, spec] : keys) spec.get(*this, t, name);
+    root.insert_or_assign(section, t);
+  }
+  std::ostringstream out;
+  out << "# Resolved Lattice training configuration\n" << root << "\n";
+  return out.str();
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  TrainConfig config;
+  if (!path.empty()) {
+    toml::table root;
+    try {
+      root = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+      const auto& where = e.source().begin;
+      if (e.description().find("File could not be opened") != std::string_view::npos)
+        throw Error("cannot read config file " + path + ": check the path");
+      throw Error("config file " + path + " is not valid TOML (line " +
+                  std::to_string(where.line) + ", column " + std::to_string(where.column) +
+                  "): " + std::string(e.description()));
+    }
+    apply_table(config, root, " in " + path);
+  }
+  toml::table override_root;
+  for (std::string item : overrides) {
+    if (item.rfind("--", 0) == 0) item = item.substr(2);
+    auto eq = item.find('=');
+    auto dot = item.find('.');
+    check(eq != std::string::npos && dot != std::string::npos && dot < eq,
+          "override '" + item + "' must look like --section.key=value (e.g. --training.steps=100)");
+    std::string section = item.substr(0, dot), key = item.substr(dot + 1, eq - dot - 1);
+    std::string value = item.substr(eq + 1);
+    toml::table parsed;
+    try {
+      parsed = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+      parsed.insert_or_assign("v", value);  // a bare word is a string
+    }
+    if (!override_root.contains(section)) override_root.insert_or_assign(section, toml::table{});
+    override_root[section].as_table()->insert_or_assign(key, *parsed.get("v"));
+  }
+  apply_table(config, override_root, " (command-line override)");
+  config.finalize();
+  return config;
+}
+
+}  // namespace lattice::train

@@ -1,0 +1,75 @@
+// TrainConfig: everything a training run is told, read from TOML in torchtitan's sections ([job]
+// [model] [training] [parallelism] [optimizer] [lr_scheduler] [activation_checkpoint] [checkpoint]
+// [metrics] [data] [validation]) with `--section.key=value` overrides. Unknown keys, wrong types and
+// inconsistent values are refused with one line that names the key and the fix.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/model/model_config.hpp"
+#include "lattice/optim/adamw_optimizer.hpp"
+#include "lattice/optim/lr_schedule.hpp"
+
+namespace lattice::train {
+
+struct TrainConfig {
+  // [job]
+  std::string run_dir = "runs/default";
+  std::string description;
+  // [model] (a preset, then any dimension overridden)
+  std::string model_preset = "gpt2-demo";
+  model::ModelConfig model = model::model_preset("gpt2-demo");
+  // [training]
+  uint64_t seed = 1234;
+  int64_t steps = 100;
+  int64_t seq_len = 128;
+  int64_t micro_batch_size = 0;  // give two of micro_batch_size, global_batch_size and
+  int64_t global_batch_size = 0;  // gradient_accumulation_steps; the third is derived
+  int64_t gradient_accumulation_steps = 0;
+  kernels::Precision precision = kernels::Precision::fp32;
+  int64_t threads = 0;  // kernel threads; 0 = every core
+  // [optimizer]
+  float lr = 3e-4f;
+  optim::AdamWSettings adamw;
+  // [lr_scheduler]
+  int64_t warmup_steps = 0;
+  optim::DecayKind decay = optim::DecayKind::cosine;
+  float min_lr_ratio = 0.1f;
+  // [parallelism] (only 1 everywhere until the parallel issues land)
+  int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+  // [activation_checkpoint]
+  std::string recompute = "none";
+  // [checkpoint]
+  bool checkpoint_enable = true;
+  int64_t checkpoint_interval = 0;  // steps between checkpoints; 0 = only at the end
+  int64_t keep_latest = 2;
+  bool resume = true;              // resume from run_dir's latest checkpoint when there is one
+  std::string resume_from;         // explicit checkpoint directory to resume from
+  // [metrics]
+  int64_t log_freq = 10;
+  bool jsonl = true;
+  double peak_tflops = 0;  // 0 = measure with a short GEMM calibration at start
+  // [data]
+  std::vector<std::string> train_files;
+  std::vector<std::string> exclude = {"*.dat", "*.u8"};
+  double val_fraction = 0.05;
+  std::string tokenizer = "byte";
+  // [validation]
+  int64_t val_freq = 50;  // 0 disables
+  int64_t val_batches = 4;
+
+  optim::LrSchedule lr_schedule() const;
+  // Derives the missing batch quantity and checks every cross-key constraint.
+  void finalize();
+  // The resolved configuration as TOML (written into the run directory).
+  std::string to_toml() const;
+};
+
+// Reads a TOML file (empty path: defaults only) and applies overrides of the form
+// "section.key=value" (values parsed as TOML, or taken as strings when they do not parse).
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides);
+
+}  // namespace lattice::train

@@ -1,0 +1,204 @@
+// Tests of the model: parameter names and counts, whole-model finite-difference gradients for GPT-2 and
+// Llama, pipeline-stage seams equal to the whole model, and gradient accumulation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "lattice/core/error.hpp"
+#include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/model/transformer.hpp"
+
+using namespace lattice;
+using namespace lattice::model;
+
+namespace {
+
+ModelConfig tiny(Family family) {
+  ModelConfig c = model_preset(family == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+  c.init_std = 0.2f;  // larger weights than GPT-2's 0.02 make every gradient term visible
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch random_batch(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  Rng rng(seed);
+  Batch b;
+  for (int64_t i = 0; i < B * T; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(V))));
+    b.targets.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(V))));
+  }
+  b.targets[1] = -1;  // one ignored target
+  return b;
+}
+
+}  // namespace
+
+TEST(ModelConfig, ParameterCountsMatchPublishedModels) {
+  // GPT-2 small has 124,439,808 parameters (Hugging Face "gpt2", tied head).
+  EXPECT_EQ(model_preset("gpt2-124m").parameter_count(), 124439808);
+  // GPT-2 medium: 354,823,168.
+  EXPECT_EQ(model_preset("gpt2-350m").parameter_count(), 354823168);
+  // The store of a built model holds exactly that many values (padding aside).
+  MemoryTracker tracker;
+  Transformer llama(model_preset("llama-tiny"), &tracker);
+  int64_t total = 0;
+  for (const auto& p : llama.parameters().parameters()) total += p.numel;
+  EXPECT_EQ(total, model_preset("llama-tiny").parameter_count());
+}
+
+TEST(ModelConfig, RejectsDimensionsThatDoNotFit) {
+  ModelConfig c = model_preset("gpt2-tiny");
+  c.n_heads = 5;
+  EXPECT_THROW(c.validate(), Error);
+  c = model_preset("llama-tiny");
+  c.n_kv_heads = 3;
+  EXPECT_THROW(c.validate(), Error);
+  EXPECT_THROW(model_preset("gpt5"), Error);
+}
+
+TEST(Transformer, UsesHuggingFaceParameterNames) {
+  Transformer gpt(model_preset("gpt2-tiny"), nullptr);
+  EXPECT_NO_THROW(gpt.parameters().index_of("transformer.h.1.attn.c_attn.weight"));
+  EXPECT_NO_THROW(gpt.parameters().index_of("transformer.wpe.weight"));
+  EXPECT_THROW(gpt.parameters().index_of("lm_head.weight"), Error);  // tied to wte
+  Transformer llama(model_preset("llama-tiny"), nullptr);
+  EXPECT_NO_THROW(llama.parameters().index_of("model.layers.0.self_attn.k_proj.weight"));
+  EXPECT_NO_THROW(llama.parameters().index_of("model.layers.1.mlp.gate_proj.weight"));
+  EXPECT_NO_THROW(llama.parameters().index_of("lm_head.weight"));
+}
+
+class WholeModelGradient : public ::testing::TestWithParam<Family> {};
+
+TEST_P(WholeModelGradient, MatchesFiniteDifferences) {
+  const ModelConfig config = tiny(GetParam());
+  Transformer model(config, nullptr);
+  model.initialize(7);
+  kernels::MatmulEngine matmul;
+  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  const int64_t B = 2, T = 9;
+  Batch batch = random_batch(B, T, config.vocab_size, 3);
+  auto& params = model.parameters();
+  params.zero_grads();
+  model.forward(ctx, batch.tokens.data(), batch.targets.data(), B, T, 1.0f);
+  model.backward(ctx);
+  std::vector<float> analytic(params.grads(), params.grads() + params.size());
+
+  // Probe a few elements of every parameter.
+  Rng pick(11);
+  int checked = 0;
+  for (const auto& p : params.parameters()) {
+    for (int probe = 0; probe < 3; ++probe) {
+      const int64_t index = p.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.numel)));
+      float* value = params.values() + index;
+      const float saved = *value, step = 1e-2f;
+      *value = saved + step;
+      double plus = model.evaluate(ctx, batch.tokens.data(), batch.targets.data(), B, T);
+      *value = saved - step;
+      double minus = model.evaluate(ctx, batch.tokens.data(), batch.targets.data(), B, T);
+      *value = saved;
+      const double numeric = (plus - minus) / (2.0 * step);
+      // fp32 loss evaluation carries ~1e-6 absolute noise, divided by 2·step = 0.02 gives ~5e-5;
+      // the O(step^2) truncation term is of the same order. Hence 2e-4 absolute + 2% relative.
+      EXPECT_NEAR(analytic[static_cast<size_t>(index)], numeric, 2e-4 + 0.02 * std::fabs(numeric))
+          << p.name << " element " << index - p.offset;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, WholeModelGradient,
+                         ::testing::Values(Family::gpt2, Family::llama));
+
+class StageSeam : public ::testing::TestWithParam<Family> {};
+
+TEST_P(StageSeam, TwoStagesEqualTheWholeModelBitForBit) {
+  ModelConfig config = tiny(GetParam());
+  config.tied_embeddings = false;  // a tied head across stages needs the pipeline's weight sync
+  kernels::MatmulEngine matmul;
+  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  const int64_t B = 2, T = 8;
+  Batch batch = random_batch(B, T, config.vocab_size, 5);
+
+  Transformer whole(config, nullptr);
+  whole.initialize(21);
+  whole.parameters().zero_grads();
+  const float loss = whole.forward(ctx, batch.tokens.data(), batch.targets.data(), B, T, 1.0f);
+  whole.backward(ctx);
+
+  Transformer first(config, nullptr, StageRange{0, 1});
+  Transformer last(config, nullptr, StageRange{1, -1});
+  first.initialize(21);
+  last.initialize(21);
+  first.parameters().zero_grads();
+  last.parameters().zero_grads();
+  first.forward_stage(ctx, batch.tokens.data(), nullptr, nullptr, B, T, 1.0f);
+  const float staged_loss =
+      last.forward_stage(ctx, nullptr, first.hidden_out(), batch.targets.data(), B, T, 1.0f);
+  last.backward_stage(ctx, nullptr);
+  first.backward_stage(ctx, last.d_hidden_in());
+  EXPECT_EQ(loss, staged_loss);
+  for (Transformer* stage : {&first, &last}) {
+    for (const auto& p : stage->parameters().parameters()) {
+      const int w = whole.parameters().index_of(p.name);
+      for (int64_t i = 0; i < p.numel; ++i) {
+        ASSERT_EQ(stage->parameters().value(stage->parameters().index_of(p.name))[i],
+                  whole.parameters().value(w)[i]);
+        ASSERT_EQ(stage->parameters().grads()[p.offset + i],
+                  whole.parameters().grads()[whole.parameters().info(w).offset + i])
+            << p.name;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, StageSeam, ::testing::Values(Family::gpt2, Family::llama));
+
+TEST(Transformer, GradientAccumulationEqualsOneLargeBatch) {
+  const ModelConfig config = tiny(Family::llama);
+  kernels::MatmulEngine matmul;
+  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  const int64_t T = 8;
+  Batch batch = random_batch(4, T, config.vocab_size, 9);
+  batch.targets[1] = 0;  // equal counts in both halves so the two means weigh alike
+
+  Transformer big(config, nullptr), accumulated(config, nullptr);
+  big.initialize(1);
+  accumulated.initialize(1);
+  big.parameters().zero_grads();
+  accumulated.parameters().zero_grads();
+  big.forward(ctx, batch.tokens.data(), batch.targets.data(), 4, T, 1.0f);
+  big.backward(ctx);
+  for (int half = 0; half < 2; ++half) {
+    accumulated.forward(ctx, batch.tokens.data() + half * 2 * T, batch.targets.data() + half * 2 * T,
+                        2, T, 0.5f);
+    accumulated.backward(ctx);
+  }
+  const auto& a = big.parameters();
+  const auto& b = accumulated.parameters();
+  double max_diff = 0, max_ref = 0;
+  for (int64_t i = 0; i < a.size(); ++i) {
+    max_diff = std::fmax(max_diff, std::fabs(a.grads()[i] - b.grads()[i]));
+    max_ref = std::fmax(max_ref, std::fabs(a.grads()[i]));
+  }
+  // Only the order of fp32 sums differs (per-row gradient scale and weight-gradient GEMM sums).
+  EXPECT_LT(max_diff / max_ref, 1e-5);
+}
+
+TEST(Transformer, RefusesTokensOutsideTheVocabulary) {
+  const ModelConfig config = model_preset("gpt2-tiny");
+  Transformer model(config, nullptr);
+  kernels::MatmulEngine matmul;
+  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  std::vector<int32_t> tokens(8, 1), targets(8, 2);
+  tokens[3] = static_cast<int32_t>(config.vocab_size);
+  EXPECT_THROW(model.forward(ctx, tokens.data(), targets.data(), 1, 8, 1.0f), Error);
+  tokens[3] = 0;
+  targets[2] = 1000;
+  EXPECT_THROW(model.forward(ctx, tokens.data(), targets.data(), 1, 8, 1.0f), Error);
+}
