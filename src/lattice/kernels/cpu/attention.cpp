@@ -1,0 +1,478 @@
+// Causal grouped-query attention on the CPU, tiled as FlashAttention-2: the forward streams key
+// blocks through an online softmax and saves only the log-sum-exp per query; the backward
+// recomputes each tile's probabilities from it. The tile products run on a register-blocked fp32
+// micro-GEMM written with GCC/Clang vector extensions (16-lane vectors: one zmm register under
+// AVX-512).
+//
+// Precision::bf16 rounds q, k, v and d_out to bf16 when they are packed into tiles, and rounds the
+// probabilities P (and dS in backward) to bf16 before the products they feed, with fp32
+// accumulation everywhere and fp32 softmax statistics (row max, row sum, lse, D = rowsum(dO * O)),
+// like PyTorch's bf16 flash attention. The arithmetic itself stays fp32, so bf16 changes the
+// numbers, not the speed.
+//
+// Threading: forward tasks are (batch, query head, query block); backward tasks are (batch, kv
+// head), each owning the dk/dv of its kv head and the dq of its query-head group, so nothing races
+// and the result does not depend on the thread count (bitwise).
+#include "lattice/kernels/cpu/attention.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "lattice/core/dtype.hpp"
+#include "lattice/core/error.hpp"
+
+namespace lattice::kernels {
+
+AttentionShape AttentionShape::contiguous(int64_t batch, int64_t seq, int64_t q_heads,
+                                          int64_t kv_heads, int64_t head_dim) {
+  AttentionShape s;
+  s.batch = batch;
+  s.q_len = seq;
+  s.kv_len = seq;
+  s.q_heads = q_heads;
+  s.kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.q_row_stride = q_heads * head_dim;
+  s.k_row_stride = kv_heads * head_dim;
+  s.v_row_stride = kv_heads * head_dim;
+  s.q_batch_stride = seq * q_heads * head_dim;
+  s.kv_batch_stride = seq * kv_heads * head_dim;
+  return s;
+}
+
+namespace {
+
+using f32x16 = float __attribute__((vector_size(64)));
+using i32x16 = int32_t __attribute__((vector_size(64)));
+using u32x16 = uint32_t __attribute__((vector_size(64)));
+constexpr int64_t kLanes = 16;
+
+// Tile sizes: kBlockQ query rows by kBlockK keys. kMicroRows x kMicroVecs*16 is the register block
+// of the micro-GEMM (24 accumulators + 4 B vectors + 1 broadcast fit the 32 zmm registers).
+constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockK = 64;
+constexpr int kMicroRows = 6;
+constexpr int kMicroVecs = 4;
+
+inline f32x16 load(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, f32x16 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+inline f32x16 splat(float x) {
+  return f32x16{} + x;
+}
+
+inline int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+// exp(x) for 16 lanes: x = n ln2 + r with |r| <= ln2/2, degree-6 Taylor polynomial for e^r
+// (relative error below 2e-7), times 2^n built in the exponent bits. Lanes below -87.3 (including
+// -inf) give 0.
+inline f32x16 vexp(f32x16 x) {
+  const f32x16 lo = splat(-87.3f), hi = splat(88.0f);
+  const i32x16 underflow = x < lo;
+  f32x16 xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const f32x16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  const f32x16 t = xc * 1.44269504088896341f + magic;
+  const f32x16 n = t - magic;
+  f32x16 r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  f32x16 p = splat(1.0f / 720);
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const i32x16 n_int = std::bit_cast<i32x16>(t) - 0x4B400000;
+  const i32x16 two_n_bits = (n_int + 127) << 23;
+  const f32x16 result = p * std::bit_cast<f32x16>(two_n_bits);
+  return std::bit_cast<f32x16>(std::bit_cast<i32x16>(result) & ~underflow);
+}
+
+// Round 16 finite lanes to the nearest bf16 (ties to even), kept in fp32 format.
+inline f32x16 vround_bf16(f32x16 x) {
+  const u32x16 bits = std::bit_cast<u32x16>(x);
+  const u32x16 rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  return std::bit_cast<f32x16>(rounded);
+}
+
+inline float hsum(f32x16 v) {
+  float s = 0;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+inline float hmax(f32x16 v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// C[R, NV*16] (= or +=) A[R, K] * B[K, NV*16]. A's element (r, k) sits at a[r * a_row + k * a_col],
+// so a transposed A is just a_row = 1, a_col = its leading dimension. B and C are row-major.
+template <int R, int NV>
+void micro_gemm(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                int64_t ldc, int64_t K, bool accumulate) {
+  f32x16 acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? load(c + r * ldc + v * kLanes) : f32x16{};
+  for (int64_t k = 0; k < K; ++k) {
+    f32x16 bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = load(b + k * ldb + v * kLanes);
+    const float* a_k = a + k * a_col;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const float a_rk = a_k[r * a_row];
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[r][v] += a_rk * bv[v];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kLanes, acc[r][v]);
+}
+
+using MicroGemm = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t,
+                           int64_t, bool);
+
+template <int R>
+constexpr MicroGemm micro_for_vecs(int nv) {
+  switch (nv) {
+    case 1:
+      return &micro_gemm<R, 1>;
+    case 2:
+      return &micro_gemm<R, 2>;
+    case 3:
+      return &micro_gemm<R, 3>;
+    default:
+      return &micro_gemm<R, 4>;
+  }
+}
+
+inline MicroGemm micro_for(int rows, int nv) {
+  switch (rows) {
+    case 1:
+      return micro_for_vecs<1>(nv);
+    case 2:
+      return micro_for_vecs<2>(nv);
+    case 3:
+      return micro_for_vecs<3>(nv);
+    case 4:
+      return micro_for_vecs<4>(nv);
+    case 5:
+      return micro_for_vecs<5>(nv);
+    default:
+      return micro_for_vecs<6>(nv);
+  }
+}
+
+// C[M, N] (= or +=) A[M, K] * B[K, N] with N a multiple of 16 (tiles are zero-padded to make it
+// so).
+void tile_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_row, int64_t a_col,
+               const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  for (int64_t n0 = 0; n0 < N; n0 += kMicroVecs * kLanes) {
+    const int nv = static_cast<int>(std::min<int64_t>(kMicroVecs, (N - n0) / kLanes));
+    for (int64_t m0 = 0; m0 < M; m0 += kMicroRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMicroRows, M - m0));
+      micro_for(rows, nv)(a + m0 * a_row, a_row, a_col, b + n0, ldb, c + m0 * ldc + n0, ldc, K,
+                          accumulate);
+    }
+  }
+}
+
+// 64-byte aligned float scratch owned by one thread.
+class Scratch {
+ public:
+  explicit Scratch(int64_t n)
+      : data_(static_cast<float*>(
+            ::operator new[](static_cast<size_t>(n) * sizeof(float), std::align_val_t(64)))) {}
+  ~Scratch() { ::operator delete[](data_, std::align_val_t(64)); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* get() const { return data_; }
+
+ private:
+  float* data_;
+};
+
+inline float maybe_round(float x, bool to_bf16) {
+  return to_bf16 ? round_to_bf16(x) : x;
+}
+
+// rows x head_dim from a strided source into a [rows, padded_dim] tile, zero-padding the columns.
+void pack_rows(float* tile, int64_t padded_dim, const float* src, int64_t src_stride, int64_t rows,
+               int64_t head_dim, bool to_bf16) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* dst = tile + r * padded_dim;
+    const float* row = src + r * src_stride;
+    for (int64_t d = 0; d < head_dim; ++d) dst[d] = maybe_round(row[d], to_bf16);
+    for (int64_t d = head_dim; d < padded_dim; ++d) dst[d] = 0.0f;
+  }
+}
+
+// rows x head_dim from a strided source into the transposed tile [padded_dim, ld], zero elsewhere.
+void pack_transposed(float* tile, int64_t ld, int64_t padded_dim, const float* src,
+                     int64_t src_stride, int64_t rows, int64_t head_dim, bool to_bf16) {
+  std::memset(tile, 0, static_cast<size_t>(padded_dim * ld) * sizeof(float));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * src_stride;
+    for (int64_t d = 0; d < head_dim; ++d) tile[d * ld + r] = maybe_round(row[d], to_bf16);
+  }
+}
+
+void validate(const AttentionShape& s, const char* who) {
+  const std::string name(who);
+  check(s.batch > 0 && s.q_len > 0 && s.kv_len > 0 && s.q_heads > 0 && s.kv_heads > 0 &&
+            s.head_dim > 0,
+        name + ": batch, q_len, kv_len, heads and head_dim must all be positive");
+  check(s.q_heads % s.kv_heads == 0, name + ": q_heads (" + std::to_string(s.q_heads) +
+                                         ") must be a multiple of kv_heads (" +
+                                         std::to_string(s.kv_heads) + ")");
+  check(s.kv_len >= s.q_len, name + ": kv_len (" + std::to_string(s.kv_len) +
+                                 ") must be at least q_len (" + std::to_string(s.q_len) + ")");
+  check(s.q_row_stride >= s.q_heads * s.head_dim,
+        name + ": q_row_stride must be at least q_heads * head_dim");
+  check(s.k_row_stride >= s.kv_heads * s.head_dim && s.v_row_stride >= s.kv_heads * s.head_dim,
+        name + ": k_row_stride and v_row_stride must be at least kv_heads * head_dim");
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/) {
+  validate(shape, "attention_forward");
+  const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
+  const int64_t D = shape.head_dim, Dp = round_up(D, kLanes), group = Hq / shape.kv_heads;
+  const int64_t causal_offset = Tk - Tq;  // query i sits at absolute position causal_offset + i
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const bool to_bf16 = precision == Precision::bf16;
+  const int64_t q_blocks = (Tq + kBlockQ - 1) / kBlockQ;
+  const int64_t tasks = B * Hq * q_blocks;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+#pragma omp parallel
+  {
+    // Per thread: Q tile, K^T tile, V tile, S/P tile, output accumulator, row max and row sum.
+    const int64_t q_tile = kBlockQ * Dp, kt_tile = Dp * kBlockK, v_tile = kBlockK * Dp;
+    const int64_t s_tile = kBlockQ * kBlockK, o_tile = kBlockQ * Dp;
+    Scratch scratch(q_tile + kt_tile + v_tile + s_tile + o_tile + 2 * kBlockQ);
+    float* q_pack = scratch.get();
+    float* kt_pack = q_pack + q_tile;
+    float* v_pack = kt_pack + kt_tile;
+    float* s_buf = v_pack + v_tile;
+    float* o_acc = s_buf + s_tile;
+    float* row_max = o_acc + o_tile;
+    float* row_sum = row_max + kBlockQ;
+
+    // Longest query blocks (last in the sequence) first, so dynamic scheduling balances the tail.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t qb = q_blocks - 1 - task % q_blocks;
+      const int64_t h = (task / q_blocks) % Hq, b = task / (q_blocks * Hq);
+      const int64_t kvh = h / group;
+      const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
+      const int64_t key_end = causal_offset + i0 + rows;  // keys [0, key_end) are seen by some row
+      const float* q_src = q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D;
+      const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
+      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+
+      pack_rows(q_pack, Dp, q_src, shape.q_row_stride, rows, D, to_bf16);
+      std::fill(o_acc, o_acc + rows * Dp, 0.0f);
+      std::fill(row_max, row_max + rows, neg_inf);
+      std::fill(row_sum, row_sum + rows, 0.0f);
+
+      for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+        const int64_t cols = std::min(kBlockK, key_end - j0), cols_p = round_up(cols, kLanes);
+        pack_transposed(kt_pack, kBlockK, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
+                        cols, D, to_bf16);
+        pack_rows(v_pack, Dp, v_src + j0 * shape.v_row_stride, shape.v_row_stride, cols, D,
+                  to_bf16);
+        std::fill(v_pack + cols * Dp, v_pack + cols_p * Dp, 0.0f);
+        tile_gemm(rows, cols_p, Dp, q_pack, Dp, 1, kt_pack, kBlockK, s_buf, kBlockK, false);
+
+        // Online softmax: scale, mask, new row max, P = exp(S - max), rescale the accumulator.
+        for (int64_t r = 0; r < rows; ++r) {
+          float* s_row = s_buf + r * kBlockK;
+          const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
+          if (visible <= 0) {
+            std::fill(s_row, s_row + cols_p, 0.0f);
+            continue;
+          }
+          const f32x16 visible_v = splat(static_cast<float>(visible));
+          f32x16 max_v = splat(neg_inf);
+          for (int64_t c = 0; c < cols_p; c += kLanes) {
+            f32x16 sv = load(s_row + c) * scale;
+            sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
+            store(s_row + c, sv);
+            max_v = sv > max_v ? sv : max_v;
+          }
+          const float new_max = std::max(row_max[r], hmax(max_v));
+          const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first block (-inf)
+          f32x16 sum_v = {};
+          for (int64_t c = 0; c < cols_p; c += kLanes) {
+            const f32x16 p = vexp(load(s_row + c) - new_max);
+            sum_v += p;
+            store(s_row + c, to_bf16 ? vround_bf16(p) : p);
+          }
+          row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
+          row_max[r] = new_max;
+          if (alpha != 1.0f) {
+            float* o_row = o_acc + r * Dp;
+            for (int64_t d = 0; d < Dp; d += kLanes) store(o_row + d, load(o_row + d) * alpha);
+          }
+        }
+        tile_gemm(rows, Dp, cols_p, s_buf, kBlockK, 1, v_pack, Dp, o_acc, Dp, true);
+      }
+
+      float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
+      float* lse_rows = lse + (b * Hq + h) * Tq + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv_sum = 1.0f / row_sum[r];
+        for (int64_t d = 0; d < D; ++d) out_rows[r * Hq * D + d] = o_acc[r * Dp + d] * inv_sum;
+        lse_rows[r] = row_max[r] + std::log(row_sum[r]);
+      }
+    }
+  }
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* d_out, const float* q,
+                        const float* k, const float* v, const float* out, const float* lse,
+                        const AttentionShape& shape, Precision precision,
+                        MatmulEngine& /*matmul*/) {
+  validate(shape, "attention_backward");
+  check(shape.q_len == shape.kv_len,
+        "attention_backward: q_len must equal kv_len (no backward through a KV cache)");
+  const int64_t B = shape.batch, T = shape.q_len, Hq = shape.q_heads, Hkv = shape.kv_heads;
+  const int64_t D = shape.head_dim, Dp = round_up(D, kLanes), group = Hq / Hkv;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const bool to_bf16 = precision == Precision::bf16;
+  const int64_t tasks = B * Hkv;
+  const int64_t out_row = Hq * D;  // out and d_out are [B, T, Hq*D] contiguous
+
+#pragma omp parallel
+  {
+    // Per thread, for one (batch, kv head): packed Q, dO and dQ accumulator of the whole query-head
+    // group, D_i = rowsum(dO * O) per query, packed K block (rows and transposed), V^T block, dK
+    // and dV block accumulators, and the P and dS tiles.
+    const int64_t group_rows = group * T * Dp;
+    const int64_t block_rows = kBlockK * Dp, tile = kBlockQ * kBlockK;
+    Scratch scratch(3 * group_rows + group * T + 5 * block_rows + 2 * tile);
+    float* q_pack = scratch.get();
+    float* do_pack = q_pack + group_rows;
+    float* dq_acc = do_pack + group_rows;
+    float* delta = dq_acc + group_rows;
+    float* k_pack = delta + group * T;
+    float* kt_pack = k_pack + block_rows;
+    float* vt_pack = kt_pack + block_rows;
+    float* dk_acc = vt_pack + block_rows;
+    float* dv_acc = dk_acc + block_rows;
+    float* p_buf = dv_acc + block_rows;
+    float* ds_buf = p_buf + tile;
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / Hkv, kvh = task % Hkv;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        pack_rows(q_pack + g * T * Dp, Dp, q + b * shape.q_batch_stride + h * D, shape.q_row_stride,
+                  T, D, to_bf16);
+        pack_rows(do_pack + g * T * Dp, Dp, d_out + b * T * out_row + h * D, out_row, T, D,
+                  to_bf16);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* o_row = out + (b * T + t) * out_row + h * D;
+          const float* do_row = d_out + (b * T + t) * out_row + h * D;
+          float sum = 0;
+          for (int64_t d = 0; d < D; ++d) sum += do_row[d] * o_row[d];
+          delta[g * T + t] = sum;
+        }
+      }
+      std::fill(dq_acc, dq_acc + group_rows, 0.0f);
+      const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
+      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+
+      for (int64_t j0 = 0; j0 < T; j0 += kBlockK) {
+        const int64_t cols = std::min(kBlockK, T - j0), cols_p = round_up(cols, kLanes);
+        pack_rows(k_pack, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride, cols, D,
+                  to_bf16);
+        pack_transposed(kt_pack, kBlockK, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
+                        cols, D, to_bf16);
+        pack_transposed(vt_pack, kBlockK, Dp, v_src + j0 * shape.v_row_stride, shape.v_row_stride,
+                        cols, D, to_bf16);
+        std::fill(dk_acc, dk_acc + cols * Dp, 0.0f);
+        std::fill(dv_acc, dv_acc + cols * Dp, 0.0f);
+
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          const float* lse_head = lse + (b * Hq + h) * T;
+          // Query blocks that see at least key j0 (causal): those ending after j0.
+          for (int64_t i0 = j0 / kBlockQ * kBlockQ; i0 < T; i0 += kBlockQ) {
+            const int64_t rows = std::min(kBlockQ, T - i0);
+            const float* q_rows = q_pack + (g * T + i0) * Dp;
+            const float* do_rows = do_pack + (g * T + i0) * Dp;
+            tile_gemm(rows, cols_p, Dp, q_rows, Dp, 1, kt_pack, kBlockK, p_buf, kBlockK, false);
+            tile_gemm(rows, cols_p, Dp, do_rows, Dp, 1, vt_pack, kBlockK, ds_buf, kBlockK, false);
+            // P = exp(S * scale - lse) on visible keys, 0 elsewhere; dS = P * (dP - D_i) * scale.
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t visible = std::clamp<int64_t>(i0 + r - j0 + 1, 0, cols);
+              float* p_row = p_buf + r * kBlockK;
+              float* ds_row = ds_buf + r * kBlockK;
+              const float row_lse = lse_head[i0 + r], row_delta = delta[g * T + i0 + r];
+              const f32x16 visible_v = splat(static_cast<float>(visible));
+              const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+              for (int64_t c = 0; c < cols_p; c += kLanes) {
+                const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
+                f32x16 p = vexp(load(p_row + c) * scale - row_lse);
+                p = std::bit_cast<f32x16>(std::bit_cast<i32x16>(p) & keep);
+                f32x16 ds = p * (load(ds_row + c) - row_delta) * scale;
+                if (to_bf16) {
+                  p = vround_bf16(p);
+                  ds = vround_bf16(ds);
+                }
+                store(p_row + c, p);
+                store(ds_row + c, ds);
+              }
+            }
+            // dV_j += P^T dO_i, dK_j += dS^T Q_i, dQ_i += dS K_j.
+            tile_gemm(cols, Dp, rows, p_buf, 1, kBlockK, do_rows, Dp, dv_acc, Dp, true);
+            tile_gemm(cols, Dp, rows, ds_buf, 1, kBlockK, q_rows, Dp, dk_acc, Dp, true);
+            tile_gemm(rows, Dp, cols, ds_buf, kBlockK, 1, k_pack, Dp, dq_acc + (g * T + i0) * Dp,
+                      Dp, true);
+          }
+        }
+        float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
+        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
+        for (int64_t c = 0; c < cols; ++c) {
+          std::memcpy(dk_rows + c * shape.k_row_stride, dk_acc + c * Dp,
+                      static_cast<size_t>(D) * sizeof(float));
+          std::memcpy(dv_rows + c * shape.v_row_stride, dv_acc + c * Dp,
+                      static_cast<size_t>(D) * sizeof(float));
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        float* dq_rows = dq + b * shape.q_batch_stride + h * D;
+        for (int64_t t = 0; t < T; ++t)
+          std::memcpy(dq_rows + t * shape.q_row_stride, dq_acc + (g * T + t) * Dp,
+                      static_cast<size_t>(D) * sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace lattice::kernels
