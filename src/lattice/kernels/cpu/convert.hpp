@@ -7,7 +7,14 @@
 
 namespace lattice::kernels {
 
+// Bit-identical to lattice::to_bf16 / to_float for every input (NaN stays a quiet NaN, denormals
+// are rounded, not flushed). Threaded over the calling thread's OpenMP team for large n.
 void convert_to_bf16(bf16* out, const float* in, int64_t n);
 void convert_to_f32(float* out, const bf16* in, int64_t n);
+
+// Strided form: rows x cols fp32 values whose rows start in_row_stride floats apart are written
+// densely (out row r at out + r * cols). Used to pack GEMM operands with leading dimensions.
+void convert_rows_to_bf16(bf16* out, const float* in, int64_t rows, int64_t cols,
+                          int64_t in_row_stride);
 
 }  // namespace lattice::kernels

@@ -34,6 +34,10 @@ class MatmulEngine {
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
             int64_t ldc, Precision precision);
 
+  // Bytes of scratch the engine holds now (oneDNN scratchpad and bf16 operand copies; grow-only),
+  // for memory accounting.
+  int64_t scratch_bytes() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

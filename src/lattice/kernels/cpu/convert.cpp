@@ -1,0 +1,82 @@
+// fp32 <-> bf16 bulk conversion: see convert.hpp. The AVX-512 path does the same integer arithmetic
+// as lattice::to_bf16 (add 0x7fff + lsb, shift, quiet NaNs). vcvtneps2bf16 is deliberately not
+// used: it is round-to-nearest-even too, but it treats denormal inputs as zero, which to_bf16 does
+// not.
+#include "lattice/kernels/cpu/convert.hpp"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+
+namespace lattice::kernels {
+namespace {
+
+// Elements per parallel work item: large enough to amortise scheduling, small enough to split work.
+constexpr int64_t kChunk = 1 << 16;
+
+void to_bf16_serial(bf16* out, const float* in, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i inf_bits = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i quiet_bit = _mm512_set1_epi32(0x0040);
+  for (; i + 16 <= n; i += 16) {
+    __m512i u = _mm512_loadu_si512(in + i);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
+    __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+    __m512i nan_bits = _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet_bit);
+    __m512i result = _mm512_mask_blend_epi32(is_nan, rounded, nan_bits);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(result));
+  }
+#endif
+  for (; i < n; ++i) out[i] = to_bf16(in[i]);
+}
+
+void to_f32_serial(float* out, const bf16* in, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+    _mm512_storeu_si512(out + i, u);
+  }
+#endif
+  for (; i < n; ++i) out[i] = to_float(in[i]);
+}
+
+}  // namespace
+
+void convert_to_bf16(bf16* out, const float* in, int64_t n) {
+  if (n <= 0) return;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk;
+    to_bf16_serial(out + begin, in + begin, std::min(kChunk, n - begin));
+  }
+}
+
+void convert_to_f32(float* out, const bf16* in, int64_t n) {
+  if (n <= 0) return;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk;
+    to_f32_serial(out + begin, in + begin, std::min(kChunk, n - begin));
+  }
+}
+
+void convert_rows_to_bf16(bf16* out, const float* in, int64_t rows, int64_t cols,
+                          int64_t in_row_stride) {
+  if (rows <= 0 || cols <= 0) return;
+  if (in_row_stride == cols) return convert_to_bf16(out, in, rows * cols);
+#pragma omp parallel for schedule(static) if (rows * cols > kChunk)
+  for (int64_t r = 0; r < rows; ++r) to_bf16_serial(out + r * cols, in + r * in_row_stride, cols);
+}
+
+}  // namespace lattice::kernels

@@ -1,0 +1,325 @@
+// MatmulEngine: see matmul.hpp. Every product is one oneDNN matmul primitive, dst[M,N] = alpha *
+// A[M,K] · B[K,N] (+ bias) (+ beta * dst), whose operands are described by element strides, so the
+// transposes the Linear layer needs (weight^T in forward, d_out^T in the weight gradient) cost
+// nothing: oneDNN's brgemm kernels read the strided layouts directly. Primitives are created once
+// per shape, layout, precision, scaling and thread count and kept in the engine. In bf16 the fp32
+// operands are rounded to bf16 (exactly lattice::to_bf16) into engine-owned buffers and multiplied
+// on AMX with fp32 accumulation and fp32 output; accumulation into d_weight uses oneDNN's sum
+// post-op.
+#include "lattice/kernels/cpu/matmul.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "lattice/core/dtype.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
+
+namespace lattice::kernels {
+namespace {
+
+// One GEMM as handed to oneDNN. A is M x K with element strides (a_stride_m, a_stride_k), B is K x
+// N with strides (b_stride_k, b_stride_n), C is M x N with row stride ldc.
+struct GemmShape {
+  int64_t M = 0, N = 0, K = 0;
+  int64_t a_stride_m = 0, a_stride_k = 0;
+  int64_t b_stride_k = 0, b_stride_n = 0;
+  int64_t ldc = 0;
+  bool use_bf16 = false;
+  bool has_bias = false;
+  uint32_t alpha_bits = 0, beta_bits = 0;
+  int threads = 1;  // oneDNN fixes its work split when a primitive is created
+
+  float alpha() const { return std::bit_cast<float>(alpha_bits); }
+  float beta() const { return std::bit_cast<float>(beta_bits); }
+  bool operator==(const GemmShape&) const = default;
+};
+
+struct GemmShapeHash {
+  size_t operator()(const GemmShape& s) const {
+    size_t h = 0;
+    auto mix = [&h](uint64_t v) {
+      h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    };
+    for (int64_t v : {s.M, s.N, s.K, s.a_stride_m, s.a_stride_k, s.b_stride_k, s.b_stride_n, s.ldc})
+      mix(static_cast<uint64_t>(v));
+    mix((static_cast<uint64_t>(s.alpha_bits) << 32) | s.beta_bits);
+    mix((static_cast<uint64_t>(s.threads) << 2) | (s.use_bf16 ? 2u : 0u) | (s.has_bias ? 1u : 0u));
+    return h;
+  }
+};
+
+struct CachedGemm {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md, scratchpad_md;
+  size_t scratchpad_bytes = 0;
+};
+
+// A grow-only, 64-byte-aligned byte buffer.
+class AlignedBuffer {
+ public:
+  void* reserve(size_t bytes) {
+    if (bytes > capacity_) {
+      const size_t rounded = (bytes + 63) / 64 * 64;
+      void* fresh = std::aligned_alloc(64, rounded);
+      if (fresh == nullptr)
+        throw Error("matmul: out of memory allocating " + std::to_string(rounded) +
+                    " bytes of scratch");
+      data_.reset(fresh);
+      capacity_ = rounded;
+    }
+    return data_.get();
+  }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<void, Free> data_;
+  size_t capacity_ = 0;
+};
+
+// Beyond this many cached primitives (shapes churn, e.g. attention over varying lengths) start
+// over.
+constexpr size_t kMaxCachedPrimitives = 512;
+
+void check_dims(const char* what, int64_t M, int64_t K, int64_t N) {
+  if (M < 0 || K < 0 || N < 0)
+    throw Error(std::string("matmul ") + what + ": negative size (M=" + std::to_string(M) +
+                ", K=" + std::to_string(K) + ", N=" + std::to_string(N) + ")");
+}
+
+// d_bias[j] += sum_i d_out[i, j], summed in double row by row for each column, so the result does
+// not depend on the thread count.
+void accumulate_column_sums(float* d_bias, const float* d_out, int64_t M, int64_t N) {
+  constexpr int64_t kColumns = 256;
+  const int64_t blocks = (N + kColumns - 1) / kColumns;
+#pragma omp parallel for schedule(static) if (M * N > (1 << 15))
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kColumns;
+    const int64_t width = std::min(kColumns, N - begin);
+    double sums[kColumns] = {};
+    for (int64_t i = 0; i < M; ++i) {
+      const float* row = d_out + i * N + begin;
+      for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<double>(row[j]);
+    }
+    for (int64_t j = 0; j < width; ++j) d_bias[begin + j] += static_cast<float>(sums[j]);
+  }
+}
+
+// C[M,N] (row stride ldc) = beta * C, without reading C when beta is 0.
+void scale_matrix(float* C, int64_t M, int64_t N, int64_t ldc, float beta) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* row = C + i * ldc;
+    if (beta == 0.0f) {
+      std::fill(row, row + N, 0.0f);
+    } else {
+      for (int64_t j = 0; j < N; ++j) row[j] *= beta;
+    }
+  }
+}
+
+}  // namespace
+
+struct MatmulEngine::Impl {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::unordered_map<GemmShape, CachedGemm, GemmShapeHash> cache;
+  AlignedBuffer scratchpad;
+  // bf16 copies of up to three fp32 operands of one call (in / weight / d_out, or A / B).
+  std::array<AlignedBuffer, 3> bf16_operands;
+
+  bf16* to_bf16_buffer(int slot, const float* src, int64_t rows, int64_t cols, int64_t row_stride) {
+    auto* dst = static_cast<bf16*>(bf16_operands[static_cast<size_t>(slot)].reserve(
+        static_cast<size_t>(rows * cols) * sizeof(bf16)));
+    convert_rows_to_bf16(dst, src, rows, cols, row_stride);
+    return dst;
+  }
+
+  const CachedGemm& primitive_for(const GemmShape& s) {
+    auto found = cache.find(s);
+    if (found != cache.end()) return found->second;
+    if (cache.size() >= kMaxCachedPrimitives) cache.clear();
+    using dt = dnnl::memory::data_type;
+    const dt in_type = s.use_bf16 ? dt::bf16 : dt::f32;
+    CachedGemm g;
+    g.a_md = dnnl::memory::desc({s.M, s.K}, in_type, {s.a_stride_m, s.a_stride_k});
+    g.b_md = dnnl::memory::desc({s.K, s.N}, in_type, {s.b_stride_k, s.b_stride_n});
+    g.c_md = dnnl::memory::desc({s.M, s.N}, dt::f32, {s.ldc, 1});
+    if (s.has_bias) g.bias_md = dnnl::memory::desc({1, s.N}, dt::f32, {s.N, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (s.alpha() != 1.0f) attr.set_output_scales(0, {s.alpha()});
+    if (s.beta() != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(s.beta());
+      attr.set_post_ops(ops);
+    }
+    try {
+      auto desc = s.has_bias ? dnnl::matmul::desc(g.a_md, g.b_md, g.bias_md, g.c_md)
+                             : dnnl::matmul::desc(g.a_md, g.b_md, g.c_md);
+      dnnl::matmul::primitive_desc pd(desc, attr, engine);
+      g.scratchpad_md = pd.scratchpad_desc();
+      g.scratchpad_bytes = g.scratchpad_md.get_size();
+      g.primitive = dnnl::matmul(pd);
+    } catch (const dnnl::error& e) {
+      throw Error("matmul: oneDNN cannot build a " + std::string(s.use_bf16 ? "bf16" : "fp32") +
+                  " GEMM for M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                  " K=" + std::to_string(s.K) + ": " + e.what());
+    }
+    return cache.emplace(s, std::move(g)).first->second;
+  }
+
+  // Runs C = alpha * A · B (+ bias) (+ beta * C) for the given shape; sizes must be positive.
+  void run(const GemmShape& s, const void* A, const void* B, const float* bias, float* C) {
+    const CachedGemm& g = primitive_for(s);
+    std::unordered_map<int, dnnl::memory> args;
+    args.reserve(5);
+    args.emplace(DNNL_ARG_SRC, dnnl::memory(g.a_md, engine, const_cast<void*>(A)));
+    args.emplace(DNNL_ARG_WEIGHTS, dnnl::memory(g.b_md, engine, const_cast<void*>(B)));
+    args.emplace(DNNL_ARG_DST, dnnl::memory(g.c_md, engine, C));
+    if (s.has_bias)
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(g.bias_md, engine, const_cast<float*>(bias)));
+    if (g.scratchpad_bytes > 0) {
+      args.emplace(DNNL_ARG_SCRATCHPAD,
+                   dnnl::memory(g.scratchpad_md, engine, scratchpad.reserve(g.scratchpad_bytes)));
+    }
+    g.primitive.execute(stream, args);
+    stream.wait();
+  }
+
+  static GemmShape shape(int64_t M, int64_t N, int64_t K, bool use_bf16) {
+    GemmShape s;
+    s.M = M;
+    s.N = N;
+    s.K = K;
+    s.use_bf16 = use_bf16;
+    s.alpha_bits = std::bit_cast<uint32_t>(1.0f);
+    s.beta_bits = std::bit_cast<uint32_t>(0.0f);
+    s.threads = omp_get_max_threads();
+    return s;
+  }
+};
+
+MatmulEngine::MatmulEngine() : impl_(std::make_unique<Impl>()) {}
+MatmulEngine::~MatmulEngine() = default;
+
+int64_t MatmulEngine::scratch_bytes() const {
+  size_t total = impl_->scratchpad.capacity();
+  for (const auto& buffer : impl_->bf16_operands) total += buffer.capacity();
+  return static_cast<int64_t>(total);
+}
+
+void MatmulEngine::forward(float* out, const float* in, const float* weight, const float* bias,
+                           int64_t M, int64_t K, int64_t N, Precision precision) {
+  check_dims("forward", M, K, N);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i) {
+      if (bias != nullptr)
+        std::memcpy(out + i * N, bias, static_cast<size_t>(N) * sizeof(float));
+      else
+        std::fill(out + i * N, out + (i + 1) * N, 0.0f);
+    }
+    return;
+  }
+  const bool use_bf16 = precision == Precision::bf16;
+  GemmShape s = Impl::shape(M, N, K, use_bf16);
+  s.a_stride_m = K, s.a_stride_k = 1;  // in[M,K]
+  s.b_stride_k = 1, s.b_stride_n = K;  // weight[N,K] read as its transpose [K,N]
+  s.ldc = N;
+  s.has_bias = bias != nullptr;
+  if (!use_bf16) return impl_->run(s, in, weight, bias, out);
+  const lattice::bf16* in16 = impl_->to_bf16_buffer(0, in, M, K, K);
+  const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);
+  impl_->run(s, in16, weight16, bias, out);
+}
+
+void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const float* d_out,
+                            const float* in, const float* weight, int64_t M, int64_t K, int64_t N,
+                            Precision precision) {
+  check_dims("backward", M, K, N);
+  if (d_bias != nullptr && M > 0 && N > 0) accumulate_column_sums(d_bias, d_out, M, N);
+  const bool want_d_in = d_in != nullptr && M > 0 && K > 0;
+  const bool want_d_weight = d_weight != nullptr && M > 0 && N > 0 && K > 0;
+  if (want_d_in && N == 0) {
+    std::fill(d_in, d_in + M * K, 0.0f);
+    return;
+  }
+  if (!want_d_in && !want_d_weight) return;
+  const bool use_bf16 = precision == Precision::bf16;
+  // In bf16, d_out is rounded once and read in both layouts.
+  const void* d_out_op =
+      use_bf16 ? impl_->to_bf16_buffer(0, d_out, M, N, N) : static_cast<const void*>(d_out);
+  if (want_d_in) {  // d_in[M,K] = d_out[M,N] · weight[N,K]
+    GemmShape s = Impl::shape(M, K, N, use_bf16);
+    s.a_stride_m = N, s.a_stride_k = 1;
+    s.b_stride_k = K, s.b_stride_n = 1;
+    s.ldc = K;
+    const void* weight_op =
+        use_bf16 ? impl_->to_bf16_buffer(1, weight, N, K, K) : static_cast<const void*>(weight);
+    impl_->run(s, d_out_op, weight_op, nullptr, d_in);
+  }
+  if (want_d_weight) {  // d_weight[N,K] += d_out^T[N,M] · in[M,K]
+    GemmShape s = Impl::shape(N, K, M, use_bf16);
+    s.a_stride_m = 1, s.a_stride_k = N;
+    s.b_stride_k = K, s.b_stride_n = 1;
+    s.ldc = K;
+    s.beta_bits = std::bit_cast<uint32_t>(1.0f);
+    const void* in_op =
+        use_bf16 ? impl_->to_bf16_buffer(2, in, M, K, K) : static_cast<const void*>(in);
+    impl_->run(s, d_out_op, in_op, nullptr, d_weight);
+  }
+}
+
+void MatmulEngine::gemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
+                        float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                        float beta, float* C, int64_t ldc, Precision precision) {
+  check_dims("gemm", M, K, N);
+  const int64_t a_cols = transpose_a ? M : K, a_rows = transpose_a ? K : M;
+  const int64_t b_cols = transpose_b ? K : N, b_rows = transpose_b ? N : K;
+  if (lda < std::max<int64_t>(1, a_cols) || ldb < std::max<int64_t>(1, b_cols) ||
+      ldc < std::max<int64_t>(1, N))
+    throw Error("gemm: leading dimension smaller than a row (lda=" + std::to_string(lda) +
+                " needs >= " + std::to_string(a_cols) + ", ldb=" + std::to_string(ldb) +
+                " needs >= " + std::to_string(b_cols) + ", ldc=" + std::to_string(ldc) +
+                " needs >= " + std::to_string(N) + ")");
+  if (M == 0 || N == 0) return;
+  if (K == 0 || alpha == 0.0f) return scale_matrix(C, M, N, ldc, beta);
+  const bool use_bf16 = precision == Precision::bf16;
+  GemmShape s = Impl::shape(M, N, K, use_bf16);
+  s.alpha_bits = std::bit_cast<uint32_t>(alpha);
+  s.beta_bits = std::bit_cast<uint32_t>(beta);
+  s.ldc = ldc;
+  const void* a_op = A;
+  const void* b_op = B;
+  int64_t a_ld = lda, b_ld = ldb;
+  if (use_bf16) {  // packed densely: the leading dimension becomes the row length
+    a_op = impl_->to_bf16_buffer(0, A, a_rows, a_cols, lda);
+    b_op = impl_->to_bf16_buffer(1, B, b_rows, b_cols, ldb);
+    a_ld = a_cols;
+    b_ld = b_cols;
+  }
+  if (transpose_a)
+    s.a_stride_m = 1, s.a_stride_k = a_ld;
+  else
+    s.a_stride_m = a_ld, s.a_stride_k = 1;
+  if (transpose_b)
+    s.b_stride_k = 1, s.b_stride_n = b_ld;
+  else
+    s.b_stride_k = b_ld, s.b_stride_n = 1;
+  impl_->run(s, a_op, b_op, nullptr, C);
+}
+
+}  // namespace lattice::kernels
