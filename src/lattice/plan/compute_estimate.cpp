@@ -1,0 +1,84 @@
+// FLOP counts and training-time estimates (see compute_estimate.hpp).
+#include "lattice/plan/compute_estimate.hpp"
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::plan {
+
+ForwardFlops forward_flops_per_sequence(const ModelSpec& m) {
+  const double s = static_cast<double>(m.seq_len);
+  const double h = static_cast<double>(m.hidden);
+  const double kv_width = static_cast<double>(m.kv_heads * m.head_dim());
+  const double f = static_cast<double>(m.ffn_hidden);
+  const double per_token_layer =
+      2 * (h * h + 2 * h * kv_width + h * h) +                    // QKV + out
+      2 * (m.gated_mlp ? 3 : 2) * h * f * m.top_k +               // MLP
+      (m.is_moe() ? 2 * h * static_cast<double>(m.experts) : 0);  // router
+  ForwardFlops flops;
+  flops.dense_gemms = per_token_layer * s * m.layers;
+  flops.attention_core = 4 * s * s * h * m.layers;
+  flops.logits = 2 * s * h * static_cast<double>(m.vocab);
+  return flops;
+}
+
+double model_flops_per_sequence(const ModelSpec& m) {
+  return 3 * forward_flops_per_sequence(m).total();
+}
+
+double hardware_flops_per_sequence(const ModelSpec& m, Recompute recompute) {
+  const ForwardFlops f = forward_flops_per_sequence(m);
+  double flops = 3 * f.total();
+  if (recompute == Recompute::kFull) flops += f.dense_gemms + f.attention_core;
+  if (recompute == Recompute::kSelective) flops += f.attention_core;
+  return flops;
+}
+
+double korthikanti_model_flops(const ModelSpec& m, double batch) {
+  const double s = m.seq_len, h = m.hidden, L = m.layers, V = m.vocab;
+  return 72 * batch * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L));
+}
+
+double korthikanti_selective_hardware_flops(const ModelSpec& m, double batch) {
+  const double s = m.seq_len, h = m.hidden, L = m.layers, V = m.vocab;
+  return 72 * batch * L * s * h * h * (1 + s / (3 * h) + V / (12 * h * L));
+}
+
+double megatron_flops_with_recompute(const ModelSpec& m, double batch) {
+  const double s = m.seq_len, h = m.hidden, l = m.layers, V = m.vocab;
+  return 96 * batch * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
+}
+
+double palm_flops_per_token(const ModelSpec& m) {
+  const ParameterCount count = count_parameters(m);
+  const double n_active_non_embedding =
+      static_cast<double>(count.active - count.embedding - count.output_head);
+  return 6 * n_active_non_embedding +
+         12.0 * m.layers * m.hidden * static_cast<double>(m.seq_len);  // H * Q = hidden
+}
+
+double megatron_training_seconds(double tokens, double parameters, int devices,
+                                 double flops_per_device) {
+  check(devices > 0 && flops_per_device > 0,
+        "training time needs devices > 0 and a positive FLOP/s");
+  return 8 * tokens * parameters / (devices * flops_per_device);
+}
+
+ComputeEstimate estimate_compute(const ModelSpec& m, const ParallelLayout& layout, double tokens,
+                                 int devices, double model_flops_per_device) {
+  check(tokens > 0, "the token budget must be positive");
+  check(devices > 0 && model_flops_per_device > 0,
+        "training time needs devices > 0 and a positive FLOP/s per device");
+  ComputeEstimate e;
+  const double per_sequence = model_flops_per_sequence(m);
+  e.flops_per_token = per_sequence / m.seq_len;
+  e.flops_per_step = per_sequence * layout.global_batch_size;
+  e.hardware_flops_per_step =
+      hardware_flops_per_sequence(m, layout.recompute) * layout.global_batch_size;
+  e.total_flops = e.flops_per_token * tokens;
+  e.total_flops_6nd = 6.0 * static_cast<double>(count_parameters(m).active) * tokens;
+  e.steps = tokens / (static_cast<double>(m.seq_len) * layout.global_batch_size);
+  e.seconds = e.total_flops / (devices * model_flops_per_device);
+  return e;
+}
+
+}  // namespace lattice::plan

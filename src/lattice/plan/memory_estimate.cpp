@@ -1,0 +1,138 @@
+// Memory estimates per pipeline rank (see memory_estimate.hpp).
+#include "lattice/plan/memory_estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::plan {
+
+double model_state_bytes(double params, int zero_stage, int shard_ranks, int param_bytes,
+                         int grad_bytes, int optimizer_bytes) {
+  const double n = std::max(shard_ranks, 1);
+  const double p = param_bytes, g = grad_bytes, k = optimizer_bytes;
+  switch (zero_stage) {
+    case 0:
+      return (p + g + k) * params;
+    case 1:
+      return (p + g) * params + k * params / n;
+    case 2:
+      return p * params + (g + k) * params / n;
+    case 3:
+      return (p + g + k) * params / n;
+  }
+  throw Error("zero stage must be 0, 1, 2 or 3 (got " + std::to_string(zero_stage) + ")");
+}
+
+double activation_bytes_per_layer(const ModelSpec& m, const ParallelLayout& l) {
+  const double s = static_cast<double>(m.seq_len) / l.cp;  // tokens of the sequence on this rank
+  const double b = l.micro_batch_size;
+  const double h = static_cast<double>(m.hidden);
+  const double a = static_cast<double>(m.heads);
+  const double t = l.tp;
+  const double f = static_cast<double>(m.ffn_hidden);
+  const double kv_share = static_cast<double>(m.kv_heads) / m.heads;
+  const double sbh = s * b * h;
+  if (l.recompute == Recompute::kFull)  // only the layer input is kept (sharded over tp with SP)
+    return 2 * sbh / (l.sequence_parallel ? t : 1);
+  const double masks = m.dropout ? 2 : 0;  // attention-output and MLP-output dropout masks (1 byte)
+  // Kept whole on every TP rank unless sequence parallel: two norm inputs, QKV input, MLP input,
+  // masks.
+  const double replicated = sbh * (4 + 2 + 2 + masks);
+  // Sharded over TP: Q, K, V, the projection input, and the MLP's activation inputs/outputs.
+  const double mlp_per_token =
+      (m.gated_mlp ? 6 : 4) * f * m.top_k + (m.is_moe() ? 2 * h * m.top_k : 0);
+  const double sharded = sbh * (2 + 4 * kv_share + 2) + s * b * mlp_per_token;
+  // Attention scores: softmax output (2 bytes), with dropout also its mask (1) and output (2).
+  const double scores =
+      l.recompute == Recompute::kSelective ? 0 : b * a * s * s * (m.dropout ? 5 : 2);
+  return replicated / (l.sequence_parallel ? t : 1) + (sharded + scores) / t;
+}
+
+int peak_chunks_in_flight(const ParallelLayout& l, int stage) {
+  const int p = l.pp;
+  const int m = l.num_microbatches();
+  const int v = l.virtual_stages;
+  if (p == 1) return 1;
+  switch (l.schedule) {
+    case pipeline::ScheduleKind::kGPipe:
+      return m;
+    case pipeline::ScheduleKind::kOneFOneB:
+    case pipeline::ScheduleKind::kZeroBubbleH1:
+      return std::min(p - stage, m);
+    case pipeline::ScheduleKind::kInterleaved:
+      return std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
+  }
+  return m;
+}
+
+const StageMemory& MemoryEstimate::peak() const {
+  return *std::max_element(
+      stages.begin(), stages.end(),
+      [](const StageMemory& x, const StageMemory& y) { return x.total() < y.total(); });
+}
+
+MemoryEstimate estimate_memory(const ModelSpec& m, const ParallelLayout& l) {
+  validate_layout(m, l);
+  const ParameterCount count = count_parameters(m);
+  const double t = l.tp;
+  const double layers_per_rank = static_cast<double>(m.layers) / l.pp;
+  const double layers_per_chunk = layers_per_rank / l.virtual_stages;
+  const int dense_shards = l.dp * l.cp;
+  const int expert_shards = std::max(1, dense_shards / l.ep);
+  const double per_layer_bytes = activation_bytes_per_layer(m, l);
+  const double s = static_cast<double>(m.seq_len) / l.cp;
+  const double b = l.micro_batch_size;
+  const double h = static_cast<double>(m.hidden);
+  MemoryEstimate estimate;
+  for (int stage = 0; stage < l.pp; ++stage) {
+    StageMemory mem;
+    mem.stage = stage;
+    const bool first = stage == 0;
+    const bool last = stage == l.pp - 1;
+    double dense = layers_per_rank * count.per_layer_dense / t;
+    double experts = layers_per_rank * count.per_layer_experts / (t * l.ep);
+    if (first) dense += count.embedding / t;
+    if (last) {
+      dense += count.final_norm + count.output_head / t;
+      if (m.tied_embeddings && l.pp > 1)
+        dense += m.vocab * h / t;  // the head's copy of the embedding
+    }
+    mem.parameters = dense + experts;
+    auto states = [&](int p_bytes, int g_bytes, int k_bytes) {
+      return model_state_bytes(dense, l.zero_stage, dense_shards, p_bytes, g_bytes, k_bytes) +
+             model_state_bytes(experts, l.zero_stage, expert_shards, p_bytes, g_bytes, k_bytes);
+    };
+    mem.parameter_bytes = states(l.param_bytes, 0, 0);
+    mem.gradient_bytes = states(0, l.grad_bytes, 0);
+    mem.optimizer_bytes = states(0, 0, l.optimizer_bytes);
+    const int chunks = peak_chunks_in_flight(l, stage);
+    mem.activation_bytes = chunks * layers_per_chunk * per_layer_bytes;
+    const int microbatches_in_flight = (chunks + l.virtual_stages - 1) / l.virtual_stages;
+    if (first && m.dropout)  // embedding dropout mask
+      mem.activation_bytes += microbatches_in_flight * s * b * h / (l.sequence_parallel ? t : 1);
+    if (last)  // final norm input, bf16 logits and fp32 loss softmax of one microbatch
+      mem.temporary_bytes += 2 * s * b * h + 6 * s * b * static_cast<double>(m.vocab) / t;
+    if (l.zero_stage == 3)  // current and prefetched layer gathered in full
+      mem.temporary_bytes +=
+          2 * l.param_bytes * (count.per_layer_dense + count.per_layer_experts / l.ep) / t;
+    estimate.stages.push_back(mem);
+  }
+  return estimate;
+}
+
+MinimumDevices minimum_devices(const ModelSpec& model, const HardwareSpec& hardware,
+                               const ParallelLayout& precision) {
+  const double params = static_cast<double>(count_parameters(model).total);
+  MinimumDevices result;
+  result.weight_bytes = params * precision.param_bytes;
+  result.model_state_bytes =
+      params * (precision.param_bytes + precision.grad_bytes + precision.optimizer_bytes);
+  result.for_weights = static_cast<int>(std::ceil(result.weight_bytes / hardware.memory_bytes));
+  result.for_model_state =
+      static_cast<int>(std::ceil(result.model_state_bytes / hardware.memory_bytes));
+  return result;
+}
+
+}  // namespace lattice::plan
