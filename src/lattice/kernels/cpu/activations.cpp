@@ -1,0 +1,67 @@
+// GELU (tanh form) and SwiGLU forward and backward: see activations.hpp. Written through sigmoids,
+// which are exact rewrites without cancellation: 0.5 * (1 + tanh(u)) = sigmoid(2u) and
+// 1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u)); exp comes from fast_exp so the loops vectorise.
+#include "lattice/kernels/cpu/activations.hpp"
+
+#include "lattice/kernels/cpu/fast_exp.hpp"
+
+namespace lattice::kernels {
+
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi), PyTorch's kBeta
+constexpr float kGeluCubic = 0.044715f;              // PyTorch's kKappa
+constexpr int64_t kParallelThreshold = 32768;        // below this, threads cost more than they save
+
+}  // namespace
+
+void gelu_forward(float* out, const float* in, int64_t n) {
+#pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+    // 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + e^(-2u)).
+    out[i] = x / (1.0f + fast_exp(-2.0f * u));
+  }
+}
+
+void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n) {
+#pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = in[i];
+    const float x_squared = x * x;
+    const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
+    const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x_squared);
+    const float e = fast_exp(-2.0f * u);
+    const float s = 1.0f / (1.0f + e);  // sigmoid(2u) = 0.5 (1 + tanh(u))
+    const float one_minus_s = e * s;    // 1 - sigmoid(2u), without cancellation
+    // d/dx [x s] = s + x * (1 - tanh^2(u)) / 2 * du/dx = s + 2 x s (1 - s) du/dx.
+    d_in[i] = d_out[i] * (s + 2.0f * x * s * one_minus_s * du_dx);
+  }
+}
+
+void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+#pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + fast_exp(-g)) * up[i];
+  }
+}
+
+void swiglu_backward(float* d_gate, float* d_up, const float* d_out, const float* gate,
+                     const float* up, int64_t n) {
+#pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float u = up[i];
+    const float dy = d_out[i];
+    const float e = fast_exp(-g);
+    const float s = 1.0f / (1.0f + e);  // sigmoid(g)
+    const float one_minus_s = e * s;
+    // silu'(g) = s + g s (1 - s) = s (1 + g (1 - s)), as PyTorch's silu_backward.
+    d_gate[i] = dy * u * (s * (1.0f + g * one_minus_s));
+    d_up[i] = dy * (g * s);
+  }
+}
+
+}  // namespace lattice::kernels
