@@ -11,7 +11,8 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
                        int64_t B, int64_t T, int64_t C, int64_t pos_offset = 0);
 
 // d_wte[tokens[b,t],:] += d_out[b,t,:]; d_wpe[t,:] += sum over b (when d_wpe is not null).
-// Deterministic: the summation order does not depend on the thread count.
+// After a forward with pos_offset, pass d_wpe + pos_offset * C.
+// Deterministic: each row is summed in token order (b, t), whatever the thread count.
 void embedding_backward(float* d_wte, float* d_wpe, const float* d_out, const int32_t* tokens,
                         int64_t B, int64_t T, int64_t C);
 
