@@ -23,6 +23,11 @@
 #include <new>
 #include <string>
 
+#include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 
@@ -108,6 +113,14 @@ inline f32x16 vround_bf16(f32x16 x) {
   return std::bit_cast<f32x16>(rounded);
 }
 
+#if defined(__AVX512F__)
+inline float hsum(f32x16 v) {
+  return _mm512_reduce_add_ps(std::bit_cast<__m512>(v));
+}
+inline float hmax(f32x16 v) {
+  return _mm512_reduce_max_ps(std::bit_cast<__m512>(v));
+}
+#else
 inline float hsum(f32x16 v) {
   float s = 0;
   for (int i = 0; i < kLanes; ++i) s += v[i];
@@ -118,6 +131,7 @@ inline float hmax(f32x16 v) {
   for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
   return m;
 }
+#endif
 
 // C[R, NV*16] (= or +=) A[R, K] * B[K, NV*16]. A's element (r, k) sits at a[r * a_row + k * a_col],
 // so a transposed A is just a_row = 1, a_col = its leading dimension. B and C are row-major.
@@ -217,10 +231,15 @@ inline float maybe_round(float x, bool to_bf16) {
 // rows x head_dim from a strided source into a [rows, padded_dim] tile, zero-padding the columns.
 void pack_rows(float* tile, int64_t padded_dim, const float* src, int64_t src_stride, int64_t rows,
                int64_t head_dim, bool to_bf16) {
+  const int64_t full = head_dim / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     float* dst = tile + r * padded_dim;
     const float* row = src + r * src_stride;
-    for (int64_t d = 0; d < head_dim; ++d) dst[d] = maybe_round(row[d], to_bf16);
+    for (int64_t d = 0; d < full; d += kLanes) {
+      const f32x16 x = load(row + d);
+      store(dst + d, to_bf16 ? vround_bf16(x) : x);
+    }
+    for (int64_t d = full; d < head_dim; ++d) dst[d] = maybe_round(row[d], to_bf16);
     for (int64_t d = head_dim; d < padded_dim; ++d) dst[d] = 0.0f;
   }
 }
@@ -257,95 +276,111 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/) {
   validate(shape, "attention_forward");
   const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
-  const int64_t D = shape.head_dim, Dp = round_up(D, kLanes), group = Hq / shape.kv_heads;
+  const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, kLanes);
+  const int64_t group = Hq / Hkv;
   const int64_t causal_offset = Tk - Tq;  // query i sits at absolute position causal_offset + i
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool to_bf16 = precision == Precision::bf16;
   const int64_t q_blocks = (Tq + kBlockQ - 1) / kBlockQ;
-  const int64_t tasks = B * Hq * q_blocks;
+  const int64_t key_blocks = (Tk + kBlockK - 1) / kBlockK;
+  // Tasks are (batch, kv head, chunk): a task packs its kv head's K^T and V once and serves every
+  // query head of the group from them. Chunk c takes query blocks c, c + chunks, ... so chunks
+  // carry similar causal work; there are several chunks only when (batch, kv head) pairs are too
+  // few to keep the threads busy. Every query row is computed the same way whatever the chunking.
+  const int64_t pairs = B * Hkv;
+  const int64_t chunks =
+      std::clamp<int64_t>((4 * omp_get_max_threads() + pairs - 1) / pairs, 1, q_blocks);
+  const int64_t tasks = pairs * chunks;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 #pragma omp parallel
   {
-    // Per thread: Q tile, K^T tile, V tile, S/P tile, output accumulator, row max and row sum.
-    const int64_t q_tile = kBlockQ * Dp, kt_tile = Dp * kBlockK, v_tile = kBlockK * Dp;
-    const int64_t s_tile = kBlockQ * kBlockK, o_tile = kBlockQ * Dp;
-    Scratch scratch(q_tile + kt_tile + v_tile + s_tile + o_tile + 2 * kBlockQ);
-    float* q_pack = scratch.get();
-    float* kt_pack = q_pack + q_tile;
-    float* v_pack = kt_pack + kt_tile;
-    float* s_buf = v_pack + v_tile;
+    // Per thread: K^T panel [key block][Dp][kBlockK], V panel [key][Dp], Q tile, S/P tile, output
+    // accumulator, row max and row sum.
+    const int64_t kt_panel_size = key_blocks * Dp * kBlockK,
+                  v_panel_size = key_blocks * kBlockK * Dp;
+    const int64_t q_tile = kBlockQ * Dp, s_tile = kBlockQ * kBlockK, o_tile = kBlockQ * Dp;
+    Scratch scratch(kt_panel_size + v_panel_size + q_tile + s_tile + o_tile + 2 * kBlockQ);
+    float* kt_panel = scratch.get();
+    float* v_panel = kt_panel + kt_panel_size;
+    float* q_pack = v_panel + v_panel_size;
+    float* s_buf = q_pack + q_tile;
     float* o_acc = s_buf + s_tile;
     float* row_max = o_acc + o_tile;
     float* row_sum = row_max + kBlockQ;
 
-    // Longest query blocks (last in the sequence) first, so dynamic scheduling balances the tail.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
-      const int64_t qb = q_blocks - 1 - task % q_blocks;
-      const int64_t h = (task / q_blocks) % Hq, b = task / (q_blocks * Hq);
-      const int64_t kvh = h / group;
-      const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
-      const int64_t key_end = causal_offset + i0 + rows;  // keys [0, key_end) are seen by some row
-      const float* q_src = q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D;
+      const int64_t chunk = task % chunks, kvh = (task / chunks) % Hkv, b = task / (chunks * Hkv);
+      const int64_t last_qb = chunk + (q_blocks - 1 - chunk) / chunks * chunks;
+      const int64_t keys = causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+      for (int64_t j0 = 0; j0 < keys; j0 += kBlockK)
+        pack_transposed(kt_panel + j0 * Dp, kBlockK, Dp, k_src + j0 * shape.k_row_stride,
+                        shape.k_row_stride, std::min(kBlockK, keys - j0), D, to_bf16);
+      pack_rows(v_panel, Dp, v_src, shape.v_row_stride, keys, D, to_bf16);
+      std::fill(v_panel + keys * Dp, v_panel + round_up(keys, kLanes) * Dp, 0.0f);
 
-      pack_rows(q_pack, Dp, q_src, shape.q_row_stride, rows, D, to_bf16);
-      std::fill(o_acc, o_acc + rows * Dp, 0.0f);
-      std::fill(row_max, row_max + rows, neg_inf);
-      std::fill(row_sum, row_sum + rows, 0.0f);
+      for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
+        const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
+        const int64_t key_end =
+            causal_offset + i0 + rows;  // keys [0, key_end) are seen by some row
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          pack_rows(q_pack, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
+                    shape.q_row_stride, rows, D, to_bf16);
+          std::fill(o_acc, o_acc + rows * Dp, 0.0f);
+          std::fill(row_max, row_max + rows, neg_inf);
+          std::fill(row_sum, row_sum + rows, 0.0f);
 
-      for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
-        const int64_t cols = std::min(kBlockK, key_end - j0), cols_p = round_up(cols, kLanes);
-        pack_transposed(kt_pack, kBlockK, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
-                        cols, D, to_bf16);
-        pack_rows(v_pack, Dp, v_src + j0 * shape.v_row_stride, shape.v_row_stride, cols, D,
-                  to_bf16);
-        std::fill(v_pack + cols * Dp, v_pack + cols_p * Dp, 0.0f);
-        tile_gemm(rows, cols_p, Dp, q_pack, Dp, 1, kt_pack, kBlockK, s_buf, kBlockK, false);
+          for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+            const int64_t cols = std::min(kBlockK, key_end - j0), cols_p = round_up(cols, kLanes);
+            tile_gemm(rows, cols_p, Dp, q_pack, Dp, 1, kt_panel + j0 * Dp, kBlockK, s_buf, kBlockK,
+                      false);
+            // Online softmax: scale, mask, new row max, P = exp(S - max), rescale the accumulator.
+            for (int64_t r = 0; r < rows; ++r) {
+              float* s_row = s_buf + r * kBlockK;
+              const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
+              if (visible <= 0) {
+                std::fill(s_row, s_row + cols_p, 0.0f);
+                continue;
+              }
+              const f32x16 visible_v = splat(static_cast<float>(visible));
+              f32x16 max_v = splat(neg_inf);
+              for (int64_t c = 0; c < cols_p; c += kLanes) {
+                f32x16 sv = load(s_row + c) * scale;
+                sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
+                store(s_row + c, sv);
+                max_v = sv > max_v ? sv : max_v;
+              }
+              const float new_max = std::max(row_max[r], hmax(max_v));
+              const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first block (-inf)
+              f32x16 sum_v = {};
+              for (int64_t c = 0; c < cols_p; c += kLanes) {
+                const f32x16 p = vexp(load(s_row + c) - new_max);
+                sum_v += p;
+                store(s_row + c, to_bf16 ? vround_bf16(p) : p);
+              }
+              row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
+              row_max[r] = new_max;
+              if (alpha != 1.0f) {
+                float* o_row = o_acc + r * Dp;
+                for (int64_t d = 0; d < Dp; d += kLanes) store(o_row + d, load(o_row + d) * alpha);
+              }
+            }
+            tile_gemm(rows, Dp, cols_p, s_buf, kBlockK, 1, v_panel + j0 * Dp, Dp, o_acc, Dp, true);
+          }
 
-        // Online softmax: scale, mask, new row max, P = exp(S - max), rescale the accumulator.
-        for (int64_t r = 0; r < rows; ++r) {
-          float* s_row = s_buf + r * kBlockK;
-          const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
-          if (visible <= 0) {
-            std::fill(s_row, s_row + cols_p, 0.0f);
-            continue;
-          }
-          const f32x16 visible_v = splat(static_cast<float>(visible));
-          f32x16 max_v = splat(neg_inf);
-          for (int64_t c = 0; c < cols_p; c += kLanes) {
-            f32x16 sv = load(s_row + c) * scale;
-            sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
-            store(s_row + c, sv);
-            max_v = sv > max_v ? sv : max_v;
-          }
-          const float new_max = std::max(row_max[r], hmax(max_v));
-          const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first block (-inf)
-          f32x16 sum_v = {};
-          for (int64_t c = 0; c < cols_p; c += kLanes) {
-            const f32x16 p = vexp(load(s_row + c) - new_max);
-            sum_v += p;
-            store(s_row + c, to_bf16 ? vround_bf16(p) : p);
-          }
-          row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
-          row_max[r] = new_max;
-          if (alpha != 1.0f) {
-            float* o_row = o_acc + r * Dp;
-            for (int64_t d = 0; d < Dp; d += kLanes) store(o_row + d, load(o_row + d) * alpha);
+          float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
+          float* lse_rows = lse + (b * Hq + h) * Tq + i0;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float inv_sum = 1.0f / row_sum[r];
+            for (int64_t d = 0; d < D; ++d) out_rows[r * Hq * D + d] = o_acc[r * Dp + d] * inv_sum;
+            lse_rows[r] = row_max[r] + std::log(row_sum[r]);
           }
         }
-        tile_gemm(rows, Dp, cols_p, s_buf, kBlockK, 1, v_pack, Dp, o_acc, Dp, true);
-      }
-
-      float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
-      float* lse_rows = lse + (b * Hq + h) * Tq + i0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float inv_sum = 1.0f / row_sum[r];
-        for (int64_t d = 0; d < D; ++d) out_rows[r * Hq * D + d] = o_acc[r * Dp + d] * inv_sum;
-        lse_rows[r] = row_max[r] + std::log(row_sum[r]);
       }
     }
   }
