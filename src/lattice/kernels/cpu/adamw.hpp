@@ -5,13 +5,17 @@
 
 namespace lattice::kernels {
 
+// Hyperparameters are doubles because PyTorch's are Python floats: the scalar factors (1 - lr*wd,
+// lr / (1 - b1^step), ...) are computed in double and only then rounded to fp32, as torch does.
 struct AdamWHyper {
-  float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
 };
 
 // step is 1-based. grad_scale multiplies the gradient first (global-norm clipping). As PyTorch:
 //   p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   p -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
+// Bit-identical to torch 1.13's single-tensor (non-foreach, non-fused) AdamW on its vectorised CPU
+// path; grad is read only (the scaled gradient is not written back).
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWHyper& hyper, int64_t step, float grad_scale = 1.0f);
 
