@@ -1,0 +1,48 @@
+// LocalCommunicator: one thread-rank of the local backend (direct shared-memory algorithms by
+// default, the point-to-point algorithms over LocalTransport when forced, eager tagged user
+// messages).
+#pragma once
+
+#include <memory>
+
+#include "lattice/comm/algorithms/direct.hpp"
+#include "lattice/comm/backends/local_group.hpp"
+#include "lattice/comm/backends/local_transport.hpp"
+#include "lattice/comm/communicator.hpp"
+
+namespace lattice::comm {
+
+class LocalCommunicator : public Communicator, private SharedAddressSpace {
+ public:
+  LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank, CommOptions options);
+  ~LocalCommunicator() override;
+  std::string_view backend() const override { return "local"; }
+
+ protected:
+  Transport& transport() override { return transport_; }
+  SharedAddressSpace* shared_address_space() override { return this; }
+  std::unique_ptr<Communicator> make_split(std::span<const int> members, int new_rank,
+                                           int color) override;
+  void point_send(const void* data, size_t bytes, int peer, int tag) override;
+  void point_recv(void* data, size_t bytes, int peer, int tag) override;
+  CommHandle point_isend(const void* data, size_t bytes, int peer, int tag) override;
+  CommHandle point_irecv(void* data, size_t bytes, int peer, int tag) override;
+
+ private:
+  // SharedAddressSpace
+  int rank() const override { return Communicator::rank(); }
+  int size() const override { return Communicator::size(); }
+  void exchange(const DirectBuffers& mine) override;
+  const DirectBuffers& peer(int rank) const override;
+  void sync() override;
+  void await_epoch(uint64_t epoch);
+
+  // Takes the first message from `peer` with `tag` into data; false when there is none yet.
+  bool try_take(void* data, size_t bytes, int peer, int tag);
+
+  std::shared_ptr<LocalGroup> group_;
+  LocalTransport transport_;
+  uint64_t epoch_ = 0;
+};
+
+}  // namespace lattice::comm

@@ -1,0 +1,65 @@
+// StatusBoard: where the ranks of one group publish the collective each last entered, so any rank
+// can name the ranks that did not arrive, spot two ranks in different collectives at the same
+// sequence number, and learn that a rank failed. FailureFlag: the first failure of a set of ranks.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lattice/comm/trace.hpp"
+
+namespace lattice::comm {
+
+// Set once by the first rank that fails; every waiting rank of the same world reads it and stops.
+class FailureFlag {
+ public:
+  // Keeps the first reason only.
+  void set(int rank, const std::string& reason);
+  bool is_set() const { return set_.load(std::memory_order_acquire); }
+  std::string reason() const;
+  int rank() const;
+
+ private:
+  std::atomic<bool> set_{false};
+  mutable std::mutex mutex_;
+  std::string reason_;
+  int rank_ = -1;
+};
+
+class StatusBoard {
+ public:
+  virtual ~StatusBoard() = default;
+  virtual int size() const = 0;
+  virtual void publish(int rank, const CollectiveRecord& record) = 0;
+  // The newest record of `rank`; nullopt when it has entered none or is not visible from here.
+  virtual std::optional<CollectiveRecord> last(int rank) const = 0;
+  // False when `rank`'s state cannot be seen from this process (e.g. it runs on another node).
+  virtual bool visible(int rank) const { return true; }
+  // A one-line reason when a rank of the group has failed or died; empty otherwise.
+  virtual std::string failure() const = 0;
+};
+
+// The board of ranks that are threads of one process.
+class InProcessStatusBoard : public StatusBoard {
+ public:
+  InProcessStatusBoard(int size, std::shared_ptr<FailureFlag> failure_flag);
+  int size() const override { return static_cast<int>(slots_.size()); }
+  void publish(int rank, const CollectiveRecord& record) override;
+  std::optional<CollectiveRecord> last(int rank) const override;
+  std::string failure() const override;
+
+ private:
+  struct alignas(64) Slot {
+    mutable std::mutex mutex;
+    bool has_record = false;
+    CollectiveRecord record;
+  };
+  std::vector<Slot> slots_;
+  std::shared_ptr<FailureFlag> failure_flag_;
+};
+
+}  // namespace lattice::comm
