@@ -134,6 +134,38 @@ TEST_F(AtomicFileTest, StagedDirectoryReplacesExistingFolderWhole) {
   EXPECT_THROW(stage.commit(), Error);
 }
 
+TEST_F(AtomicFileTest, RenameAsideReplacementAlsoReplacesWhole) {
+  fs::create_directories(path("latest"));
+  write_text_atomic(path("latest/model.txt"), "old weights");
+  write_text_atomic(path("latest/only-in-old.txt"), "stale");
+  StagedDirectory stage(path("latest"));
+  write_text_atomic(stage.file_path("model.txt"), "new weights");
+  stage.commit(DirectoryReplace::rename_aside);
+  EXPECT_EQ(read_file_text(path("latest/model.txt")), "new weights");
+  EXPECT_FALSE(fs::exists(path("latest/only-in-old.txt")));
+  EXPECT_EQ(listing(), std::vector<std::string>{"latest"});
+}
+
+TEST_F(AtomicFileTest, RestoreInterruptedPublishPutsTheOldFolderBack) {
+  // The state a crash between the two renames of rename_aside leaves behind.
+  fs::create_directories(path("ckpt.old-4242"));
+  write_text_atomic(path("ckpt.old-4242/model.txt"), "previous");
+  fs::create_directories(path("ckpt.old-12x"));  // not a pid suffix: ignored
+  EXPECT_TRUE(restore_interrupted_publish(path("ckpt")));
+  EXPECT_EQ(read_file_text(path("ckpt/model.txt")), "previous");
+  EXPECT_EQ(listing(), (std::vector<std::string>{"ckpt", "ckpt.old-12x"}));
+  // Nothing to do when the folder exists.
+  fs::create_directories(path("ckpt.old-7"));
+  EXPECT_FALSE(restore_interrupted_publish(path("ckpt")));
+  EXPECT_TRUE(fs::exists(path("ckpt.old-7")));
+  // Ambiguous (two candidates) or absent: changes nothing.
+  fs::create_directories(path("other.old-1"));
+  fs::create_directories(path("other.old-2"));
+  EXPECT_FALSE(restore_interrupted_publish(path("other")));
+  EXPECT_FALSE(fs::exists(path("other")));
+  EXPECT_FALSE(restore_interrupted_publish(path("never-written")));
+}
+
 TEST_F(AtomicFileTest, AbandonedStageLeavesOldFolderAndNoStagingFolder) {
   fs::create_directories(path("ckpt"));
   write_text_atomic(path("ckpt/model.txt"), "old");

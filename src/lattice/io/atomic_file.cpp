@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "lattice/core/error.hpp"
 
@@ -217,12 +218,12 @@ std::string StagedDirectory::file_path(const std::string& relative) const {
   return (fs::path(staging_path_) / relative).string();
 }
 
-void StagedDirectory::commit() {
+void StagedDirectory::commit(DirectoryReplace how) {
   check(!committed_, "folder " + final_path_ + " was already published; stage it again to rewrite");
   fsync_tree(staging_path_);
   const std::string parent = parent_directory(final_path_);
   std::error_code ec;
-  bool replacing = fs::exists(fs::symlink_status(final_path_, ec));
+  const bool replacing = fs::exists(fs::symlink_status(final_path_, ec));
   if (!replacing) {
     rename_or_throw(staging_path_, final_path_);
     committed_ = true;
@@ -230,26 +231,32 @@ void StagedDirectory::commit() {
     return;
   }
 #ifdef RENAME_EXCHANGE
-  // One atomic step: the new folder takes the final name, the old one takes the staging name.
-  if (::renameat2(AT_FDCWD, staging_path_.c_str(), AT_FDCWD, final_path_.c_str(),
-                  RENAME_EXCHANGE) == 0) {
-    committed_ = true;
-    fsync_directory(parent);
-    fs::remove_all(staging_path_, ec);  // now the old content
-    if (ec) {
-      throw Error("published " + final_path_ + " but cannot remove the old copy at " +
-                  staging_path_ + ": " + ec.message() + "; delete it by hand");
+  if (how == DirectoryReplace::exchange_if_supported) {
+    // One atomic step: the new folder takes the final name, the old one takes the staging name.
+    if (::renameat2(AT_FDCWD, staging_path_.c_str(), AT_FDCWD, final_path_.c_str(),
+                    RENAME_EXCHANGE) == 0) {
+      committed_ = true;
+      fsync_directory(parent);
+      fs::remove_all(staging_path_, ec);  // now the old content
+      if (ec) {
+        throw Error("published " + final_path_ + " but cannot remove the old copy at " +
+                    staging_path_ + ": " + ec.message() + "; delete it by hand");
+      }
+      return;
     }
-    return;
-  }
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
-    throw Error("cannot publish " + staging_path_ + " as " + final_path_ + ": " + os_reason(errno) +
-                "; check that both are on one filesystem and the folder is writable");
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+      throw Error("cannot publish " + staging_path_ + " as " + final_path_ + ": " +
+                  os_reason(errno) +
+                  "; check that both are on one filesystem and the folder is writable");
+    }
   }
 #endif
-  // Fallback for filesystems without exchange: a crash between the two renames leaves the old
-  // content at <final>.old-<pid> and no <final>.
+  replace_by_renaming_aside();
+}
+
+void StagedDirectory::replace_by_renaming_aside() {
   const std::string aside_path = final_path_ + ".old-" + std::to_string(::getpid());
+  std::error_code ec;
   fs::remove_all(aside_path, ec);
   rename_or_throw(final_path_, aside_path);
   try {
@@ -259,12 +266,32 @@ void StagedDirectory::commit() {
     throw;
   }
   committed_ = true;
-  fsync_directory(parent);
+  fsync_directory(parent_directory(final_path_));
   fs::remove_all(aside_path, ec);
   if (ec) {
     throw Error("published " + final_path_ + " but cannot remove the old copy at " + aside_path +
                 ": " + ec.message() + "; delete it by hand");
   }
+}
+
+bool restore_interrupted_publish(const std::string& final_path) {
+  const std::string target = without_trailing_separators(final_path);
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(target, ec))) return false;
+  const std::string parent = parent_directory(target);
+  const std::string prefix = fs::path(target).filename().string() + ".old-";
+  std::vector<fs::path> candidates;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+        name.find_first_not_of("0123456789", prefix.size()) == std::string::npos) {
+      candidates.push_back(it->path());
+    }
+  }
+  if (ec || candidates.size() != 1) return false;
+  rename_or_throw(candidates.front().string(), target);
+  fsync_directory(parent);
+  return true;
 }
 
 }  // namespace lattice

@@ -50,13 +50,23 @@ class AtomicFileWriter {
 void write_file_atomic(const std::string& path, const void* data, size_t nbytes);
 void write_text_atomic(const std::string& path, std::string_view text);
 
+// How StagedDirectory::commit replaces an existing folder.
+enum class DirectoryReplace {
+  // One atomic swap (Linux renameat2 RENAME_EXCHANGE); falls back to rename_aside where the
+  // filesystem cannot swap.
+  exchange_if_supported,
+  // Rename the old folder to `<final>.old-<pid>`, rename the new one in, remove the old one. A
+  // crash
+  // between the two renames leaves no `<final>`; restore_interrupted_publish() puts the old one
+  // back.
+  rename_aside,
+};
+
 // Stages a directory (a checkpoint) under `<final>.tmp-<pid>/`; the caller writes its files there,
-// then commit() fsyncs every file and folder in it and renames it to `final_path`. An existing
-// `final_path` is replaced: on Linux with one atomic exchange (renameat2 RENAME_EXCHANGE),
-// elsewhere by renaming the old one to `<final>.old-<pid>`, renaming the new one in, then removing
-// the old one. Destroying an uncommitted stage removes the staging folder. A stale staging folder
-// of the same name (left by a crashed process with the same pid) is removed when the stage is
-// created.
+// then commit() fsyncs every file and folder in it and renames it to `final_path`, replacing an
+// existing `final_path` whole (see DirectoryReplace). Destroying an uncommitted stage removes the
+// staging folder. A stale staging folder of the same name (left by a crashed process with the same
+// pid) is removed when the stage is created.
 class StagedDirectory {
  public:
   explicit StagedDirectory(std::string final_path);
@@ -68,15 +78,21 @@ class StagedDirectory {
   const std::string& staging_path() const { return staging_path_; }
   // `staging_path()/relative`, for the files the caller writes.
   std::string file_path(const std::string& relative) const;
-  void commit();
+  void commit(DirectoryReplace how = DirectoryReplace::exchange_if_supported);
 
  private:
   void discard() noexcept;
+  void replace_by_renaming_aside();
 
   std::string final_path_;
   std::string staging_path_;
   bool committed_ = false;
 };
+
+// After a crash in the middle of a rename_aside publish: if `final_path` is missing and exactly one
+// `<final>.old-<pid>` sibling exists, renames it back to `final_path` and returns true. Otherwise
+// changes nothing and returns false. Call it before looking for the latest checkpoint.
+bool restore_interrupted_publish(const std::string& final_path);
 
 // fsyncs a directory so that renames and creations inside it survive a crash.
 void fsync_directory(const std::string& path);
