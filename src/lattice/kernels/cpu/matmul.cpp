@@ -59,9 +59,11 @@ struct GemmShapeHash {
   }
 };
 
+// A primitive with its argument memories: only their data pointers change from call to call.
 struct CachedGemm {
   dnnl::matmul primitive;
-  dnnl::memory::desc a_md, b_md, c_md, bias_md, scratchpad_md;
+  dnnl::memory a, b, c, bias, scratchpad;
+  std::unordered_map<int, dnnl::memory> args;
   size_t scratchpad_bytes = 0;
 };
 
@@ -147,17 +149,16 @@ struct MatmulEngine::Impl {
     return dst;
   }
 
-  const CachedGemm& primitive_for(const GemmShape& s) {
+  CachedGemm& primitive_for(const GemmShape& s) {
     auto found = cache.find(s);
     if (found != cache.end()) return found->second;
     if (cache.size() >= kMaxCachedPrimitives) cache.clear();
     using dt = dnnl::memory::data_type;
     const dt in_type = s.use_bf16 ? dt::bf16 : dt::f32;
-    CachedGemm g;
-    g.a_md = dnnl::memory::desc({s.M, s.K}, in_type, {s.a_stride_m, s.a_stride_k});
-    g.b_md = dnnl::memory::desc({s.K, s.N}, in_type, {s.b_stride_k, s.b_stride_n});
-    g.c_md = dnnl::memory::desc({s.M, s.N}, dt::f32, {s.ldc, 1});
-    if (s.has_bias) g.bias_md = dnnl::memory::desc({1, s.N}, dt::f32, {s.N, 1});
+    const dnnl::memory::desc a_md({s.M, s.K}, in_type, {s.a_stride_m, s.a_stride_k});
+    const dnnl::memory::desc b_md({s.K, s.N}, in_type, {s.b_stride_k, s.b_stride_n});
+    const dnnl::memory::desc c_md({s.M, s.N}, dt::f32, {s.ldc, 1});
+    const dnnl::memory::desc bias_md({1, s.N}, dt::f32, {s.N, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (s.alpha() != 1.0f) attr.set_output_scales(0, {s.alpha()});
@@ -166,13 +167,26 @@ struct MatmulEngine::Impl {
       ops.append_sum(s.beta());
       attr.set_post_ops(ops);
     }
+    CachedGemm g;
     try {
-      auto desc = s.has_bias ? dnnl::matmul::desc(g.a_md, g.b_md, g.bias_md, g.c_md)
-                             : dnnl::matmul::desc(g.a_md, g.b_md, g.c_md);
+      auto desc = s.has_bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                             : dnnl::matmul::desc(a_md, b_md, c_md);
       dnnl::matmul::primitive_desc pd(desc, attr, engine);
-      g.scratchpad_md = pd.scratchpad_desc();
-      g.scratchpad_bytes = g.scratchpad_md.get_size();
       g.primitive = dnnl::matmul(pd);
+      // Placeholder pointers; run() sets the real ones.
+      g.a = dnnl::memory(a_md, engine, nullptr);
+      g.b = dnnl::memory(b_md, engine, nullptr);
+      g.c = dnnl::memory(c_md, engine, nullptr);
+      g.args = {{DNNL_ARG_SRC, g.a}, {DNNL_ARG_WEIGHTS, g.b}, {DNNL_ARG_DST, g.c}};
+      if (s.has_bias) {
+        g.bias = dnnl::memory(bias_md, engine, nullptr);
+        g.args.emplace(DNNL_ARG_BIAS, g.bias);
+      }
+      g.scratchpad_bytes = pd.scratchpad_desc().get_size();
+      if (g.scratchpad_bytes > 0) {
+        g.scratchpad = dnnl::memory(pd.scratchpad_desc(), engine, nullptr);
+        g.args.emplace(DNNL_ARG_SCRATCHPAD, g.scratchpad);
+      }
     } catch (const dnnl::error& e) {
       throw Error("matmul: oneDNN cannot build a " + std::string(s.use_bf16 ? "bf16" : "fp32") +
                   " GEMM for M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
@@ -183,19 +197,14 @@ struct MatmulEngine::Impl {
 
   // Runs C = alpha * A · B (+ bias) (+ beta * C) for the given shape; sizes must be positive.
   void run(const GemmShape& s, const void* A, const void* B, const float* bias, float* C) {
-    const CachedGemm& g = primitive_for(s);
-    std::unordered_map<int, dnnl::memory> args;
-    args.reserve(5);
-    args.emplace(DNNL_ARG_SRC, dnnl::memory(g.a_md, engine, const_cast<void*>(A)));
-    args.emplace(DNNL_ARG_WEIGHTS, dnnl::memory(g.b_md, engine, const_cast<void*>(B)));
-    args.emplace(DNNL_ARG_DST, dnnl::memory(g.c_md, engine, C));
-    if (s.has_bias)
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(g.bias_md, engine, const_cast<float*>(bias)));
-    if (g.scratchpad_bytes > 0) {
-      args.emplace(DNNL_ARG_SCRATCHPAD,
-                   dnnl::memory(g.scratchpad_md, engine, scratchpad.reserve(g.scratchpad_bytes)));
-    }
-    g.primitive.execute(stream, args);
+    CachedGemm& g = primitive_for(s);
+    g.a.set_data_handle(const_cast<void*>(A));
+    g.b.set_data_handle(const_cast<void*>(B));
+    g.c.set_data_handle(C);
+    if (s.has_bias) g.bias.set_data_handle(const_cast<float*>(bias));
+    if (g.scratchpad_bytes > 0)
+      g.scratchpad.set_data_handle(scratchpad.reserve(g.scratchpad_bytes));
+    g.primitive.execute(stream, g.args);
     stream.wait();
   }
 
