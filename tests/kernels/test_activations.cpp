@@ -1,6 +1,7 @@
 // Tests for the CPU GELU (tanh form) and SwiGLU kernels: forward and backward against naive
 // double-precision references of PyTorch's formulas, backward against central finite differences,
-// overwrite semantics, odd sizes (including one large enough to run threaded) and extreme inputs.
+// overwrite semantics, odd sizes (including one large enough to run threaded), extreme inputs and
+// bit-identical results for 1, 2 and 3 OpenMP threads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -196,6 +197,28 @@ TEST(SwiGlu, ExtremeGatesStayFinite) {
     EXPECT_NEAR(y[i], 2.0 * gate[i] * s, 1e-6 * std::fabs(gate[i]) + 1e-30);
     EXPECT_NEAR(d_up[i], gate[i] * s, 1e-6 * std::fabs(gate[i]) + 1e-30);
     EXPECT_NEAR(d_gate[i], 2.0 * s * (1.0 + gate[i] * (1.0 - s)), 1e-6);
+  }
+}
+
+TEST(Activations, BitIdenticalForAnyThreadCount) {
+  const int64_t n = 100003;  // above the threading threshold
+  const std::vector<float> x = activation_inputs(n, 47), up = random_vector(n, 53);
+  const std::vector<float> d_out = random_vector(n, 59);
+  std::vector<float> baseline;
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "threads=" << threads);
+    testing::ScopedOmpThreads scoped(threads);
+    std::vector<float> results(5 * n);
+    gelu_forward(results.data(), x.data(), n);
+    gelu_backward(results.data() + n, d_out.data(), x.data(), n);
+    swiglu_forward(results.data() + 2 * n, x.data(), up.data(), n);
+    swiglu_backward(results.data() + 3 * n, results.data() + 4 * n, d_out.data(), x.data(),
+                    up.data(), n);
+    if (threads == 1) {
+      baseline = results;
+      continue;
+    }
+    EXPECT_EQ(0, std::memcmp(results.data(), baseline.data(), results.size() * sizeof(float)));
   }
 }
 
