@@ -195,17 +195,13 @@ inline MicroGemm micro_for(int rows, int nv) {
   }
 }
 
-// C[M, N] (= or +=) A[M, K] * B[K, N] with N a multiple of 16 (tiles are zero-padded to make it
-// so).
-void tile_gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_row, int64_t a_col,
+// C[rows, N] (= or +=) A[rows, K] * B[K, N] for rows <= kMicroRows, N a multiple of 16 (tiles are
+// zero-padded to make it so).
+void gemm_rows(int64_t rows, int64_t N, int64_t K, const float* a, int64_t a_row, int64_t a_col,
                const float* b, int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   for (int64_t n0 = 0; n0 < N; n0 += kMicroVecs * kLanes) {
     const int nv = static_cast<int>(std::min<int64_t>(kMicroVecs, (N - n0) / kLanes));
-    for (int64_t m0 = 0; m0 < M; m0 += kMicroRows) {
-      const int rows = static_cast<int>(std::min<int64_t>(kMicroRows, M - m0));
-      micro_for(rows, nv)(a + m0 * a_row, a_row, a_col, b + n0, ldb, c + m0 * ldc + n0, ldc, K,
-                          accumulate);
-    }
+    micro_for(static_cast<int>(rows), nv)(a, a_row, a_col, b + n0, ldb, c + n0, ldc, K, accumulate);
   }
 }
 
@@ -336,41 +332,54 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           std::fill(row_sum, row_sum + rows, 0.0f);
 
           for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
-            const int64_t cols = std::min(kBlockK, key_end - j0), cols_p = round_up(cols, kLanes);
-            tile_gemm(rows, cols_p, Dp, q_pack, Dp, 1, kt_panel + j0 * Dp, kBlockK, s_buf, kBlockK,
-                      false);
-            // Online softmax: scale, mask, new row max, P = exp(S - max), rescale the accumulator.
-            for (int64_t r = 0; r < rows; ++r) {
-              float* s_row = s_buf + r * kBlockK;
-              const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
-              if (visible <= 0) {
-                std::fill(s_row, s_row + cols_p, 0.0f);
-                continue;
+            const int64_t cols = std::min(kBlockK, key_end - j0);
+            const float* kt_block = kt_panel + j0 * Dp;
+            const float* v_block = v_panel + j0 * Dp;
+            // One register-block of rows at a time: S = Q K^T, online softmax, O += P V. On the
+            // diagonal the group's last row sees the most keys; columns no row sees are skipped.
+            for (int64_t m0 = 0; m0 < rows; m0 += kMicroRows) {
+              const int64_t group_rows = std::min<int64_t>(kMicroRows, rows - m0);
+              const int64_t group_visible =
+                  std::min(cols, causal_offset + i0 + m0 + group_rows - j0);
+              if (group_visible <= 0) continue;
+              const int64_t n_eff = round_up(group_visible, kLanes);
+              float* s_rows = s_buf + m0 * kBlockK;
+              gemm_rows(group_rows, n_eff, Dp, q_pack + m0 * Dp, Dp, 1, kt_block, kBlockK, s_rows,
+                        kBlockK, false);
+              for (int64_t r = m0; r < m0 + group_rows; ++r) {
+                float* s_row = s_buf + r * kBlockK;
+                const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
+                if (visible <= 0) {
+                  std::fill(s_row, s_row + n_eff, 0.0f);
+                  continue;
+                }
+                const f32x16 visible_v = splat(static_cast<float>(visible));
+                f32x16 max_v = splat(neg_inf);
+                for (int64_t c = 0; c < n_eff; c += kLanes) {
+                  f32x16 sv = load(s_row + c) * scale;
+                  sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
+                  store(s_row + c, sv);
+                  max_v = sv > max_v ? sv : max_v;
+                }
+                const float new_max = std::max(row_max[r], hmax(max_v));
+                const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first block
+                f32x16 sum_v = {};
+                for (int64_t c = 0; c < n_eff; c += kLanes) {
+                  const f32x16 p = vexp(load(s_row + c) - new_max);
+                  sum_v += p;
+                  store(s_row + c, to_bf16 ? vround_bf16(p) : p);
+                }
+                row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
+                row_max[r] = new_max;
+                if (alpha != 1.0f) {
+                  float* o_row = o_acc + r * Dp;
+                  for (int64_t d = 0; d < Dp; d += kLanes)
+                    store(o_row + d, load(o_row + d) * alpha);
+                }
               }
-              const f32x16 visible_v = splat(static_cast<float>(visible));
-              f32x16 max_v = splat(neg_inf);
-              for (int64_t c = 0; c < cols_p; c += kLanes) {
-                f32x16 sv = load(s_row + c) * scale;
-                sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
-                store(s_row + c, sv);
-                max_v = sv > max_v ? sv : max_v;
-              }
-              const float new_max = std::max(row_max[r], hmax(max_v));
-              const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first block (-inf)
-              f32x16 sum_v = {};
-              for (int64_t c = 0; c < cols_p; c += kLanes) {
-                const f32x16 p = vexp(load(s_row + c) - new_max);
-                sum_v += p;
-                store(s_row + c, to_bf16 ? vround_bf16(p) : p);
-              }
-              row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
-              row_max[r] = new_max;
-              if (alpha != 1.0f) {
-                float* o_row = o_acc + r * Dp;
-                for (int64_t d = 0; d < Dp; d += kLanes) store(o_row + d, load(o_row + d) * alpha);
-              }
+              gemm_rows(group_rows, Dp, group_visible, s_rows, kBlockK, 1, v_block, Dp,
+                        o_acc + m0 * Dp, Dp, true);
             }
-            tile_gemm(rows, Dp, cols_p, s_buf, kBlockK, 1, v_panel + j0 * Dp, Dp, o_acc, Dp, true);
           }
 
           float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
@@ -399,19 +408,20 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
   const bool to_bf16 = precision == Precision::bf16;
   const int64_t tasks = B * Hkv;
   const int64_t out_row = Hq * D;  // out and d_out are [B, T, Hq*D] contiguous
+  const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 #pragma omp parallel
   {
     // Per thread, for one (batch, kv head): packed Q, dO and dQ accumulator of the whole query-head
     // group, D_i = rowsum(dO * O) per query, packed K block (rows and transposed), V^T block, dK
     // and dV block accumulators, and the P and dS tiles.
-    const int64_t group_rows = group * T * Dp;
+    const int64_t group_panel = group * T * Dp;
     const int64_t block_rows = kBlockK * Dp, tile = kBlockQ * kBlockK;
-    Scratch scratch(3 * group_rows + group * T + 5 * block_rows + 2 * tile);
+    Scratch scratch(3 * group_panel + group * T + 5 * block_rows + 2 * tile);
     float* q_pack = scratch.get();
-    float* do_pack = q_pack + group_rows;
-    float* dq_acc = do_pack + group_rows;
-    float* delta = dq_acc + group_rows;
+    float* do_pack = q_pack + group_panel;
+    float* dq_acc = do_pack + group_panel;
+    float* delta = dq_acc + group_panel;
     float* k_pack = delta + group * T;
     float* kt_pack = k_pack + block_rows;
     float* vt_pack = kt_pack + block_rows;
@@ -437,7 +447,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
           delta[g * T + t] = sum;
         }
       }
-      std::fill(dq_acc, dq_acc + group_rows, 0.0f);
+      std::fill(dq_acc, dq_acc + group_panel, 0.0f);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
 
@@ -460,34 +470,52 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
             const int64_t rows = std::min(kBlockQ, T - i0);
             const float* q_rows = q_pack + (g * T + i0) * Dp;
             const float* do_rows = do_pack + (g * T + i0) * Dp;
-            tile_gemm(rows, cols_p, Dp, q_rows, Dp, 1, kt_pack, kBlockK, p_buf, kBlockK, false);
-            tile_gemm(rows, cols_p, Dp, do_rows, Dp, 1, vt_pack, kBlockK, ds_buf, kBlockK, false);
-            // P = exp(S * scale - lse) on visible keys, 0 elsewhere; dS = P * (dP - D_i) * scale.
-            for (int64_t r = 0; r < rows; ++r) {
-              const int64_t visible = std::clamp<int64_t>(i0 + r - j0 + 1, 0, cols);
-              float* p_row = p_buf + r * kBlockK;
-              float* ds_row = ds_buf + r * kBlockK;
-              const float row_lse = lse_head[i0 + r], row_delta = delta[g * T + i0 + r];
-              const f32x16 visible_v = splat(static_cast<float>(visible));
-              const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-              for (int64_t c = 0; c < cols_p; c += kLanes) {
-                const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
-                f32x16 p = vexp(load(p_row + c) * scale - row_lse);
-                p = std::bit_cast<f32x16>(std::bit_cast<i32x16>(p) & keep);
-                f32x16 ds = p * (load(ds_row + c) - row_delta) * scale;
-                if (to_bf16) {
-                  p = vround_bf16(p);
-                  ds = vround_bf16(ds);
+            // Row groups: S = Q K^T and dP = dO V^T on the columns the group sees, then
+            // P = exp(S * scale - lse) and dS = P * (dP - D_i) * scale (zero where masked), then
+            // dQ_i += dS K_j.
+            for (int64_t m0 = 0; m0 < rows; m0 += kMicroRows) {
+              const int64_t group_rows = std::min<int64_t>(kMicroRows, rows - m0);
+              const int64_t group_visible = std::min(cols, i0 + m0 + group_rows - j0);
+              if (group_visible <= 0) continue;
+              const int64_t n_eff = round_up(group_visible, kLanes);
+              gemm_rows(group_rows, n_eff, Dp, q_rows + m0 * Dp, Dp, 1, kt_pack, kBlockK,
+                        p_buf + m0 * kBlockK, kBlockK, false);
+              gemm_rows(group_rows, n_eff, Dp, do_rows + m0 * Dp, Dp, 1, vt_pack, kBlockK,
+                        ds_buf + m0 * kBlockK, kBlockK, false);
+              for (int64_t r = m0; r < m0 + group_rows; ++r) {
+                const int64_t visible = std::clamp<int64_t>(i0 + r - j0 + 1, 0, cols);
+                float* p_row = p_buf + r * kBlockK;
+                float* ds_row = ds_buf + r * kBlockK;
+                const float row_lse = lse_head[i0 + r], row_delta = delta[g * T + i0 + r];
+                const f32x16 visible_v = splat(static_cast<float>(visible));
+                for (int64_t c = 0; c < n_eff; c += kLanes) {
+                  const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
+                  f32x16 p = vexp(load(p_row + c) * scale - row_lse);
+                  p = std::bit_cast<f32x16>(std::bit_cast<i32x16>(p) & keep);
+                  f32x16 ds = p * (load(ds_row + c) - row_delta) * scale;
+                  if (to_bf16) {
+                    p = vround_bf16(p);
+                    ds = vround_bf16(ds);
+                  }
+                  store(p_row + c, p);
+                  store(ds_row + c, ds);
                 }
-                store(p_row + c, p);
-                store(ds_row + c, ds);
+                std::fill(p_row + n_eff, p_row + cols_p, 0.0f);
+                std::fill(ds_row + n_eff, ds_row + cols_p, 0.0f);
               }
+              gemm_rows(group_rows, Dp, group_visible, ds_buf + m0 * kBlockK, kBlockK, 1, k_pack,
+                        Dp, dq_acc + (g * T + i0 + m0) * Dp, Dp, true);
             }
-            // dV_j += P^T dO_i, dK_j += dS^T Q_i, dQ_i += dS K_j.
-            tile_gemm(cols, Dp, rows, p_buf, 1, kBlockK, do_rows, Dp, dv_acc, Dp, true);
-            tile_gemm(cols, Dp, rows, ds_buf, 1, kBlockK, q_rows, Dp, dk_acc, Dp, true);
-            tile_gemm(rows, Dp, cols, ds_buf, kBlockK, 1, k_pack, Dp, dq_acc + (g * T + i0) * Dp,
-                      Dp, true);
+            // Column groups: dV_j += P^T dO_i and dK_j += dS^T Q_i over the rows that see them.
+            for (int64_t c0 = 0; c0 < cols; c0 += kMicroRows) {
+              const int64_t group_cols = std::min<int64_t>(kMicroRows, cols - c0);
+              const int64_t first_row = std::clamp<int64_t>(j0 + c0 - i0, 0, rows);
+              if (first_row >= rows) continue;
+              gemm_rows(group_cols, Dp, rows - first_row, p_buf + first_row * kBlockK + c0, 1,
+                        kBlockK, do_rows + first_row * Dp, Dp, dv_acc + c0 * Dp, Dp, true);
+              gemm_rows(group_cols, Dp, rows - first_row, ds_buf + first_row * kBlockK + c0, 1,
+                        kBlockK, q_rows + first_row * Dp, Dp, dk_acc + c0 * Dp, Dp, true);
+            }
           }
         }
         float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
