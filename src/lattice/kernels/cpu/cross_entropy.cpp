@@ -26,10 +26,11 @@ void check_arguments(const char* op, const int32_t* targets, int64_t rows, int64
   check(rows >= 0 && V > 0, std::string(op) + ": needs rows >= 0 and V > 0, got rows=" +
                                 std::to_string(rows) + " V=" + std::to_string(V));
   for (int64_t r = 0; r < rows; ++r) {
-    check(targets[r] < V, std::string(op) + ": target " + std::to_string(targets[r]) + " at row " +
-                              std::to_string(r) + " is outside the vocabulary of size " +
-                              std::to_string(V) +
-                              "; check the data's vocab size against the model's");
+    if (targets[r] >= V) {  // message built only on failure: this loop runs every step
+      throw Error(std::string(op) + ": target " + std::to_string(targets[r]) + " at row " +
+                  std::to_string(r) + " is outside the vocabulary of size " + std::to_string(V) +
+                  "; check the data's vocab size against the model's");
+    }
   }
 }
 
