@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -24,11 +25,11 @@ const int64_t kSizes[] = {1, 7, 33, 768, 100003};
 
 // PyTorch gelu(approximate="tanh") in double.
 double reference_gelu(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
+  const double k = std::sqrt(2.0 / std::numbers::pi);
   return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
 }
 double reference_gelu_derivative(double x) {
-  const double k = std::sqrt(2.0 / M_PI);
+  const double k = std::sqrt(2.0 / std::numbers::pi);
   const double t = std::tanh(k * (x + 0.044715 * x * x * x));
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
 }
