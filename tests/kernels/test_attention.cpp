@@ -359,6 +359,29 @@ TEST(AttentionBf16, WithinBf16ToleranceOfDoubleReference) {
   EXPECT_LT(max_relative_error(g.dv, ref.dv), 1.5e-2);
 }
 
+TEST(AttentionBf16, ForwardAcrossShapesAndLayouts) {
+  // The bf16 forward has its own tile code (AMX where the CPU has it): T = 1, ragged T, GQA 1/2/4,
+  // head_dim 16, 24 and 64, packed qkv and a KV cache with q_len < kv_len. Same 1.5e-2 bound.
+  const Layout layouts[] = {make_layout(1, 1, 1, 2, 1, 64, false),
+                            make_layout(2, 100, 100, 4, 1, 16, false),
+                            make_layout(1, 77, 77, 2, 2, 24, false, 3),
+                            make_layout(2, 70, 70, 4, 2, 64, true),
+                            make_layout(2, 1, 200, 4, 2, 64, false, 0, 256),
+                            make_layout(1, 70, 150, 4, 1, 32, false, 0, 160),
+                            make_layout(1, 130, 130, 2, 2, 64, false)};
+  uint64_t seed = 200;
+  for (const Layout& layout : layouts) {
+    const auto& s = layout.shape;
+    SCOPED_TRACE(::testing::Message() << "Tq=" << s.q_len << " Tk=" << s.kv_len << " Hq="
+                                      << s.q_heads << " Hkv=" << s.kv_heads << " D=" << s.head_dim);
+    const Case c = make_case(layout, seed++);
+    const ForwardResult f = run_forward(c, Precision::bf16);
+    const Reference ref = naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), s, nullptr);
+    EXPECT_LT(max_relative_error(f.out, ref.out), 1.5e-2);
+    EXPECT_LT(max_relative_error(f.lse, ref.lse), 1.5e-2);
+  }
+}
+
 TEST(AttentionThreads, ResultsAreBitwiseIndependentOfThreadCount) {
   const Layout layout = make_layout(2, 150, 150, 4, 2, 32, true);
   const Case c = make_case(layout, 90);

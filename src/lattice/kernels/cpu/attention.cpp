@@ -27,6 +27,11 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#include <vector>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
@@ -266,11 +271,255 @@ void validate(const AttentionShape& s, const char* who) {
         name + ": k_row_stride and v_row_stride must be at least kv_heads * head_dim");
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// ---- bf16 forward on AMX: the two tile products run as tdpbf16ps (bf16 pairs, fp32 accumulate)
+// ----
+
+using u16x16 = uint16_t __attribute__((vector_size(32)));
+using u16x32 = uint16_t __attribute__((vector_size(64)));
+
+// Linux grants a process the AMX tile state only on request; asked once, the answer never changes.
+bool amx_available() {
+  static const bool available = [] {
+    constexpr long kRequestXcompPermission = 0x1023, kXfeatureTileData = 18;
+    return syscall(SYS_arch_prctl, kRequestXcompPermission, kXfeatureTileData) == 0;
+  }();
+  return available;
+}
+
+// Tile registers of the calling thread, configured as eight 16 x 64-byte tiles while this lives:
+// tmm0-3 accumulate a 32 x 32 fp32 block, tmm4-5 hold A (32 rows x 32 bf16), tmm6-7 hold B.
+class AmxTiles {
+ public:
+  AmxTiles() {
+    struct alignas(64) {
+      uint8_t palette = 1, start_row = 0, reserved[14] = {};
+      uint16_t colsb[16] = {};
+      uint8_t rows[16] = {};
+    } config;
+    for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+    _tile_loadconfig(&config);
+  }
+  ~AmxTiles() { _tile_release(); }
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+};
+
+// C[M, N] (= or +=) A[M, K] * B with bf16 A (row-major, lda elements) and B in the VNNI layout
+// [K/2][N][2] (row stride ldb elements), fp32 C. M, N and K are multiples of 32.
+void amx_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b,
+              int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+  const int64_t c_stride = ldc * 4, a_stride = lda * 2, b_stride = ldb * 2;
+  for (int64_t m0 = 0; m0 < M; m0 += 32) {
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      float* c00 = c + m0 * ldc + n0;
+      float* c10 = c00 + 16 * ldc;
+      if (accumulate) {
+        _tile_loadd(0, c00, c_stride);
+        _tile_loadd(1, c00 + 16, c_stride);
+        _tile_loadd(2, c10, c_stride);
+        _tile_loadd(3, c10 + 16, c_stride);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += 32) {
+        _tile_loadd(4, a + m0 * lda + k0, a_stride);
+        _tile_loadd(5, a + (m0 + 16) * lda + k0, a_stride);
+        _tile_loadd(6, b + (k0 / 2) * ldb + n0 * 2, b_stride);
+        _tile_loadd(7, b + (k0 / 2) * ldb + (n0 + 16) * 2, b_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c00, c_stride);
+      _tile_stored(1, c00 + 16, c_stride);
+      _tile_stored(2, c10, c_stride);
+      _tile_stored(3, c10 + 16, c_stride);
+    }
+  }
+}
+
+inline u16x16 to_bf16_bits(f32x16 x) {
+  return __builtin_convertvector(std::bit_cast<u32x16>(vround_bf16(x)) >> 16, u16x16);
+}
+inline void store_bf16(uint16_t* p, f32x16 x) {
+  const u16x16 bits = to_bf16_bits(x);
+  std::memcpy(p, &bits, sizeof bits);
+}
+
+// rows x head_dim (strided) -> bf16 [rows, padded_dim], zero-padded columns.
+void pack_rows_bf16(uint16_t* tile, int64_t padded_dim, const float* src, int64_t src_stride,
+                    int64_t rows, int64_t head_dim) {
+  const int64_t full = head_dim / kLanes * kLanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* dst = tile + r * padded_dim;
+    const float* row = src + r * src_stride;
+    for (int64_t d = 0; d < full; d += kLanes) store_bf16(dst + d, load(row + d));
+    for (int64_t d = full; d < head_dim; ++d) dst[d] = to_bf16(row[d]).bits;
+    for (int64_t d = head_dim; d < padded_dim; ++d) dst[d] = 0;
+  }
+}
+
+// Causal forward with bf16 q, k, v, P on AMX; same tasks, tiles and online softmax (fp32) as the
+// fp32 path. Tiles are padded to multiples of 32 rows, keys and head_dim with zeros.
+void attention_forward_amx(float* out, float* lse, const float* q, const float* k, const float* v,
+                           const AttentionShape& shape) {
+  const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
+  const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, 32);
+  const int64_t group = Hq / Hkv, causal_offset = Tk - Tq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t q_blocks = (Tq + kBlockQ - 1) / kBlockQ;
+  const int64_t key_blocks = (Tk + kBlockK - 1) / kBlockK;
+  const int64_t pairs = B * Hkv;
+  const int64_t chunks =
+      std::clamp<int64_t>((4 * omp_get_max_threads() + pairs - 1) / pairs, 1, q_blocks);
+  const int64_t tasks = pairs * chunks;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  static_assert(kBlockQ % 32 == 0 && kBlockK % 32 == 0, "AMX tiles need 32-multiples");
+
+#pragma omp parallel
+  {
+    AmxTiles tiles;
+    // Per thread: K^T panel in VNNI [key block][Dp/2][kBlockK][2], V panel in VNNI
+    // [key/2][Dp][2], bf16 Q and P tiles, fp32 S tile, output accumulator, row max and row sum.
+    const int64_t panel = key_blocks * kBlockK * Dp;
+    std::vector<uint16_t> kt_vnni(static_cast<size_t>(panel)), v_vnni(static_cast<size_t>(panel));
+    std::vector<uint16_t> q_bf16(static_cast<size_t>(kBlockQ * Dp));
+    std::vector<uint16_t> p_bf16(static_cast<size_t>(kBlockQ * kBlockK));
+    Scratch scratch(kBlockQ * kBlockK + kBlockQ * Dp + 2 * kBlockQ);
+    float* s_buf = scratch.get();
+    float* o_acc = s_buf + kBlockQ * kBlockK;
+    float* row_max = o_acc + kBlockQ * Dp;
+    float* row_sum = row_max + kBlockQ;
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t chunk = task % chunks, kvh = (task / chunks) % Hkv, b = task / (chunks * Hkv);
+      const int64_t last_qb = chunk + (q_blocks - 1 - chunk) / chunks * chunks;
+      const int64_t keys = causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ);
+      const int64_t keys_p = round_up(keys, 32);
+      const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
+      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+      // K^T: element (d, key) of block j0 at j0 * Dp + (d / 2) * 2 * kBlockK + 2 * key + d % 2.
+      // V: element (key, d) at (key / 2) * 2 * Dp + 2 * d + key % 2.
+      std::fill(kt_vnni.begin(), kt_vnni.begin() + round_up(keys, kBlockK) * Dp, uint16_t{0});
+      std::fill(v_vnni.begin(), v_vnni.begin() + keys_p * Dp, uint16_t{0});
+      const int64_t d_full = D / kLanes * kLanes;
+      for (int64_t key = 0; key < keys; ++key) {
+        const float* k_row = k_src + key * shape.k_row_stride;
+        uint16_t* kt_block = kt_vnni.data() + key / kBlockK * kBlockK * Dp + 2 * (key % kBlockK);
+        // A K row's bf16 pairs (d, d+1) are 32-bit words that land kBlockK words apart.
+        for (int64_t d = 0; d < d_full; d += kLanes) {
+          const u16x16 bits = to_bf16_bits(load(k_row + d));
+          for (int w = 0; w < kLanes / 2; ++w)
+            std::memcpy(kt_block + (d / 2 + w) * 2 * kBlockK, &bits[2 * w], 4);
+        }
+        for (int64_t d = d_full; d < D; ++d)
+          kt_block[d / 2 * 2 * kBlockK + d % 2] = to_bf16(k_row[d]).bits;
+      }
+      for (int64_t key = 0; key < keys; key += 2) {
+        // Rows key and key+1 of V interleave element by element.
+        const float* v_row0 = v_src + key * shape.v_row_stride;
+        const float* v_row1 = key + 1 < keys ? v_row0 + shape.v_row_stride : nullptr;
+        uint16_t* v_pair = v_vnni.data() + key / 2 * 2 * Dp;
+        for (int64_t d = 0; d < d_full; d += kLanes) {
+          const u16x16 even = to_bf16_bits(load(v_row0 + d));
+          const u16x16 odd = v_row1 ? to_bf16_bits(load(v_row1 + d)) : u16x16{};
+          const u16x32 mixed = __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20,
+                                                       5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
+                                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+          std::memcpy(v_pair + 2 * d, &mixed, sizeof mixed);
+        }
+        for (int64_t d = d_full; d < D; ++d) {
+          v_pair[2 * d] = to_bf16(v_row0[d]).bits;
+          if (v_row1) v_pair[2 * d + 1] = to_bf16(v_row1[d]).bits;
+        }
+      }
+
+      for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
+        const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
+        const int64_t rows_p = round_up(rows, 32);
+        const int64_t key_end = causal_offset + i0 + rows;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          pack_rows_bf16(q_bf16.data(), Dp,
+                         q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
+                         shape.q_row_stride, rows, D);
+          std::fill(q_bf16.begin() + rows * Dp, q_bf16.begin() + rows_p * Dp, uint16_t{0});
+          std::fill(p_bf16.begin(), p_bf16.end(), uint16_t{0});
+          std::fill(o_acc, o_acc + rows_p * Dp, 0.0f);
+          std::fill(row_max, row_max + rows, neg_inf);
+          std::fill(row_sum, row_sum + rows, 0.0f);
+
+          for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
+            const int64_t cols = std::min(kBlockK, key_end - j0), cols_p = round_up(cols, 32);
+            amx_gemm(rows_p, cols_p, Dp, q_bf16.data(), Dp, kt_vnni.data() + j0 * Dp, 2 * kBlockK,
+                     s_buf, kBlockK, false);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* s_row = s_buf + r * kBlockK;
+              uint16_t* p_row = p_bf16.data() + r * kBlockK;
+              const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
+              if (visible <= 0) {
+                std::fill(p_row, p_row + cols_p, uint16_t{0});
+                continue;
+              }
+              const f32x16 visible_v = splat(static_cast<float>(visible));
+              f32x16 max_v = splat(neg_inf);
+              for (int64_t c = 0; c < cols_p; c += kLanes) {
+                f32x16 sv = load(s_row + c) * scale;
+                sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
+                store(s_row + c, sv);
+                max_v = sv > max_v ? sv : max_v;
+              }
+              const float new_max = std::max(row_max[r], hmax(max_v));
+              const float alpha = std::exp(row_max[r] - new_max);
+              f32x16 sum_v = {};
+              for (int64_t c = 0; c < cols_p; c += kLanes) {
+                const f32x16 p = vexp(load(s_row + c) - new_max);
+                sum_v += p;
+                store_bf16(p_row + c, p);
+              }
+              row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
+              row_max[r] = new_max;
+              if (alpha != 1.0f) {
+                float* o_row = o_acc + r * Dp;
+                for (int64_t d = 0; d < Dp; d += kLanes) store(o_row + d, load(o_row + d) * alpha);
+              }
+            }
+            amx_gemm(rows_p, Dp, cols_p, p_bf16.data(), kBlockK, v_vnni.data() + j0 * Dp, 2 * Dp,
+                     o_acc, Dp, true);
+          }
+
+          float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
+          float* lse_rows = lse + (b * Hq + h) * Tq + i0;
+          for (int64_t r = 0; r < rows; ++r) {
+            const float inv_sum = 1.0f / row_sum[r];
+            for (int64_t d = 0; d < D; ++d) out_rows[r * Hq * D + d] = o_acc[r * Dp + d] * inv_sum;
+            lse_rows[r] = row_max[r] + std::log(row_sum[r]);
+          }
+        }
+      }
+    }
+  }
+}
+#endif  // AMX
+
 }  // namespace
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/) {
   validate(shape, "attention_forward");
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (precision == Precision::bf16 && amx_available()) {
+    attention_forward_amx(out, lse, q, k, v, shape);
+    return;
+  }
+#endif
   const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
   const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, kLanes);
   const int64_t group = Hq / Hkv;
