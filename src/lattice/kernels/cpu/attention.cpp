@@ -346,9 +346,54 @@ void amx_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, c
 inline u16x16 to_bf16_bits(f32x16 x) {
   return __builtin_convertvector(std::bit_cast<u32x16>(vround_bf16(x)) >> 16, u16x16);
 }
+inline u16x32 interleave(u16x16 even, u16x16 odd) {
+  return __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+}
 inline void store_bf16(uint16_t* p, f32x16 x) {
   const u16x16 bits = to_bf16_bits(x);
   std::memcpy(p, &bits, sizeof bits);
+}
+
+// B operand "X^T" of a product that contracts over head_dim, from rows x head_dim of X (strided):
+// element (d, row) at dst[(d / 2) * 2 * ld + 2 * row + d % 2], i.e. X's bf16 pairs (d, d+1) are
+// 32-bit words laid out transposed. dst must be zeroed by the caller (padding stays zero).
+void pack_pairs_transposed(uint16_t* dst, int64_t ld, const float* src, int64_t src_stride,
+                           int64_t rows, int64_t head_dim) {
+  const int64_t d_full = head_dim / kLanes * kLanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * src_stride;
+    uint16_t* column = dst + 2 * r;
+    for (int64_t d = 0; d < d_full; d += kLanes) {
+      const u16x16 bits = to_bf16_bits(load(row + d));
+      for (int w = 0; w < kLanes / 2; ++w)
+        std::memcpy(column + (d / 2 + w) * 2 * ld, &bits[2 * w], 4);
+    }
+    for (int64_t d = d_full; d < head_dim; ++d)
+      column[d / 2 * 2 * ld + d % 2] = to_bf16(row[d]).bits;
+  }
+}
+
+// B operand "X" of a product that contracts over X's rows: element (row, d) at
+// dst[(row / 2) * 2 * padded_dim + 2 * d + row % 2] (rows pairwise interleaved). dst must be zeroed
+// by the caller.
+void pack_rows_interleaved(uint16_t* dst, int64_t padded_dim, const float* src, int64_t src_stride,
+                           int64_t rows, int64_t head_dim) {
+  const int64_t d_full = head_dim / kLanes * kLanes;
+  for (int64_t r = 0; r < rows; r += 2) {
+    const float* row0 = src + r * src_stride;
+    const float* row1 = r + 1 < rows ? row0 + src_stride : nullptr;
+    uint16_t* pair = dst + r / 2 * 2 * padded_dim;
+    for (int64_t d = 0; d < d_full; d += kLanes) {
+      const u16x32 mixed =
+          interleave(to_bf16_bits(load(row0 + d)), row1 ? to_bf16_bits(load(row1 + d)) : u16x16{});
+      std::memcpy(pair + 2 * d, &mixed, sizeof mixed);
+    }
+    for (int64_t d = d_full; d < head_dim; ++d) {
+      pair[2 * d] = to_bf16(row0[d]).bits;
+      if (row1) pair[2 * d + 1] = to_bf16(row1[d]).bits;
+    }
+  }
 }
 
 // rows x head_dim (strided) -> bf16 [rows, padded_dim], zero-padded columns.
@@ -409,37 +454,10 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
       // V: element (key, d) at (key / 2) * 2 * Dp + 2 * d + key % 2.
       std::fill(kt_vnni.begin(), kt_vnni.begin() + round_up(keys, kBlockK) * Dp, uint16_t{0});
       std::fill(v_vnni.begin(), v_vnni.begin() + keys_p * Dp, uint16_t{0});
-      const int64_t d_full = D / kLanes * kLanes;
-      for (int64_t key = 0; key < keys; ++key) {
-        const float* k_row = k_src + key * shape.k_row_stride;
-        uint16_t* kt_block = kt_vnni.data() + key / kBlockK * kBlockK * Dp + 2 * (key % kBlockK);
-        // A K row's bf16 pairs (d, d+1) are 32-bit words that land kBlockK words apart.
-        for (int64_t d = 0; d < d_full; d += kLanes) {
-          const u16x16 bits = to_bf16_bits(load(k_row + d));
-          for (int w = 0; w < kLanes / 2; ++w)
-            std::memcpy(kt_block + (d / 2 + w) * 2 * kBlockK, &bits[2 * w], 4);
-        }
-        for (int64_t d = d_full; d < D; ++d)
-          kt_block[d / 2 * 2 * kBlockK + d % 2] = to_bf16(k_row[d]).bits;
-      }
-      for (int64_t key = 0; key < keys; key += 2) {
-        // Rows key and key+1 of V interleave element by element.
-        const float* v_row0 = v_src + key * shape.v_row_stride;
-        const float* v_row1 = key + 1 < keys ? v_row0 + shape.v_row_stride : nullptr;
-        uint16_t* v_pair = v_vnni.data() + key / 2 * 2 * Dp;
-        for (int64_t d = 0; d < d_full; d += kLanes) {
-          const u16x16 even = to_bf16_bits(load(v_row0 + d));
-          const u16x16 odd = v_row1 ? to_bf16_bits(load(v_row1 + d)) : u16x16{};
-          const u16x32 mixed = __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20,
-                                                       5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26,
-                                                       11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-          std::memcpy(v_pair + 2 * d, &mixed, sizeof mixed);
-        }
-        for (int64_t d = d_full; d < D; ++d) {
-          v_pair[2 * d] = to_bf16(v_row0[d]).bits;
-          if (v_row1) v_pair[2 * d + 1] = to_bf16(v_row1[d]).bits;
-        }
-      }
+      for (int64_t j0 = 0; j0 < keys; j0 += kBlockK)
+        pack_pairs_transposed(kt_vnni.data() + j0 * Dp, kBlockK, k_src + j0 * shape.k_row_stride,
+                              shape.k_row_stride, std::min(kBlockK, keys - j0), D);
+      pack_rows_interleaved(v_vnni.data(), Dp, v_src, shape.v_row_stride, keys, D);
 
       for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
@@ -503,6 +521,148 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
             lse_rows[r] = row_max[r] + std::log(row_sum[r]);
           }
         }
+      }
+    }
+  }
+}
+// Causal backward with bf16 q, k, v, dO, P and dS on AMX (FlashAttention-2 order, fp32 softmax
+// statistics). Per task (batch, kv head): Q and dO of the group as bf16 rows and transposed, dQ
+// accumulators; per key block: K^T, V^T and K as B operands, dK^T and dV^T accumulators.
+void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out, const float* q,
+                            const float* k, const float* v, const float* out, const float* lse,
+                            const AttentionShape& shape) {
+  const int64_t B = shape.batch, T = shape.q_len, Hq = shape.q_heads, Hkv = shape.kv_heads;
+  const int64_t D = shape.head_dim, Dp = round_up(D, 32), Tp = round_up(T, 32);
+  const int64_t group = Hq / Hkv, out_row = Hq * D;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const int64_t tasks = B * Hkv;
+
+#pragma omp parallel
+  {
+    AmxTiles tiles;
+    const int64_t head_panel = Tp * Dp, block = kBlockK * Dp, tile = kBlockQ * kBlockK;
+    // bf16: Q rows, dO rows, Q^T [Dp][Tp], dO^T [Dp][Tp] per group head; K^T, V^T (pairs
+    // transposed) and K (rows interleaved) of one key block; dS rows, P and dS rows interleaved.
+    std::vector<uint16_t> half(static_cast<size_t>(4 * group * head_panel + 3 * block + 3 * tile));
+    uint16_t* q_rows_b = half.data();
+    uint16_t* do_rows_b = q_rows_b + group * head_panel;
+    uint16_t* q_t = do_rows_b + group * head_panel;
+    uint16_t* do_t = q_t + group * head_panel;
+    uint16_t* kt_vnni = do_t + group * head_panel;
+    uint16_t* vt_vnni = kt_vnni + block;
+    uint16_t* k_vnni = vt_vnni + block;
+    uint16_t* ds_b = k_vnni + block;
+    uint16_t* p_vnni = ds_b + tile;
+    uint16_t* ds_vnni = p_vnni + tile;
+    // fp32: dQ accumulators [group][Tp][Dp], D_i, S and dP tiles, dK^T and dV^T [Dp][kBlockK].
+    Scratch scratch(group * head_panel + group * T + 2 * tile + 2 * block);
+    float* dq_acc = scratch.get();
+    float* delta = dq_acc + group * head_panel;
+    float* s_buf = delta + group * T;
+    float* dp_buf = s_buf + tile;
+    float* dkt_acc = dp_buf + tile;
+    float* dvt_acc = dkt_acc + block;
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      const int64_t b = task / Hkv, kvh = task % Hkv;
+      std::fill(half.begin(), half.begin() + 4 * group * head_panel, uint16_t{0});
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kvh * group + g;
+        uint16_t* qb = q_rows_b + g * head_panel;
+        uint16_t* dob = do_rows_b + g * head_panel;
+        pack_rows_bf16(qb, Dp, q + b * shape.q_batch_stride + h * D, shape.q_row_stride, T, D);
+        pack_rows_bf16(dob, Dp, d_out + b * T * out_row + h * D, out_row, T, D);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t d = 0; d < D; ++d) {
+            q_t[g * head_panel + d * Tp + t] = qb[t * Dp + d];
+            do_t[g * head_panel + d * Tp + t] = dob[t * Dp + d];
+          }
+        for (int64_t t = 0; t < T; ++t) {
+          const float* o_row = out + (b * T + t) * out_row + h * D;
+          const float* do_row = d_out + (b * T + t) * out_row + h * D;
+          float sum = 0;
+          for (int64_t d = 0; d < D; ++d) sum += do_row[d] * o_row[d];
+          delta[g * T + t] = sum;
+        }
+      }
+      std::fill(dq_acc, dq_acc + group * head_panel, 0.0f);
+      const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
+      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+
+      for (int64_t j0 = 0; j0 < T; j0 += kBlockK) {
+        const int64_t cols = std::min(kBlockK, T - j0), cols_p = round_up(cols, 32);
+        std::fill(kt_vnni, kt_vnni + 3 * block, uint16_t{0});
+        pack_pairs_transposed(kt_vnni, kBlockK, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
+                              cols, D);
+        pack_pairs_transposed(vt_vnni, kBlockK, v_src + j0 * shape.v_row_stride, shape.v_row_stride,
+                              cols, D);
+        pack_rows_interleaved(k_vnni, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride, cols,
+                              D);
+        std::fill(dkt_acc, dkt_acc + 2 * block, 0.0f);
+
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = kvh * group + g;
+          const float* lse_head = lse + (b * Hq + h) * T;
+          for (int64_t i0 = j0 / kBlockQ * kBlockQ; i0 < T; i0 += kBlockQ) {
+            const int64_t rows = std::min(kBlockQ, T - i0), rows_p = round_up(rows, 32);
+            amx_gemm(rows_p, cols_p, Dp, q_rows_b + g * head_panel + i0 * Dp, Dp, kt_vnni,
+                     2 * kBlockK, s_buf, kBlockK, false);
+            amx_gemm(rows_p, cols_p, Dp, do_rows_b + g * head_panel + i0 * Dp, Dp, vt_vnni,
+                     2 * kBlockK, dp_buf, kBlockK, false);
+            // Row pairs: P = exp(S * scale - lse), dS = P * (dP - D_i) * scale, zero where masked
+            // and on padding rows; dS as bf16 rows, P and dS as interleaved row pairs.
+            for (int64_t r = 0; r < rows_p; r += 2) {
+              f32x16 p[2][kBlockK / kLanes] = {}, ds[2][kBlockK / kLanes] = {};
+              for (int e = 0; e < 2; ++e) {
+                const int64_t row = r + e;
+                if (row >= rows) continue;
+                const int64_t visible = std::clamp<int64_t>(i0 + row - j0 + 1, 0, cols);
+                const f32x16 visible_v = splat(static_cast<float>(visible));
+                const float row_lse = lse_head[i0 + row], row_delta = delta[g * T + i0 + row];
+                for (int64_t c = 0; c < cols_p; c += kLanes) {
+                  const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
+                  f32x16 pv = vexp(load(s_buf + row * kBlockK + c) * scale - row_lse);
+                  pv = std::bit_cast<f32x16>(std::bit_cast<i32x16>(pv) & keep);
+                  p[e][c / kLanes] = pv;
+                  ds[e][c / kLanes] = pv * (load(dp_buf + row * kBlockK + c) - row_delta) * scale;
+                }
+              }
+              for (int64_t c = 0; c < cols_p; c += kLanes) {
+                const u16x16 ds0 = to_bf16_bits(ds[0][c / kLanes]);
+                const u16x16 ds1 = to_bf16_bits(ds[1][c / kLanes]);
+                std::memcpy(ds_b + r * kBlockK + c, &ds0, sizeof ds0);
+                std::memcpy(ds_b + (r + 1) * kBlockK + c, &ds1, sizeof ds1);
+                const u16x32 p_pair =
+                    interleave(to_bf16_bits(p[0][c / kLanes]), to_bf16_bits(p[1][c / kLanes]));
+                const u16x32 ds_pair = interleave(ds0, ds1);
+                std::memcpy(p_vnni + r / 2 * 2 * kBlockK + 2 * c, &p_pair, sizeof p_pair);
+                std::memcpy(ds_vnni + r / 2 * 2 * kBlockK + 2 * c, &ds_pair, sizeof ds_pair);
+              }
+            }
+            // dQ_i += dS K_j; dV_j^T += dO_i^T P; dK_j^T += Q_i^T dS.
+            amx_gemm(rows_p, Dp, cols_p, ds_b, kBlockK, k_vnni, 2 * Dp,
+                     dq_acc + g * head_panel + i0 * Dp, Dp, true);
+            amx_gemm(Dp, cols_p, rows_p, do_t + g * head_panel + i0, Tp, p_vnni, 2 * kBlockK,
+                     dvt_acc, kBlockK, true);
+            amx_gemm(Dp, cols_p, rows_p, q_t + g * head_panel + i0, Tp, ds_vnni, 2 * kBlockK,
+                     dkt_acc, kBlockK, true);
+          }
+        }
+        float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
+        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t d = 0; d < D; ++d) {
+            dk_rows[c * shape.k_row_stride + d] = dkt_acc[d * kBlockK + c];
+            dv_rows[c * shape.v_row_stride + d] = dvt_acc[d * kBlockK + c];
+          }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* dq_rows = dq + b * shape.q_batch_stride + (kvh * group + g) * D;
+        for (int64_t t = 0; t < T; ++t)
+          std::memcpy(dq_rows + t * shape.q_row_stride, dq_acc + g * head_panel + t * Dp,
+                      static_cast<size_t>(D) * sizeof(float));
       }
     }
   }
@@ -651,6 +811,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
   validate(shape, "attention_backward");
   check(shape.q_len == shape.kv_len,
         "attention_backward: q_len must equal kv_len (no backward through a KV cache)");
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (precision == Precision::bf16 && amx_available()) {
+    attention_backward_amx(dq, dk, dv, d_out, q, k, v, out, lse, shape);
+    return;
+  }
+#endif
   const int64_t B = shape.batch, T = shape.q_len, Hq = shape.q_heads, Hkv = shape.kv_heads;
   const int64_t D = shape.head_dim, Dp = round_up(D, kLanes), group = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
