@@ -1,18 +1,19 @@
 // Causal grouped-query attention on the CPU, tiled as FlashAttention-2: the forward streams key
 // blocks through an online softmax and saves only the log-sum-exp per query; the backward
-// recomputes each tile's probabilities from it. The tile products run on a register-blocked fp32
-// micro-GEMM written with GCC/Clang vector extensions (16-lane vectors: one zmm register under
-// AVX-512).
+// recomputes each tile's probabilities from it. Extra memory is O(T * head_dim) per thread.
 //
-// Precision::bf16 rounds q, k, v and d_out to bf16 when they are packed into tiles, and rounds the
-// probabilities P (and dS in backward) to bf16 before the products they feed, with fp32
-// accumulation everywhere and fp32 softmax statistics (row max, row sum, lse, D = rowsum(dO * O)),
-// like PyTorch's bf16 flash attention. The arithmetic itself stays fp32, so bf16 changes the
-// numbers, not the speed.
+// Precision::fp32: the tile products run on a register-blocked fp32 micro-GEMM (6 rows x 64
+// columns) written with GCC/Clang vector extensions (16-lane vectors: one zmm under AVX-512).
 //
-// Threading: forward tasks are (batch, query head, query block); backward tasks are (batch, kv
-// head), each owning the dk/dv of its kv head and the dq of its query-head group, so nothing races
-// and the result does not depend on the thread count (bitwise).
+// Precision::bf16 rounds q, k, v and d_out to bf16, and the probabilities P (and dS in backward) to
+// bf16 before the products they feed, with fp32 accumulation and fp32 softmax statistics (row max,
+// row sum, lse, D = rowsum(dO * O)), like PyTorch's bf16 flash attention. Where the compiler
+// targets AMX and Linux grants the tile state, the products run on AMX (tdpbf16ps); otherwise the
+// same rounding is applied and the fp32 micro-GEMM does the products.
+//
+// Threading: forward tasks are (batch, kv head, chunk of query blocks); backward tasks are (batch,
+// kv head), each owning the dk/dv of its kv head and the dq of its query-head group, so nothing
+// races and the result does not depend on the thread count (bitwise).
 #include "lattice/kernels/cpu/attention.hpp"
 
 #include <algorithm>
@@ -137,6 +138,16 @@ inline float hmax(f32x16 v) {
   return m;
 }
 #endif
+
+// sum_i a_i b_i in fp32, 16 lanes at a time.
+inline float dot_product(const float* a, const float* b, int64_t n) {
+  f32x16 acc = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += load(a + i) * load(b + i);
+  float sum = hsum(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
 
 // C[R, NV*16] (= or +=) A[R, K] * B[K, NV*16]. A's element (r, k) sits at a[r * a_row + k * a_col],
 // so a transposed A is just a_row = 1, a_col = its leading dimension. B and C are row-major.
@@ -567,24 +578,27 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t b = task / Hkv, kvh = task % Hkv;
-      std::fill(half.begin(), half.begin() + 4 * group * head_panel, uint16_t{0});
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = kvh * group + g;
         uint16_t* qb = q_rows_b + g * head_panel;
         uint16_t* dob = do_rows_b + g * head_panel;
+        uint16_t* qt = q_t + g * head_panel;
+        uint16_t* dot = do_t + g * head_panel;
         pack_rows_bf16(qb, Dp, q + b * shape.q_batch_stride + h * D, shape.q_row_stride, T, D);
         pack_rows_bf16(dob, Dp, d_out + b * T * out_row + h * D, out_row, T, D);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t d = 0; d < D; ++d) {
-            q_t[g * head_panel + d * Tp + t] = qb[t * Dp + d];
-            do_t[g * head_panel + d * Tp + t] = dob[t * Dp + d];
-          }
+        std::fill(qb + T * Dp, qb + Tp * Dp, uint16_t{0});
+        std::fill(dob + T * Dp, dob + Tp * Dp, uint16_t{0});
+        // Transposes in blocks of 32 tokens, so each output row segment is one cache line.
+        for (int64_t t0 = 0; t0 < Tp; t0 += 32)
+          for (int64_t d = 0; d < Dp; ++d)
+            for (int64_t t = t0; t < t0 + 32; ++t) {
+              qt[d * Tp + t] = qb[t * Dp + d];
+              dot[d * Tp + t] = dob[t * Dp + d];
+            }
         for (int64_t t = 0; t < T; ++t) {
           const float* o_row = out + (b * T + t) * out_row + h * D;
           const float* do_row = d_out + (b * T + t) * out_row + h * D;
-          float sum = 0;
-          for (int64_t d = 0; d < D; ++d) sum += do_row[d] * o_row[d];
-          delta[g * T + t] = sum;
+          delta[g * T + t] = dot_product(do_row, o_row, D);
         }
       }
       std::fill(dq_acc, dq_acc + group * head_panel, 0.0f);
@@ -857,9 +871,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
         for (int64_t t = 0; t < T; ++t) {
           const float* o_row = out + (b * T + t) * out_row + h * D;
           const float* do_row = d_out + (b * T + t) * out_row + h * D;
-          float sum = 0;
-          for (int64_t d = 0; d < D; ++d) sum += do_row[d] * o_row[d];
-          delta[g * T + t] = sum;
+          delta[g * T + t] = dot_product(do_row, o_row, D);
         }
       }
       std::fill(dq_acc, dq_acc + group_panel, 0.0f);
