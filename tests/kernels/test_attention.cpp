@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -327,6 +329,9 @@ TEST(AttentionBackward, MatchesFiniteDifferences) {
   // in L ~1e-7 * |L| / step ~ 1e-5; the 2e-3 bound covers both and still catches any wrong term.
   const Layout layout = make_layout(1, 9, 9, 4, 2, 8, true);
   Case c = make_case(layout, 70);
+  // ~1000 tiny forward calls: one thread avoids paying a parallel region for each.
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
   const ForwardResult f = run_forward(c, Precision::fp32);
   const std::vector<float> w = random_vector(static_cast<int64_t>(f.out.size()), 71);
   const BackwardResult g = run_backward(c, f, w, Precision::fp32);
@@ -334,8 +339,20 @@ TEST(AttentionBackward, MatchesFiniteDifferences) {
   const std::vector<double> numeric = testing::numerical_gradient(
       loss, c.q_buf.data(), static_cast<int64_t>(c.q_buf.size()), 1e-2f);
   // The packed buffer holds q, k and v: its numerical gradient is the packed dqkv.
+  omp_set_num_threads(saved_threads);
   std::vector<double> analytic(g.dq_buf.begin(), g.dq_buf.end());
   EXPECT_LT(max_relative_error(analytic, numeric), 2e-3);
+}
+
+// Runs body() on the default bf16 path (AMX where available) and on the portable one.
+template <class Body>
+void for_each_bf16_path(Body body) {
+  for (const char* no_amx : {"0", "1"}) {
+    SCOPED_TRACE(::testing::Message() << "LATTICE_ATTENTION_NO_AMX=" << no_amx);
+    setenv("LATTICE_ATTENTION_NO_AMX", no_amx, 1);
+    body();
+  }
+  unsetenv("LATTICE_ATTENTION_NO_AMX");
 }
 
 TEST(AttentionBf16, WithinBf16ToleranceOfDoubleReference) {
@@ -343,73 +360,80 @@ TEST(AttentionBf16, WithinBf16ToleranceOfDoubleReference) {
   // accumulates in fp32; errors of a few of those rounding steps relative to the outputs' scale are
   // expected, so the bound is 1.5e-2 (fp32 stays below 2e-5). The error must also exceed fp32's,
   // which shows the rounding really happens.
-  const Layout layout = make_layout(2, 100, 100, 4, 2, 64, false);
-  const Case c = make_case(layout, 80);
-  const ForwardResult f = run_forward(c, Precision::bf16);
-  const std::vector<float> d_out = random_vector(static_cast<int64_t>(f.out.size()), 81);
-  const BackwardResult g = run_backward(c, f, d_out, Precision::bf16);
-  const Reference ref =
-      naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), layout.shape, &d_out);
-  const double out_error = max_relative_error(f.out, ref.out);
-  EXPECT_LT(out_error, 1.5e-2);
-  EXPECT_GT(out_error, kFp32Tolerance);
-  EXPECT_LT(max_relative_error(f.lse, ref.lse), 1.5e-2);
-  EXPECT_LT(max_relative_error(g.dq, ref.dq), 1.5e-2);
-  EXPECT_LT(max_relative_error(g.dk, ref.dk), 1.5e-2);
-  EXPECT_LT(max_relative_error(g.dv, ref.dv), 1.5e-2);
+  for_each_bf16_path([] {
+    const Layout layout = make_layout(2, 100, 100, 4, 2, 64, false);
+    const Case c = make_case(layout, 80);
+    const ForwardResult f = run_forward(c, Precision::bf16);
+    const std::vector<float> d_out = random_vector(static_cast<int64_t>(f.out.size()), 81);
+    const BackwardResult g = run_backward(c, f, d_out, Precision::bf16);
+    const Reference ref =
+        naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), layout.shape, &d_out);
+    const double out_error = max_relative_error(f.out, ref.out);
+    EXPECT_LT(out_error, 1.5e-2);
+    EXPECT_GT(out_error, kFp32Tolerance);
+    EXPECT_LT(max_relative_error(f.lse, ref.lse), 1.5e-2);
+    EXPECT_LT(max_relative_error(g.dq, ref.dq), 1.5e-2);
+    EXPECT_LT(max_relative_error(g.dk, ref.dk), 1.5e-2);
+    EXPECT_LT(max_relative_error(g.dv, ref.dv), 1.5e-2);
+  });
 }
 
 TEST(AttentionBf16, ForwardAcrossShapesAndLayouts) {
   // The bf16 forward has its own tile code (AMX where the CPU has it): T = 1, ragged T, GQA 1/2/4,
   // head_dim 16, 24 and 64, packed qkv and a KV cache with q_len < kv_len. Same 1.5e-2 bound.
-  const Layout layouts[] = {make_layout(1, 1, 1, 2, 1, 64, false),
-                            make_layout(2, 100, 100, 4, 1, 16, false),
-                            make_layout(1, 77, 77, 2, 2, 24, false, 3),
-                            make_layout(2, 70, 70, 4, 2, 64, true),
-                            make_layout(2, 1, 200, 4, 2, 64, false, 0, 256),
-                            make_layout(1, 70, 150, 4, 1, 32, false, 0, 160),
-                            make_layout(1, 130, 130, 2, 2, 64, false)};
-  uint64_t seed = 200;
-  for (const Layout& layout : layouts) {
-    const auto& s = layout.shape;
-    SCOPED_TRACE(::testing::Message() << "Tq=" << s.q_len << " Tk=" << s.kv_len << " Hq="
-                                      << s.q_heads << " Hkv=" << s.kv_heads << " D=" << s.head_dim);
-    const Case c = make_case(layout, seed++);
-    const ForwardResult f = run_forward(c, Precision::bf16);
-    const Reference ref = naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), s, nullptr);
-    EXPECT_LT(max_relative_error(f.out, ref.out), 1.5e-2);
-    EXPECT_LT(max_relative_error(f.lse, ref.lse), 1.5e-2);
-  }
+  for_each_bf16_path([] {
+    const Layout layouts[] = {make_layout(1, 1, 1, 2, 1, 64, false),
+                              make_layout(2, 100, 100, 4, 1, 16, false),
+                              make_layout(1, 77, 77, 2, 2, 24, false, 3),
+                              make_layout(2, 70, 70, 4, 2, 64, true),
+                              make_layout(2, 1, 200, 4, 2, 64, false, 0, 256),
+                              make_layout(1, 70, 150, 4, 1, 32, false, 0, 160),
+                              make_layout(1, 130, 130, 2, 2, 64, false)};
+    uint64_t seed = 200;
+    for (const Layout& layout : layouts) {
+      const auto& s = layout.shape;
+      SCOPED_TRACE(::testing::Message()
+                   << "Tq=" << s.q_len << " Tk=" << s.kv_len << " Hq=" << s.q_heads
+                   << " Hkv=" << s.kv_heads << " D=" << s.head_dim);
+      const Case c = make_case(layout, seed++);
+      const ForwardResult f = run_forward(c, Precision::bf16);
+      const Reference ref = naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), s, nullptr);
+      EXPECT_LT(max_relative_error(f.out, ref.out), 1.5e-2);
+      EXPECT_LT(max_relative_error(f.lse, ref.lse), 1.5e-2);
+    }
+  });
 }
 
 TEST(AttentionBf16, BackwardAcrossShapesAndLayouts) {
   // The bf16 backward (AMX where the CPU has it): one key, ragged T, GQA 1/2/4, head_dim 16, 24 and
   // 64, packed qkv and padded rows. Errors relative to the largest gradient, bound 1.5e-2 as above;
   // padding keeps its NaN sentinels.
-  const Layout layouts[] = {
-      make_layout(1, 1, 1, 2, 1, 16, false), make_layout(2, 100, 100, 4, 1, 16, false),
-      make_layout(1, 77, 77, 2, 2, 24, false, 3), make_layout(2, 70, 70, 4, 2, 64, true),
-      make_layout(1, 130, 130, 2, 2, 64, true, 5)};
-  uint64_t seed = 300;
-  for (const Layout& layout : layouts) {
-    const auto& s = layout.shape;
-    SCOPED_TRACE(::testing::Message() << "T=" << s.q_len << " Hq=" << s.q_heads
-                                      << " Hkv=" << s.kv_heads << " D=" << s.head_dim);
-    const Case c = make_case(layout, seed);
-    const ForwardResult f = run_forward(c, Precision::bf16);
-    const std::vector<float> d_out = random_vector(static_cast<int64_t>(f.out.size()), seed + 1);
-    seed += 2;
-    const BackwardResult g = run_backward(c, f, d_out, Precision::bf16);
-    const Reference ref = naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), s, &d_out);
-    const double scale = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
-    EXPECT_LT(max_abs_difference(g.dq, ref.dq) / scale, 1.5e-2);
-    EXPECT_LT(max_abs_difference(g.dk, ref.dk) / scale, 1.5e-2);
-    EXPECT_LT(max_abs_difference(g.dv, ref.dv) / scale, 1.5e-2);
-    int64_t written = 0;
-    for (float x : g.dq_buf) written += !std::isnan(x);
-    for (float x : g.dkv_buf) written += !std::isnan(x);
-    EXPECT_EQ(written, s.batch * s.q_len * (s.q_heads + 2 * s.kv_heads) * s.head_dim);
-  }
+  for_each_bf16_path([] {
+    const Layout layouts[] = {
+        make_layout(1, 1, 1, 2, 1, 16, false), make_layout(2, 100, 100, 4, 1, 16, false),
+        make_layout(1, 77, 77, 2, 2, 24, false, 3), make_layout(2, 70, 70, 4, 2, 64, true),
+        make_layout(1, 130, 130, 2, 2, 64, true, 5)};
+    uint64_t seed = 300;
+    for (const Layout& layout : layouts) {
+      const auto& s = layout.shape;
+      SCOPED_TRACE(::testing::Message() << "T=" << s.q_len << " Hq=" << s.q_heads
+                                        << " Hkv=" << s.kv_heads << " D=" << s.head_dim);
+      const Case c = make_case(layout, seed);
+      const ForwardResult f = run_forward(c, Precision::bf16);
+      const std::vector<float> d_out = random_vector(static_cast<int64_t>(f.out.size()), seed + 1);
+      seed += 2;
+      const BackwardResult g = run_backward(c, f, d_out, Precision::bf16);
+      const Reference ref = naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), s, &d_out);
+      const double scale = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
+      EXPECT_LT(max_abs_difference(g.dq, ref.dq) / scale, 1.5e-2);
+      EXPECT_LT(max_abs_difference(g.dk, ref.dk) / scale, 1.5e-2);
+      EXPECT_LT(max_abs_difference(g.dv, ref.dv) / scale, 1.5e-2);
+      int64_t written = 0;
+      for (float x : g.dq_buf) written += !std::isnan(x);
+      for (float x : g.dkv_buf) written += !std::isnan(x);
+      EXPECT_EQ(written, s.batch * s.q_len * (s.q_heads + 2 * s.kv_heads) * s.head_dim);
+    }
+  });
 }
 
 TEST(AttentionThreads, ResultsAreBitwiseIndependentOfThreadCount) {
@@ -418,7 +442,9 @@ TEST(AttentionThreads, ResultsAreBitwiseIndependentOfThreadCount) {
   const Layout layout = make_layout(2, 150, 150, 4, 2, 32, true);
   const Case c = make_case(layout, 90);
   const int saved_threads = omp_get_max_threads();
-  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+  for (const char* path : {"fp32", "bf16", "bf16-portable"}) {
+    const Precision precision = path[0] == 'f' ? Precision::fp32 : Precision::bf16;
+    setenv("LATTICE_ATTENTION_NO_AMX", std::string_view(path) == "bf16-portable" ? "1" : "0", 1);
     std::vector<std::vector<float>> outs, grads;
     for (int threads : {1, 3}) {
       omp_set_num_threads(threads);
@@ -427,9 +453,10 @@ TEST(AttentionThreads, ResultsAreBitwiseIndependentOfThreadCount) {
       outs.push_back(f.out);
       grads.push_back(run_backward(c, f, d_out, precision).dq_buf);
     }
-    EXPECT_EQ(outs[0], outs[1]) << precision_name(precision);
-    EXPECT_EQ(grads[0], grads[1]) << precision_name(precision);
+    EXPECT_EQ(outs[0], outs[1]) << path;
+    EXPECT_EQ(grads[0], grads[1]) << path;
   }
+  unsetenv("LATTICE_ATTENTION_NO_AMX");
   omp_set_num_threads(saved_threads);
 }
 

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -296,6 +297,13 @@ bool amx_available() {
     return syscall(SYS_arch_prctl, kRequestXcompPermission, kXfeatureTileData) == 0;
   }();
   return available;
+}
+
+// AMX unless the environment sets LATTICE_ATTENTION_NO_AMX (read per call: it selects the portable
+// bf16 path for comparison and debugging, like oneDNN's ONEDNN_MAX_CPU_ISA).
+bool use_amx() {
+  const char* disable = std::getenv("LATTICE_ATTENTION_NO_AMX");
+  return amx_available() && (disable == nullptr || *disable == '\0' || *disable == '0');
 }
 
 // Tile registers of the calling thread, configured as eight 16 x 64-byte tiles while this lives:
@@ -689,7 +697,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/) {
   validate(shape, "attention_forward");
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if (precision == Precision::bf16 && amx_available()) {
+  if (precision == Precision::bf16 && use_amx()) {
     attention_forward_amx(out, lse, q, k, v, shape);
     return;
   }
@@ -826,7 +834,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
   check(shape.q_len == shape.kv_len,
         "attention_backward: q_len must equal kv_len (no backward through a KV cache)");
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if (precision == Precision::bf16 && amx_available()) {
+  if (precision == Precision::bf16 && use_amx()) {
     attention_backward_amx(dq, dk, dv, d_out, q, k, v, out, lse, shape);
     return;
   }
