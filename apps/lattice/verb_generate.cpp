@@ -1,4 +1,5 @@
 // The `lattice generate` verb: sample text from a checkpoint (byte-level tokens).
+#include <omp.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,6 +19,7 @@ void register_generate_verb(CLI::App& app) {
   CLI::App* verb = app.add_subcommand("generate", "Sample text from a trained checkpoint");
   struct Options {
     std::string checkpoint, prompt;
+    int threads = 0;
     train::SamplingSettings sampling;
   };
   auto o = std::make_shared<Options>();
@@ -32,7 +34,10 @@ void register_generate_verb(CLI::App& app) {
   verb->add_option("--top-p", o->sampling.top_p, "nucleus sampling mass (1 = off)")
       ->capture_default_str();
   verb->add_option("--seed", o->sampling.seed, "sampling seed")->capture_default_str();
+  verb->add_option("--threads", o->threads, "kernel threads (0 = every core)")->capture_default_str();
   verb->callback([o] {
+    check(o->threads >= 0, "--threads must not be negative");
+    if (o->threads > 0) omp_set_num_threads(o->threads);
     check(o->sampling.max_new_tokens >= 0, "--max-tokens must not be negative");
     check(o->sampling.top_p > 0 && o->sampling.top_p <= 1, "--top-p must be in (0, 1]");
     const std::string dir = train::resolve_checkpoint(o->checkpoint);

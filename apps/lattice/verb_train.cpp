@@ -15,32 +15,23 @@ void register_train_verb(CLI::App& app) {
   auto config_path = std::make_shared<std::string>();
   verb->add_option("config", *config_path, "TOML configuration file");
   verb->allow_extras();
-  verb->callback([verb, config_path] {
+  // Short flags for the layout: --dp N means --parallelism.dp=N (and likewise tp, pp, cp, ep, zero).
+  auto layout = std::make_shared<std::vector<std::pair<std::string, int64_t>>>();
+  for (const char* axis : {"dp", "tp", "pp", "cp", "ep", "zero"}) {
+    verb->add_option_function<int64_t>(
+        std::string("--") + axis,
+        [layout, axis](const int64_t& value) { layout->emplace_back(axis, value); },
+        std::string("shorthand for --parallelism.") + axis + "=N");
+  }
+  verb->callback([verb, config_path, layout] {
     std::vector<std::string> overrides;
-    const std::vector<std::string> extras = verb->remaining();
-    // Short flags for the layout: --dp N (or --dp=N) means --parallelism.dp=N.
-    for (size_t i = 0; i < extras.size(); ++i) {
-      std::string arg = extras[i];
-      bool layout = false;
-      for (const char* flag : {"--dp", "--tp", "--pp", "--cp", "--ep", "--zero"}) {
-        std::string f(flag);
-        if (arg == f || arg.rfind(f + "=", 0) == 0) {
-          std::string value;
-          if (arg == f) {
-            check(i + 1 < extras.size(), f + " needs a value, e.g. " + f + " 2");
-            value = extras[++i];
-          } else {
-            value = arg.substr(f.size() + 1);
-          }
-          overrides.push_back("parallelism." + f.substr(2) + "=" + value);
-          layout = true;
-        }
-      }
-      if (layout) continue;
+    for (const std::string& arg : verb->remaining()) {
       check(arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos,
             "unexpected argument '" + arg + "': overrides look like --section.key=value");
       overrides.push_back(arg);
     }
+    for (const auto& [axis, value] : *layout)
+      overrides.push_back("parallelism." + axis + "=" + std::to_string(value));
     train::TrainConfig config = train::load_train_config(*config_path, overrides);
     train::Trainer trainer(config);
     train::TrainResult result = trainer.run();
