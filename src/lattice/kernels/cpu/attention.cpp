@@ -68,6 +68,8 @@ constexpr int64_t kLanes = 16;
 // of the micro-GEMM (24 accumulators + 4 B vectors + 1 broadcast fit the 32 zmm registers).
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
+// The forward streams longer key blocks: its per-row softmax bookkeeping is paid once per block.
+constexpr int64_t kForwardBlockK = 128;
 constexpr int kMicroRows = 6;
 constexpr int kMicroVecs = 4;
 
@@ -437,27 +439,27 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
   const int64_t group = Hq / Hkv, causal_offset = Tk - Tq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t q_blocks = (Tq + kBlockQ - 1) / kBlockQ;
-  const int64_t key_blocks = (Tk + kBlockK - 1) / kBlockK;
+  const int64_t key_blocks = (Tk + kForwardBlockK - 1) / kForwardBlockK;
   const int64_t pairs = B * Hkv;
   const int64_t chunks =
       std::clamp<int64_t>((4 * omp_get_max_threads() + pairs - 1) / pairs, 1, q_blocks);
   const int64_t tasks = pairs * chunks;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  static_assert(kBlockQ % 32 == 0 && kBlockK % 32 == 0, "AMX tiles need 32-multiples");
+  static_assert(kBlockQ % 32 == 0 && kForwardBlockK % 32 == 0, "AMX tiles need 32-multiples");
 
 #pragma omp parallel
   {
     AmxTiles tiles;
-    // Per thread: K^T panel in VNNI [key block][Dp/2][kBlockK][2], V panel in VNNI
+    // Per thread: K^T panel in VNNI [key block][Dp/2][kForwardBlockK][2], V panel in VNNI
     // [key/2][Dp][2], bf16 Q and P tiles, fp32 S tile, output accumulator, row max and row sum.
-    const int64_t panel = key_blocks * kBlockK * Dp;
+    const int64_t panel = key_blocks * kForwardBlockK * Dp;
     std::vector<uint16_t> kt_vnni(static_cast<size_t>(panel)), v_vnni(static_cast<size_t>(panel));
     std::vector<uint16_t> q_bf16(static_cast<size_t>(kBlockQ * Dp));
-    std::vector<uint16_t> p_bf16(static_cast<size_t>(kBlockQ * kBlockK));
-    Scratch scratch(kBlockQ * kBlockK + kBlockQ * Dp + 2 * kBlockQ);
+    std::vector<uint16_t> p_bf16(static_cast<size_t>(kBlockQ * kForwardBlockK));
+    Scratch scratch(kBlockQ * kForwardBlockK + kBlockQ * Dp + 2 * kBlockQ);
     float* s_buf = scratch.get();
-    float* o_acc = s_buf + kBlockQ * kBlockK;
+    float* o_acc = s_buf + kBlockQ * kForwardBlockK;
     float* row_max = o_acc + kBlockQ * Dp;
     float* row_sum = row_max + kBlockQ;
 
@@ -469,13 +471,15 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
       const int64_t keys_p = round_up(keys, 32);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
-      // K^T: element (d, key) of block j0 at j0 * Dp + (d / 2) * 2 * kBlockK + 2 * key + d % 2.
-      // V: element (key, d) at (key / 2) * 2 * Dp + 2 * d + key % 2.
-      std::fill(kt_vnni.begin(), kt_vnni.begin() + round_up(keys, kBlockK) * Dp, uint16_t{0});
+      // K^T: element (d, key) of block j0 at j0 * Dp + (d / 2) * 2 * kForwardBlockK + 2 * key + d
+      // % 2. V: element (key, d) at (key / 2) * 2 * Dp + 2 * d + key % 2.
+      std::fill(kt_vnni.begin(), kt_vnni.begin() + round_up(keys, kForwardBlockK) * Dp,
+                uint16_t{0});
       std::fill(v_vnni.begin(), v_vnni.begin() + keys_p * Dp, uint16_t{0});
-      for (int64_t j0 = 0; j0 < keys; j0 += kBlockK)
-        pack_pairs_transposed(kt_vnni.data() + j0 * Dp, kBlockK, k_src + j0 * shape.k_row_stride,
-                              shape.k_row_stride, std::min(kBlockK, keys - j0), D);
+      for (int64_t j0 = 0; j0 < keys; j0 += kForwardBlockK)
+        pack_pairs_transposed(kt_vnni.data() + j0 * Dp, kForwardBlockK,
+                              k_src + j0 * shape.k_row_stride, shape.k_row_stride,
+                              std::min(kForwardBlockK, keys - j0), D);
       pack_rows_interleaved(v_vnni.data(), Dp, v_src, shape.v_row_stride, keys, D);
 
       for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
@@ -493,13 +497,14 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
           std::fill(row_max, row_max + rows, neg_inf);
           std::fill(row_sum, row_sum + rows, 0.0f);
 
-          for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
-            const int64_t cols = std::min(kBlockK, key_end - j0), cols_p = round_up(cols, 32);
-            amx_gemm(rows_p, cols_p, Dp, q_bf16.data(), Dp, kt_vnni.data() + j0 * Dp, 2 * kBlockK,
-                     s_buf, kBlockK, false);
+          for (int64_t j0 = 0; j0 < key_end; j0 += kForwardBlockK) {
+            const int64_t cols = std::min(kForwardBlockK, key_end - j0),
+                          cols_p = round_up(cols, 32);
+            amx_gemm(rows_p, cols_p, Dp, q_bf16.data(), Dp, kt_vnni.data() + j0 * Dp,
+                     2 * kForwardBlockK, s_buf, kForwardBlockK, false);
             for (int64_t r = 0; r < rows; ++r) {
-              float* s_row = s_buf + r * kBlockK;
-              uint16_t* p_row = p_bf16.data() + r * kBlockK;
+              float* s_row = s_buf + r * kForwardBlockK;
+              uint16_t* p_row = p_bf16.data() + r * kForwardBlockK;
               const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
               if (visible <= 0) {
                 std::fill(p_row, p_row + cols_p, uint16_t{0});
@@ -528,8 +533,8 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
                 for (int64_t d = 0; d < Dp; d += kLanes) store(o_row + d, load(o_row + d) * alpha);
               }
             }
-            amx_gemm(rows_p, Dp, cols_p, p_bf16.data(), kBlockK, v_vnni.data() + j0 * Dp, 2 * Dp,
-                     o_acc, Dp, true);
+            amx_gemm(rows_p, Dp, cols_p, p_bf16.data(), kForwardBlockK, v_vnni.data() + j0 * Dp,
+                     2 * Dp, o_acc, Dp, true);
           }
 
           float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
@@ -709,7 +714,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool to_bf16 = precision == Precision::bf16;
   const int64_t q_blocks = (Tq + kBlockQ - 1) / kBlockQ;
-  const int64_t key_blocks = (Tk + kBlockK - 1) / kBlockK;
+  const int64_t key_blocks = (Tk + kForwardBlockK - 1) / kForwardBlockK;
   // Tasks are (batch, kv head, chunk): a task packs its kv head's K^T and V once and serves every
   // query head of the group from them. Chunk c takes query blocks c, c + chunks, ... so chunks
   // carry similar causal work; there are several chunks only when (batch, kv head) pairs are too
@@ -723,11 +728,11 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 #pragma omp parallel
   {
-    // Per thread: K^T panel [key block][Dp][kBlockK], V panel [key][Dp], Q tile, S/P tile, output
-    // accumulator, row max and row sum.
-    const int64_t kt_panel_size = key_blocks * Dp * kBlockK,
-                  v_panel_size = key_blocks * kBlockK * Dp;
-    const int64_t q_tile = kBlockQ * Dp, s_tile = kBlockQ * kBlockK, o_tile = kBlockQ * Dp;
+    // Per thread: K^T panel [key block][Dp][kForwardBlockK], V panel [key][Dp], Q tile, S/P tile,
+    // output accumulator, row max and row sum.
+    const int64_t kt_panel_size = key_blocks * Dp * kForwardBlockK,
+                  v_panel_size = key_blocks * kForwardBlockK * Dp;
+    const int64_t q_tile = kBlockQ * Dp, s_tile = kBlockQ * kForwardBlockK, o_tile = kBlockQ * Dp;
     Scratch scratch(kt_panel_size + v_panel_size + q_tile + s_tile + o_tile + 2 * kBlockQ);
     float* kt_panel = scratch.get();
     float* v_panel = kt_panel + kt_panel_size;
@@ -744,9 +749,9 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
       const int64_t keys = causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
-      for (int64_t j0 = 0; j0 < keys; j0 += kBlockK)
-        pack_transposed(kt_panel + j0 * Dp, kBlockK, Dp, k_src + j0 * shape.k_row_stride,
-                        shape.k_row_stride, std::min(kBlockK, keys - j0), D, to_bf16);
+      for (int64_t j0 = 0; j0 < keys; j0 += kForwardBlockK)
+        pack_transposed(kt_panel + j0 * Dp, kForwardBlockK, Dp, k_src + j0 * shape.k_row_stride,
+                        shape.k_row_stride, std::min(kForwardBlockK, keys - j0), D, to_bf16);
       pack_rows(v_panel, Dp, v_src, shape.v_row_stride, keys, D, to_bf16);
       std::fill(v_panel + keys * Dp, v_panel + round_up(keys, kLanes) * Dp, 0.0f);
 
@@ -762,8 +767,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
           std::fill(row_max, row_max + rows, neg_inf);
           std::fill(row_sum, row_sum + rows, 0.0f);
 
-          for (int64_t j0 = 0; j0 < key_end; j0 += kBlockK) {
-            const int64_t cols = std::min(kBlockK, key_end - j0);
+          for (int64_t j0 = 0; j0 < key_end; j0 += kForwardBlockK) {
+            const int64_t cols = std::min(kForwardBlockK, key_end - j0);
             const float* kt_block = kt_panel + j0 * Dp;
             const float* v_block = v_panel + j0 * Dp;
             // One register-block of rows at a time: S = Q K^T, online softmax, O += P V. On the
@@ -774,11 +779,11 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                   std::min(cols, causal_offset + i0 + m0 + group_rows - j0);
               if (group_visible <= 0) continue;
               const int64_t n_eff = round_up(group_visible, kLanes);
-              float* s_rows = s_buf + m0 * kBlockK;
-              gemm_rows(group_rows, n_eff, Dp, q_pack + m0 * Dp, Dp, 1, kt_block, kBlockK, s_rows,
-                        kBlockK, false);
+              float* s_rows = s_buf + m0 * kForwardBlockK;
+              gemm_rows(group_rows, n_eff, Dp, q_pack + m0 * Dp, Dp, 1, kt_block, kForwardBlockK,
+                        s_rows, kForwardBlockK, false);
               for (int64_t r = m0; r < m0 + group_rows; ++r) {
-                float* s_row = s_buf + r * kBlockK;
+                float* s_row = s_buf + r * kForwardBlockK;
                 const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
                 if (visible <= 0) {
                   std::fill(s_row, s_row + n_eff, 0.0f);
@@ -808,7 +813,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                     store(o_row + d, load(o_row + d) * alpha);
                 }
               }
-              gemm_rows(group_rows, Dp, group_visible, s_rows, kBlockK, 1, v_block, Dp,
+              gemm_rows(group_rows, Dp, group_visible, s_rows, kForwardBlockK, 1, v_block, Dp,
                         o_acc + m0 * Dp, Dp, true);
             }
           }
