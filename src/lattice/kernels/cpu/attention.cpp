@@ -90,8 +90,8 @@ inline int64_t round_up(int64_t n, int64_t multiple) {
 }
 
 // exp(x) for 16 lanes: x = n ln2 + r with |r| <= ln2/2, degree-6 Taylor polynomial for e^r
-// (relative error below 2e-7), times 2^n built in the exponent bits. Lanes below -87.3 (including
-// -inf) give 0.
+// (relative error about 2e-7), times 2^n built in the exponent bits. Lanes below -87.3 (including
+// -inf) give 0; lanes above 88 saturate at e^88 (attention only feeds x <= 0).
 inline f32x16 vexp(f32x16 x) {
   const f32x16 lo = splat(-87.3f), hi = splat(88.0f);
   const i32x16 underflow = x < lo;
@@ -286,8 +286,8 @@ void validate(const AttentionShape& s, const char* who) {
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// ---- bf16 forward on AMX: the two tile products run as tdpbf16ps (bf16 pairs, fp32 accumulate)
-// ----
+// bf16 on AMX: tile products as tdpbf16ps (bf16 pairs, fp32 accumulate), operands packed to the
+// layouts the tiles load.
 
 using u16x16 = uint16_t __attribute__((vector_size(32)));
 using u16x32 = uint16_t __attribute__((vector_size(64)));
@@ -471,8 +471,7 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
       const int64_t keys_p = round_up(keys, 32);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
-      // K^T: element (d, key) of block j0 at j0 * Dp + (d / 2) * 2 * kForwardBlockK + 2 * key + d
-      // % 2. V: element (key, d) at (key / 2) * 2 * Dp + 2 * d + key % 2.
+      // K^T blocks as pairs-transposed B operands (block j0 at j0 * Dp), V rows interleaved.
       std::fill(kt_vnni.begin(), kt_vnni.begin() + round_up(keys, kForwardBlockK) * Dp,
                 uint16_t{0});
       std::fill(v_vnni.begin(), v_vnni.begin() + keys_p * Dp, uint16_t{0});
@@ -549,6 +548,7 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
     }
   }
 }
+
 // Causal backward with bf16 q, k, v, dO, P and dS on AMX (FlashAttention-2 order, fp32 softmax
 // statistics). Per task (batch, kv head): Q and dO of the group as bf16 rows and transposed, dQ
 // accumulators; per key block: K^T, V^T and K as B operands, dK^T and dV^T accumulators.
