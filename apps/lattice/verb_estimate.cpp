@@ -1,13 +1,99 @@
-// The `lattice estimate` verb (placeholder until its issue lands: it refuses to run).
-#include "lattice/core/error.hpp"
+// The `lattice estimate` verb: `estimate memory` (per-rank memory of a layout, whether it fits,
+// minimum device counts) and `estimate compute` (FLOPs per token/step/budget and training time).
+// Parses options and prints; the estimates live in lattice/plan.
+#include <cstdio>
+#include <memory>
+
+#include "lattice/plan/cli_options.hpp"
+#include "lattice/plan/compute_estimate.hpp"
+#include "lattice/plan/memory_estimate.hpp"
+#include "lattice/plan/report.hpp"
+#include "lattice/plan/simulator.hpp"
 #include "verbs.hpp"
 
 namespace lattice::cli {
+namespace {
+
+struct EstimateOptions {
+  plan::cli::ModelOptions model;
+  plan::cli::LayoutOptions layout;
+  plan::cli::HardwareOptions hardware;
+  bool json = false;
+  double tokens = 0;
+  double mfu = 0;
+  double tflops = 0;
+  bool simulate = false;
+};
+
+void run_memory(const EstimateOptions& o) {
+  const plan::ModelSpec model = plan::cli::resolve_model(o.model);
+  const plan::ParallelLayout layout = plan::cli::resolve_layout(o.layout);
+  const plan::HardwareSpec hw = plan::cli::resolve_hardware(o.hardware);
+  const plan::MemoryEstimate memory = plan::estimate_memory(model, layout);
+  if (o.json)
+    std::printf("%s\n", plan::memory_json(model, layout, memory, hw).dump(2).c_str());
+  else
+    std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
+}
+
+void run_compute(const EstimateOptions& o) {
+  const plan::ModelSpec model = plan::cli::resolve_model(o.model);
+  const plan::ParallelLayout layout = plan::cli::resolve_layout(o.layout);
+  const plan::HardwareSpec hw = plan::cli::resolve_hardware(o.hardware);
+  check(o.tokens > 0, "give the token budget with --tokens (e.g. --tokens 300e9)");
+  check(!(o.mfu > 0 && o.tflops > 0), "give --mfu or --tflops, not both");
+  plan::ComputeReport report;
+  report.devices = o.layout.gpus > 0 ? o.layout.gpus : layout.world_size();
+  if (o.simulate) {
+    const plan::SimulationResult sim = plan::simulate(model, layout, hw);
+    report.flops_per_device = sim.model_tflops_per_device * 1e12;
+    report.devices = layout.world_size();
+    report.throughput_source = "the simulated " +
+                               std::to_string(sim.model_tflops_per_device).substr(0, 5) +
+                               " TFLOP/s per device (" + layout.describe() + ")";
+  } else if (o.tflops > 0) {
+    report.flops_per_device = o.tflops * 1e12;
+    report.throughput_source = std::to_string(o.tflops).substr(0, 6) + " TFLOP/s per device";
+  } else {
+    const double mfu = o.mfu > 0 ? o.mfu : 0.4;
+    report.flops_per_device = mfu * hw.peak_bf16_flops;
+    report.throughput_source = "MFU " + std::to_string(100 * mfu).substr(0, 4) + "% of " + hw.name;
+  }
+  report.estimate =
+      plan::estimate_compute(model, layout, o.tokens, report.devices, report.flops_per_device);
+  report.megatron_eq4_seconds = plan::megatron_training_seconds(
+      o.tokens, static_cast<double>(plan::count_parameters(model).active), report.devices,
+      report.flops_per_device);
+  if (o.json)
+    std::printf("%s\n", plan::compute_json(model, report).dump(2).c_str());
+  else
+    std::printf("%s", plan::compute_text(model, report).c_str());
+}
+
+}  // namespace
 
 void register_estimate_verb(CLI::App& app) {
-  CLI::App* verb = app.add_subcommand("estimate", "(not built yet)");
-  verb->allow_extras();
-  verb->callback([] { throw Error("'lattice estimate' is not built yet in this version"); });
+  CLI::App* verb = app.add_subcommand("estimate", "Memory and compute estimates of a training run");
+  verb->require_subcommand(1);
+  auto options = std::make_shared<EstimateOptions>();
+
+  CLI::App* memory = verb->add_subcommand("memory", "Per-rank memory of a layout, and what fits");
+  plan::cli::add_model_options(*memory, options->model);
+  plan::cli::add_layout_options(*memory, options->layout);
+  plan::cli::add_hardware_options(*memory, options->hardware);
+  memory->add_flag("--json", options->json, "print JSON");
+  memory->callback([options] { run_memory(*options); });
+
+  CLI::App* compute = verb->add_subcommand("compute", "FLOPs and training time for a token budget");
+  plan::cli::add_model_options(*compute, options->model);
+  plan::cli::add_layout_options(*compute, options->layout);
+  plan::cli::add_hardware_options(*compute, options->hardware);
+  compute->add_option("--tokens", options->tokens, "training tokens (e.g. 300e9)");
+  compute->add_option("--mfu", options->mfu, "model FLOPs utilisation to assume (default 0.4)");
+  compute->add_option("--tflops", options->tflops, "model TFLOP/s per device to assume");
+  compute->add_flag("--simulate", options->simulate, "use the simulated throughput of the layout");
+  compute->add_flag("--json", options->json, "print JSON");
+  compute->callback([options] { run_compute(*options); });
 }
 
 }  // namespace lattice::cli

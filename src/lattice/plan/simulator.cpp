@@ -69,37 +69,53 @@ SimulationResult simulate(const ModelSpec& model, const ParallelLayout& layout,
   const int dp_group = layout.dp * layout.cp;
   const int dp_stride = layout.tp * layout.cp;
   const int dp_per_node = std::clamp(hw.devices_per_node / std::max(dp_stride, 1), 1, dp_group);
-  double dp_seconds = 0;
-  double zero3_exposed = 0;
+  // ZeRO (Rajbhandari et al.): stage 0 all-reduces gradients once per step; stage 1 reduce-scatters
+  // them and all-gathers updated parameters; stage 2 reduce-scatters every microbatch's gradients
+  // as its backward finishes; stage 3 also gathers each layer's parameters before its forward and
+  // backward, every microbatch (3 x Ψ per microbatch), prefetched behind the neighbouring layer's
+  // compute.
   const double grad_bytes = stage_params * layout.grad_bytes;
+  const double param_bytes = stage_params * layout.param_bytes;
+  auto dp_collective = [&](Collective op, double bytes) {
+    return collective_seconds(op, bytes, dp_group, dp_per_node, hw, cost);
+  };
+  // Backward of one microbatch through this rank's layers: the window that hides gradient
+  // reduction.
+  const double backward_window = (backward[0] + weight[0]) * r.schedule.chunks_per_rank;
+  double step_end_comm = 0;  // after the pipeline: hidden behind the last backward if overlapped
+  double per_microbatch_exposed = 0;
   if (dp_group > 1) {
-    if (layout.zero_stage == 0) {
-      dp_seconds =
-          collective_seconds(Collective::kAllReduce, grad_bytes, dp_group, dp_per_node, hw, cost);
-    } else {
-      dp_seconds = collective_seconds(Collective::kReduceScatter, grad_bytes, dp_group, dp_per_node,
-                                      hw, cost) +
-                   collective_seconds(Collective::kAllGather, stage_params * layout.param_bytes,
-                                      dp_group, dp_per_node, hw, cost);
-    }
-    if (layout.zero_stage == 3) {
-      // Parameters are gathered before each layer's forward and backward of every microbatch; the
-      // gathers are prefetched behind compute, the excess is exposed.
-      const double layer_params = stage_params / layers_per_stage / r.schedule.chunks_per_rank;
-      const double gather =
-          collective_seconds(Collective::kAllGather, layer_params * layout.param_bytes, dp_group,
-                             dp_per_node, hw, cost);
-      const double per_layer_exposed =
-          std::max(0.0, gather - layer.forward()) + std::max(0.0, gather - layer.backward());
-      zero3_exposed = per_layer_exposed * layers_per_stage * stages / p * m;
-      dp_seconds -= collective_seconds(Collective::kAllGather, stage_params * layout.param_bytes,
-                                       dp_group, dp_per_node, hw, cost);  // no final gather
+    switch (layout.zero_stage) {
+      case 0:
+        step_end_comm = dp_collective(Collective::kAllReduce, grad_bytes);
+        break;
+      case 1:
+        step_end_comm = dp_collective(Collective::kReduceScatter, grad_bytes) +
+                        dp_collective(Collective::kAllGather, param_bytes);
+        break;
+      case 2:
+        per_microbatch_exposed =
+            std::max(0.0, dp_collective(Collective::kReduceScatter, grad_bytes) - backward_window);
+        step_end_comm = dp_collective(Collective::kAllGather, param_bytes);
+        break;
+      case 3: {
+        const double layers_on_rank = layers_per_stage * r.schedule.chunks_per_rank;
+        const double layer_params_bytes = param_bytes / layers_on_rank;
+        const double gather = dp_collective(Collective::kAllGather, layer_params_bytes);
+        const double scatter =
+            dp_collective(Collective::kReduceScatter,
+                          layer_params_bytes / layout.param_bytes * layout.grad_bytes);
+        per_microbatch_exposed =
+            layers_on_rank * (std::max(0.0, gather - layer.forward()) +
+                              std::max(0.0, gather + scatter - layer.backward()));
+        break;
+      }
+      default:
+        break;
     }
   }
-  // With overlap, the reduction of the last microbatch's gradients hides behind its backward pass.
-  const double overlap_window =
-      layout.overlap_grad_reduce ? backward[0] * r.schedule.chunks_per_rank : 0;
-  r.dp_exposed_seconds = std::max(0.0, dp_seconds - overlap_window) + zero3_exposed;
+  const double overlap_window = layout.overlap_grad_reduce ? backward_window : 0;
+  r.dp_exposed_seconds = std::max(0.0, step_end_comm - overlap_window) + m * per_microbatch_exposed;
   const double shard = layout.zero_stage >= 1 ? dp_group : 1;
   r.optimizer_seconds = optimizer_seconds(stage_params / shard, layout, hw, cost);
   r.step_seconds = r.pipeline_seconds + r.dp_exposed_seconds + r.optimizer_seconds;
