@@ -26,14 +26,11 @@
 #include <string>
 
 #include <omp.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
-#include <vector>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
@@ -122,25 +119,30 @@ inline f32x16 vround_bf16(f32x16 x) {
   return std::bit_cast<f32x16>(rounded);
 }
 
-#if defined(__AVX512F__)
+// Horizontal sum and max by halving trees (4 shuffles each).
+inline f32x16 swap_halves(f32x16 v, int width) {
+  switch (width) {
+    case 8:
+      return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    case 4:
+      return __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    case 2:
+      return __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    default:
+      return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  }
+}
 inline float hsum(f32x16 v) {
-  return _mm512_reduce_add_ps(std::bit_cast<__m512>(v));
+  for (int width = 8; width >= 1; width /= 2) v += swap_halves(v, width);
+  return v[0];
 }
 inline float hmax(f32x16 v) {
-  return _mm512_reduce_max_ps(std::bit_cast<__m512>(v));
+  for (int width = 8; width >= 1; width /= 2) {
+    const f32x16 other = swap_halves(v, width);
+    v = other > v ? other : v;
+  }
+  return v[0];
 }
-#else
-inline float hsum(f32x16 v) {
-  float s = 0;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-}
-inline float hmax(f32x16 v) {
-  float m = v[0];
-  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
-  return m;
-}
-#endif
 
 // sum_i a_i b_i in fp32, 16 lanes at a time.
 inline float dot_product(const float* a, const float* b, int64_t n) {
@@ -224,19 +226,20 @@ void gemm_rows(int64_t rows, int64_t N, int64_t K, const float* a, int64_t a_row
   }
 }
 
-// 64-byte aligned float scratch owned by one thread.
+// 64-byte aligned, uninitialised scratch owned by one thread.
+template <class T>
 class Scratch {
  public:
   explicit Scratch(int64_t n)
-      : data_(static_cast<float*>(
-            ::operator new[](static_cast<size_t>(n) * sizeof(float), std::align_val_t(64)))) {}
+      : data_(static_cast<T*>(
+            ::operator new[](static_cast<size_t>(n) * sizeof(T), std::align_val_t(64)))) {}
   ~Scratch() { ::operator delete[](data_, std::align_val_t(64)); }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
-  float* get() const { return data_; }
+  T* get() const { return data_; }
 
  private:
-  float* data_;
+  T* data_;
 };
 
 inline float maybe_round(float x, bool to_bf16) {
@@ -454,10 +457,12 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
     // Per thread: K^T panel in VNNI [key block][Dp/2][kForwardBlockK][2], V panel in VNNI
     // [key/2][Dp][2], bf16 Q and P tiles, fp32 S tile, output accumulator, row max and row sum.
     const int64_t panel = key_blocks * kForwardBlockK * Dp;
-    std::vector<uint16_t> kt_vnni(static_cast<size_t>(panel)), v_vnni(static_cast<size_t>(panel));
-    std::vector<uint16_t> q_bf16(static_cast<size_t>(kBlockQ * Dp));
-    std::vector<uint16_t> p_bf16(static_cast<size_t>(kBlockQ * kForwardBlockK));
-    Scratch scratch(kBlockQ * kForwardBlockK + kBlockQ * Dp + 2 * kBlockQ);
+    Scratch<uint16_t> half(2 * panel + kBlockQ * Dp + kBlockQ * kForwardBlockK);
+    uint16_t* kt_vnni = half.get();
+    uint16_t* v_vnni = kt_vnni + panel;
+    uint16_t* q_bf16 = v_vnni + panel;
+    uint16_t* p_bf16 = q_bf16 + kBlockQ * Dp;
+    Scratch<float> scratch(kBlockQ * kForwardBlockK + kBlockQ * Dp + 2 * kBlockQ);
     float* s_buf = scratch.get();
     float* o_acc = s_buf + kBlockQ * kForwardBlockK;
     float* row_max = o_acc + kBlockQ * Dp;
@@ -472,14 +477,12 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
       // K^T blocks as pairs-transposed B operands (block j0 at j0 * Dp), V rows interleaved.
-      std::fill(kt_vnni.begin(), kt_vnni.begin() + round_up(keys, kForwardBlockK) * Dp,
-                uint16_t{0});
-      std::fill(v_vnni.begin(), v_vnni.begin() + keys_p * Dp, uint16_t{0});
+      std::fill(kt_vnni, kt_vnni + round_up(keys, kForwardBlockK) * Dp, uint16_t{0});
+      std::fill(v_vnni, v_vnni + keys_p * Dp, uint16_t{0});
       for (int64_t j0 = 0; j0 < keys; j0 += kForwardBlockK)
-        pack_pairs_transposed(kt_vnni.data() + j0 * Dp, kForwardBlockK,
-                              k_src + j0 * shape.k_row_stride, shape.k_row_stride,
-                              std::min(kForwardBlockK, keys - j0), D);
-      pack_rows_interleaved(v_vnni.data(), Dp, v_src, shape.v_row_stride, keys, D);
+        pack_pairs_transposed(kt_vnni + j0 * Dp, kForwardBlockK, k_src + j0 * shape.k_row_stride,
+                              shape.k_row_stride, std::min(kForwardBlockK, keys - j0), D);
+      pack_rows_interleaved(v_vnni, Dp, v_src, shape.v_row_stride, keys, D);
 
       for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
@@ -487,11 +490,10 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
         const int64_t key_end = causal_offset + i0 + rows;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
-          pack_rows_bf16(q_bf16.data(), Dp,
-                         q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
+          pack_rows_bf16(q_bf16, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
                          shape.q_row_stride, rows, D);
-          std::fill(q_bf16.begin() + rows * Dp, q_bf16.begin() + rows_p * Dp, uint16_t{0});
-          std::fill(p_bf16.begin(), p_bf16.end(), uint16_t{0});
+          std::fill(q_bf16 + rows * Dp, q_bf16 + rows_p * Dp, uint16_t{0});
+          std::fill(p_bf16 + rows * kForwardBlockK, p_bf16 + rows_p * kForwardBlockK, uint16_t{0});
           std::fill(o_acc, o_acc + rows_p * Dp, 0.0f);
           std::fill(row_max, row_max + rows, neg_inf);
           std::fill(row_sum, row_sum + rows, 0.0f);
@@ -499,11 +501,11 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
           for (int64_t j0 = 0; j0 < key_end; j0 += kForwardBlockK) {
             const int64_t cols = std::min(kForwardBlockK, key_end - j0),
                           cols_p = round_up(cols, 32);
-            amx_gemm(rows_p, cols_p, Dp, q_bf16.data(), Dp, kt_vnni.data() + j0 * Dp,
-                     2 * kForwardBlockK, s_buf, kForwardBlockK, false);
+            amx_gemm(rows_p, cols_p, Dp, q_bf16, Dp, kt_vnni + j0 * Dp, 2 * kForwardBlockK, s_buf,
+                     kForwardBlockK, false);
             for (int64_t r = 0; r < rows; ++r) {
               float* s_row = s_buf + r * kForwardBlockK;
-              uint16_t* p_row = p_bf16.data() + r * kForwardBlockK;
+              uint16_t* p_row = p_bf16 + r * kForwardBlockK;
               const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
               if (visible <= 0) {
                 std::fill(p_row, p_row + cols_p, uint16_t{0});
@@ -532,8 +534,8 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
                 for (int64_t d = 0; d < Dp; d += kLanes) store(o_row + d, load(o_row + d) * alpha);
               }
             }
-            amx_gemm(rows_p, Dp, cols_p, p_bf16.data(), kForwardBlockK, v_vnni.data() + j0 * Dp,
-                     2 * Dp, o_acc, Dp, true);
+            amx_gemm(rows_p, Dp, cols_p, p_bf16, kForwardBlockK, v_vnni + j0 * Dp, 2 * Dp, o_acc,
+                     Dp, true);
           }
 
           float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
@@ -568,8 +570,8 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
     const int64_t head_panel = Tp * Dp, block = kBlockK * Dp, tile = kBlockQ * kBlockK;
     // bf16: Q rows, dO rows, Q^T [Dp][Tp], dO^T [Dp][Tp] per group head; K^T, V^T (pairs
     // transposed) and K (rows interleaved) of one key block; dS rows, P and dS rows interleaved.
-    std::vector<uint16_t> half(static_cast<size_t>(4 * group * head_panel + 3 * block + 3 * tile));
-    uint16_t* q_rows_b = half.data();
+    Scratch<uint16_t> half(4 * group * head_panel + 3 * block + 3 * tile);
+    uint16_t* q_rows_b = half.get();
     uint16_t* do_rows_b = q_rows_b + group * head_panel;
     uint16_t* q_t = do_rows_b + group * head_panel;
     uint16_t* do_t = q_t + group * head_panel;
@@ -580,7 +582,7 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
     uint16_t* p_vnni = ds_b + tile;
     uint16_t* ds_vnni = p_vnni + tile;
     // fp32: dQ accumulators [group][Tp][Dp], D_i, S and dP tiles, dK^T and dV^T [Dp][kBlockK].
-    Scratch scratch(group * head_panel + group * T + 2 * tile + 2 * block);
+    Scratch<float> scratch(group * head_panel + group * T + 2 * tile + 2 * block);
     float* dq_acc = scratch.get();
     float* delta = dq_acc + group * head_panel;
     float* s_buf = delta + group * T;
@@ -733,7 +735,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
     const int64_t kt_panel_size = key_blocks * Dp * kForwardBlockK,
                   v_panel_size = key_blocks * kForwardBlockK * Dp;
     const int64_t q_tile = kBlockQ * Dp, s_tile = kBlockQ * kForwardBlockK, o_tile = kBlockQ * Dp;
-    Scratch scratch(kt_panel_size + v_panel_size + q_tile + s_tile + o_tile + 2 * kBlockQ);
+    Scratch<float> scratch(kt_panel_size + v_panel_size + q_tile + s_tile + o_tile + 2 * kBlockQ);
     float* kt_panel = scratch.get();
     float* v_panel = kt_panel + kt_panel_size;
     float* q_pack = v_panel + v_panel_size;
@@ -859,7 +861,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
     // and dV block accumulators, and the P and dS tiles.
     const int64_t group_panel = group * T * Dp;
     const int64_t block_rows = kBlockK * Dp, tile = kBlockQ * kBlockK;
-    Scratch scratch(3 * group_panel + group * T + 5 * block_rows + 2 * tile);
+    Scratch<float> scratch(3 * group_panel + group * T + 5 * block_rows + 2 * tile);
     float* q_pack = scratch.get();
     float* do_pack = q_pack + group_panel;
     float* dq_acc = do_pack + group_panel;
