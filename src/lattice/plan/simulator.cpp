@@ -124,13 +124,6 @@ SimulationResult simulate(const ModelSpec& model, const ParallelLayout& layout,
   r.tp_comm_seconds =
       m * chunks_per_rank * layers_per_stage * (layer.comm_forward + layer.comm_backward);
   r.exposed_comm_seconds = r.tp_comm_seconds + r.dp_exposed_seconds;
-  // Waiting of the first rank beyond what equal stages would cost: pipeline transfers on the
-  // critical path.
-  r.p2p_wait_seconds =
-      p > 1 ? std::max(0.0, r.replay.makespan - r.replay.busy[0] -
-                                (p - 1) * (forward[0] + backward[0] + weight[0]) / chunks_per_rank)
-            : 0;
-
   const double batch = layout.global_batch_size;
   r.model_flops_per_step = model_flops_per_sequence(model) * batch;
   r.hardware_flops_per_step = hardware_flops_per_sequence(model, layout.recompute) * batch;

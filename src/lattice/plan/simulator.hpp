@@ -23,7 +23,6 @@ struct SimulationResult {
   double dp_exposed_seconds = 0;  // gradient reduction not hidden behind backward
   double optimizer_seconds = 0;
   double tp_comm_seconds = 0;          // per rank, summed over the step (exposed: not overlapped)
-  double p2p_wait_seconds = 0;         // pipeline receive waits beyond the bubble, first stage
   double exposed_comm_seconds = 0;     // TP + CP/EP + exposed DP + ZeRO-3 gathers
   double bubble_fraction = 0;          // idle share of the pipeline replay
   double model_flops_per_step = 0;     // 3 x forward (Korthikanti eq. 7 for GPT)
