@@ -1,0 +1,407 @@
+"""PyTorch twins of Lattice's models, safetensors I/O and AdamW setup, for parity tests and benchmarks.
+
+The models (GPT-2 family: learned positions, LayerNorm, GELU (tanh), biases, tied head; Llama family:
+RMSNorm as Hugging Face's LlamaRMSNorm, RoPE with Hugging Face's half rotation, SwiGLU, grouped-query
+attention, no biases, untied head) have state_dict keys and shapes exactly equal to Lattice's parameter
+names and shapes: every Linear weight is [out, in] (also GPT-2's c_attn/c_proj/c_fc, which Hugging Face
+stores transposed as Conv1D). They are built from a dict with the keys of the "lattice.model" JSON that
+Lattice writes into model.safetensors (family, vocab_size, max_seq_len, d_model, n_layers, n_heads,
+n_kv_heads, ffn_hidden, norm_eps, rope_theta, tied_embeddings, init_std).
+
+Works with plain fp32 and under torch.autocast("cpu", dtype=torch.bfloat16) (softmax, norms and the loss
+are computed in fp32, as Hugging Face does). Needs only torch (no safetensors package): the safetensors
+format is read and written here by hand.
+"""
+
+import json
+import math
+import struct
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = [
+    "Gpt2Model",
+    "LlamaModel",
+    "build_model",
+    "read_safetensors",
+    "write_safetensors",
+    "load_lattice_weights",
+    "make_adamw",
+    "clip_gradients",
+]
+
+# ---------------------------------------------------------------------------------------------------
+# Layers
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dimension with weight and bias, eps from the model config."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x.float(), (x.shape[-1],), self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm: x * rsqrt(mean(x^2) + eps) in fp32, then times the weight."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        x = x.float()
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + self.eps))
+
+
+def rope_cos_sin(max_positions, head_dim, theta):
+    """Hugging Face's rotary table: inv_freq = 1 / theta^(arange(0, D, 2) / D) in fp32, angles
+    position * inv_freq, duplicated over both halves ([max_positions, head_dim] each)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    freqs = torch.outer(positions, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def causal_attention(q, k, v):
+    """Causal softmax attention on [B, H, T, D] tensors (k and v already repeated to H heads).
+    Scores and softmax in fp32; under autocast the two products run in bf16 (probabilities are cast
+    to v's dtype first, as Hugging Face does)."""
+    T, D = q.shape[-2], q.shape[-1]
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(D))
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPT-2
+
+
+class Gpt2Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        C = config["d_model"]
+        self.n_heads = config["n_heads"]
+        self.c_attn = nn.Linear(C, 3 * C, bias=True)
+        self.c_proj = nn.Linear(C, C, bias=True)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H = self.n_heads
+        q, k, v = self.c_attn(x).split(C, dim=-1)
+        q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        return self.c_proj(y)
+
+
+class Gpt2Mlp(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config["d_model"], config["ffn_hidden"], bias=True)
+        self.c_proj = nn.Linear(config["ffn_hidden"], config["d_model"], bias=True)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Gpt2Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = LayerNorm(config["d_model"], config["norm_eps"])
+        self.attn = Gpt2Attention(config)
+        self.ln_2 = LayerNorm(config["d_model"], config["norm_eps"])
+        self.mlp = Gpt2Mlp(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt2Trunk(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config["vocab_size"], config["d_model"])
+        self.wpe = nn.Embedding(config["max_seq_len"], config["d_model"])
+        self.h = nn.ModuleList(Gpt2Block(config) for _ in range(config["n_layers"]))
+        self.ln_f = LayerNorm(config["d_model"], config["norm_eps"])
+
+
+class Gpt2Model(nn.Module):
+    """GPT-2: state_dict keys transformer.wte.weight, transformer.wpe.weight, transformer.h.<i>.*,
+    transformer.ln_f.*, and lm_head.weight only when the config unties the head."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = dict(config)
+        self.transformer = Gpt2Trunk(config)
+        self.tied = bool(config.get("tied_embeddings", True))
+        if not self.tied:
+            self.lm_head = nn.Linear(config["d_model"], config["vocab_size"], bias=False)
+
+    def head_weight(self):
+        return self.transformer.wte.weight if self.tied else self.lm_head.weight
+
+    def forward(self, tokens, targets=None):
+        """tokens [B, T] -> logits [B, T, V] (fp32); with targets, (logits, mean loss)."""
+        T = tokens.shape[1]
+        positions = torch.arange(T, device=tokens.device)
+        x = self.transformer.wte(tokens) + self.transformer.wpe(positions)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = F.linear(self.transformer.ln_f(x), self.head_weight()).float()
+        return logits if targets is None else (logits, cross_entropy(logits, targets))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Llama
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        C = config["d_model"]
+        self.n_heads = config["n_heads"]
+        self.n_kv_heads = config["n_kv_heads"]
+        self.head_dim = C // self.n_heads
+        kv = self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(C, C, bias=False)
+        self.k_proj = nn.Linear(C, kv, bias=False)
+        self.v_proj = nn.Linear(C, kv, bias=False)
+        self.o_proj = nn.Linear(C, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_proj(x).reshape(B, T, H, D).transpose(1, 2)
+        k = self.k_proj(x).reshape(B, T, Hkv, D).transpose(1, 2)
+        v = self.v_proj(x).reshape(B, T, Hkv, D).transpose(1, 2)
+        # RoPE in fp32, as Lattice rotates its fp32 q and k (Hugging Face rotates in the activation
+        # dtype; under autocast the next product rounds q and k to bf16 either way).
+        q, k, cos, sin = q.float(), k.float(), cos[:T], sin[:T]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # Query head h reads kv head h // (H / Hkv), as Hugging Face's repeat_kv.
+        group = H // Hkv
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        return self.o_proj(y)
+
+
+class LlamaMlp(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        C, Fh = config["d_model"], config["ffn_hidden"]
+        self.gate_proj = nn.Linear(C, Fh, bias=False)
+        self.up_proj = nn.Linear(C, Fh, bias=False)
+        self.down_proj = nn.Linear(Fh, C, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
+        self.self_attn = LlamaAttention(config)
+        self.post_attention_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
+        self.mlp = LlamaMlp(config)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaTrunk(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config["vocab_size"], config["d_model"])
+        self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config["n_layers"]))
+        self.norm = RMSNorm(config["d_model"], config["norm_eps"])
+
+
+class LlamaModel(nn.Module):
+    """Llama: state_dict keys model.embed_tokens.weight, model.layers.<i>.*, model.norm.weight and
+    lm_head.weight (absent when the config ties the head to the embedding)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = dict(config)
+        self.model = LlamaTrunk(config)
+        self.tied = bool(config.get("tied_embeddings", False))
+        if not self.tied:
+            self.lm_head = nn.Linear(config["d_model"], config["vocab_size"], bias=False)
+        head_dim = config["d_model"] // config["n_heads"]
+        cos, sin = rope_cos_sin(config["max_seq_len"], head_dim, float(config["rope_theta"]))
+        # Buffers, not parameters: left out of state_dict so the keys stay Lattice's.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def head_weight(self):
+        return self.model.embed_tokens.weight if self.tied else self.lm_head.weight
+
+    def forward(self, tokens, targets=None):
+        """tokens [B, T] -> logits [B, T, V] (fp32); with targets, (logits, mean loss)."""
+        x = self.model.embed_tokens(tokens)
+        for block in self.model.layers:
+            x = block(x, self.rope_cos, self.rope_sin)
+        logits = F.linear(self.model.norm(x), self.head_weight()).float()
+        return logits if targets is None else (logits, cross_entropy(logits, targets))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model construction, loss, optimizer
+
+
+def cross_entropy(logits, targets):
+    """Mean cross-entropy over targets >= 0 (negative targets are ignored, as in Lattice)."""
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long(), ignore_index=-1
+    )
+
+
+def build_model(config):
+    """A Gpt2Model or LlamaModel for a Lattice model config dict (the "lattice.model" JSON)."""
+    config = dict(config)
+    family = config["family"]
+    if family == "gpt2":
+        return Gpt2Model(config)
+    if family == "llama":
+        return LlamaModel(config)
+    raise ValueError(f"unknown model family {family!r}: use 'gpt2' or 'llama'")
+
+
+def init_like_lattice(model, seed=0):
+    """Random initialisation with Lattice's distributions (not its values): N(0, init_std) for
+    matrices and embeddings, N(0, init_std/sqrt(2 n_layers)) for residual output projections
+    (c_proj, o_proj, down_proj), ones for norm weights, zeros for biases. For benchmarks; parity
+    tests load Lattice's own initial weights instead."""
+    std = float(model.config.get("init_std", 0.02))
+    residual_std = std / math.sqrt(2.0 * model.config["n_layers"])
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0 if name.endswith("norm.weight") or ".ln_" in name else 0.0)
+            elif name.endswith(("c_proj.weight", "o_proj.weight", "down_proj.weight")):
+                p.copy_(torch.randn(p.shape, generator=generator) * residual_std)
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * std)
+    return model
+
+
+def make_adamw(model, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+    """torch.optim.AdamW as Lattice configures it: weight decay only on parameters of rank >= 2
+    (matrices and embeddings), none on biases and norm weights; single-tensor (non-foreach) path."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
+
+
+def clip_gradients(model, max_norm):
+    """Global-norm clipping as Lattice (torch.nn.utils.clip_grad_norm_); returns the pre-clip norm.
+    max_norm <= 0 only measures."""
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    grads = [p.grad.detach().double() for p in model.parameters() if p.grad is not None]
+    return float(torch.sqrt(sum((g * g).sum() for g in grads)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Safetensors (by hand: 8-byte little-endian header length, JSON header, raw little-endian data)
+
+_DTYPES = {
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "U8": torch.uint8,
+}
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+def read_safetensors(path):
+    """(tensors: {name: tensor}, metadata: {str: str}) from a safetensors file."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (header_len,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + header_len].decode("utf-8"))
+    metadata = header.pop("__metadata__", {}) or {}
+    data = blob[8 + header_len :]
+    tensors = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        dtype = _DTYPES[entry["dtype"]]
+        raw = bytearray(data[begin:end])
+        if raw:
+            t = torch.frombuffer(raw, dtype=dtype)
+        else:
+            t = torch.empty(0, dtype=dtype)
+        tensors[name] = t.reshape(entry["shape"]).clone()
+    return tensors, metadata
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes {name: tensor} (keys sorted, data contiguous in that order) with string metadata."""
+    header = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    chunks, offset = [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        if t.dtype not in _NAMES:
+            raise ValueError(f"tensor {name!r} has dtype {t.dtype}, which safetensors here lacks")
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {
+            "dtype": _NAMES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in chunks:
+            f.write(raw)
+
+
+def load_lattice_weights(model, tensors):
+    """Copies Lattice's parameters ({name: tensor}) into the model; every state_dict key must be
+    present with the same shape (extra entries such as "grad/..." are ignored)."""
+    state = model.state_dict()
+    missing = [k for k in state if k not in tensors]
+    if missing:
+        raise KeyError(f"weights lack parameters {missing}")
+    for name, value in state.items():
+        if tuple(tensors[name].shape) != tuple(value.shape):
+            raise ValueError(
+                f"{name}: weights hold shape {list(tensors[name].shape)}, model wants {list(value.shape)}"
+            )
+    model.load_state_dict({k: tensors[k].float() for k in state}, strict=True)
+    return model
