@@ -56,6 +56,12 @@ AttentionShape AttentionShape::contiguous(int64_t batch, int64_t seq, int64_t q_
 
 namespace {
 
+// 64-byte vectors passed between these internal (inlined) helpers: GCC's note that their ABI
+// differs without AVX-512 does not concern functions that never cross a library boundary.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
 using f32x16 = float __attribute__((vector_size(64)));
 using i32x16 = int32_t __attribute__((vector_size(64)));
 using u32x16 = uint32_t __attribute__((vector_size(64)));
