@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""PyTorch side of `lattice bench train`: trains the same model on the same batch shape with
+torch.optim.AdamW (fp32, or bf16 autocast) and prints one JSON line with its throughput.
+
+Uses the PyTorch twins of Lattice's models in tests/reference/lattice_torch.py. Run with Debian's
+python3 (python3-torch): /usr/bin/python3 bench/pytorch_train.py --family gpt2 --layers 4 ...
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
+import lattice_torch  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--family", default="gpt2", choices=["gpt2", "llama"])
+    parser.add_argument("--layers", type=int, required=True)
+    parser.add_argument("--d-model", type=int, required=True)
+    parser.add_argument("--heads", type=int, required=True)
+    parser.add_argument("--kv-heads", type=int, default=0)
+    parser.add_argument("--ffn", type=int, default=0)
+    parser.add_argument("--vocab", type=int, required=True)
+    parser.add_argument("--seq", type=int, required=True)
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    config = {
+        "family": args.family,
+        "vocab_size": args.vocab,
+        "max_seq_len": args.seq,
+        "d_model": args.d_model,
+        "n_layers": args.layers,
+        "n_heads": args.heads,
+        "n_kv_heads": args.kv_heads or args.heads,
+        "ffn_hidden": args.ffn or 4 * args.d_model,
+        "norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tied_embeddings": args.family == "gpt2",
+        "init_std": 0.02,
+    }
+    torch.manual_seed(0)
+    model = lattice_torch.init_like_lattice(lattice_torch.build_model(config), seed=0)
+    optimizer = lattice_torch.make_adamw(model, lr=3e-4)
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator)
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        if args.precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(inputs)
+                loss = lattice_torch.cross_entropy(logits, targets)
+        else:
+            logits = model(inputs)
+            loss = lattice_torch.cross_entropy(logits, targets)
+        loss.backward()
+        lattice_torch.clip_gradients(model, 1.0)
+        optimizer.step()
+        return float(loss)
+
+    for _ in range(args.warmup):
+        step()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        loss = step()
+        times.append(time.perf_counter() - start)
+    tokens_per_step = args.batch * args.seq
+    print(json.dumps({
+        "tokens_per_second": tokens_per_step * len(times) / sum(times),
+        "step_seconds": times,
+        "loss": loss,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()

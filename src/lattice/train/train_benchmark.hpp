@@ -1,0 +1,39 @@
+// Training benchmark: times Lattice's single-rank training step (forward, backward, clipping, AdamW)
+// on a fixed random batch, and runs the PyTorch peer (bench/pytorch_train.py) on the same model and
+// batch so the two are measured side by side in one invocation.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/model/model_config.hpp"
+
+namespace lattice::train {
+
+struct BenchmarkCase {
+  std::string label;
+  model::ModelConfig model;
+  int64_t batch = 8, seq_len = 256;
+};
+
+struct ThroughputResult {
+  double tokens_per_second = 0;
+  double seconds_per_step = 0;
+};
+
+// Lattice: `warmup` untimed steps, then `steps` timed ones.
+ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
+                                            int64_t steps, int64_t warmup);
+
+// PyTorch peer through `python` running `script`; nullopt (with the reason in `why`) when PyTorch
+// cannot run here.
+std::optional<ThroughputResult> benchmark_pytorch_training(const BenchmarkCase& c,
+                                                           kernels::Precision precision,
+                                                           int64_t steps, int64_t warmup,
+                                                           int threads, const std::string& python,
+                                                           const std::string& script,
+                                                           std::string& why);
+
+}  // namespace lattice::train
