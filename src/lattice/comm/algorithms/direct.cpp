@@ -151,7 +151,7 @@ void run_direct(SharedAddressSpace& space, const CollectiveCall& call) {
       break;
     case CollectiveOp::barrier:
     case CollectiveOp::split:
-      return;  // the exchange was the barrier
+      break;  // the exchange was the barrier; the sync keeps slots stable until all checked them
   }
   space.sync();
 }

@@ -1,0 +1,102 @@
+// Collective benchmark: buffers per case, calibration on one call, iterations agreed through a
+// broadcast, timing between barriers on rank 0's clock.
+#include "lattice/comm/benchmark.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::comm {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+double bus_factor(CollectiveOp op, int ranks) {
+  double n = ranks;
+  switch (op) {
+    case CollectiveOp::allreduce:
+      return ranks > 1 ? 2.0 * (n - 1) / n : 0.0;
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_gather:
+    case CollectiveOp::all_gather_v:
+    case CollectiveOp::all_to_all:
+    case CollectiveOp::all_to_all_v:
+      return ranks > 1 ? (n - 1) / n : 0.0;
+    default:
+      return 1.0;
+  }
+}
+
+CollectiveOp parse_collective_op(const std::string& name) {
+  for (int i = 0; i < kCollectiveOpCount; ++i) {
+    auto op = static_cast<CollectiveOp>(i);
+    if (collective_op_name(op) == name) return op;
+  }
+  throw Error("unknown collective '" + name +
+              "'; use allreduce, reduce_scatter, all_gather, all_to_all, broadcast or reduce");
+}
+
+BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes,
+                            double min_seconds) {
+  const int n = comm.size();
+  const int64_t elements = std::max<int64_t>(1, bytes / 4);
+  const int64_t block = std::max<int64_t>(1, elements / n);  // per-rank block of the split ops
+  std::vector<float> in(static_cast<size_t>(elements), 1.0f);
+  std::vector<float> out(static_cast<size_t>(std::max(elements, block * n)), 0.0f);
+  auto once = [&] {
+    switch (op) {
+      case CollectiveOp::allreduce:
+        comm.allreduce(in.data(), elements, DType::f32, ReduceOp::sum);
+        break;
+      case CollectiveOp::reduce_scatter:
+        comm.reduce_scatter(in.data(), out.data(), block, DType::f32, ReduceOp::sum);
+        break;
+      case CollectiveOp::all_gather:
+        comm.all_gather(in.data(), out.data(), block, DType::f32);
+        break;
+      case CollectiveOp::all_to_all:
+        comm.all_to_all(in.data(), out.data(), block, DType::f32);
+        break;
+      case CollectiveOp::broadcast:
+        comm.broadcast(in.data(), elements, DType::f32, 0);
+        break;
+      case CollectiveOp::reduce:
+        comm.reduce(in.data(), out.data(), elements, DType::f32, ReduceOp::sum, 0);
+        break;
+      default:
+        throw Error("bench comm: " + std::string(collective_op_name(op)) + " is not benchmarked");
+    }
+  };
+  once();
+  once();
+  comm.barrier();
+  double start = now_seconds();
+  once();
+  double single = now_seconds() - start;
+  // The slowest rank decides; positive doubles order like their bit patterns read as int64.
+  comm.allreduce(&single, 1, DType::i64, ReduceOp::max);
+  int64_t iterations =
+      static_cast<int64_t>(std::min(100000.0, std::max(3.0, min_seconds / std::max(single, 1e-7))));
+  comm.broadcast(&iterations, 1, DType::i64, 0);
+  comm.barrier();
+  start = now_seconds();
+  for (int64_t i = 0; i < iterations; ++i) once();
+  comm.barrier();
+  double seconds = (now_seconds() - start) / static_cast<double>(iterations);
+  comm.broadcast(&seconds, 1, DType::i64, 0);
+  BenchResult result;
+  result.op = op;
+  result.bytes = elements * 4;
+  result.seconds = seconds;
+  result.iterations = static_cast<int>(iterations);
+  result.algorithm = comm.algorithm_for(op, result.bytes);
+  return result;
+}
+
+}  // namespace lattice::comm

@@ -1,0 +1,32 @@
+// Collective benchmark in the nccl-tests convention: algbw = bytes / time, busbw = algbw x the op's
+// bus factor (2(n-1)/n for allreduce; (n-1)/n for reduce-scatter, all-gather, all-to-all; 1 for
+// broadcast and reduce). `bytes` is the allreduce/broadcast/reduce buffer, the whole reduce-scatter
+// or all-to-all input, or the whole all-gather output.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lattice/comm/communicator.hpp"
+
+namespace lattice::comm {
+
+struct BenchResult {
+  CollectiveOp op = CollectiveOp::allreduce;
+  Algorithm algorithm = Algorithm::automatic;  // as resolved for this size
+  int64_t bytes = 0;
+  double seconds = 0;  // per call
+  int iterations = 0;
+  double algbw() const { return seconds > 0 ? static_cast<double>(bytes) / seconds : 0; }
+};
+
+double bus_factor(CollectiveOp op, int ranks);
+// Parses "allreduce", "reduce_scatter", ... (the collective_op_name spelling).
+CollectiveOp parse_collective_op(const std::string& name);
+
+// Collective over `comm`: times `op` on `bytes` of fp32 (rounded down to whole elements per rank),
+// after two warm-up calls, for about `min_seconds` (at least 3 calls). Every rank returns the same.
+BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds);
+
+}  // namespace lattice::comm
