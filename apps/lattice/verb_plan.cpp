@@ -20,6 +20,7 @@ struct PlanOptions {
   int top = 5;
   double usable_memory = 0.9;
   bool json = false;
+  bool unfused_attention = false;
 };
 
 void run_plan(const PlanOptions& o) {
@@ -30,6 +31,7 @@ void run_plan(const PlanOptions& o) {
   request.global_batch_size = o.global_batch > 0 ? o.global_batch : o.gpus;
   request.top = o.top;
   request.usable_memory_fraction = o.usable_memory;
+  request.flash_attention = !o.unfused_attention;
   const plan::PlanResult result = plan::plan_layouts(request);
   if (o.json)
     std::printf("%s\n", plan::plan_json(request, result).dump(2).c_str());
@@ -50,6 +52,8 @@ void register_plan_verb(CLI::App& app) {
   verb->add_option("--top", options->top, "layouts to show");
   verb->add_option("--usable-memory", options->usable_memory,
                    "fraction of device memory a layout may use (default 0.9)");
+  verb->add_flag("--no-flash-attention", options->unfused_attention,
+                 "plan with unfused attention kernels (as in the Megatron-LM papers)");
   verb->add_flag("--json", options->json, "print JSON");
   verb->callback([options] { run_plan(*options); });
 }

@@ -85,6 +85,25 @@ TEST(Simulator, MechanismsMoveThroughputTheRightWay) {
                Error);
 }
 
+TEST(Simulator, FlashAttentionRemovesScoreTrafficAndStorage) {
+  HardwareCatalog catalog;
+  ModelSpec m = model_preset("llama3-8b");
+  m.seq_len = 32768;
+  ParallelLayout l;
+  l.tp = 8;
+  l.sequence_parallel = true;
+  l.global_batch_size = 1;
+  ParallelLayout flash = l;
+  flash.flash_attention = true;
+  const double s = 32768, b = 1, a = 32, h = 4096, t = 8;
+  // Without flash the softmax output (2 bytes per score; Llama has no dropout) is stored.
+  EXPECT_NEAR(activation_bytes_per_layer(m, l) - activation_bytes_per_layer(m, flash),
+              b * a * s * s * 2 / t - b * a * s * 4 / t, 1.0);
+  EXPECT_GT(s * b * h, 0);
+  const HardwareSpec& h100 = catalog.get("h100-sxm");
+  EXPECT_LT(simulate(m, flash, h100).step_seconds, 0.8 * simulate(m, l, h100).step_seconds);
+}
+
 TEST(Simulator, ChromeTraceHasOnePidPerPipelineRank) {
   HardwareCatalog catalog;
   ParallelLayout l;

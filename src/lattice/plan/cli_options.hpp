@@ -75,7 +75,7 @@ inline ModelSpec resolve_model(const ModelOptions& o) {
 struct LayoutOptions {
   int gpus = 0, dp = 0, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0, virtual_stages = 1;
   int micro_batch = 1, global_batch = 0;
-  bool sequence_parallel = false, overlap_grad_reduce = false;
+  bool sequence_parallel = false, overlap_grad_reduce = false, flash_attention = false;
   std::string recompute = "none", schedule = "1f1b";
 };
 
@@ -97,6 +97,8 @@ inline void add_layout_options(CLI::App& app, LayoutOptions& o) {
                  "sequences per optimizer step (default: mb x dp)");
   app.add_flag("--overlap-grad-reduce", o.overlap_grad_reduce,
                "overlap the data-parallel gradient reduction with backward");
+  app.add_flag("--flash-attention", o.flash_attention,
+               "fused causal attention: no score traffic or storage, masked half skipped");
 }
 
 inline ParallelLayout resolve_layout(const LayoutOptions& o) {
@@ -120,6 +122,7 @@ inline ParallelLayout resolve_layout(const LayoutOptions& o) {
   l.zero_stage = o.zero;
   l.sequence_parallel = o.sequence_parallel;
   l.overlap_grad_reduce = o.overlap_grad_reduce;
+  l.flash_attention = o.flash_attention;
   l.recompute = parse_recompute(o.recompute);
   l.schedule = pipeline::parse_schedule_kind(o.schedule);
   l.virtual_stages = o.virtual_stages;

@@ -67,9 +67,12 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
                       local_experts * (gemm_seconds(expert_tokens, h, up_width, hw, cost) +
                                        gemm_seconds(expert_tokens, f / t, h, hw, cost));  // MLP
   if (m.is_moe()) dense_gemm += gemm_seconds(tokens, h, static_cast<double>(m.experts), hw, cost);
-  const double attention_gemm =  // QK^T and attention x V per head, queries local, keys all
-      gemm_seconds(s_local, hd, static_cast<double>(m.seq_len), hw, cost, b * heads_local) +
-      gemm_seconds(s_local, static_cast<double>(m.seq_len), hd, hw, cost, b * heads_local);
+  // QK^T and attention x V per head, queries local, keys all; FlashAttention skips the masked half.
+  const double causal_share = l.flash_attention ? 0.5 : 1.0;
+  const double attention_gemm =
+      causal_share *
+      (gemm_seconds(s_local, hd, static_cast<double>(m.seq_len), hw, cost, b * heads_local) +
+       gemm_seconds(s_local, static_cast<double>(m.seq_len), hd, hw, cost, b * heads_local));
 
   // Memory-bound traffic, bytes per forward (counted kernel by kernel; bf16 = 2 bytes).
   const double dropout_mask = m.dropout ? 1 : 0;
@@ -78,8 +81,10 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
   const double sharded_per_token =
       (m.gated_mlp ? 6 : 4) * f * m.top_k / t                          // activation function
       + (m.learned_position_embeddings ? 0 : 4 * (h + kv_width) / t);  // rotary embedding on q, k
-  const double score_bytes = b * heads_local * s_local * static_cast<double>(m.seq_len) *
-                             (4 + (m.dropout ? 5 : 0));  // scale-mask-softmax, dropout
+  const double score_bytes = l.flash_attention
+                                 ? 0  // scores stay on chip
+                                 : b * heads_local * s_local * static_cast<double>(m.seq_len) *
+                                       (4 + (m.dropout ? 5 : 0));  // softmax, dropout
   const double elementwise_bytes =
       tokens * (replicated_per_token / (l.sequence_parallel ? t : 1) + sharded_per_token);
   const double elementwise = memory_seconds(elementwise_bytes, hw, cost);
@@ -119,7 +124,9 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
   const double backward_comm = 2 * tp_collective + ep_collective + 2 * cp_exposed;
   // Input gradients: one GEMM per weight GEMM, four attention GEMMs (dS, dV, dQ, dK); weight
   // gradients: one GEMM per weight GEMM.
-  costs.backward_input = dense_gemm + 2 * attention_gemm + backward_memory + backward_comm;
+  // FlashAttention's backward recomputes QK^T: five attention GEMMs.
+  costs.backward_input = dense_gemm + (l.flash_attention ? 2.5 : 2.0) * attention_gemm +
+                         backward_memory + backward_comm;
   costs.backward_weight = dense_gemm;
   switch (l.recompute) {
     case Recompute::kNone:

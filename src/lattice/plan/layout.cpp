@@ -37,6 +37,7 @@ std::string ParallelLayout::describe() const {
     if (virtual_stages > 1) text += "x" + std::to_string(virtual_stages);
   }
   text += " recompute=" + recompute_name(recompute);
+  if (flash_attention) text += " flash";
   return text;
 }
 

@@ -31,6 +31,10 @@ struct ParallelLayout {
   int grad_bytes = 2;                // bf16 gradients (communicated and stored)
   int optimizer_bytes = 12;          // fp32 master weights + Adam moments (ZeRO's K = 12)
   bool overlap_grad_reduce = false;  // DP gradient reduction overlapped with backward
+  // Fused causal attention (FlashAttention): scores never reach memory, masked blocks are skipped,
+  // the backward recomputes the scores. Off reproduces Megatron's unfused kernels of the published
+  // tables.
+  bool flash_attention = false;
 
   int world_size() const { return dp * tp * pp * cp; }
   // Microbatches each pipeline runs per step: global / (micro * dp).

@@ -44,9 +44,12 @@ double activation_bytes_per_layer(const ModelSpec& m, const ParallelLayout& l) {
   const double mlp_per_token =
       (m.gated_mlp ? 6 : 4) * f * m.top_k + (m.is_moe() ? 2 * h * m.top_k : 0);
   const double sharded = sbh * (2 + 4 * kv_share + 2) + s * b * mlp_per_token;
-  // Attention scores: softmax output (2 bytes), with dropout also its mask (1) and output (2).
-  const double scores =
-      l.recompute == Recompute::kSelective ? 0 : b * a * s * s * (m.dropout ? 5 : 2);
+  // Attention scores: softmax output (2 bytes), with dropout also its mask (1) and output (2); none
+  // with FlashAttention. FlashAttention keeps only the fp32 log-sum-exp per query and head.
+  const double scores = l.flash_attention ? b * a * s * 4
+                        : l.recompute == Recompute::kSelective
+                            ? 0
+                            : b * a * s * s * (m.dropout ? 5 : 2);
   return replicated / (l.sequence_parallel ? t : 1) + (sharded + scores) / t;
 }
 

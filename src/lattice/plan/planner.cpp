@@ -71,7 +71,11 @@ PlanResult plan_layouts(const PlanRequest& request) {
   for (int cp = 2; cp <= 8 && model.seq_len / cp >= 4096; cp *= 2) cp_options.push_back(cp);
   const std::vector<int> ep_options =
       model.is_moe() ? divisors(static_cast<int>(model.experts)) : std::vector<int>{1};
-  const Recompute recomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  // With FlashAttention selective recompute saves nothing more: leave it out.
+  const std::vector<Recompute> recomputes =
+      request.flash_attention
+          ? std::vector<Recompute>{Recompute::kNone, Recompute::kFull}
+          : std::vector<Recompute>{Recompute::kNone, Recompute::kSelective, Recompute::kFull};
 
   PlanResult result;
   Alternative alternatives[] = {
@@ -121,6 +125,7 @@ PlanResult plan_layouts(const PlanRequest& request) {
                   l.micro_batch_size = mb;
                   l.global_batch_size = request.global_batch_size;
                   l.overlap_grad_reduce = true;
+                  l.flash_attention = request.flash_attention;
                   ++result.considered;
                   try {
                     validate_layout(model, l, hw.devices_per_node);
@@ -165,7 +170,11 @@ PlanResult plan_layouts(const PlanRequest& request) {
   }
   std::stable_sort(fitting.begin(), fitting.end(),
                    [](const PlannedLayout& a, const PlannedLayout& b) {
-                     return a.step_seconds < b.step_seconds;
+                     // Equal to the microsecond: more memory headroom first.
+                     const double a_us = std::round(a.step_seconds * 1e6);
+                     const double b_us = std::round(b.step_seconds * 1e6);
+                     if (a_us != b_us) return a_us < b_us;
+                     return a.peak_memory_bytes < b.peak_memory_bytes;
                    });
 
   // One line on why the best beats the obvious alternatives.
@@ -183,8 +192,10 @@ PlanResult plan_layouts(const PlanRequest& request) {
       why +=
           std::string(alt.label) + (alt.valid ? " does not fit in memory"
                                               : " is impossible with this batch and device count");
-    } else if (alt.best->step_seconds <= best.step_seconds * (1 + 1e-9)) {
+    } else if (alt.best->layout.describe() == best.layout.describe()) {
       why += "it is " + std::string(alt.label);
+    } else if (alt.best->step_seconds <= best.step_seconds * (1 + 1e-9)) {
+      why += "as fast as " + std::string(alt.label) + " (" + alt.best->layout.describe() + ")";
     } else {
       why += fmt("%.2fx", alt.best->step_seconds / best.step_seconds) + " faster than " + alt.label;
       const ParallelLayout& a = alt.best->layout;

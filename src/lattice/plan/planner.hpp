@@ -22,6 +22,8 @@ struct PlanRequest {
   int top = 5;                          // layouts to return
   double usable_memory_fraction = 0.9;  // of device memory (allocator fragmentation, workspaces)
   int max_micro_batch_size = 8;
+  bool flash_attention =
+      true;  // plan with fused causal attention (off: Megatron-style unfused kernels)
   CostParameters cost;
 };
 

@@ -28,6 +28,7 @@ nlohmann::json layout_json(const ParallelLayout& l) {
           {"schedule", pipeline::schedule_kind_name(l.schedule)},
           {"virtual_stages", l.virtual_stages},
           {"micro_batch_size", l.micro_batch_size},
+          {"flash_attention", l.flash_attention},
           {"global_batch_size", l.global_batch_size},
           {"num_microbatches", l.num_microbatches()},
           {"world_size", l.world_size()},
