@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -87,13 +89,29 @@ inline double reference_reduce(int n, int64_t index, DType dtype, ReduceOp op) {
   return acc;
 }
 
-struct Buffer {
-  std::vector<unsigned char> bytes;
-  DType dtype;
-  Buffer(int64_t count, DType type)
-      : bytes(static_cast<size_t>(std::max<int64_t>(count, 1)) * dtype_size(type), 0xAB),
-        dtype(type) {}
-  void* data() { return bytes.data(); }
+// Where the suite's buffers live: host memory by default; the GPU check passes managed memory.
+struct BufferMemory {
+  std::function<void*(size_t)> allocate = [](size_t bytes) { return std::malloc(bytes); };
+  std::function<void(void*)> release = [](void* pointer) { std::free(pointer); };
+};
+
+class Buffer {
+ public:
+  Buffer(int64_t count, DType type, const BufferMemory& memory = BufferMemory{})
+      : bytes_(static_cast<size_t>(std::max<int64_t>(count, 1)) * dtype_size(type)),
+        memory_(memory),
+        data_(memory_.allocate(bytes_)) {
+    std::memset(data_, 0xAB, bytes_);
+  }
+  ~Buffer() { memory_.release(data_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() { return data_; }
+
+ private:
+  size_t bytes_;
+  const BufferMemory& memory_;
+  void* data_;
 };
 
 // Collects the first few failures of a run, one line each.
@@ -139,14 +157,15 @@ inline int64_t agv_count(int64_t count, int r) {
 
 // Runs every collective once per (count, dtype) on `comm` and checks this rank's results.
 inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>& counts,
-                                 const std::vector<DType>& dtypes, Failures& failures) {
+                                 const std::vector<DType>& dtypes, Failures& failures,
+                                 const BufferMemory& memory = BufferMemory{}) {
   const int n = comm.size();
   const int me = comm.rank();
   for (int64_t count : counts) {
     for (DType dtype : dtypes) {
       // allreduce, out of place and in place, every reduction.
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min}) {
-        Buffer in(count, dtype), out(count, dtype);
+        Buffer in(count, dtype, memory), out(count, dtype, memory);
         for (int64_t i = 0; i < count; ++i) store_value(in.data(), dtype, i, input_value(me, i));
         bool in_place = op == ReduceOp::sum || op == ReduceOp::max;
         std::string name =
@@ -162,7 +181,7 @@ inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>&
       }
       // reduce_scatter: block b of rank r's input is elements [b*count, (b+1)*count).
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
-        Buffer in(count * n, dtype), out(count, dtype);
+        Buffer in(count * n, dtype, memory), out(count, dtype, memory);
         for (int64_t i = 0; i < count * n; ++i)
           store_value(in.data(), dtype, i, input_value(me, i));
         comm.reduce_scatter(in.data(), out.data(), count, dtype, op);
@@ -174,7 +193,7 @@ inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>&
       }
       // all_gather
       {
-        Buffer in(count, dtype), out(count * n, dtype);
+        Buffer in(count, dtype, memory), out(count * n, dtype, memory);
         for (int64_t i = 0; i < count; ++i) store_value(in.data(), dtype, i, input_value(me, i));
         comm.all_gather(in.data(), out.data(), count, dtype);
         for (int r = 0; r < n; ++r) {
@@ -187,7 +206,7 @@ inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>&
         std::vector<int64_t> sizes(static_cast<size_t>(n));
         int64_t total = 0;
         for (int r = 0; r < n; ++r) total += sizes[r] = agv_count(count, r);
-        Buffer in(sizes[me], dtype), out(total, dtype);
+        Buffer in(sizes[me], dtype, memory), out(total, dtype, memory);
         for (int64_t i = 0; i < sizes[me]; ++i)
           store_value(in.data(), dtype, i, input_value(me, i));
         comm.all_gather_v(in.data(), out.data(), sizes, dtype);
@@ -200,7 +219,7 @@ inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>&
       }
       // all_to_all: rank r's block for rank j is elements [j*count, (j+1)*count) of its input.
       {
-        Buffer in(count * n, dtype), out(count * n, dtype);
+        Buffer in(count * n, dtype, memory), out(count * n, dtype, memory);
         for (int64_t i = 0; i < count * n; ++i)
           store_value(in.data(), dtype, i, input_value(me, i));
         comm.all_to_all(in.data(), out.data(), count, dtype);
@@ -218,7 +237,7 @@ inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>&
           send_total += send[r] = a2av_count(count, me, r);
           recv_total += recv[r] = a2av_count(count, r, me);
         }
-        Buffer in(send_total, dtype), out(recv_total, dtype);
+        Buffer in(send_total, dtype, memory), out(recv_total, dtype, memory);
         int64_t position = 0;
         for (int j = 0; j < n; ++j) {
           for (int64_t k = 0; k < send[j]; ++k)
@@ -235,14 +254,14 @@ inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>&
       }
       // broadcast and reduce from the first and the last rank.
       for (int root : {0, n - 1}) {
-        Buffer buffer(count, dtype);
+        Buffer buffer(count, dtype, memory);
         for (int64_t i = 0; i < count; ++i)
           store_value(buffer.data(), dtype, i, me == root ? input_value(root, i) : 99.0);
         comm.broadcast(buffer.data(), count, dtype, root);
         expect_elements(
             failures, case_name(comm, "broadcast", dtype, count, "root " + std::to_string(root)),
             buffer.data(), dtype, 0, count, [&](int64_t i) { return input_value(root, i); });
-        Buffer in(count, dtype), out(count, dtype);
+        Buffer in(count, dtype, memory), out(count, dtype, memory);
         for (int64_t i = 0; i < count; ++i) store_value(in.data(), dtype, i, input_value(me, i));
         ReduceOp op = root == 0 ? ReduceOp::sum : ReduceOp::max;
         comm.reduce(in.data(), me == root ? out.data() : nullptr, count, dtype, op, root);
