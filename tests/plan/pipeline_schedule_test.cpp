@@ -90,12 +90,33 @@ TEST(PipelineSchedule, ZeroBubbleH1BubbleIsPMinusOneOverThreeM) {
   }
 }
 
+// ZB-V: two chunks per rank in a V (rank r owns stages r and 2p-1-r), half a stage each. It keeps
+// 1F1B's peak activation memory (2p half-stage chunks = p stages) and, built greedily, at least
+// halves ZB-H1's bubble when m >= p.
+TEST(PipelineSchedule, ZeroBubbleVBeatsZeroBubbleH1AtTheSameMemory) {
+  for (auto [p, m] :
+       {Shape{2, 4}, Shape{4, 4}, Shape{4, 8}, Shape{4, 16}, Shape{8, 8}, Shape{8, 32}}) {
+    const Schedule v = make_zero_bubble_v(p, m);
+    ASSERT_TRUE(check_schedule(v).ok) << check_schedule(v).problem;
+    EXPECT_EQ(v.stage_owner[0], 0);
+    EXPECT_EQ(v.stage_owner[2 * p - 1], 0);
+    EXPECT_EQ(v.stage_owner[p], p - 1);
+    const ReplayResult zbv = replay(v, uniform_costs(0.5, 0.5, 0.5));
+    const ReplayResult zbh1 = replay(make_zero_bubble_h1(p, m), uniform_costs(1, 1, 1));
+    const double ideal = 3.0 * m;
+    EXPECT_LE((zbv.makespan - ideal) / ideal, 0.5 * (zbh1.makespan - ideal) / ideal + 1e-9)
+        << "p=" << p << " m=" << m;
+    for (int rank = 0; rank < p; ++rank) EXPECT_LE(zbv.peak_in_flight[rank], 2 * p);
+  }
+}
+
 TEST(PipelineSchedule, RejectsImpossibleInputs) {
   EXPECT_THROW(make_interleaved(4, 6, 2), Error);  // m not a multiple of p
   EXPECT_THROW(make_interleaved(4, 8, 1), Error);  // one chunk is not interleaving
   EXPECT_THROW(make_one_f_one_b(4, 0), Error);
   EXPECT_THROW(make_gpipe(0, 4), Error);
   EXPECT_THROW(parse_schedule_kind("2f2b"), Error);
+  EXPECT_EQ(parse_schedule_kind("zb-v"), ScheduleKind::kZeroBubbleV);
 }
 
 TEST(PipelineSchedule, CheckerFindsDeadlockAndMissingWork) {

@@ -68,6 +68,17 @@ TEST(Simulator, MechanismsMoveThroughputTheRightWay) {
   ParallelLayout bigger = l;
   bigger.global_batch_size = 256;
   EXPECT_LT(simulate(m, bigger, a100).bubble_fraction, base.bubble_fraction);
+  // Zero-bubble schedules beat 1F1B; ZB-V puts embedding and head on rank 0.
+  ParallelLayout zbh1 = l;
+  zbh1.schedule = pipeline::ScheduleKind::kZeroBubbleH1;
+  const SimulationResult h1 = simulate(m, zbh1, a100);
+  EXPECT_LT(h1.step_seconds, base.step_seconds);
+  ParallelLayout zbv = l;
+  zbv.schedule = pipeline::ScheduleKind::kZeroBubbleV;
+  zbv.virtual_stages = 2;
+  EXPECT_LT(simulate(m, zbv, a100).step_seconds, h1.step_seconds);
+  EXPECT_GT(estimate_memory(m, zbv).stages[0].temporary_bytes,
+            estimate_memory(m, zbv).stages[3].temporary_bytes);
   // H100 is faster than A100 on the same layout.
   EXPECT_LT(simulate(m, l, catalog.get("h100-sxm")).step_seconds, base.step_seconds);
   // Overlapping the gradient reduction never hurts.

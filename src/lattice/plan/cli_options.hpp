@@ -90,7 +90,7 @@ inline void add_layout_options(CLI::App& app, LayoutOptions& o) {
   app.add_option("--zero", o.zero, "ZeRO stage 0-3");
   app.add_flag("--sp", o.sequence_parallel, "sequence parallelism (with tp > 1)");
   app.add_option("--recompute", o.recompute, "none, selective or full");
-  app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved or zb-h1");
+  app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved, zb-h1 or zb-v");
   app.add_option("--virtual-stages", o.virtual_stages, "chunks per pipeline rank (interleaved)");
   app.add_option("--micro-batch", o.micro_batch, "sequences per microbatch");
   app.add_option("--global-batch", o.global_batch,
@@ -126,8 +126,9 @@ inline ParallelLayout resolve_layout(const LayoutOptions& o) {
   l.recompute = parse_recompute(o.recompute);
   l.schedule = pipeline::parse_schedule_kind(o.schedule);
   l.virtual_stages = o.virtual_stages;
-  if (l.schedule == pipeline::ScheduleKind::kInterleaved && o.virtual_stages == 1)
-    l.virtual_stages = 2;
+  const bool chunked = l.schedule == pipeline::ScheduleKind::kInterleaved ||
+                       l.schedule == pipeline::ScheduleKind::kZeroBubbleV;
+  if (chunked && o.virtual_stages == 1) l.virtual_stages = 2;
   l.micro_batch_size = o.micro_batch;
   l.global_batch_size = o.global_batch > 0 ? o.global_batch : o.micro_batch * l.dp;
   return l;

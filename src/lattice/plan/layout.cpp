@@ -34,7 +34,8 @@ std::string ParallelLayout::describe() const {
   text += " mb=" + std::to_string(micro_batch_size);
   if (pp > 1) {
     text += " " + pipeline::schedule_kind_name(schedule);
-    if (virtual_stages > 1) text += "x" + std::to_string(virtual_stages);
+    if (virtual_stages > 1 && schedule == pipeline::ScheduleKind::kInterleaved)
+      text += "x" + std::to_string(virtual_stages);
   }
   text += " recompute=" + recompute_name(recompute);
   if (flash_attention) text += " flash";
@@ -77,8 +78,11 @@ void validate_layout(const ModelSpec& model, const ParallelLayout& l, int device
     check(l.num_microbatches() % l.pp == 0, "interleaved schedule needs microbatches (" +
                                                 s(l.num_microbatches()) +
                                                 ") to be a multiple of pp (" + s(l.pp) + ")");
+  } else if (l.pp > 1 && l.schedule == pipeline::ScheduleKind::kZeroBubbleV) {
+    check(l.virtual_stages == 2, "the zb-v schedule runs exactly 2 virtual stages per rank");
   } else {
-    check(l.virtual_stages == 1, "virtual_stages > 1 needs the interleaved schedule with pp > 1");
+    check(l.virtual_stages == 1,
+          "virtual_stages > 1 needs the interleaved or zb-v schedule with pp > 1");
   }
 }
 

@@ -64,6 +64,8 @@ int peak_chunks_in_flight(const ParallelLayout& l, int stage) {
     case pipeline::ScheduleKind::kOneFOneB:
     case pipeline::ScheduleKind::kZeroBubbleH1:
       return std::min(p - stage, m);
+    case pipeline::ScheduleKind::kZeroBubbleV:  // bound kept by the generator, on every rank
+      return std::min(2 * p, 2 * m);
     case pipeline::ScheduleKind::kInterleaved:
       return std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
   }
@@ -92,8 +94,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ParallelLayout& l) {
   for (int stage = 0; stage < l.pp; ++stage) {
     StageMemory mem;
     mem.stage = stage;
+    // ZB-V folds the pipeline into a V: the first and the last virtual stage both live on rank 0.
+    const bool v_shape = l.pp > 1 && l.schedule == pipeline::ScheduleKind::kZeroBubbleV;
     const bool first = stage == 0;
-    const bool last = stage == l.pp - 1;
+    const bool last = v_shape ? stage == 0 : stage == l.pp - 1;
     double dense = layers_per_rank * count.per_layer_dense / t;
     double experts = layers_per_rank * count.per_layer_experts / (t * l.ep);
     if (first) dense += count.embedding / t;

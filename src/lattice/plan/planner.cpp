@@ -101,6 +101,8 @@ PlanResult plan_layouts(const PlanRequest& request) {
             if (pp > 1) {
               schedules.push_back({pipeline::ScheduleKind::kGPipe, 1});
               schedules.push_back({pipeline::ScheduleKind::kZeroBubbleH1, 1});
+              if (model.layers % (2 * pp) == 0)
+                schedules.push_back({pipeline::ScheduleKind::kZeroBubbleV, 2});
               for (int v : {2, 4})
                 if (model.layers % (pp * v) == 0 && microbatches % pp == 0)
                   schedules.push_back({pipeline::ScheduleKind::kInterleaved, v});

@@ -77,6 +77,8 @@ std::string schedule_kind_name(ScheduleKind kind) {
       return "interleaved";
     case ScheduleKind::kZeroBubbleH1:
       return "zb-h1";
+    case ScheduleKind::kZeroBubbleV:
+      return "zb-v";
   }
   return "?";
 }
@@ -86,7 +88,9 @@ ScheduleKind parse_schedule_kind(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved" || name == "interleaved-1f1b") return ScheduleKind::kInterleaved;
   if (name == "zb-h1" || name == "zbh1") return ScheduleKind::kZeroBubbleH1;
-  throw Error("unknown pipeline schedule '" + name + "': use gpipe, 1f1b, interleaved or zb-h1");
+  if (name == "zb-v" || name == "zbv") return ScheduleKind::kZeroBubbleV;
+  throw Error("unknown pipeline schedule '" + name +
+              "': use gpipe, 1f1b, interleaved, zb-h1 or zb-v");
 }
 
 Schedule make_gpipe(int num_ranks, int num_microbatches) {
@@ -215,6 +219,71 @@ Schedule make_zero_bubble_h1(int num_ranks, int num_microbatches) {
   return schedule;
 }
 
+// ZB-V (Qi et al., "Pipeline parallelism with controllable memory", 2024): every rank owns two
+// chunks in a V, stage r and stage 2p - 1 - r, so the first and last stages share rank 0 and the
+// turn of the V needs no transfer. Built by list scheduling with unit costs (T_F = T_B = T_W): an
+// idle rank runs a ready B (later stage first), else a ready F (later stage first) while its
+// in-flight chunk activations stay under 2p (1F1B's peak memory in whole-stage units), else a
+// pending W.
+Schedule make_zero_bubble_v(int num_ranks, int num_microbatches) {
+  Schedule schedule = empty_schedule(ScheduleKind::kZeroBubbleV, num_ranks, num_microbatches, 2);
+  schedule.splits_weight_gradient = true;
+  const int p = num_ranks;
+  const int m = num_microbatches;
+  const int stages = 2 * p;
+  for (int stage = 0; stage < stages; ++stage)
+    schedule.stage_owner[stage] = stage < p ? stage : stages - 1 - stage;
+  const ActionListBuilder builder(schedule);
+  constexpr long kNotYet = -1;
+  std::vector<std::vector<long>> forward_done(stages, std::vector<long>(m, kNotYet));
+  std::vector<std::vector<long>> backward_done(stages, std::vector<long>(m, kNotYet));
+  std::vector<int> next_forward(stages, 0), next_backward(stages, 0), in_flight(p, 0);
+  std::vector<std::deque<std::pair<int, int>>> pending_weight(p);
+  std::vector<long> busy_until(p, 0);
+  auto finished_by = [](long done, long time) { return done != kNotYet && done <= time; };
+  int remaining = stages * m * 3;
+  for (long time = 0; remaining > 0; ++time) {
+    for (int rank = 0; rank < p; ++rank) {
+      if (busy_until[rank] > time) continue;
+      auto& list = schedule.actions[rank];
+      const int chunk_stages[2] = {stages - 1 - rank, rank};  // later stage first
+      bool done = false;
+      for (int stage : chunk_stages) {  // a ready backward
+        const int mb = next_backward[stage];
+        if (mb >= m || !finished_by(forward_done[stage][mb], time)) continue;
+        if (stage < stages - 1 && !finished_by(backward_done[stage + 1][mb], time)) continue;
+        builder.backward(list, stage, mb);
+        backward_done[stage][mb] = time + 1;
+        pending_weight[rank].push_back({stage, mb});
+        ++next_backward[stage];
+        --in_flight[rank];
+        done = true;
+        break;
+      }
+      for (int i = 0; !done && i < 2 && in_flight[rank] < 2 * p; ++i) {  // a ready forward
+        const int stage = chunk_stages[i];
+        const int mb = next_forward[stage];
+        if (mb >= m || (stage > 0 && !finished_by(forward_done[stage - 1][mb], time))) continue;
+        builder.forward(list, stage, mb);
+        forward_done[stage][mb] = time + 1;
+        ++next_forward[stage];
+        ++in_flight[rank];
+        done = true;
+      }
+      if (!done && !pending_weight[rank].empty()) {
+        const auto [stage, mb] = pending_weight[rank].front();
+        pending_weight[rank].pop_front();
+        builder.weight(list, stage, mb);
+        done = true;
+      }
+      if (!done) continue;
+      busy_until[rank] = time + 1;
+      --remaining;
+    }
+  }
+  return schedule;
+}
+
 Schedule make_schedule(ScheduleKind kind, int num_ranks, int num_microbatches,
                        int chunks_per_rank) {
   switch (kind) {
@@ -226,6 +295,8 @@ Schedule make_schedule(ScheduleKind kind, int num_ranks, int num_microbatches,
       return make_interleaved(num_ranks, num_microbatches, chunks_per_rank);
     case ScheduleKind::kZeroBubbleH1:
       return make_zero_bubble_h1(num_ranks, num_microbatches);
+    case ScheduleKind::kZeroBubbleV:
+      return make_zero_bubble_v(num_ranks, num_microbatches);
   }
   throw Error("unknown pipeline schedule kind");
 }

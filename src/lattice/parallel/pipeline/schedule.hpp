@@ -1,6 +1,6 @@
 // A pipeline schedule as data: for each pipeline rank the ordered list of actions it runs, plus the
 // map from virtual stage to rank. Generators for GPipe, 1F1B, interleaved 1F1B and zero-bubble
-// ZB-H1.
+// ZB-H1 and ZB-V.
 #pragma once
 
 #include <string>
@@ -10,9 +10,10 @@
 
 namespace lattice::pipeline {
 
-enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1 };
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1, kZeroBubbleV };
 
-std::string schedule_kind_name(ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zb-h1"
+std::string schedule_kind_name(
+    ScheduleKind kind);  // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"
 ScheduleKind parse_schedule_kind(
     const std::string& name);  // throws lattice::Error on unknown names
 
@@ -37,5 +38,7 @@ Schedule make_gpipe(int num_ranks, int num_microbatches);
 Schedule make_one_f_one_b(int num_ranks, int num_microbatches);
 Schedule make_interleaved(int num_ranks, int num_microbatches, int chunks_per_rank);
 Schedule make_zero_bubble_h1(int num_ranks, int num_microbatches);
+// Two chunks per rank in a V: rank r owns stages r and 2p - 1 - r.
+Schedule make_zero_bubble_v(int num_ranks, int num_microbatches);
 
 }  // namespace lattice::pipeline
