@@ -9,8 +9,11 @@ Lattice writes into model.safetensors (family, vocab_size, max_seq_len, d_model,
 n_kv_heads, ffn_hidden, norm_eps, rope_theta, tied_embeddings, init_std).
 
 Works with plain fp32 and under torch.autocast("cpu", dtype=torch.bfloat16) (softmax, norms and the loss
-are computed in fp32, as Hugging Face does). Needs only torch (no safetensors package): the safetensors
-format is read and written here by hand.
+are computed in fp32, as Hugging Face does). With ops=LATTICE_BF16_OPS the products instead emulate
+Lattice's Precision::bf16 exactly where it rounds: GEMM inputs rounded to bf16 (nearest even), fp32
+accumulation and fp32 outputs, and in attention q, k, v, d_out, the probabilities and dS rounded before
+the products they feed (forward and backward written out, as Lattice's kernels do). Needs only torch (no
+safetensors package): the safetensors format is read and written here by hand.
 """
 
 import json
@@ -22,6 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = [
+    "TORCH_OPS",
+    "LATTICE_BF16_OPS",
     "Gpt2Model",
     "LlamaModel",
     "build_model",
@@ -33,7 +38,123 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------------
+# Products: PyTorch's own (autocast-aware) or an emulation of Lattice's bf16 rounding
+
+
+def round_bf16(x):
+    """x rounded to the nearest bf16 (ties to even), kept in fp32."""
+    return x.bfloat16().float()
+
+
+def causal_attention(q, k, v):
+    """Causal softmax attention on [B, H, T, D] tensors (k and v already repeated to H heads).
+    Scores and softmax in fp32; under autocast the two products run in bf16 (probabilities are cast
+    to v's dtype first, as Hugging Face does)."""
+    T, D = q.shape[-2], q.shape[-1]
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(D))
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)
+
+
+class _RoundedBf16Linear(torch.autograd.Function):
+    """y = bf16(x) bf16(W)^T + b in fp32; dx = bf16(dy) bf16(W), dW = bf16(dy)^T bf16(x), db = sum dy
+    (Lattice's MatmulEngine in Precision::bf16)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        xr, wr = round_bf16(x.float()), round_bf16(weight)
+        ctx.save_for_backward(xr, wr)
+        ctx.has_bias = bias is not None
+        y = torch.matmul(xr, wr.t())
+        return y + bias if bias is not None else y
+
+    @staticmethod
+    def backward(ctx, dy):
+        xr, wr = ctx.saved_tensors
+        dyr = round_bf16(dy)
+        dx = torch.matmul(dyr, wr)
+        dw = torch.matmul(dyr.reshape(-1, dy.shape[-1]).t(), xr.reshape(-1, xr.shape[-1]))
+        db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
+        return dx, dw, db
+
+
+class _RoundedBf16Attention(torch.autograd.Function):
+    """Causal attention as Lattice's kernel in Precision::bf16 (one key tile): S = bf16(q) bf16(k)^T
+    * scale, p = exp(S - rowmax) (fp32 row sum l), O = bf16(p) bf16(v) / l, lse = rowmax + log l;
+    backward P = exp(S - lse), dP = bf16(dO) bf16(v)^T, delta = rowsum(dO * O),
+    dS = P (dP - delta) scale, dQ = bf16(dS) bf16(k), dK = bf16(dS)^T bf16(q), dV = bf16(P)^T bf16(dO)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        T, D = q.shape[-2], q.shape[-1]
+        scale = 1.0 / math.sqrt(D)
+        qr, kr, vr = round_bf16(q.float()), round_bf16(k.float()), round_bf16(v.float())
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        s = (torch.matmul(qr, kr.transpose(-2, -1)) * scale).masked_fill(mask, float("-inf"))
+        row_max = s.amax(-1, keepdim=True)
+        p = torch.exp(s - row_max)
+        row_sum = p.sum(-1, keepdim=True)
+        out = torch.matmul(round_bf16(p), vr) / row_sum
+        lse = row_max + torch.log(row_sum)
+        ctx.save_for_backward(qr, kr, vr, out, lse)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        qr, kr, vr, out, lse = ctx.saved_tensors
+        T = qr.shape[-2]
+        mask = torch.ones(T, T, dtype=torch.bool, device=qr.device).triu(1)
+        s = (torch.matmul(qr, kr.transpose(-2, -1)) * ctx.scale).masked_fill(mask, float("-inf"))
+        p = torch.exp(s - lse)
+        d_out_r = round_bf16(d_out)
+        dp = torch.matmul(d_out_r, vr.transpose(-2, -1))
+        delta = (d_out * out).sum(-1, keepdim=True)
+        ds = p * (dp - delta) * ctx.scale
+        pr, dsr = round_bf16(p), round_bf16(ds)
+        dq = torch.matmul(dsr, kr)
+        dk = torch.matmul(dsr.transpose(-2, -1), qr)
+        dv = torch.matmul(pr.transpose(-2, -1), d_out_r)
+        return dq, dk, dv
+
+
+class Ops:
+    """The two product kinds a model uses: linear(x, weight, bias) and causal attention(q, k, v)."""
+
+    def __init__(self, name, linear, attention):
+        self.name, self.linear, self.attention = name, linear, attention
+
+    def __repr__(self):
+        return f"Ops({self.name})"
+
+
+# PyTorch's own products (fp32, or bf16 under torch.autocast).
+TORCH_OPS = Ops("torch", F.linear, causal_attention)
+# Lattice's Precision::bf16 rounding, emulated in fp32 (do not combine with autocast).
+LATTICE_BF16_OPS = Ops(
+    "lattice-bf16",
+    lambda x, w, b=None: _RoundedBf16Linear.apply(x, w, b),
+    _RoundedBf16Attention.apply,
+)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Layers
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b), W stored [out, in] (as Lattice and nn.Linear), through the model's ops."""
+
+    def __init__(self, in_features, out_features, bias, ops):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features).normal_(0.0, 0.02))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.ops = ops
+
+    def forward(self, x):
+        return self.ops.linear(x, self.weight, self.bias)
 
 
 class LayerNorm(nn.Module):
@@ -78,56 +199,45 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def causal_attention(q, k, v):
-    """Causal softmax attention on [B, H, T, D] tensors (k and v already repeated to H heads).
-    Scores and softmax in fp32; under autocast the two products run in bf16 (probabilities are cast
-    to v's dtype first, as Hugging Face does)."""
-    T, D = q.shape[-2], q.shape[-1]
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(D))
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.masked_fill(mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    return torch.matmul(probs, v)
-
-
 # ---------------------------------------------------------------------------------------------------
 # GPT-2
 
 
 class Gpt2Attention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
         C = config["d_model"]
         self.n_heads = config["n_heads"]
-        self.c_attn = nn.Linear(C, 3 * C, bias=True)
-        self.c_proj = nn.Linear(C, C, bias=True)
+        self.ops = ops
+        self.c_attn = Linear(C, 3 * C, True, ops)
+        self.c_proj = Linear(C, C, True, ops)
 
     def forward(self, x):
         B, T, C = x.shape
         H = self.n_heads
         q, k, v = self.c_attn(x).split(C, dim=-1)
         q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        y = self.ops.attention(q, k, v).transpose(1, 2).reshape(B, T, C)
         return self.c_proj(y)
 
 
 class Gpt2Mlp(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
-        self.c_fc = nn.Linear(config["d_model"], config["ffn_hidden"], bias=True)
-        self.c_proj = nn.Linear(config["ffn_hidden"], config["d_model"], bias=True)
+        self.c_fc = Linear(config["d_model"], config["ffn_hidden"], True, ops)
+        self.c_proj = Linear(config["ffn_hidden"], config["d_model"], True, ops)
 
     def forward(self, x):
         return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
 
 
 class Gpt2Block(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
         self.ln_1 = LayerNorm(config["d_model"], config["norm_eps"])
-        self.attn = Gpt2Attention(config)
+        self.attn = Gpt2Attention(config, ops)
         self.ln_2 = LayerNorm(config["d_model"], config["norm_eps"])
-        self.mlp = Gpt2Mlp(config)
+        self.mlp = Gpt2Mlp(config, ops)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -135,11 +245,11 @@ class Gpt2Block(nn.Module):
 
 
 class Gpt2Trunk(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
         self.wte = nn.Embedding(config["vocab_size"], config["d_model"])
         self.wpe = nn.Embedding(config["max_seq_len"], config["d_model"])
-        self.h = nn.ModuleList(Gpt2Block(config) for _ in range(config["n_layers"]))
+        self.h = nn.ModuleList(Gpt2Block(config, ops) for _ in range(config["n_layers"]))
         self.ln_f = LayerNorm(config["d_model"], config["norm_eps"])
 
 
@@ -147,13 +257,14 @@ class Gpt2Model(nn.Module):
     """GPT-2: state_dict keys transformer.wte.weight, transformer.wpe.weight, transformer.h.<i>.*,
     transformer.ln_f.*, and lm_head.weight only when the config unties the head."""
 
-    def __init__(self, config):
+    def __init__(self, config, ops=TORCH_OPS):
         super().__init__()
         self.config = dict(config)
-        self.transformer = Gpt2Trunk(config)
+        self.ops = ops
+        self.transformer = Gpt2Trunk(config, ops)
         self.tied = bool(config.get("tied_embeddings", True))
         if not self.tied:
-            self.lm_head = nn.Linear(config["d_model"], config["vocab_size"], bias=False)
+            self.lm_head = Linear(config["d_model"], config["vocab_size"], False, ops)
 
     def head_weight(self):
         return self.transformer.wte.weight if self.tied else self.lm_head.weight
@@ -165,7 +276,7 @@ class Gpt2Model(nn.Module):
         x = self.transformer.wte(tokens) + self.transformer.wpe(positions)
         for block in self.transformer.h:
             x = block(x)
-        logits = F.linear(self.transformer.ln_f(x), self.head_weight()).float()
+        logits = self.ops.linear(self.transformer.ln_f(x), self.head_weight(), None).float()
         return logits if targets is None else (logits, cross_entropy(logits, targets))
 
 
@@ -174,17 +285,18 @@ class Gpt2Model(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
         C = config["d_model"]
         self.n_heads = config["n_heads"]
         self.n_kv_heads = config["n_kv_heads"]
+        self.ops = ops
         self.head_dim = C // self.n_heads
         kv = self.n_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(C, C, bias=False)
-        self.k_proj = nn.Linear(C, kv, bias=False)
-        self.v_proj = nn.Linear(C, kv, bias=False)
-        self.o_proj = nn.Linear(C, C, bias=False)
+        self.q_proj = Linear(C, C, False, ops)
+        self.k_proj = Linear(C, kv, False, ops)
+        self.v_proj = Linear(C, kv, False, ops)
+        self.o_proj = Linear(C, C, False, ops)
 
     def forward(self, x, cos, sin):
         B, T, C = x.shape
@@ -201,29 +313,29 @@ class LlamaAttention(nn.Module):
         group = H // Hkv
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        y = self.ops.attention(q, k, v).transpose(1, 2).reshape(B, T, C)
         return self.o_proj(y)
 
 
 class LlamaMlp(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
         C, Fh = config["d_model"], config["ffn_hidden"]
-        self.gate_proj = nn.Linear(C, Fh, bias=False)
-        self.up_proj = nn.Linear(C, Fh, bias=False)
-        self.down_proj = nn.Linear(Fh, C, bias=False)
+        self.gate_proj = Linear(C, Fh, False, ops)
+        self.up_proj = Linear(C, Fh, False, ops)
+        self.down_proj = Linear(Fh, C, False, ops)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
         self.input_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, ops)
         self.post_attention_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
-        self.mlp = LlamaMlp(config)
+        self.mlp = LlamaMlp(config, ops)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -231,10 +343,10 @@ class LlamaBlock(nn.Module):
 
 
 class LlamaTrunk(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, ops):
         super().__init__()
         self.embed_tokens = nn.Embedding(config["vocab_size"], config["d_model"])
-        self.layers = nn.ModuleList(LlamaBlock(config) for _ in range(config["n_layers"]))
+        self.layers = nn.ModuleList(LlamaBlock(config, ops) for _ in range(config["n_layers"]))
         self.norm = RMSNorm(config["d_model"], config["norm_eps"])
 
 
@@ -242,13 +354,14 @@ class LlamaModel(nn.Module):
     """Llama: state_dict keys model.embed_tokens.weight, model.layers.<i>.*, model.norm.weight and
     lm_head.weight (absent when the config ties the head to the embedding)."""
 
-    def __init__(self, config):
+    def __init__(self, config, ops=TORCH_OPS):
         super().__init__()
         self.config = dict(config)
-        self.model = LlamaTrunk(config)
+        self.ops = ops
+        self.model = LlamaTrunk(config, ops)
         self.tied = bool(config.get("tied_embeddings", False))
         if not self.tied:
-            self.lm_head = nn.Linear(config["d_model"], config["vocab_size"], bias=False)
+            self.lm_head = Linear(config["d_model"], config["vocab_size"], False, ops)
         head_dim = config["d_model"] // config["n_heads"]
         cos, sin = rope_cos_sin(config["max_seq_len"], head_dim, float(config["rope_theta"]))
         # Buffers, not parameters: left out of state_dict so the keys stay Lattice's.
@@ -263,7 +376,7 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(tokens)
         for block in self.model.layers:
             x = block(x, self.rope_cos, self.rope_sin)
-        logits = F.linear(self.model.norm(x), self.head_weight()).float()
+        logits = self.ops.linear(self.model.norm(x), self.head_weight(), None).float()
         return logits if targets is None else (logits, cross_entropy(logits, targets))
 
 
@@ -278,14 +391,15 @@ def cross_entropy(logits, targets):
     )
 
 
-def build_model(config):
-    """A Gpt2Model or LlamaModel for a Lattice model config dict (the "lattice.model" JSON)."""
+def build_model(config, ops=TORCH_OPS):
+    """A Gpt2Model or LlamaModel for a Lattice model config dict (the "lattice.model" JSON); `ops`
+    picks the products (TORCH_OPS, or LATTICE_BF16_OPS to emulate Lattice's bf16 rounding)."""
     config = dict(config)
     family = config["family"]
     if family == "gpt2":
-        return Gpt2Model(config)
+        return Gpt2Model(config, ops)
     if family == "llama":
-        return LlamaModel(config)
+        return LlamaModel(config, ops)
     raise ValueError(f"unknown model family {family!r}: use 'gpt2' or 'llama'")
 
 

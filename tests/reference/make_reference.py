@@ -5,12 +5,14 @@ Input: Lattice's initial weights (a safetensors file of every parameter, Lattice
 Linear weights, with the model config as the "lattice.model" JSON metadata, or given by --config) and a
 batch (a safetensors file with I32 "tokens" and "targets", both [B, T]; negative targets are ignored).
 
-Output (one safetensors file, all F32), for fp32 and for torch.autocast("cpu", dtype=torch.bfloat16):
-  logits            [B*T, V]  logits of the initial weights      (bf16 run: "bf16/logits")
-  loss              []        mean cross-entropy                  ("bf16/loss")
-  grad/<parameter>            gradient of the loss                ("bf16/grad/<parameter>")
-  losses            [steps]   loss before each of `steps` AdamW steps on the same batch ("bf16/losses")
-  grad_norms        [steps]   pre-clip global gradient norm of each step ("bf16/grad_norms")
+Output (one safetensors file, all F32), for three runs: fp32 (no prefix), bf16 autocast
+(torch.autocast("cpu", dtype=torch.bfloat16), prefix "bf16/") and an fp32 emulation of Lattice's own
+bf16 rounding (lattice_torch.LATTICE_BF16_OPS, prefix "lattice_bf16/"):
+  logits            [B*T, V]  logits of the initial weights
+  loss              []        mean cross-entropy
+  grad/<parameter>            gradient of the loss
+  losses            [steps]   loss before each of `steps` AdamW steps on the same batch
+  grad_norms        [steps]   pre-clip global gradient norm of each step
 Metadata: "lattice.model" (the config), "lattice.reference" (the training hyper-parameters the C++ test
 must use: constant lr, betas, eps, weight decay on rank >= 2 parameters, clipping max norm, steps) and
 the torch version.
@@ -40,13 +42,20 @@ HYPER = {
 }
 
 
-def run(config, weights, tokens, targets, bf16):
+# The runs: output prefix, products, whether under bf16 autocast.
+RUNS = [
+    ("", lt.TORCH_OPS, False),
+    ("bf16/", lt.TORCH_OPS, True),
+    ("lattice_bf16/", lt.LATTICE_BF16_OPS, False),
+]
+
+
+def run(config, weights, tokens, targets, prefix, ops, bf16_autocast):
     """Forward/backward and `steps` AdamW steps from the given weights; returns {name: tensor}."""
     torch.manual_seed(0)
-    model = lt.load_lattice_weights(lt.build_model(config), weights)
+    model = lt.load_lattice_weights(lt.build_model(config, ops), weights)
     model.train()
-    prefix = "bf16/" if bf16 else ""
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast)
     out = {}
 
     with autocast:
@@ -57,7 +66,7 @@ def run(config, weights, tokens, targets, bf16):
     for name, p in model.named_parameters():
         out[prefix + "grad/" + name] = p.grad.detach().float().clone()
 
-    model = lt.load_lattice_weights(lt.build_model(config), weights)
+    model = lt.load_lattice_weights(lt.build_model(config, ops), weights)
     optimizer = lt.make_adamw(
         model,
         lr=HYPER["lr"],
@@ -101,8 +110,9 @@ def main():
     batch, _ = lt.read_safetensors(args.batch)
     tokens, targets = batch["tokens"].long(), batch["targets"].long()
 
-    out = run(config, weights, tokens, targets, bf16=False)
-    out.update(run(config, weights, tokens, targets, bf16=True))
+    out = {}
+    for prefix, ops, bf16_autocast in RUNS:
+        out.update(run(config, weights, tokens, targets, prefix, ops, bf16_autocast))
     lt.write_safetensors(
         args.out,
         out,
@@ -112,10 +122,11 @@ def main():
             "torch": torch.__version__,
         },
     )
-    print(
-        f"{args.out}: fp32 loss {float(out['loss']):.6f} -> {float(out['losses'][-1]):.6f}, "
-        f"bf16 loss {float(out['bf16/loss']):.6f} -> {float(out['bf16/losses'][-1]):.6f}"
-    )
+    for prefix, _, _ in RUNS:
+        print(
+            f"{args.out}: {prefix or 'fp32/'} loss {float(out[prefix + 'loss']):.6f} -> "
+            f"{float(out[prefix + 'losses'][-1]):.6f}"
+        )
 
 
 if __name__ == "__main__":
