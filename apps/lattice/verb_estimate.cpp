@@ -25,6 +25,12 @@ struct EstimateOptions {
   bool simulate = false;
 };
 
+std::string fixed(double value, int decimals) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", decimals, value);
+  return text;
+}
+
 void run_memory(const EstimateOptions& o) {
   const plan::ModelSpec model = plan::cli::resolve_model(o.model);
   const plan::ParallelLayout layout = plan::cli::resolve_layout(o.layout);
@@ -48,16 +54,15 @@ void run_compute(const EstimateOptions& o) {
     const plan::SimulationResult sim = plan::simulate(model, layout, hw);
     report.flops_per_device = sim.model_tflops_per_device * 1e12;
     report.devices = layout.world_size();
-    report.throughput_source = "the simulated " +
-                               std::to_string(sim.model_tflops_per_device).substr(0, 5) +
+    report.throughput_source = "the simulated " + fixed(sim.model_tflops_per_device, 1) +
                                " TFLOP/s per device (" + layout.describe() + ")";
   } else if (o.tflops > 0) {
     report.flops_per_device = o.tflops * 1e12;
-    report.throughput_source = std::to_string(o.tflops).substr(0, 6) + " TFLOP/s per device";
+    report.throughput_source = fixed(o.tflops, 1) + " TFLOP/s per device";
   } else {
     const double mfu = o.mfu > 0 ? o.mfu : 0.4;
     report.flops_per_device = mfu * hw.peak_bf16_flops;
-    report.throughput_source = "MFU " + std::to_string(100 * mfu).substr(0, 4) + "% of " + hw.name;
+    report.throughput_source = "MFU " + fixed(100 * mfu, 1) + "% of " + hw.name;
   }
   report.estimate =
       plan::estimate_compute(model, layout, o.tokens, report.devices, report.flops_per_device);

@@ -165,8 +165,8 @@ std::string compute_text(const ModelSpec& model, const ComputeReport& r) {
           " steps\n";
   text += "time on " + std::to_string(r.devices) + " devices at " + r.throughput_source + ": " +
           format("%.1f days", e.days()) +
-          " (Megatron eq. 4, 8TP/(nX): " + format("%.1f days)", r.megatron_eq4_seconds / 86400) +
-          "\n";
+          " (Megatron eq. 4, 8TP/(nX) with X counting full recompute: " +
+          format("%.1f days)", r.megatron_eq4_seconds / 86400) + "\n";
   return text;
 }
 
