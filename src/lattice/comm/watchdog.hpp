@@ -62,7 +62,7 @@ class Watchdog {
   StatusBoard& board() const { return *board_; }
 
  private:
-  static constexpr int kSpinIterations = 4000;
+  static constexpr int kSpinIterations = 1000;
   static constexpr int64_t kYieldIterations = 2000;
   static void relax();
   static void yield();
