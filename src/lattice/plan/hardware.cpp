@@ -72,7 +72,7 @@ std::vector<std::string> HardwareCatalog::names() const {
   return result;
 }
 
-const HardwareSpec& HardwareCatalog::get(const std::string& name) {
+HardwareSpec HardwareCatalog::get(const std::string& name) {
   const std::string key = lower(name);
   for (const auto& spec : entries_)
     if (spec.name == key) return spec;

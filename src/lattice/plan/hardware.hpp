@@ -38,9 +38,9 @@ class HardwareCatalog {
   void load_toml_file(const std::string& path);
   void load_toml_string(const std::string& text);
 
-  // The entry for `name` (case-insensitive; "cpu" calibrates this machine on first use). Throws
-  // lattice::Error naming the known entries when there is none.
-  const HardwareSpec& get(const std::string& name);
+  // A copy of the entry for `name` (case-insensitive; "cpu" calibrates this machine on first use).
+  // Throws lattice::Error naming the known entries when there is none.
+  HardwareSpec get(const std::string& name);
   std::vector<std::string> names() const;
   void add_or_replace(const HardwareSpec& spec);
 
