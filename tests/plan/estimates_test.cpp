@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lattice/core/error.hpp"
+#include "lattice/parallel/pipeline/replay.hpp"
 #include "lattice/plan/compute_estimate.hpp"
 #include "lattice/plan/hardware.hpp"
 #include "lattice/plan/memory_estimate.hpp"
@@ -116,6 +117,67 @@ TEST(MemoryEstimate, PipelineFirstStageHoldsLLayersOfActivations) {
   l.virtual_stages = 1;
   const MemoryEstimate gpipe = estimate_memory(m96, l);
   EXPECT_NEAR(gpipe.stages[0].activation_bytes / (64 * (96 / 8) * per_layer_96), 1.0, 1e-12);
+}
+
+// The in-flight counts the memory estimate uses are those of the generated schedules, replayed.
+TEST(MemoryEstimate, InFlightCountsMatchTheReplayedSchedules) {
+  using pipeline::ScheduleKind;
+  for (auto [kind, v] :
+       {std::pair{ScheduleKind::kGPipe, 1}, std::pair{ScheduleKind::kOneFOneB, 1},
+        std::pair{ScheduleKind::kZeroBubbleH1, 1}, std::pair{ScheduleKind::kInterleaved, 2},
+        std::pair{ScheduleKind::kInterleaved, 3}, std::pair{ScheduleKind::kZeroBubbleV, 2}}) {
+    for (auto [p, m] : {std::pair{4, 8}, std::pair{4, 16}, std::pair{8, 8}, std::pair{8, 24}}) {
+      ParallelLayout l;
+      l.pp = p;
+      l.schedule = kind;
+      l.virtual_stages = v;
+      l.global_batch_size = m;
+      const pipeline::ReplayResult r = pipeline::replay(pipeline::make_schedule(kind, p, m, v),
+                                                        pipeline::uniform_costs(1, 2, 1));
+      for (int rank = 0; rank < p; ++rank) {
+        if (kind == ScheduleKind::kZeroBubbleV)  // the estimate is the generator's bound
+          EXPECT_LE(r.peak_in_flight[rank], peak_chunks_in_flight(l, rank));
+        else
+          EXPECT_EQ(r.peak_in_flight[rank], peak_chunks_in_flight(l, rank))
+              << pipeline::schedule_kind_name(kind) << " v=" << v << " p=" << p << " m=" << m
+              << " rank " << rank;
+      }
+    }
+  }
+}
+
+// Expert parallelism shards the experts' parameters; context parallelism the sequence's
+// activations.
+TEST(MemoryEstimate, ExpertAndContextParallelismShardWhatTheyShould) {
+  const ModelSpec mixtral = model_preset("mixtral-8x7b");
+  const ParameterCount count = count_parameters(mixtral);
+  ParallelLayout l;
+  l.dp = 8;
+  l.global_batch_size = 8;
+  const double dense_params =
+      static_cast<double>(count.total - mixtral.layers * count.per_layer_experts);
+  for (int ep : {1, 2, 8}) {
+    l.ep = ep;
+    const double expected = dense_params + mixtral.layers * count.per_layer_experts / double(ep);
+    EXPECT_NEAR(estimate_memory(mixtral, l).peak().parameters / expected, 1.0, 1e-12)
+        << "ep=" << ep;
+  }
+  EXPECT_THROW(
+      [&] {
+        auto bad = l;
+        bad.ep = 3;
+        estimate_memory(mixtral, bad);
+      }(),
+      Error);
+
+  const ModelSpec llama = model_preset("llama3-8b");
+  ParallelLayout cp1;
+  cp1.global_batch_size = 1;
+  cp1.recompute = Recompute::kSelective;
+  ParallelLayout cp4 = cp1;
+  cp4.cp = 4;
+  EXPECT_NEAR(activation_bytes_per_layer(llama, cp1) / activation_bytes_per_layer(llama, cp4), 4.0,
+              1e-12);
 }
 
 TEST(MemoryEstimate, ShardsModelStateAcrossTensorPipelineAndZero) {
