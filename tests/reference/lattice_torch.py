@@ -30,6 +30,11 @@ __all__ = [
     "Gpt2Model",
     "LlamaModel",
     "build_model",
+    "init_like_lattice",
+    "causal_attention",
+    "round_bf16",
+    "cross_entropy",
+    "Ops",
     "read_safetensors",
     "write_safetensors",
     "load_lattice_weights",
@@ -81,7 +86,9 @@ class _RoundedBf16Linear(torch.autograd.Function):
 
 
 class _RoundedBf16Attention(torch.autograd.Function):
-    """Causal attention as Lattice's kernel in Precision::bf16 (one key tile): S = bf16(q) bf16(k)^T
+    """Causal attention as Lattice's kernel in Precision::bf16 computes it when the sequence fits one
+    64-key tile (T <= 64; longer sequences round exp(S - running max) per tile, so they differ by a few
+    bf16 roundings): S = bf16(q) bf16(k)^T
     * scale, p = exp(S - rowmax) (fp32 row sum l), O = bf16(p) bf16(v) / l, lse = rowmax + log l;
     backward P = exp(S - lse), dP = bf16(dO) bf16(v)^T, delta = rowsum(dO * O),
     dS = P (dP - delta) scale, dQ = bf16(dS) bf16(k), dK = bf16(dS)^T bf16(q), dV = bf16(P)^T bf16(dO)."""
@@ -414,7 +421,7 @@ def init_like_lattice(model, seed=0):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
-                p.fill_(1.0 if name.endswith("norm.weight") or ".ln_" in name else 0.0)
+                p.fill_(1.0 if name.endswith(".weight") else 0.0)  # norm weights; biases
             elif name.endswith(("c_proj.weight", "o_proj.weight", "down_proj.weight")):
                 p.copy_(torch.randn(p.shape, generator=generator) * residual_std)
             else:
