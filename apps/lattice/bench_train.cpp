@@ -1,5 +1,6 @@
-// The `lattice bench train` target: Lattice's training throughput and MFU against PyTorch on the same
-// model and batch, in fp32 and bf16, measured in one invocation; prints a table and the ratios.
+// The `lattice bench train` target: Lattice's training throughput and MFU against PyTorch on the
+// same model and batch, in fp32 and bf16, measured in one invocation; prints a table and the
+// ratios.
 #include <omp.h>
 
 #include <algorithm>
@@ -25,8 +26,8 @@ std::vector<train::BenchmarkCase> cases(const std::string& which) {
   model::ModelConfig small = model::model_preset("gpt2-small-test");
   all.push_back({"small (L4 d256 h4 V8192 T256 B8)", small, 8, 256});
   // (b) GPT-2 124M at T1024 B4.
-  all.push_back({"gpt2-124m (L12 d768 h12 V50257 T1024 B4)", model::model_preset("gpt2-124m"), 4,
-                 1024});
+  all.push_back(
+      {"gpt2-124m (L12 d768 h12 V50257 T1024 B4)", model::model_preset("gpt2-124m"), 4, 1024});
   if (which == "all") return all;
   if (which == "small") return {all[0]};
   if (which == "gpt2-124m") return {all[1]};
@@ -36,8 +37,8 @@ std::vector<train::BenchmarkCase> cases(const std::string& which) {
 }  // namespace
 
 void register_bench_train(CLI::App& bench) {
-  CLI::App* target =
-      bench.add_subcommand("train", "Training tokens/s and MFU against PyTorch (same model, batch)");
+  CLI::App* target = bench.add_subcommand(
+      "train", "Training tokens/s and MFU against PyTorch (same model, batch)");
   struct Options {
     std::string shape = "all", python = "/usr/bin/python3", script;
     int64_t steps = 3, warmup = 1;
@@ -71,7 +72,8 @@ void register_bench_train(CLI::App& bench) {
     for (const auto& name : o->precisions)
       peak[name] = train::calibrate_peak_flops(matmul, kernels::parse_precision(name));
     std::printf("threads %d; measured GEMM peak:", threads);
-    for (const auto& [name, flops] : peak) std::printf(" %s %.3f TFLOP/s", name.c_str(), flops / 1e12);
+    for (const auto& [name, flops] : peak)
+      std::printf(" %s %.3f TFLOP/s", name.c_str(), flops / 1e12);
     std::printf(" (1024^3 oneDNN GEMM)\n\n");
     std::printf("%-44s %-5s %12s %9s %7s %12s %9s\n", "model", "prec", "lattice tok/s", "TFLOP/s",
                 "MFU", "pytorch tok/s", "ratio");
@@ -108,8 +110,9 @@ void register_bench_train(CLI::App& bench) {
                     best_torch->first.c_str(), best_mine->second / best_torch->second);
       }
     }
-    std::printf("\nFLOPs per token = 6N + 12·L·T·d (N without position embeddings); MFU against the "
-                "measured GEMM peak above.\n");
+    std::printf(
+        "\nFLOPs per token = 6N + 12·L·T·d (N without position embeddings); MFU against the "
+        "measured GEMM peak above.\n");
   });
 }
 

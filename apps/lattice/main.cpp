@@ -1,5 +1,5 @@
-// The `lattice` command line: one binary whose verbs train, generate, benchmark, estimate, simulate and
-// plan. Any lattice::Error becomes one "error: ..." line on stderr and exit status 2.
+// The `lattice` command line: one binary whose verbs train, generate, benchmark, estimate, simulate
+// and plan. Any lattice::Error becomes one "error: ..." line on stderr and exit status 2.
 #include <cstdio>
 #include <exception>
 

@@ -34,7 +34,8 @@ void register_generate_verb(CLI::App& app) {
   verb->add_option("--top-p", o->sampling.top_p, "nucleus sampling mass (1 = off)")
       ->capture_default_str();
   verb->add_option("--seed", o->sampling.seed, "sampling seed")->capture_default_str();
-  verb->add_option("--threads", o->threads, "kernel threads (0 = every core)")->capture_default_str();
+  verb->add_option("--threads", o->threads, "kernel threads (0 = every core)")
+      ->capture_default_str();
   verb->callback([o] {
     check(o->threads >= 0, "--threads must not be negative");
     if (o->threads > 0) omp_set_num_threads(o->threads);

@@ -11,11 +11,13 @@ namespace lattice::cli {
 
 void register_train_verb(CLI::App& app) {
   CLI::App* verb = app.add_subcommand(
-      "train", "Train a model from a TOML config; any key can be overridden as --section.key=value");
+      "train",
+      "Train a model from a TOML config; any key can be overridden as --section.key=value");
   auto config_path = std::make_shared<std::string>();
   verb->add_option("config", *config_path, "TOML configuration file");
   verb->allow_extras();
-  // Short flags for the layout: --dp N means --parallelism.dp=N (and likewise tp, pp, cp, ep, zero).
+  // Short flags for the layout: --dp N means --parallelism.dp=N (and likewise tp, pp, cp, ep,
+  // zero).
   auto layout = std::make_shared<std::vector<std::pair<std::string, int64_t>>>();
   for (const char* axis : {"dp", "tp", "pp", "cp", "ep", "zero"}) {
     verb->add_option_function<int64_t>(

@@ -1,5 +1,6 @@
-// The verbs of the `lattice` CLI: each file verb_<name>.cpp registers one verb (or one `bench` target)
-// on the CLI11 app. Verbs report user errors by throwing lattice::Error; main prints them as one line.
+// The verbs of the `lattice` CLI: each file verb_<name>.cpp registers one verb (or one `bench`
+// target) on the CLI11 app. Verbs report user errors by throwing lattice::Error; main prints them
+// as one line.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,5 +1,5 @@
-// Tests of the model: parameter names and counts, whole-model finite-difference gradients for GPT-2 and
-// Llama, pipeline-stage seams equal to the whole model, and gradient accumulation.
+// Tests of the model: parameter names and counts, whole-model finite-difference gradients for GPT-2
+// and Llama, pipeline-stage seams equal to the whole model, and gradient accumulation.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -93,7 +93,8 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferences) {
   int checked = 0;
   for (const auto& p : params.parameters()) {
     for (int probe = 0; probe < 3; ++probe) {
-      const int64_t index = p.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.numel)));
+      const int64_t index =
+          p.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.numel)));
       float* value = params.values() + index;
       const float saved = *value, step = 1e-2f;
       *value = saved + step;
@@ -175,8 +176,8 @@ TEST(Transformer, GradientAccumulationEqualsOneLargeBatch) {
   big.forward(ctx, batch.tokens.data(), batch.targets.data(), 4, T, 1.0f);
   big.backward(ctx);
   for (int half = 0; half < 2; ++half) {
-    accumulated.forward(ctx, batch.tokens.data() + half * 2 * T, batch.targets.data() + half * 2 * T,
-                        2, T, 0.5f);
+    accumulated.forward(ctx, batch.tokens.data() + half * 2 * T,
+                        batch.targets.data() + half * 2 * T, 2, T, 0.5f);
     accumulated.backward(ctx);
   }
   const auto& a = big.parameters();

@@ -40,8 +40,8 @@ inline CliResult run_lattice(const std::string& args, const std::filesystem::pat
 
 // A fresh empty directory under the system temp folder.
 inline std::filesystem::path fresh_directory(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("lattice-test-" + name + "-" +
-                                                       std::to_string(::getpid()));
+  auto dir = std::filesystem::temp_directory_path() /
+             ("lattice-test-" + name + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

@@ -1,6 +1,6 @@
 // End-to-end tests of `lattice train` and `lattice generate`: a short run learns, resuming from a
-// checkpoint continues with bit-identical losses, and bad input gets one clear error line and exit 2
-// without leaving half-written output.
+// checkpoint continues with bit-identical losses, and bad input gets one clear error line and exit
+// 2 without leaving half-written output.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -117,14 +117,17 @@ TEST_F(TrainCli, ResumingFromACheckpointContinuesBitIdentically) {
 
 TEST_F(TrainCli, GenerateSamplesDeterministicallyFromTheCheckpoint) {
   ASSERT_EQ(run_lattice(tiny_run("run") + " --training.steps=20", dir_).status, 0);
-  const std::string args = "generate --checkpoint run --prompt 'The ' --max-tokens 24 --seed 3 --threads 1";
+  const std::string args =
+      "generate --checkpoint run --prompt 'The ' --max-tokens 24 --seed 3 --threads 1";
   CliResult a = run_lattice(args, dir_), b = run_lattice(args, dir_);
   ASSERT_EQ(a.status, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.out.rfind("The ", 0), 0u);
   EXPECT_EQ(a.out.size(), 4u + 24u + 1u);  // prompt + 24 bytes + newline
-  CliResult greedy = run_lattice("generate --checkpoint run --prompt 'The ' --max-tokens 8 "
-                                 "--temperature 0 --threads 1", dir_);
+  CliResult greedy = run_lattice(
+      "generate --checkpoint run --prompt 'The ' --max-tokens 8 "
+      "--temperature 0 --threads 1",
+      dir_);
   EXPECT_EQ(greedy.status, 0);
 }
 
@@ -143,11 +146,13 @@ TEST_F(TrainCli, WrongTypeIsNamed) {
 }
 
 TEST_F(TrainCli, InconsistentBatchSizesNameTheKeys) {
-  expect_error(tiny_run("r") + " --training.global_batch_size=10 --training.gradient_accumulation_steps=2"
-                               " --training.micro_batch_size=4",
+  expect_error(tiny_run("r") +
+                   " --training.global_batch_size=10 --training.gradient_accumulation_steps=2"
+                   " --training.micro_batch_size=4",
                "training.global_batch_size (10) must equal micro_batch_size (4)");
-  expect_error(tiny_run("r") + " --training.global_batch_size=10 --training.micro_batch_size=4"
-                               " --training.gradient_accumulation_steps=0",
+  expect_error(tiny_run("r") +
+                   " --training.global_batch_size=10 --training.micro_batch_size=4"
+                   " --training.gradient_accumulation_steps=0",
                "is not divisible by micro_batch_size");
 }
 
@@ -162,7 +167,8 @@ TEST_F(TrainCli, MissingCorpusOrCheckpointIsNamed) {
   expect_error(tiny_run("r") + " --data.train_files=nothing*.txt",
                "corpus file pattern 'nothing*.txt' matches no readable file");
   expect_error("generate --checkpoint nowhere", "checkpoint nowhere does not exist");
-  expect_error(tiny_run("r") + " --checkpoint.resume_from=nowhere", "checkpoint nowhere does not exist");
+  expect_error(tiny_run("r") + " --checkpoint.resume_from=nowhere",
+               "checkpoint nowhere does not exist");
   EXPECT_FALSE(fs::exists(dir_ / "r" / "checkpoints"));
 }
 

@@ -12,24 +12,36 @@ enum class DType : uint8_t { f32, bf16, f16, i32, i64, u8 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -48,9 +60,13 @@ inline bf16 to_bf16(float value) {
 }
 
 // bf16 -> fp32 is exact.
-inline float to_float(bf16 value) { return std::bit_cast<float>(static_cast<uint32_t>(value.bits) << 16); }
+inline float to_float(bf16 value) {
+  return std::bit_cast<float>(static_cast<uint32_t>(value.bits) << 16);
+}
 
 // fp32 value rounded through bf16 and back (what a bf16 store then load gives).
-inline float round_to_bf16(float value) { return to_float(to_bf16(value)); }
+inline float round_to_bf16(float value) {
+  return to_float(to_bf16(value));
+}
 
 }  // namespace lattice

@@ -8,11 +8,16 @@ namespace lattice {
 
 std::string_view memory_category_name(MemoryCategory category) {
   switch (category) {
-    case MemoryCategory::parameters: return "parameters";
-    case MemoryCategory::gradients: return "gradients";
-    case MemoryCategory::optimizer_state: return "optimizer_state";
-    case MemoryCategory::activations: return "activations";
-    case MemoryCategory::other: return "other";
+    case MemoryCategory::parameters:
+      return "parameters";
+    case MemoryCategory::gradients:
+      return "gradients";
+    case MemoryCategory::optimizer_state:
+      return "optimizer_state";
+    case MemoryCategory::activations:
+      return "activations";
+    case MemoryCategory::other:
+      return "other";
   }
   return "?";
 }
@@ -40,8 +45,12 @@ int64_t MemoryTracker::current(MemoryCategory category) const {
 int64_t MemoryTracker::peak(MemoryCategory category) const {
   return peak_[static_cast<size_t>(category)].load();
 }
-int64_t MemoryTracker::current_total() const { return total_.load(); }
-int64_t MemoryTracker::peak_total() const { return peak_total_.load(); }
+int64_t MemoryTracker::current_total() const {
+  return total_.load();
+}
+int64_t MemoryTracker::peak_total() const {
+  return peak_total_.load();
+}
 
 static int64_t read_status_kib(const std::string& key) {
   std::ifstream status("/proc/self/status");
@@ -52,7 +61,11 @@ static int64_t read_status_kib(const std::string& key) {
   return 0;
 }
 
-int64_t process_rss_bytes() { return read_status_kib("VmRSS:"); }
-int64_t process_peak_rss_bytes() { return read_status_kib("VmHWM:"); }
+int64_t process_rss_bytes() {
+  return read_status_kib("VmRSS:");
+}
+int64_t process_peak_rss_bytes() {
+  return read_status_kib("VmHWM:");
+}
 
 }  // namespace lattice

@@ -1,5 +1,5 @@
-// Memory accounting: tracked bytes per category (parameters, gradients, optimizer state, activations)
-// with current and peak values, plus the process resident set size read from /proc.
+// Memory accounting: tracked bytes per category (parameters, gradients, optimizer state,
+// activations) with current and peak values, plus the process resident set size read from /proc.
 #pragma once
 
 #include <array>
@@ -14,8 +14,8 @@ inline constexpr int kMemoryCategoryCount = 5;
 
 std::string_view memory_category_name(MemoryCategory category);
 
-// Thread-safe counters of live and peak bytes per category. Owned by whoever runs a model (the trainer,
-// a test); tensors report to it when they are given one.
+// Thread-safe counters of live and peak bytes per category. Owned by whoever runs a model (the
+// trainer, a test); tensors report to it when they are given one.
 class MemoryTracker {
  public:
   void add(MemoryCategory category, int64_t bytes);
@@ -32,7 +32,8 @@ class MemoryTracker {
   std::atomic<int64_t> peak_total_{0};
 };
 
-// Resident set size of this process in bytes (VmRSS), and its high-water mark (VmHWM); 0 if unknown.
+// Resident set size of this process in bytes (VmRSS), and its high-water mark (VmHWM); 0 if
+// unknown.
 int64_t process_rss_bytes();
 int64_t process_peak_rss_bytes();
 

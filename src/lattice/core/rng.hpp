@@ -1,5 +1,5 @@
-// Deterministic random numbers: a counter-free xoshiro256** generator with explicit state (so it can be
-// saved in checkpoints), uniform and normal draws.
+// Deterministic random numbers: a counter-free xoshiro256** generator with explicit state (so it
+// can be saved in checkpoints), uniform and normal draws.
 #pragma once
 
 #include <array>

@@ -37,9 +37,13 @@ Tensor::Tensor(Shape shape, DType dtype, MemoryTracker* tracker, MemoryCategory 
   if (tracker_) tracker_->add(category_, static_cast<int64_t>(bytes));
 }
 
-Tensor::~Tensor() { reset(); }
+Tensor::~Tensor() {
+  reset();
+}
 
-Tensor::Tensor(Tensor&& other) noexcept { *this = std::move(other); }
+Tensor::Tensor(Tensor&& other) noexcept {
+  *this = std::move(other);
+}
 
 Tensor& Tensor::operator=(Tensor&& other) noexcept {
   if (this != &other) {
@@ -75,8 +79,8 @@ void Tensor::zero() {
 }
 
 void Tensor::check_type(DType expected) const {
-  check(expected == dtype_, "tensor of dtype " + std::string(dtype_name(dtype_)) +
-                                " accessed as " + std::string(dtype_name(expected)));
+  check(expected == dtype_, "tensor of dtype " + std::string(dtype_name(dtype_)) + " accessed as " +
+                                std::string(dtype_name(expected)));
 }
 
 }  // namespace lattice

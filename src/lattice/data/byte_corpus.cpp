@@ -55,7 +55,8 @@ ByteCorpus::ByteCorpus(const std::vector<std::string>& files, double validation_
   for (const auto& path : files) {
     std::ifstream in(path, std::ios::binary);
     check(in.good(), "cannot read corpus file " + path + ": check that it exists and is readable");
-    bytes_.insert(bytes_.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    bytes_.insert(bytes_.end(), std::istreambuf_iterator<char>(in),
+                  std::istreambuf_iterator<char>());
     ++file_count_;
   }
   const auto total = static_cast<int64_t>(bytes_.size());

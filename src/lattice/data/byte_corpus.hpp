@@ -1,5 +1,5 @@
-// ByteCorpus: text files read as raw bytes, one token per byte (vocabulary 256), split into a training
-// part and a validation tail.
+// ByteCorpus: text files read as raw bytes, one token per byte (vocabulary 256), split into a
+// training part and a validation tail.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +10,8 @@
 
 namespace lattice::data {
 
-// Expands glob patterns to a sorted list of regular files, dropping those matching any exclude pattern
-// (fnmatch on the file name). Throws lattice::Error when a pattern matches no file.
+// Expands glob patterns to a sorted list of regular files, dropping those matching any exclude
+// pattern (fnmatch on the file name). Throws lattice::Error when a pattern matches no file.
 std::vector<std::string> expand_file_patterns(const std::vector<std::string>& patterns,
                                               const std::vector<std::string>& excludes);
 

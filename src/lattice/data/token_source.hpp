@@ -1,5 +1,6 @@
-// TokenSource: a read-only sequence of token ids (a corpus already tokenised), the interface the batch
-// sampler reads windows from. Byte corpora implement it today; token files (llm.c, Megatron) will too.
+// TokenSource: a read-only sequence of token ids (a corpus already tokenised), the interface the
+// batch sampler reads windows from. Byte corpora implement it today; token files (llm.c, Megatron)
+// will too.
 #pragma once
 
 #include <cstdint>

@@ -10,10 +10,10 @@ namespace lattice::data {
 WindowSampler::WindowSampler(const TokenSource& source, int64_t seq_len, uint64_t seed)
     : source_(source), seq_len_(seq_len), seed_(seed) {
   check(seq_len > 0, "training.seq_len must be positive");
-  check(source.size() > seq_len, "the corpus split has " + std::to_string(source.size()) +
-                                     " tokens, fewer than seq_len + 1 = " +
-                                     std::to_string(seq_len + 1) +
-                                     ": add data or lower training.seq_len");
+  check(source.size() > seq_len,
+        "the corpus split has " + std::to_string(source.size()) +
+            " tokens, fewer than seq_len + 1 = " + std::to_string(seq_len + 1) +
+            ": add data or lower training.seq_len");
 }
 
 static uint64_t mix(uint64_t x) {

@@ -1,6 +1,7 @@
 // WindowSampler: deterministic training batches from a TokenSource. Sample n is the window of
-// seq_len + 1 tokens starting at a position drawn from (seed, n) alone, so the sampler's whole state
-// is the count of samples drawn: saving it in a checkpoint makes a resumed run read the same batches.
+// seq_len + 1 tokens starting at a position drawn from (seed, n) alone, so the sampler's whole
+// state is the count of samples drawn: saving it in a checkpoint makes a resumed run read the same
+// batches.
 #pragma once
 
 #include <cstdint>

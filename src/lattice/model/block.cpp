@@ -6,7 +6,8 @@ namespace lattice::model {
 float* BackwardScratch::get(int slot, int64_t numel, MemoryTracker* tracker) {
   if (static_cast<int>(buffers_.size()) <= slot) buffers_.resize(static_cast<size_t>(slot) + 1);
   Tensor& buffer = buffers_[static_cast<size_t>(slot)];
-  if (buffer.numel() < numel) buffer = Tensor({numel}, DType::f32, tracker, MemoryCategory::activations);
+  if (buffer.numel() < numel)
+    buffer = Tensor({numel}, DType::f32, tracker, MemoryCategory::activations);
   return buffer.f32();
 }
 

@@ -13,7 +13,10 @@ namespace k = lattice::kernels;
 
 Gpt2Block::Gpt2Block(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
                      const TensorParallelGroup& tp)
-    : store_(store), C_(config.d_model), F_(config.ffn_hidden), heads_(config.n_heads),
+    : store_(store),
+      C_(config.d_model),
+      F_(config.ffn_hidden),
+      heads_(config.n_heads),
       eps_(config.norm_eps) {
   check(tp.size == 1, "tensor parallelism is not available yet: set parallelism.tp = 1");
   const std::string p = "transformer.h." + std::to_string(layer_index) + ".";
@@ -90,8 +93,8 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
   attn_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
   const float* qkv = qkv_.f32();
   k::attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_, qkv + 2 * C_,
-                        att_.f32(), lse_.f32(), packed_qkv_shape(B, T, heads_, C_),
-                        ctx.precision, ctx.matmul);
+                        att_.f32(), lse_.f32(), packed_qkv_shape(B, T, heads_, C_), ctx.precision,
+                        ctx.matmul);
   c_attn_.backward(ctx, d_ln, d_qkv, ln1_.f32(), rows);
   k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
                         store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_);

@@ -1,5 +1,5 @@
-// GPT-2 transformer block: x + attn(LN1(x)), then + MLP(LN2(·)) with GELU (tanh), biases everywhere,
-// fused c_attn (q, k, v) projection; parameters named as Hugging Face's GPT2Model
+// GPT-2 transformer block: x + attn(LN1(x)), then + MLP(LN2(·)) with GELU (tanh), biases
+// everywhere, fused c_attn (q, k, v) projection; parameters named as Hugging Face's GPT2Model
 // ("transformer.h.<i>.ln_1.weight", ".attn.c_attn.weight", ...). Note: Hugging Face stores GPT-2's
 // Conv1D weights as [in, out]; Lattice stores every weight [out, in] and transposes on export.
 #pragma once

@@ -1,6 +1,7 @@
-// What every layer's forward and backward receives: the GEMM engine, the compute precision, the memory
-// tracker for activations, and the tensor-parallel group (size 1 until tensor parallelism lands: the
-// seam exists so layers become tensor-parallel by being handed a larger group, not by being rewritten).
+// What every layer's forward and backward receives: the GEMM engine, the compute precision, the
+// memory tracker for activations, and the tensor-parallel group (size 1 until tensor parallelism
+// lands: the seam exists so layers become tensor-parallel by being handed a larger group, not by
+// being rewritten).
 #pragma once
 
 #include "lattice/core/memory.hpp"

@@ -1,4 +1,5 @@
-// Linear layer y = x·Wᵀ + b over rows of tokens, with W stored [out, in] in the ParameterStore under
+// Linear layer y = x·Wᵀ + b over rows of tokens, with W stored [out, in] in the ParameterStore
+// under
 // "<prefix>.weight" (and "<prefix>.bias").
 #pragma once
 

@@ -13,8 +13,13 @@ namespace k = lattice::kernels;
 
 LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
                        const TensorParallelGroup& tp, const k::RopeTable& rope)
-    : store_(store), rope_(rope), C_(config.d_model), F_(config.ffn_hidden),
-      heads_(config.n_heads), kv_heads_(config.n_kv_heads), head_dim_(config.head_dim()),
+    : store_(store),
+      rope_(rope),
+      C_(config.d_model),
+      F_(config.ffn_hidden),
+      heads_(config.n_heads),
+      kv_heads_(config.n_kv_heads),
+      head_dim_(config.head_dim()),
       eps_(config.norm_eps) {
   check(tp.size == 1, "tensor parallelism is not available yet: set parallelism.tp = 1");
   const std::string p = "model.layers." + std::to_string(layer_index) + ".";
@@ -55,8 +60,8 @@ void LlamaBlock::forward(const LayerContext& ctx, float* x_out, const float* x_i
   rope_.apply(q_.f32(), B, T, heads_, C_, T * C_, 0, false);
   rope_.apply(k_.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), k_.f32(), v_.f32(), shape,
-                       ctx.precision, ctx.matmul);
+  k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), k_.f32(), v_.f32(), shape, ctx.precision,
+                       ctx.matmul);
   o_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
   k::add_inplace(x2_.f32(), x_in, rows * C_);
   k::rmsnorm_forward(n2_.f32(), rstd2_.f32(), x2_.f32(), store_.value(norm2_weight_), rows, C_,
@@ -96,8 +101,8 @@ void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d
   // Attention branch: x2 = x_in + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
   o_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  k::attention_backward(d_q, d_k, d_v, d_att, q_.f32(), k_.f32(), v_.f32(), att_.f32(),
-                        lse_.f32(), shape, ctx.precision, ctx.matmul);
+  k::attention_backward(d_q, d_k, d_v, d_att, q_.f32(), k_.f32(), v_.f32(), att_.f32(), lse_.f32(),
+                        shape, ctx.precision, ctx.matmul);
   rope_.apply(d_q, B, T, heads_, C_, T * C_, 0, true);
   rope_.apply(d_k, B, T, kv_heads_, kv, T * kv, 0, true);
   q_proj_.backward(ctx, d_norm, d_q, n1_.f32(), rows);
@@ -105,14 +110,14 @@ void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d
   k::add_inplace(d_norm, d_part, rows * C_);
   v_proj_.backward(ctx, d_part, d_v, n1_.f32(), rows);
   k::add_inplace(d_norm, d_part, rows * C_);
-  k::rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in,
-                      store_.value(norm1_weight_), rstd1_.f32(), rows, C_);
+  k::rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in, store_.value(norm1_weight_),
+                      rstd1_.f32(), rows, C_);
   k::add_inplace(d_x_in, d_x2, rows * C_);
 }
 
 void LlamaBlock::release_activations() {
-  for (Tensor* t : {&n1_, &rstd1_, &q_, &k_, &v_, &att_, &lse_, &x2_, &n2_, &rstd2_, &gate_, &up_,
-                    &h_})
+  for (Tensor* t :
+       {&n1_, &rstd1_, &q_, &k_, &v_, &att_, &lse_, &x2_, &n2_, &rstd2_, &gate_, &up_, &h_})
     t->reset();
 }
 

@@ -8,7 +8,9 @@
 
 namespace lattice::model {
 
-std::string family_name(Family family) { return family == Family::gpt2 ? "gpt2" : "llama"; }
+std::string family_name(Family family) {
+  return family == Family::gpt2 ? "gpt2" : "llama";
+}
 
 Family parse_family(const std::string& name) {
   if (name == "gpt2") return Family::gpt2;
@@ -18,7 +20,8 @@ Family parse_family(const std::string& name) {
 
 void ModelConfig::validate() const {
   auto positive = [](const char* key, int64_t value) {
-    check(value > 0, "model." + std::string(key) + " must be positive, got " + std::to_string(value));
+    check(value > 0,
+          "model." + std::string(key) + " must be positive, got " + std::to_string(value));
   };
   positive("vocab_size", vocab_size);
   positive("max_seq_len", max_seq_len);
@@ -34,8 +37,10 @@ void ModelConfig::validate() const {
         "model.n_heads (" + std::to_string(n_heads) + ") is not a multiple of model.n_kv_heads (" +
             std::to_string(n_kv_heads) + "): grouped-query attention needs whole groups");
   if (family == Family::gpt2) {
-    check(n_kv_heads == n_heads, "gpt2 models have no grouped-query attention: set model.n_kv_heads "
-                                 "equal to model.n_heads (" + std::to_string(n_heads) + ")");
+    check(n_kv_heads == n_heads,
+          "gpt2 models have no grouped-query attention: set model.n_kv_heads "
+          "equal to model.n_heads (" +
+              std::to_string(n_heads) + ")");
   } else {
     check(head_dim() % 2 == 0, "llama models need an even head dimension for RoPE, got " +
                                    std::to_string(head_dim()) + ": change d_model or n_heads");
@@ -48,28 +53,28 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
   const int64_t C = d_model, kv = n_kv_heads * head_dim();
   int64_t per_layer = 0, embed = vocab_size * C, head = tied_embeddings ? 0 : vocab_size * C;
   if (family == Family::gpt2) {
-    per_layer = 2 * C                     // ln_1
-                + 3 * C * C + 3 * C       // c_attn
-                + C * C + C               // attn c_proj
-                + 2 * C                   // ln_2
+    per_layer = 2 * C                          // ln_1
+                + 3 * C * C + 3 * C            // c_attn
+                + C * C + C                    // attn c_proj
+                + 2 * C                        // ln_2
                 + ffn_hidden * C + ffn_hidden  // c_fc
-                + C * ffn_hidden + C;     // mlp c_proj
+                + C * ffn_hidden + C;          // mlp c_proj
     int64_t final_norm = 2 * C;
     int64_t positions = with_position_embedding ? max_seq_len * C : 0;
     return embed + positions + n_layers * per_layer + final_norm + head;
   }
-  per_layer = C                        // input_layernorm
-              + C * C + 2 * kv * C     // q, k, v
-              + C * C                  // o_proj
-              + C                      // post_attention_layernorm
-              + 3 * ffn_hidden * C;    // gate, up, down
+  per_layer = C                      // input_layernorm
+              + C * C + 2 * kv * C   // q, k, v
+              + C * C                // o_proj
+              + C                    // post_attention_layernorm
+              + 3 * ffn_hidden * C;  // gate, up, down
   return embed + n_layers * per_layer + C + head;
 }
 
 double ModelConfig::flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(parameter_count(false)) +
-         12.0 * static_cast<double>(n_layers) * static_cast<double>(seq_len) *
-             static_cast<double>(d_model);
+  return 6.0 * static_cast<double>(parameter_count(false)) + 12.0 * static_cast<double>(n_layers) *
+                                                                 static_cast<double>(seq_len) *
+                                                                 static_cast<double>(d_model);
 }
 
 namespace {

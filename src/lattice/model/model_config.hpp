@@ -1,5 +1,5 @@
-// Model configuration: the architecture family (GPT-2 or Llama), its dimensions, the named presets and
-// the checks that refuse a model whose dimensions do not fit together.
+// Model configuration: the architecture family (GPT-2 or Llama), its dimensions, the named presets
+// and the checks that refuse a model whose dimensions do not fit together.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +18,8 @@ struct ModelConfig {
   int64_t d_model = 128;
   int64_t n_layers = 2;
   int64_t n_heads = 4;
-  int64_t n_kv_heads = 4;     // grouped-query attention: n_heads must be a multiple of it
-  int64_t ffn_hidden = 512;   // GPT-2: 4·d_model; Llama: SwiGLU inner size
+  int64_t n_kv_heads = 4;    // grouped-query attention: n_heads must be a multiple of it
+  int64_t ffn_hidden = 512;  // GPT-2: 4·d_model; Llama: SwiGLU inner size
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   bool tied_embeddings = true;  // GPT-2 ties the head to the token embedding
@@ -39,8 +39,9 @@ struct ModelConfig {
 std::string family_name(Family family);
 Family parse_family(const std::string& name);
 
-// Presets: gpt2-tiny, gpt2-small-test, gpt2-124m, gpt2-350m, gpt2-774m, llama-tiny, llama-small-test,
-// llama-60m, llama-1b. Throws lattice::Error listing the names for an unknown one.
+// Presets: gpt2-tiny, gpt2-small-test, gpt2-124m, gpt2-350m, gpt2-774m, llama-tiny,
+// llama-small-test, llama-60m, llama-1b. Throws lattice::Error listing the names for an unknown
+// one.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

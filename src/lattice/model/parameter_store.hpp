@@ -1,6 +1,7 @@
-// ParameterStore: every parameter of a model (or of one pipeline stage) in one flat fp32 buffer, with a
-// matching flat gradient buffer, each parameter a named view (Hugging Face names). Flat storage is what
-// the optimizer, the gradient norm, checkpoints and (later) data-parallel buckets and ZeRO shards use.
+// ParameterStore: every parameter of a model (or of one pipeline stage) in one flat fp32 buffer,
+// with a matching flat gradient buffer, each parameter a named view (Hugging Face names). Flat
+// storage is what the optimizer, the gradient norm, checkpoints and (later) data-parallel buckets
+// and ZeRO shards use.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +33,8 @@ class ParameterStore {
   void allocate(MemoryTracker* tracker);
   bool allocated() const { return !values_.empty() || total_ == 0; }
 
-  // Initialises every parameter from `seed`: each parameter draws from its own generator seeded by a
-  // hash of (seed, name), so the values do not depend on which parameters live on this rank.
+  // Initialises every parameter from `seed`: each parameter draws from its own generator seeded by
+  // a hash of (seed, name), so the values do not depend on which parameters live on this rank.
   // normal: N(0, std); normal_residual: N(0, std/sqrt(2·n_layers)) (GPT-2's scaled projections).
   void initialize(uint64_t seed, float std, int64_t n_layers);
 

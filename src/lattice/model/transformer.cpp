@@ -29,8 +29,9 @@ Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, Stag
   const bool gpt2 = config_.family == Family::gpt2;
   const int64_t C = config_.d_model, V = config_.vocab_size;
   if (has_embedding()) {
-    token_embedding_ = params_.declare(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
-                                       {V, C}, InitKind::normal, true);
+    token_embedding_ =
+        params_.declare(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", {V, C},
+                        InitKind::normal, true);
     if (gpt2)
       position_embedding_ = params_.declare("transformer.wpe.weight", {config_.max_seq_len, C},
                                             InitKind::normal, true);
@@ -60,12 +61,13 @@ Transformer::~Transformer() = default;
 
 void Transformer::initialize(uint64_t seed) {
   params_.initialize(seed, config_.init_std, config_.n_layers);
-  // An untied copy of a tied head (a last stage without the embedding) starts equal to the embedding.
+  // An untied copy of a tied head (a last stage without the embedding) starts equal to the
+  // embedding.
   if (config_.tied_embeddings && has_head() && !has_embedding()) {
     ParameterStore probe;
-    int wte = probe.declare(config_.family == Family::gpt2 ? "transformer.wte.weight"
-                                                           : "model.embed_tokens.weight",
-                            {config_.vocab_size, config_.d_model}, InitKind::normal, true);
+    int wte = probe.declare(
+        config_.family == Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
+        {config_.vocab_size, config_.d_model}, InitKind::normal, true);
     probe.allocate(nullptr);
     probe.initialize(seed, config_.init_std, config_.n_layers);
     std::memcpy(params_.value(head_weight_), probe.value(wte),
@@ -153,8 +155,8 @@ void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
     k::rmsnorm_forward(normed_.f32(), norm_rstd_.f32(), x, params_.value(final_norm_weight_), rows,
                        C, config_.norm_eps);
   }
-  ctx.matmul.forward(logits_.f32(), normed_.f32(), params_.value(head_weight_), nullptr, rows, C,
-                     V, ctx.precision);
+  ctx.matmul.forward(logits_.f32(), normed_.f32(), params_.value(head_weight_), nullptr, rows, C, V,
+                     ctx.precision);
 }
 
 void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
@@ -194,16 +196,18 @@ void Transformer::backward_stage(const LayerContext& ctx, const float* d_hidden_
   }
 }
 
-float Transformer::forward(const LayerContext& ctx, const int32_t* tokens,
-                           const int32_t* targets, int64_t B, int64_t T, float loss_scale) {
+float Transformer::forward(const LayerContext& ctx, const int32_t* tokens, const int32_t* targets,
+                           int64_t B, int64_t T, float loss_scale) {
   check(has_embedding() && has_head(), "forward() needs the whole model; use forward_stage()");
   return forward_stage(ctx, tokens, nullptr, targets, B, T, loss_scale);
 }
 
-void Transformer::backward(const LayerContext& ctx) { backward_stage(ctx, nullptr); }
+void Transformer::backward(const LayerContext& ctx) {
+  backward_stage(ctx, nullptr);
+}
 
-float Transformer::evaluate(const LayerContext& ctx, const int32_t* tokens,
-                            const int32_t* targets, int64_t B, int64_t T) {
+float Transformer::evaluate(const LayerContext& ctx, const int32_t* tokens, const int32_t* targets,
+                            int64_t B, int64_t T) {
   return forward(ctx, tokens, targets, B, T, 0.0f);
 }
 
@@ -225,8 +229,12 @@ const float* Transformer::logits(const LayerContext& ctx, const int32_t* tokens,
   return logits_.f32();
 }
 
-const float* Transformer::hidden_out() const { return residual_.back().f32(); }
-const float* Transformer::d_hidden_in() const { return d_residual_.f32(); }
+const float* Transformer::hidden_out() const {
+  return residual_.back().f32();
+}
+const float* Transformer::d_hidden_in() const {
+  return d_residual_.f32();
+}
 
 void Transformer::release_activations() {
   for (auto& b : blocks_) b->release_activations();

@@ -1,6 +1,6 @@
 // Transformer: a GPT-2 or Llama model (or one contiguous range of its blocks, the seam for pipeline
-// stages: the first range owns the embedding, the last owns the final norm, the head and the loss), with
-// hand-written forward and backward over flat parameter and gradient buffers.
+// stages: the first range owns the embedding, the last owns the final norm, the head and the loss),
+// with hand-written forward and backward over flat parameter and gradient buffers.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +40,9 @@ class Transformer {
   void initialize(uint64_t seed);
 
   // Whole-model training forward: tokens and targets are [B, T] (targets < 0 are ignored). Returns
-  // the mean cross-entropy over counted targets and prepares backward() to accumulate the gradient of
-  // loss_scale · mean loss (loss_scale = 1/accumulation steps). Requires a model holding every block.
+  // the mean cross-entropy over counted targets and prepares backward() to accumulate the gradient
+  // of loss_scale · mean loss (loss_scale = 1/accumulation steps). Requires a model holding every
+  // block.
   float forward(const LayerContext& ctx, const int32_t* tokens, const int32_t* targets, int64_t B,
                 int64_t T, float loss_scale);
   void backward(const LayerContext& ctx);
@@ -52,9 +53,10 @@ class Transformer {
   const float* logits(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T);
 
   // Stage-level forward/backward (pipeline seam). The first stage reads tokens, later stages read
-  // hidden_in [B·T, d_model]; the last stage computes the loss from targets, earlier ones leave their
-  // output in hidden_out(). backward_stage takes d_hidden_out (ignored on the last stage) and leaves
-  // ∂/∂hidden_in in d_hidden_in() on stages after the first. Returns the mean loss on the last stage.
+  // hidden_in [B·T, d_model]; the last stage computes the loss from targets, earlier ones leave
+  // their output in hidden_out(). backward_stage takes d_hidden_out (ignored on the last stage) and
+  // leaves ∂/∂hidden_in in d_hidden_in() on stages after the first. Returns the mean loss on the
+  // last stage.
   float forward_stage(const LayerContext& ctx, const int32_t* tokens, const float* hidden_in,
                       const int32_t* targets, int64_t B, int64_t T, float loss_scale);
   void backward_stage(const LayerContext& ctx, const float* d_hidden_out);

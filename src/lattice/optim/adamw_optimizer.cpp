@@ -26,8 +26,7 @@ double AdamWOptimizer::step(float lr) {
   float clip = 1.0f;
   if (settings_.max_grad_norm > 0) {
     // As torch.nn.utils.clip_grad_norm_: the coefficient is computed in fp32 and capped at 1.
-    const float coefficient =
-        settings_.max_grad_norm / (static_cast<float>(norm) + 1e-6f);
+    const float coefficient = settings_.max_grad_norm / (static_cast<float>(norm) + 1e-6f);
     clip = coefficient < 1.0f ? coefficient : 1.0f;
   }
   ++step_;

@@ -1,5 +1,5 @@
-// AdamW optimizer over a flat ParameterStore: fp32 moments per parameter, weight decay only where the
-// parameter asks for it (matrices and embeddings), global-norm gradient clipping (PyTorch's
+// AdamW optimizer over a flat ParameterStore: fp32 moments per parameter, weight decay only where
+// the parameter asks for it (matrices and embeddings), global-norm gradient clipping (PyTorch's
 // clip_grad_norm_: coefficient max_norm / (norm + 1e-6), capped at 1).
 #pragma once
 

@@ -100,15 +100,15 @@ std::string save_checkpoint(const std::string& run_dir, const model::Transformer
                       {{"format", "lattice"},
                        {"lattice.model", model_config_json(model.config()).dump()},
                        {"lattice.weight_layout", "[out, in] for every Linear weight"}});
-    write_safetensors(stage.file_path("optimizer.safetensors"),
-                      [&] {
-                        auto entries = parameter_entries(params, optimizer.exp_avg(), "exp_avg/");
-                        auto sq = parameter_entries(params, optimizer.exp_avg_sq(), "exp_avg_sq/");
-                        entries.insert(entries.end(), sq.begin(), sq.end());
-                        return entries;
-                      }(),
-                      {{"optimizer", "AdamW"},
-                       {"steps_taken", std::to_string(optimizer.steps_taken())}});
+    write_safetensors(
+        stage.file_path("optimizer.safetensors"),
+        [&] {
+          auto entries = parameter_entries(params, optimizer.exp_avg(), "exp_avg/");
+          auto sq = parameter_entries(params, optimizer.exp_avg_sq(), "exp_avg_sq/");
+          entries.insert(entries.end(), sq.begin(), sq.end());
+          return entries;
+        }(),
+        {{"optimizer", "AdamW"}, {"steps_taken", std::to_string(optimizer.steps_taken())}});
     nlohmann::json j = {{"step", state.step},
                         {"samples_consumed", state.samples_consumed},
                         {"seed", state.seed},
@@ -138,8 +138,9 @@ std::string resolve_checkpoint(const std::string& path) {
   check(fs::exists(path), "checkpoint " + path + " does not exist: check the path");
   if (fs::exists(fs::path(path) / "model.safetensors")) return path;
   std::string latest = latest_checkpoint(path);
-  check(!latest.empty(), path + " is neither a checkpoint directory (no model.safetensors) nor a "
-                                "run directory with checkpoints: point at one of those");
+  check(!latest.empty(), path +
+                             " is neither a checkpoint directory (no model.safetensors) nor a "
+                             "run directory with checkpoints: point at one of those");
   return latest;
 }
 
@@ -148,8 +149,9 @@ model::ModelConfig read_checkpoint_model_config(const std::string& checkpoint_di
   SafetensorsFile file(path);
   auto it = file.metadata().find("lattice.model");
   check(it != file.metadata().end(),
-        "checkpoint " + path + " has no model configuration in its metadata: it was not written by "
-                               "lattice, so give the model configuration explicitly");
+        "checkpoint " + path +
+            " has no model configuration in its metadata: it was not written by "
+            "lattice, so give the model configuration explicitly");
   try {
     return model_config_from_json(nlohmann::json::parse(it->second));
   } catch (const nlohmann::json::exception& e) {
@@ -163,12 +165,12 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
   const fs::path dir(checkpoint_dir);
   const auto stored = read_checkpoint_model_config(checkpoint_dir);
   const auto& mine = model.config();
-  const bool same_shape = stored.family == mine.family && stored.d_model == mine.d_model &&
-                          stored.n_layers == mine.n_layers && stored.vocab_size == mine.vocab_size &&
-                          stored.n_heads == mine.n_heads && stored.n_kv_heads == mine.n_kv_heads &&
-                          stored.ffn_hidden == mine.ffn_hidden &&
-                          stored.max_seq_len == mine.max_seq_len &&
-                          stored.tied_embeddings == mine.tied_embeddings;
+  const bool same_shape =
+      stored.family == mine.family && stored.d_model == mine.d_model &&
+      stored.n_layers == mine.n_layers && stored.vocab_size == mine.vocab_size &&
+      stored.n_heads == mine.n_heads && stored.n_kv_heads == mine.n_kv_heads &&
+      stored.ffn_hidden == mine.ffn_hidden && stored.max_seq_len == mine.max_seq_len &&
+      stored.tied_embeddings == mine.tied_embeddings;
   check(same_shape, "checkpoint " + checkpoint_dir + " holds a different model (" +
                         model_config_json(stored).dump() +
                         "): use the same [model] settings or a new job.run_dir");

@@ -23,7 +23,8 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingSettings&
   std::vector<double> probs(keep);
   const double top = logits[order[0]] / settings.temperature;
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += probs[i] = std::exp(logits[order[i]] / settings.temperature - top);
+  for (size_t i = 0; i < keep; ++i)
+    sum += probs[i] = std::exp(logits[order[i]] / settings.temperature - top);
   if (settings.top_p < 1.0f) {
     double cumulative = 0;
     size_t nucleus = 0;
@@ -39,18 +40,20 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingSettings&
   return order[keep - 1];
 }
 
-void generate(model::Transformer& model, kernels::MatmulEngine& matmul, std::vector<int32_t>& tokens,
-              const SamplingSettings& settings, const std::function<void(int32_t)>& on_token) {
+void generate(model::Transformer& model, kernels::MatmulEngine& matmul,
+              std::vector<int32_t>& tokens, const SamplingSettings& settings,
+              const std::function<void(int32_t)>& on_token) {
   check(!tokens.empty(), "generation needs a prompt of at least one token");
   const auto& config = model.config();
   Rng rng(settings.seed);
   model::LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
   for (int64_t i = 0; i < settings.max_new_tokens; ++i) {
-    const int64_t window = std::min<int64_t>(static_cast<int64_t>(tokens.size()), config.max_seq_len);
+    const int64_t window =
+        std::min<int64_t>(static_cast<int64_t>(tokens.size()), config.max_seq_len);
     const int32_t* start = tokens.data() + tokens.size() - window;
     const float* logits = model.logits(ctx, start, 1, window);
-    int32_t next = sample_token(logits + (window - 1) * config.vocab_size, config.vocab_size,
-                                settings, rng);
+    int32_t next =
+        sample_token(logits + (window - 1) * config.vocab_size, config.vocab_size, settings, rng);
     tokens.push_back(next);
     on_token(next);
     if (next == settings.stop_token) break;

@@ -20,7 +20,8 @@ double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision pr
   for (int rep = 0; rep < 5; ++rep) {
     auto start = std::chrono::steady_clock::now();
     matmul.forward(c.data(), a.data(), b.data(), nullptr, n, n, n, precision);
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (rep > 0) best = std::max(best, 2.0 * n * n * n / seconds);  // first run warms up
   }
   return best;
@@ -87,7 +88,8 @@ void MetricsLogger::progress(int64_t step, int64_t total, double seconds_per_ste
   std::string bar(static_cast<size_t>(filled), '#');
   bar.resize(width, '.');
   std::printf("\r[%s] %lld/%lld ETA %dm%02ds", bar.c_str(), static_cast<long long>(step),
-              static_cast<long long>(total), static_cast<int>(eta) / 60, static_cast<int>(eta) % 60);
+              static_cast<long long>(total), static_cast<int>(eta) / 60,
+              static_cast<int>(eta) % 60);
   std::fflush(stdout);
   bar_drawn_ = true;
 }

@@ -1,6 +1,6 @@
-// Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory), the
-// JSONL record of the same scalars, a progress bar with ETA on terminals, and the GEMM calibration that
-// measures the peak FLOP/s MFU is taken against when the config gives none.
+// Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory),
+// the JSONL record of the same scalars, a progress bar with ETA on terminals, and the GEMM
+// calibration that measures the peak FLOP/s MFU is taken against when the config gives none.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +22,16 @@ struct StepMetrics {
   std::optional<double> val_loss;
 };
 
-// Model FLOP/s of a square GEMM at the given precision, best of a few repetitions (the measured peak).
+// Model FLOP/s of a square GEMM at the given precision, best of a few repetitions (the measured
+// peak).
 double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision);
 
 class MetricsLogger {
  public:
   // jsonl_path empty: no JSONL. The progress bar is drawn only when stdout is a terminal.
   explicit MetricsLogger(const std::string& jsonl_path);
-  void log_step(const StepMetrics& m);       // the printed line
-  void record(const StepMetrics& m);          // the JSONL record (every step)
+  void log_step(const StepMetrics& m);  // the printed line
+  void record(const StepMetrics& m);    // the JSONL record (every step)
   void progress(int64_t step, int64_t total, double seconds_per_step);  // terminal only
   void finish_progress();
 

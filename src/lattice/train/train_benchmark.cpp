@@ -27,8 +27,10 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
   const int64_t n = c.batch * c.seq_len;
   std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(tokens.size());
   for (int64_t i = 0; i < n; ++i) {
-    tokens[static_cast<size_t>(i)] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size)));
-    targets[static_cast<size_t>(i)] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size)));
+    tokens[static_cast<size_t>(i)] =
+        static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size)));
+    targets[static_cast<size_t>(i)] =
+        static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size)));
   }
   auto step = [&] {
     model.parameters().zero_grads();
@@ -39,19 +41,17 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
   for (int64_t i = 0; i < warmup; ++i) step();
   auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) step();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ThroughputResult r;
   r.seconds_per_step = seconds / static_cast<double>(steps);
   r.tokens_per_second = static_cast<double>(n) / r.seconds_per_step;
   return r;
 }
 
-std::optional<ThroughputResult> benchmark_pytorch_training(const BenchmarkCase& c,
-                                                           kernels::Precision precision,
-                                                           int64_t steps, int64_t warmup,
-                                                           int threads, const std::string& python,
-                                                           const std::string& script,
-                                                           std::string& why) {
+std::optional<ThroughputResult> benchmark_pytorch_training(
+    const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
+    int threads, const std::string& python, const std::string& script, std::string& why) {
   const auto& m = c.model;
   char command[1024];
   std::snprintf(command, sizeof command,

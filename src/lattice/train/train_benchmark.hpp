@@ -1,6 +1,6 @@
-// Training benchmark: times Lattice's single-rank training step (forward, backward, clipping, AdamW)
-// on a fixed random batch, and runs the PyTorch peer (bench/pytorch_train.py) on the same model and
-// batch so the two are measured side by side in one invocation.
+// Training benchmark: times Lattice's single-rank training step (forward, backward, clipping,
+// AdamW) on a fixed random batch, and runs the PyTorch peer (bench/pytorch_train.py) on the same
+// model and batch so the two are measured side by side in one invocation.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +29,8 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
 
 // PyTorch peer through `python` running `script`; nullopt (with the reason in `why`) when PyTorch
 // cannot run here.
-std::optional<ThroughputResult> benchmark_pytorch_training(const BenchmarkCase& c,
-                                                           kernels::Precision precision,
-                                                           int64_t steps, int64_t warmup,
-                                                           int threads, const std::string& python,
-                                                           const std::string& script,
-                                                           std::string& why);
+std::optional<ThroughputResult> benchmark_pytorch_training(
+    const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
+    int threads, const std::string& python, const std::string& script, std::string& why);
 
 }  // namespace lattice::train

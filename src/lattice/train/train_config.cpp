@@ -1,10 +1,10 @@
 // TrainConfig: TOML schema, overrides and checks (see train_config.hpp).
 #include "lattice/train/train_config.hpp"
 
+#include <toml++/toml.h>
 #include <functional>
 #include <map>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "lattice/core/error.hpp"
 
@@ -22,13 +22,20 @@ using Schema = std::map<std::string, std::map<std::string, KeySpec>>;
 
 std::string node_type_name(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "a date/time";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::table:
+      return "a table";
+    default:
+      return "a date/time";
   }
 }
 
@@ -139,8 +146,9 @@ KeySpec adamw_float(float optim::AdamWSettings::*member) {
 
 const Schema& schema() {
   static const Schema table = {
-      {"job", {{"run_dir", string_key(&TrainConfig::run_dir)},
-               {"description", string_key(&TrainConfig::description)}}},
+      {"job",
+       {{"run_dir", string_key(&TrainConfig::run_dir)},
+        {"description", string_key(&TrainConfig::description)}}},
       {"model",
        {{"preset",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {
@@ -193,8 +201,8 @@ const Schema& schema() {
       {"optimizer",
        {{"name",
          {[](TrainConfig&, const toml::node& n, const std::string& k) {
-            check(as_string(n, k) == "AdamW", "optimizer.name '" + as_string(n, k) +
-                                                  "' is not available: use \"AdamW\"");
+            check(as_string(n, k) == "AdamW",
+                  "optimizer.name '" + as_string(n, k) + "' is not available: use \"AdamW\"");
           },
           [](const TrainConfig&, toml::table& t, const std::string& name) {
             t.insert_or_assign(name, "AdamW");
@@ -238,7 +246,8 @@ const Schema& schema() {
         {"val_fraction", float_key(&TrainConfig::val_fraction)},
         {"tokenizer", string_key(&TrainConfig::tokenizer)}}},
       {"validation",
-       {{"freq", int_key(&TrainConfig::val_freq)}, {"batches", int_key(&TrainConfig::val_batches)}}},
+       {{"freq", int_key(&TrainConfig::val_freq)},
+        {"batches", int_key(&TrainConfig::val_batches)}}},
   };
   return table;
 }
@@ -304,10 +313,10 @@ void TrainConfig::finalize() {
                           " is not available in this version (single rank only): set it to 1");
   check(zero == 0, "parallelism.zero = " + std::to_string(zero) +
                        " needs data parallelism, which this version does not have: set it to 0");
-  check(recompute == "none", "activation_checkpoint.mode '" + recompute +
-                                 "' is not available yet: use \"none\"");
-  check(tokenizer == "byte", "data.tokenizer '" + tokenizer +
-                                 "' is not available yet: use \"byte\" (vocabulary 256)");
+  check(recompute == "none",
+        "activation_checkpoint.mode '" + recompute + "' is not available yet: use \"none\"");
+  check(tokenizer == "byte",
+        "data.tokenizer '" + tokenizer + "' is not available yet: use \"byte\" (vocabulary 256)");
   check(steps > 0, "training.steps must be positive");
   check(seq_len > 0 && seq_len <= model.max_seq_len,
         "training.seq_len (" + std::to_string(seq_len) + ") must be in [1, model.max_seq_len = " +
@@ -375,8 +384,8 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
       const auto& where = e.source().begin;
       if (e.description().find("File could not be opened") != std::string_view::npos)
         throw Error("cannot read config file " + path + ": check the path");
-      throw Error("config file " + path + " is not valid TOML (line " +
-                  std::to_string(where.line) + ", column " + std::to_string(where.column) +
+      throw Error("config file " + path + " is not valid TOML (line " + std::to_string(where.line) +
+                  ", column " + std::to_string(where.column) +
                   "): " + std::string(e.description()));
     }
     apply_table(config, root, " in " + path);

@@ -1,7 +1,7 @@
 // TrainConfig: everything a training run is told, read from TOML in torchtitan's sections ([job]
 // [model] [training] [parallelism] [optimizer] [lr_scheduler] [activation_checkpoint] [checkpoint]
-// [metrics] [data] [validation]) with `--section.key=value` overrides. Unknown keys, wrong types and
-// inconsistent values are refused with one line that names the key and the fix.
+// [metrics] [data] [validation]) with `--section.key=value` overrides. Unknown keys, wrong types
+// and inconsistent values are refused with one line that names the key and the fix.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int64_t steps = 100;
   int64_t seq_len = 128;
-  int64_t micro_batch_size = 0;  // give two of micro_batch_size, global_batch_size and
+  int64_t micro_batch_size = 0;   // give two of micro_batch_size, global_batch_size and
   int64_t global_batch_size = 0;  // gradient_accumulation_steps; the third is derived
   int64_t gradient_accumulation_steps = 0;
   kernels::Precision precision = kernels::Precision::fp32;
@@ -46,8 +46,8 @@ struct TrainConfig {
   bool checkpoint_enable = true;
   int64_t checkpoint_interval = 0;  // steps between checkpoints; 0 = only at the end
   int64_t keep_latest = 2;
-  bool resume = true;              // resume from run_dir's latest checkpoint when there is one
-  std::string resume_from;         // explicit checkpoint directory to resume from
+  bool resume = true;       // resume from run_dir's latest checkpoint when there is one
+  std::string resume_from;  // explicit checkpoint directory to resume from
   // [metrics]
   int64_t log_freq = 10;
   bool jsonl = true;

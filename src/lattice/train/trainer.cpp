@@ -27,14 +27,16 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   matmul_ = std::make_unique<kernels::MatmulEngine>();
   model_ = std::make_unique<model::Transformer>(config_.model, &tracker_);
   model_->initialize(config_.seed);
-  optimizer_ = std::make_unique<optim::AdamWOptimizer>(model_->parameters(), config_.adamw, &tracker_);
+  optimizer_ =
+      std::make_unique<optim::AdamWOptimizer>(model_->parameters(), config_.adamw, &tracker_);
   train_sampler_ =
       std::make_unique<data::WindowSampler>(corpus_->train(), config_.seq_len, config_.seed);
   if (config_.val_freq > 0 && corpus_->validation().size() > config_.seq_len)
     val_sampler_ = std::make_unique<data::WindowSampler>(corpus_->validation(), config_.seq_len,
                                                          config_.seed + 1);
 
-  std::string resume_dir = config_.resume_from.empty() ? "" : resolve_checkpoint(config_.resume_from);
+  std::string resume_dir =
+      config_.resume_from.empty() ? "" : resolve_checkpoint(config_.resume_from);
   if (resume_dir.empty() && config_.resume && config_.checkpoint_enable)
     resume_dir = latest_checkpoint(config_.run_dir);
   if (!resume_dir.empty()) {
@@ -80,16 +82,14 @@ TrainResult Trainer::run() {
     peak = calibrate_peak_flops(*matmul_, config_.precision);
     peak_source = "measured by a 1024^3 GEMM calibration";
   }
-  std::printf("model %s: %lld parameters (%s), %lld layers, d_model %lld | %s | batch %lld x %lld "
-              "tokens x %lld accumulation | %d threads\n",
-              config_.model.name.c_str(),
-              static_cast<long long>(config_.model.parameter_count()),
-              model::family_name(config_.model.family).c_str(),
-              static_cast<long long>(config_.model.n_layers),
-              static_cast<long long>(config_.model.d_model),
-              std::string(kernels::precision_name(config_.precision)).c_str(),
-              static_cast<long long>(B), static_cast<long long>(T),
-              static_cast<long long>(accumulation), omp_get_max_threads());
+  std::printf(
+      "model %s: %lld parameters (%s), %lld layers, d_model %lld | %s | batch %lld x %lld "
+      "tokens x %lld accumulation | %d threads\n",
+      config_.model.name.c_str(), static_cast<long long>(config_.model.parameter_count()),
+      model::family_name(config_.model.family).c_str(),
+      static_cast<long long>(config_.model.n_layers), static_cast<long long>(config_.model.d_model),
+      std::string(kernels::precision_name(config_.precision)).c_str(), static_cast<long long>(B),
+      static_cast<long long>(T), static_cast<long long>(accumulation), omp_get_max_threads());
   std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
               peak / 1e12, peak_source);
 
@@ -159,8 +159,7 @@ TrainResult Trainer::run() {
         validate) {
       // The printed rate averages the steps since the last line.
       StepMetrics line = m;
-      line.tokens_per_second =
-          static_cast<double>(tokens_per_step * window_steps) / window_seconds;
+      line.tokens_per_second = static_cast<double>(tokens_per_step * window_steps) / window_seconds;
       line.tflops = line.tokens_per_second * flops_per_token / 1e12;
       line.mfu = line.tflops * 1e12 / peak;
       logger.log_step(line);

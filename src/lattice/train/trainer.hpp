@@ -1,6 +1,6 @@
 // Trainer: the single-rank training loop — batches from the corpus, forward and backward over the
-// micro-batches of a step (gradient accumulation), global-norm clipping, AdamW with the LR schedule,
-// periodic validation, metrics and checkpoints, and bit-identical resumption.
+// micro-batches of a step (gradient accumulation), global-norm clipping, AdamW with the LR
+// schedule, periodic validation, metrics and checkpoints, and bit-identical resumption.
 #pragma once
 
 #include <cstdint>

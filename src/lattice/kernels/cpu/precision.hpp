@@ -1,5 +1,6 @@
-// Compute precision of the GEMM-class kernels: fp32 throughout, or bf16 inputs (round-to-nearest-even,
-// AMX on this machine) with fp32 accumulation and fp32 outputs, as PyTorch's bf16 autocast does.
+// Compute precision of the GEMM-class kernels: fp32 throughout, or bf16 inputs
+// (round-to-nearest-even, AMX on this machine) with fp32 accumulation and fp32 outputs, as
+// PyTorch's bf16 autocast does.
 #pragma once
 
 #include <string>
@@ -17,6 +18,8 @@ inline Precision parse_precision(std::string_view name) {
   throw Error("unknown precision '" + std::string(name) + "': use \"fp32\" or \"bf16\"");
 }
 
-inline std::string_view precision_name(Precision p) { return p == Precision::fp32 ? "fp32" : "bf16"; }
+inline std::string_view precision_name(Precision p) {
+  return p == Precision::fp32 ? "fp32" : "bf16";
+}
 
 }  // namespace lattice::kernels
