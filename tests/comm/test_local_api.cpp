@@ -241,6 +241,16 @@ TEST(LocalWatchdog, FailedRankStopsThePeers) {
   EXPECT_EQ(stopped.load(), 3);
 }
 
+// bf16 reductions accumulate in fp32: 256 + 1 + 1 + 1 = 259 rounds once to 260, where adding in
+// bf16 would stay at 256 (each +1 is below half a bf16 step at 256).
+TEST(LocalReduction, Bf16AccumulatesInFp32) {
+  run_local_ranks(4, [](Communicator& comm) {
+    bf16 value = to_bf16(comm.rank() == 0 ? 256.0f : 1.0f);
+    comm.allreduce(&value, 1, DType::bf16, ReduceOp::sum);
+    EXPECT_EQ(to_float(value), 260.0f);
+  });
+}
+
 TEST(LocalWorld, TakeGivesEachRankOnce) {
   LocalWorld world(2);
   auto zero = world.take(0);

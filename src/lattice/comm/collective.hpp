@@ -80,14 +80,14 @@ struct CollectiveDescriptor {
   // e.g. "allreduce(f32 x 1024, sum)" or "broadcast(bf16 x 7, root 2)".
   std::string describe() const {
     std::string text(collective_op_name(op));
-    if (op == CollectiveOp::barrier || op == CollectiveOp::split) return text + "()";
-    text += "(" + std::string(dtype_name(dtype)) + " x " + std::to_string(count);
+    if (op == CollectiveOp::barrier || op == CollectiveOp::split) return text.append("()");
+    text.append("(").append(dtype_name(dtype)).append(" x ").append(std::to_string(count));
     if (op == CollectiveOp::allreduce || op == CollectiveOp::reduce_scatter ||
         op == CollectiveOp::reduce)
-      text += ", " + std::string(reduce_op_name(reduce_op));
+      text.append(", ").append(reduce_op_name(reduce_op));
     if (op == CollectiveOp::broadcast || op == CollectiveOp::reduce)
-      text += ", root " + std::to_string(root);
-    return text + ")";
+      text.append(", root ").append(std::to_string(root));
+    return text.append(")");
   }
 };
 

@@ -7,10 +7,17 @@
 namespace lattice::comm {
 
 std::string describe_record(const CollectiveRecord& record) {
-  std::string text = "#" + std::to_string(record.seq) + " " + record.descriptor.describe() + " [" +
-                     std::string(algorithm_name(record.algorithm)) + ", " +
-                     std::to_string(record.group_size) + " ranks, " + std::to_string(record.bytes) +
-                     " B] ";
+  std::string text("#");
+  text.append(std::to_string(record.seq))
+      .append(" ")
+      .append(record.descriptor.describe())
+      .append(" [")
+      .append(algorithm_name(record.algorithm))
+      .append(", ")
+      .append(std::to_string(record.group_size))
+      .append(" ranks, ")
+      .append(std::to_string(record.bytes))
+      .append(" B] ");
   switch (record.state) {
     case RecordState::entered:
       text += "entered";

@@ -101,12 +101,17 @@ std::string Watchdog::hang_report(const char* what) const {
   for (int peer = 0; peer < board_->size(); ++peer) {
     auto record = peer == rank_ ? std::optional<CollectiveRecord>(current_) : board_->last(peer);
     if (!board_->visible(peer)) {
-      last_entered += " rank " + std::to_string(peer) + ": not visible from this node;";
+      last_entered.append(" rank ")
+          .append(std::to_string(peer))
+          .append(": not visible from this node;");
       continue;
     }
-    if (!record || record->seq < current_.seq) missing += " " + std::to_string(peer);
-    last_entered += " rank " + std::to_string(peer) + ": " +
-                    (record ? describe_record(*record) : std::string("none yet")) + ";";
+    if (!record || record->seq < current_.seq) missing.append(" ").append(std::to_string(peer));
+    last_entered.append(" rank ")
+        .append(std::to_string(peer))
+        .append(": ")
+        .append(record ? describe_record(*record) : std::string("none yet"))
+        .append(";");
   }
   text += missing.empty() ? " none (all arrived; a peer is stuck inside it)" : missing;
   text += "; last collective per rank:" + last_entered;
