@@ -31,7 +31,7 @@ class Watchdog {
   // wait outside collectives (e.g. "recv from rank 2").
   template <class Ready>
   void wait(Ready&& ready, const char* what = nullptr) {
-    for (int i = 0; i < kSpinIterations; ++i) {
+    for (int i = 0; i < spin_iterations_; ++i) {
       if (ready()) return;
       relax();
     }
@@ -60,9 +60,11 @@ class Watchdog {
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   StatusBoard& board() const { return *board_; }
+  // Busy-wait iterations (pause instructions) before a wait starts yielding: long when every rank
+  // has a core of its own (latency), short when ranks outnumber cores (they need the CPU).
+  void set_spin_iterations(int iterations) { spin_iterations_ = iterations; }
 
  private:
-  static constexpr int kSpinIterations = 1000;
   static constexpr int64_t kYieldIterations = 2000;
   static void relax();
   static void yield();
@@ -75,6 +77,7 @@ class Watchdog {
   CollectiveTrace trace_;
   CollectiveRecord current_;
   bool in_collective_ = false;
+  int spin_iterations_ = 4000;
 };
 
 // Steady-clock nanoseconds (for records).

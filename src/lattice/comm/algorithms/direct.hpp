@@ -29,6 +29,12 @@ class SharedAddressSpace {
   virtual const DirectBuffers& peer(int rank) const = 0;
   // Returns once every rank has reached this point (peers' buffers may not be touched after it).
   virtual void sync() = 0;
+  // Small-message path with a single synchronisation: copies `bytes` of `data` into this rank's
+  // staging area, publishes it and waits for every rank (then checks they entered the same
+  // collective); peer_staged(r) is rank r's copy, valid until this rank's next collective ends.
+  virtual size_t staging_capacity() const = 0;
+  virtual void exchange_staged(const void* data, size_t bytes) = 0;
+  virtual const void* peer_staged(int rank) const = 0;
 };
 
 // Runs `call` (any collective op) with the direct algorithm.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "lattice/core/error.hpp"
 
@@ -14,7 +15,11 @@ LocalCommunicator::LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank
                                      CommOptions options)
     : Communicator(rank, group->size, options, group->board, "local"),
       group_(group),
-      transport_(group, rank, watchdog()) {}
+      transport_(group, rank, watchdog()) {
+  unsigned cores = std::thread::hardware_concurrency();
+  bool core_each = cores == 0 || group_->size <= static_cast<int>(cores);
+  watchdog().set_spin_iterations(core_each ? 200 : 50);
+}
 
 LocalCommunicator::~LocalCommunicator() {
   stop_async();
@@ -31,25 +36,42 @@ void LocalCommunicator::await_epoch(uint64_t epoch) {
   });
 }
 
-void LocalCommunicator::exchange(const DirectBuffers& mine) {
+void LocalCommunicator::arrive_and_check(const void* data, size_t bytes) {
   LocalGroup::RankSlot& slot = group_->slots[static_cast<size_t>(Communicator::rank())];
   const CollectiveRecord& current = watchdog().current();
-  slot.buffers = mine;
-  slot.seq = current.seq;
-  slot.descriptor = current.descriptor;
+  const size_t parity = current.seq & 1;
+  LocalGroup::Staged& staged = slot.staged[parity];
+  staged.seq = current.seq;
+  staged.descriptor = current.descriptor;
+  if (bytes > 0) std::memcpy(staged.data, data, bytes);
   slot.epoch.store(++epoch_, std::memory_order_release);
   await_epoch(epoch_);
   for (int r = 0; r < group_->size; ++r) {
-    const LocalGroup::RankSlot& other = group_->slots[static_cast<size_t>(r)];
+    const LocalGroup::Staged& other = group_->slots[static_cast<size_t>(r)].staged[parity];
     if (other.seq != current.seq || !other.descriptor.agrees_with(current.descriptor)) {
       throw Error("comm (local) collective mismatch at #" + std::to_string(current.seq) +
                   ": rank " + std::to_string(Communicator::rank()) + " entered " +
-                  current.descriptor.describe() + " but rank " + std::to_string(r) + " entered #" +
-                  std::to_string(other.seq) + " " + other.descriptor.describe() +
+                  current.descriptor.describe() + " but rank " + std::to_string(r) +
+                  (other.seq == current.seq ? " entered " + other.descriptor.describe()
+                                            : " was in a different collective") +
                   "; every rank must call the same collectives in the same order with the same "
                   "count, type and reduction");
     }
   }
+}
+
+void LocalCommunicator::exchange(const DirectBuffers& mine) {
+  group_->slots[static_cast<size_t>(Communicator::rank())].buffers = mine;
+  arrive_and_check(nullptr, 0);
+}
+
+void LocalCommunicator::exchange_staged(const void* data, size_t bytes) {
+  arrive_and_check(data, bytes);
+}
+
+const void* LocalCommunicator::peer_staged(int rank) const {
+  const CollectiveRecord& current = const_cast<LocalCommunicator*>(this)->watchdog().current();
+  return group_->slots[static_cast<size_t>(rank)].staged[current.seq & 1].data;
 }
 
 const DirectBuffers& LocalCommunicator::peer(int rank) const {

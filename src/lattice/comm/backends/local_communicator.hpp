@@ -35,6 +35,12 @@ class LocalCommunicator : public Communicator, private SharedAddressSpace {
   void exchange(const DirectBuffers& mine) override;
   const DirectBuffers& peer(int rank) const override;
   void sync() override;
+  size_t staging_capacity() const override { return LocalGroup::kStagingBytes; }
+  void exchange_staged(const void* data, size_t bytes) override;
+  const void* peer_staged(int rank) const override;
+  // Publishes this rank's descriptor (and staged data) for the current collective, arrives, waits
+  // for every rank and checks that all entered the same collective.
+  void arrive_and_check(const void* data, size_t bytes);
   void await_epoch(uint64_t epoch);
 
   // Takes the first message from `peer` with `tag` into data; false when there is none yet.

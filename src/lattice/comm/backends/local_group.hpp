@@ -20,12 +20,20 @@ struct LocalGroup {
   LocalGroup(int size, std::shared_ptr<FailureFlag> failure_flag);
 
   // What one rank publishes for the direct algorithms and split.
+  // Small collectives copy their input here instead of publishing pointers; one area per parity of
+  // the sequence number, so a rank may write collective k+1's while peers still read collective
+  // k's.
+  static constexpr size_t kStagingBytes = 16 << 10;
+  struct alignas(64) Staged {
+    uint64_t seq = 0;
+    CollectiveDescriptor descriptor;  // what this rank entered at seq (every direct collective)
+    alignas(64) unsigned char data[kStagingBytes];
+  };
   struct alignas(64) RankSlot {
     alignas(64) std::atomic<uint64_t> epoch{0};
     alignas(64) DirectBuffers buffers;
-    uint64_t seq = 0;
-    CollectiveDescriptor descriptor;
     std::shared_ptr<LocalGroup> split_group;
+    Staged staged[2];
   };
 
   // One message at a time from `source` to `destination`, read in place by the receiver.
