@@ -3,6 +3,7 @@
 #include "lattice/comm/algorithms/direct.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -117,23 +118,75 @@ void direct_all_to_all(SharedAddressSpace& space, const CollectiveCall& call) {
 
 }  // namespace
 
-// Small allreduce / barrier: one publication of staged copies, each rank reduces all of them itself
-// (in rank order, so every rank gets the same bits); no closing sync is needed.
+// Small collectives: one publication of staged input copies, then every rank reads what it needs
+// (reductions in rank order, so every rank gets the same bits); no closing sync is needed.
 bool run_staged(SharedAddressSpace& space, const CollectiveCall& call) {
   const CollectiveDescriptor& d = call.descriptor;
-  const size_t bytes = static_cast<size_t>(call.count()) * dtype_size(call.dtype());
-  if (d.op == CollectiveOp::barrier) {
-    space.exchange_staged(nullptr, 0);
-    return true;
-  }
-  if (d.op != CollectiveOp::allreduce || bytes > space.staging_capacity()) return false;
-  space.exchange_staged(call.in, bytes);
   const int n = space.size();
+  const int rank = space.rank();
+  const size_t element = dtype_size(call.dtype());
+  const size_t count_bytes = static_cast<size_t>(call.count()) * element;
+  size_t input_bytes = 0;
+  switch (d.op) {
+    case CollectiveOp::barrier:
+      input_bytes = 0;
+      break;
+    case CollectiveOp::allreduce:
+    case CollectiveOp::all_gather:
+    case CollectiveOp::reduce:
+      input_bytes = count_bytes;
+      break;
+    case CollectiveOp::broadcast:
+      input_bytes = rank == d.root ? count_bytes : 0;
+      break;
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_to_all:
+      input_bytes = count_bytes * static_cast<size_t>(n);
+      break;
+    default:
+      return false;
+  }
+  if (count_bytes * static_cast<size_t>(n) > space.staging_capacity()) return false;
+  space.exchange_staged(call.in, input_bytes);
+  const int divisor = d.reduce_op == ReduceOp::avg ? n : 0;
+  auto staged = [&](int r, size_t offset) {
+    return static_cast<const char*>(space.peer_staged(r)) + offset;
+  };
+  if (count_bytes == 0) return true;
   std::vector<const void*> sources(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) sources[r] = space.peer_staged(r);
-  void* targets[1] = {call.out};
-  reduce_into_targets(sources.data(), n, targets, 1, call.count(), call.dtype(), d.reduce_op,
-                      d.reduce_op == ReduceOp::avg ? n : 0);
+  switch (d.op) {
+    case CollectiveOp::allreduce:
+    case CollectiveOp::reduce: {
+      if (d.op == CollectiveOp::reduce && rank != d.root) break;
+      for (int r = 0; r < n; ++r) sources[r] = staged(r, 0);
+      void* targets[1] = {call.out};
+      reduce_into_targets(sources.data(), n, targets, 1, call.count(), call.dtype(), d.reduce_op,
+                          divisor);
+      break;
+    }
+    case CollectiveOp::reduce_scatter: {
+      for (int r = 0; r < n; ++r) sources[r] = staged(r, count_bytes * static_cast<size_t>(rank));
+      void* targets[1] = {call.out};
+      reduce_into_targets(sources.data(), n, targets, 1, call.count(), call.dtype(), d.reduce_op,
+                          divisor);
+      break;
+    }
+    case CollectiveOp::all_gather:
+      for (int r = 0; r < n; ++r)
+        std::memcpy(offset(call.out, call.count() * r, element), staged(r, 0), count_bytes);
+      break;
+    case CollectiveOp::all_to_all:
+      for (int r = 0; r < n; ++r) {
+        std::memcpy(offset(call.out, call.count() * r, element),
+                    staged(r, count_bytes * static_cast<size_t>(rank)), count_bytes);
+      }
+      break;
+    case CollectiveOp::broadcast:
+      if (rank != d.root) std::memcpy(call.out, staged(d.root, 0), count_bytes);
+      break;
+    default:
+      break;
+  }
   return true;
 }
 
