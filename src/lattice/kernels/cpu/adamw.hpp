@@ -14,8 +14,9 @@ struct AdamWHyper {
 // step is 1-based. grad_scale multiplies the gradient first (global-norm clipping). As PyTorch:
 //   p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 //   p -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
-// Bit-identical to torch 1.13's single-tensor (non-foreach, non-fused) AdamW on its vectorised CPU
-// path; grad is read only (the scaled gradient is not written back).
+// Follows torch 1.13's single-tensor (non-foreach, non-fused) AdamW operation by operation as its
+// vectorised CPU kernels compute it (transcribed from ATen; see adamw.cpp), so results should match
+// torch bit for bit. grad is read only (the scaled gradient is not written back).
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWHyper& hyper, int64_t step, float grad_scale = 1.0f);
 
