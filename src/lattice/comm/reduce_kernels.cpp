@@ -215,7 +215,7 @@ void divide_in_place(void* buffer, int64_t count, DType dtype, int divisor) {
 
 void copy_bytes(void* target, const void* source, size_t bytes) {
   if (bytes == 0 || target == source) return;
-  if (bytes < kStreamingStoreBytes) {
+  if (bytes < kStreamingCopyBytes) {
     std::memcpy(target, source, bytes);
     return;
   }

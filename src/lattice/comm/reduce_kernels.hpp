@@ -37,5 +37,7 @@ void copy_bytes(void* target, const void* source, size_t bytes);
 // on the development machine (large L3), plain stores win up to 256 MiB collectives, so only
 // outputs beyond 1 GiB stream.
 inline constexpr size_t kStreamingStoreBytes = size_t{1} << 30;
+// copy_bytes streams from this size on.
+inline constexpr size_t kStreamingCopyBytes = size_t{4} << 20;
 
 }  // namespace lattice::comm
