@@ -33,9 +33,9 @@ void divide_in_place(void* buffer, int64_t count, DType dtype, int divisor);
 // memcpy that uses non-temporal stores for large copies (the target is not read back soon).
 void copy_bytes(void* target, const void* source, size_t bytes);
 
-// Outputs of at least this many bytes per kernel call are written with non-temporal stores. Measured
-// on the development machine (large L3), plain stores win up to 256 MiB collectives, so only
-// outputs beyond 1 GiB stream.
+// Outputs of at least this many bytes per kernel call are written with non-temporal stores.
+// Measured on the development machine (large L3), plain stores win up to 256 MiB collectives, so
+// only outputs beyond 1 GiB stream.
 inline constexpr size_t kStreamingStoreBytes = size_t{1} << 30;
 // copy_bytes streams from this size on.
 inline constexpr size_t kStreamingCopyBytes = size_t{4} << 20;
