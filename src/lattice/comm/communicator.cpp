@@ -3,6 +3,7 @@
 #include "lattice/comm/communicator.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -21,6 +22,17 @@
 
 namespace lattice::comm {
 namespace {
+
+// A handle whose operation already failed; wait() rethrows.
+class FailedHandle : public CommHandle::State {
+ public:
+  explicit FailedHandle(std::exception_ptr error) : error_(std::move(error)) {}
+  void wait() override { std::rethrow_exception(error_); }
+  bool test() override { return true; }
+
+ private:
+  std::exception_ptr error_;
+};
 
 int64_t sum_counts(std::span<const int64_t> counts) {
   return std::accumulate(counts.begin(), counts.end(), int64_t{0});
@@ -283,6 +295,14 @@ CommHandle Communicator::submit(CollectiveCall call, bool asynchronous) {
                 " backend has no native collectives; choose ring, tree, ... or auto");
   }
   if (call.algorithm == Algorithm::hierarchical && !hierarchy_ready_) prepare_hierarchy();
+  if (asynchronous && !supports_async_thread()) {
+    try {
+      execute(call, next_seq_++);
+    } catch (...) {
+      return CommHandle(std::make_shared<FailedHandle>(std::current_exception()));
+    }
+    return {};
+  }
   if (asynchronous) {
     uint64_t seq = next_seq_++;
     if (!async_) async_ = std::make_unique<AsyncExecutor>();

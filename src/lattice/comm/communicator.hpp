@@ -115,6 +115,9 @@ class Communicator {
   virtual SharedAddressSpace* shared_address_space() { return nullptr; }
   virtual bool has_native() const { return false; }
   virtual bool prefers_native() const { return false; }
+  // False when the backend cannot be driven from a second thread (MPI without
+  // MPI_THREAD_MULTIPLE): asynchronous calls then run at submission and return a completed handle.
+  virtual bool supports_async_thread() const { return true; }
   virtual void run_native(const CollectiveCall& call);
   // Called before a collective's algorithm runs (after the watchdog's begin); MPI verifies there.
   virtual void before_collective(const CollectiveCall& call) {}

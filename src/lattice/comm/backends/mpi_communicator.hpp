@@ -29,6 +29,7 @@ class MpiCommunicator : public Communicator {
   Transport& transport() override { return *transport_; }
   bool has_native() const override { return true; }
   bool prefers_native() const override { return true; }
+  bool supports_async_thread() const override { return thread_multiple_; }
   void run_native(const CollectiveCall& call) override;
   void before_collective(const CollectiveCall& call) override;
   std::unique_ptr<Communicator> make_split(std::span<const int> members, int new_rank,
