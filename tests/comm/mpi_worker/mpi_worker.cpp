@@ -64,6 +64,14 @@ int run_suite(Communicator& comm, int argc, char** argv) {
   half->allreduce(&one, &members, 1, DType::i64, ReduceOp::sum);
   if (members != (comm.size() + (comm.rank() % 2 == 0 ? 1 : 0)) / 2)
     failures.add("split: wrong group size " + std::to_string(members));
+  // In-place all_gather: this rank's block already sits at its place in the output.
+  std::vector<int32_t> blocks(static_cast<size_t>(comm.size()), -1);
+  blocks[static_cast<size_t>(comm.rank())] = 100 + comm.rank();
+  comm.all_gather(&blocks[static_cast<size_t>(comm.rank())], blocks.data(), 1, DType::i32);
+  for (int r = 0; r < comm.size(); ++r) {
+    if (blocks[static_cast<size_t>(r)] != 100 + r)
+      failures.add("in-place all_gather: block " + std::to_string(r));
+  }
   CommHandle async = comm.allreduce_async(&one, 1, DType::i64, ReduceOp::sum);
   async.wait();
   if (one != comm.size()) failures.add("async allreduce: got " + std::to_string(one));

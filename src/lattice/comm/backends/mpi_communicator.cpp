@@ -160,9 +160,16 @@ void MpiCommunicator::run_native(const CollectiveCall& call) {
                 "MPI_Reduce_scatter_block");
       if (d.reduce_op == ReduceOp::avg) divide_in_place(call.out, d.count, d.dtype, n);
       return;
-    case CollectiveOp::all_gather:
-      check_mpi(MPI_Allgather(call.in, count, type, call.out, count, type, comm_), "MPI_Allgather");
+    case CollectiveOp::all_gather: {
+      // Input already at its place in the output (the usual in-place form): MPI wants MPI_IN_PLACE.
+      const void* own_block =
+          static_cast<const char*>(call.out) +
+          static_cast<size_t>(rank()) * static_cast<size_t>(d.count) * dtype_size(d.dtype);
+      check_mpi(MPI_Allgather(call.in == own_block ? MPI_IN_PLACE : call.in, count, type, call.out,
+                              count, type, comm_),
+                "MPI_Allgather");
       return;
+    }
     case CollectiveOp::all_gather_v: {
       std::vector<int> counts(static_cast<size_t>(n)), displacements(static_cast<size_t>(n));
       int64_t position = 0;
