@@ -1,11 +1,14 @@
-// MatmulEngine: see matmul.hpp. Every product is one oneDNN matmul primitive, dst[M,N] = alpha *
-// A[M,K] · B[K,N] (+ bias) (+ beta * dst), whose operands are described by element strides, so the
-// transposes the Linear layer needs (weight^T in forward, d_out^T in the weight gradient) cost
-// nothing: oneDNN's brgemm kernels read the strided layouts directly. Primitives are created once
-// per shape, layout, precision, scaling and thread count and kept in the engine. In bf16 the fp32
-// operands are rounded to bf16 (exactly lattice::to_bf16) into engine-owned buffers and multiplied
-// on AMX with fp32 accumulation and fp32 output; accumulation into d_weight uses oneDNN's sum
-// post-op.
+// MatmulEngine: see matmul.hpp.
+// fp32 goes to oneDNN's row-major sgemm (gemm:jit), which takes transposes and leading dimensions
+// directly; on this machine it matched or beat the fp32 brgemm matmul primitive on every Linear
+// shape measured and was 2.7x faster for the backward of a [3072 -> 768] layer. bf16 is one oneDNN
+// matmul primitive per product, dst[M,N] = alpha * A[M,K] · B[K,N] (+ bias)
+// (+ beta * dst), on AMX (brg:avx512_core_amx_bf16) with fp32 accumulation and fp32 output.
+// Operands are described by element strides, so the transposes the Linear layer needs (weight^T in
+// forward, d_out^T in the weight gradient) cost no copy: brgemm reads the strided layouts directly.
+// The fp32 operands are first rounded to bf16 (exactly lattice::to_bf16) into engine-owned buffers;
+// accumulation into d_weight uses the sum post-op. Primitives are created once per shape, layout,
+// scaling and thread count and kept, with their argument memories, in the engine.
 #include "lattice/kernels/cpu/matmul.hpp"
 
 #include <omp.h>
@@ -132,6 +135,25 @@ void scale_matrix(float* C, int64_t M, int64_t N, int64_t ldc, float beta) {
   }
 }
 
+// fp32 C = alpha * op(A) · op(B) + beta * C through oneDNN's row-major sgemm (C is not read when
+// beta is 0).
+void sgemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+           int64_t ldc) {
+  const dnnl_status_t status = dnnl_sgemm(transpose_a ? 'T' : 'N', transpose_b ? 'T' : 'N', M, N, K,
+                                          alpha, A, lda, B, ldb, beta, C, ldc);
+  if (status != dnnl_success)
+    throw Error("matmul: oneDNN sgemm failed (status " + std::to_string(status) + ") for M=" +
+                std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
+}
+
+// Every row of out[M,N] set to bias[N].
+void broadcast_rows(float* out, const float* bias, int64_t M, int64_t N) {
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16))
+  for (int64_t i = 0; i < M; ++i)
+    std::memcpy(out + i * N, bias, static_cast<size_t>(N) * sizeof(float));
+}
+
 }  // namespace
 
 struct MatmulEngine::Impl {
@@ -243,13 +265,16 @@ void MatmulEngine::forward(float* out, const float* in, const float* weight, con
     }
     return;
   }
-  const bool use_bf16 = precision == Precision::bf16;
-  GemmShape s = Impl::shape(M, N, K, use_bf16);
+  if (precision == Precision::fp32) {  // out = in · weight^T (+ bias, pre-filled and kept: beta 1)
+    if (bias != nullptr) broadcast_rows(out, bias, M, N);
+    return sgemm(false, true, M, N, K, 1.0f, in, K, weight, K, bias != nullptr ? 1.0f : 0.0f, out,
+                 N);
+  }
+  GemmShape s = Impl::shape(M, N, K, /*use_bf16=*/true);
   s.a_stride_m = K, s.a_stride_k = 1;  // in[M,K]
   s.b_stride_k = 1, s.b_stride_n = K;  // weight[N,K] read as its transpose [K,N]
   s.ldc = N;
   s.has_bias = bias != nullptr;
-  if (!use_bf16) return impl_->run(s, in, weight, bias, out);
   const lattice::bf16* in16 = impl_->to_bf16_buffer(0, in, M, K, K);
   const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);
   impl_->run(s, in16, weight16, bias, out);
@@ -267,28 +292,27 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     return;
   }
   if (!want_d_in && !want_d_weight) return;
-  const bool use_bf16 = precision == Precision::bf16;
-  // In bf16, d_out is rounded once and read in both layouts.
-  const void* d_out_op =
-      use_bf16 ? impl_->to_bf16_buffer(0, d_out, M, N, N) : static_cast<const void*>(d_out);
+  if (precision == Precision::fp32) {
+    if (want_d_in) sgemm(false, false, M, K, N, 1.0f, d_out, N, weight, K, 0.0f, d_in, K);
+    if (want_d_weight) sgemm(true, false, N, K, M, 1.0f, d_out, N, in, K, 1.0f, d_weight, K);
+    return;
+  }
+  // bf16: d_out is rounded once and read in both layouts.
+  const lattice::bf16* d_out16 = impl_->to_bf16_buffer(0, d_out, M, N, N);
   if (want_d_in) {  // d_in[M,K] = d_out[M,N] · weight[N,K]
-    GemmShape s = Impl::shape(M, K, N, use_bf16);
+    GemmShape s = Impl::shape(M, K, N, /*use_bf16=*/true);
     s.a_stride_m = N, s.a_stride_k = 1;
     s.b_stride_k = K, s.b_stride_n = 1;
     s.ldc = K;
-    const void* weight_op =
-        use_bf16 ? impl_->to_bf16_buffer(1, weight, N, K, K) : static_cast<const void*>(weight);
-    impl_->run(s, d_out_op, weight_op, nullptr, d_in);
+    impl_->run(s, d_out16, impl_->to_bf16_buffer(1, weight, N, K, K), nullptr, d_in);
   }
-  if (want_d_weight) {  // d_weight[N,K] += d_out^T[N,M] · in[M,K]
-    GemmShape s = Impl::shape(N, K, M, use_bf16);
+  if (want_d_weight) {  // d_weight[N,K] += d_out^T[N,M] · in[M,K]: d_out^T is a strided view
+    GemmShape s = Impl::shape(N, K, M, /*use_bf16=*/true);
     s.a_stride_m = 1, s.a_stride_k = N;
     s.b_stride_k = K, s.b_stride_n = 1;
     s.ldc = K;
     s.beta_bits = std::bit_cast<uint32_t>(1.0f);
-    const void* in_op =
-        use_bf16 ? impl_->to_bf16_buffer(2, in, M, K, K) : static_cast<const void*>(in);
-    impl_->run(s, d_out_op, in_op, nullptr, d_weight);
+    impl_->run(s, d_out16, impl_->to_bf16_buffer(2, in, M, K, K), nullptr, d_weight);
   }
 }
 
@@ -306,29 +330,24 @@ void MatmulEngine::gemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N
                 " needs >= " + std::to_string(N) + ")");
   if (M == 0 || N == 0) return;
   if (K == 0 || alpha == 0.0f) return scale_matrix(C, M, N, ldc, beta);
-  const bool use_bf16 = precision == Precision::bf16;
-  GemmShape s = Impl::shape(M, N, K, use_bf16);
+  if (precision == Precision::fp32)
+    return sgemm(transpose_a, transpose_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  GemmShape s = Impl::shape(M, N, K, /*use_bf16=*/true);
   s.alpha_bits = std::bit_cast<uint32_t>(alpha);
   s.beta_bits = std::bit_cast<uint32_t>(beta);
   s.ldc = ldc;
-  const void* a_op = A;
-  const void* b_op = B;
-  int64_t a_ld = lda, b_ld = ldb;
-  if (use_bf16) {  // packed densely: the leading dimension becomes the row length
-    a_op = impl_->to_bf16_buffer(0, A, a_rows, a_cols, lda);
-    b_op = impl_->to_bf16_buffer(1, B, b_rows, b_cols, ldb);
-    a_ld = a_cols;
-    b_ld = b_cols;
-  }
+  // The bf16 copies are packed densely: each leading dimension becomes the row length.
+  const lattice::bf16* a16 = impl_->to_bf16_buffer(0, A, a_rows, a_cols, lda);
+  const lattice::bf16* b16 = impl_->to_bf16_buffer(1, B, b_rows, b_cols, ldb);
   if (transpose_a)
-    s.a_stride_m = 1, s.a_stride_k = a_ld;
+    s.a_stride_m = 1, s.a_stride_k = a_cols;
   else
-    s.a_stride_m = a_ld, s.a_stride_k = 1;
+    s.a_stride_m = a_cols, s.a_stride_k = 1;
   if (transpose_b)
-    s.b_stride_k = 1, s.b_stride_n = b_ld;
+    s.b_stride_k = 1, s.b_stride_n = b_cols;
   else
-    s.b_stride_k = b_ld, s.b_stride_n = 1;
-  impl_->run(s, a_op, b_op, nullptr, C);
+    s.b_stride_k = b_cols, s.b_stride_n = 1;
+  impl_->run(s, a16, b16, nullptr, C);
 }
 
 }  // namespace lattice::kernels
