@@ -7,6 +7,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
+  libopenblas0-pthread  # PyTorch's fp32 BLAS: without it Debian's torch falls back to reference BLAS
   fortunes
 )
 missing=()
