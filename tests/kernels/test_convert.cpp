@@ -61,6 +61,24 @@ TEST(Convert, EdgeCasesMatchScalarRounding) {
   EXPECT_EQ(to_bf16(std::bit_cast<float>(0x7f800001u)).bits, 0x7fc0);  // NaN stays NaN, quiet
 }
 
+// The AVX512_BF16 path converts whole vectors with vcvtneps2bf16, which flushes denormal inputs,
+// and redoes a vector in integer arithmetic when it holds one: put a single denormal (or NaN,
+// infinity, zero) at every lane of otherwise normal vectors.
+TEST(Convert, OneSpecialValueInANormalVectorMatchesScalarRounding) {
+  const std::vector<uint32_t> specials = {0x00000001, 0x807fffff, 0x00018000, 0x00000000,
+                                          0x80000000, 0x7f800001, 0xffc00000, 0x7f800000};
+  for (uint32_t special : specials) {
+    for (int lane = 0; lane < 16; ++lane) {
+      std::vector<float> in(32);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = 1.0f + 0.37f * static_cast<float>(i);
+      in[static_cast<size_t>(lane)] = std::bit_cast<float>(special);
+      in[static_cast<size_t>(16 + lane)] = std::bit_cast<float>(special);
+      EXPECT_EQ(mismatches_against_to_bf16(in), 0)
+          << std::hex << "special 0x" << special << std::dec << " at lane " << lane;
+    }
+  }
+}
+
 TEST(Convert, SweepOfBitPatternsMatchesScalarRounding) {
   // Every upper half-word combined with the lower halves that matter for rounding (zero, odd, below
   // the tie, the tie, above the tie, all ones) and one random lower half: covers every exponent,

@@ -1,7 +1,8 @@
 // fp32 <-> bf16 bulk conversion: see convert.hpp. The AVX-512 path does the same integer arithmetic
-// as lattice::to_bf16 (add 0x7fff + lsb, shift, quiet NaNs). vcvtneps2bf16 is deliberately not
-// used: it is round-to-nearest-even too, but it treats denormal inputs as zero, which to_bf16 does
-// not.
+// as lattice::to_bf16 (add 0x7fff + lsb, shift, quiet NaNs). With AVX512_BF16, vcvtneps2bf16 does
+// the conversion in one instruction: it rounds to nearest even and quiets NaNs exactly as to_bf16,
+// but treats denormal inputs as zero, so a vector holding a denormal is redone with the integer
+// arithmetic (a test per vector; denormals are rare in training data).
 #include "lattice/kernels/cpu/convert.hpp"
 
 #if defined(__AVX512F__)
@@ -9,6 +10,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 
 namespace lattice::kernels {
 namespace {
@@ -16,23 +18,39 @@ namespace {
 // Elements per parallel work item: large enough to amortise scheduling, small enough to split work.
 constexpr int64_t kChunk = 1 << 16;
 
-void to_bf16_serial(bf16* out, const float* in, int64_t n) {
-  int64_t i = 0;
 #if defined(__AVX512F__)
+// lattice::to_bf16 on 16 lanes in integer arithmetic: add 0x7fff + lsb and shift; NaNs are quieted.
+inline __m256i to_bf16_bits(__m512i u) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   const __m512i inf_bits = _mm512_set1_epi32(0x7f800000);
-  const __m512i bias = _mm512_set1_epi32(0x7fff);
-  const __m512i one = _mm512_set1_epi32(1);
-  const __m512i quiet_bit = _mm512_set1_epi32(0x0040);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
+  const __m512i nan_bits = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan_bits));
+}
+#endif
+
+void to_bf16_serial(bf16* out, const float* in, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  const __m512i exponent_mask = _mm512_set1_epi32(0x7f800000);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
   for (; i + 16 <= n; i += 16) {
-    __m512i u = _mm512_loadu_si512(in + i);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
-    __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
-    __m512i nan_bits = _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet_bit);
-    __m512i result = _mm512_mask_blend_epi32(is_nan, rounded, nan_bits);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(result));
+    const __m512 x = _mm512_loadu_ps(in + i);
+    const __m512i u = _mm512_castps_si512(x);
+    // Denormal lanes: exponent bits all zero, magnitude not zero.
+    const __mmask16 denormal =
+        _mm512_testn_epi32_mask(u, exponent_mask) & _mm512_test_epi32_mask(u, abs_mask);
+    const __m256i bits =
+        denormal == 0 ? std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x)) : to_bf16_bits(u);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bits);
   }
+#elif defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        to_bf16_bits(_mm512_loadu_si512(in + i)));
 #endif
   for (; i < n; ++i) out[i] = to_bf16(in[i]);
 }
