@@ -11,6 +11,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "omp_thread_count.hpp"
 
 namespace lattice::kernels {
 namespace {
@@ -318,6 +319,41 @@ TEST(Matmul, GemmDegenerateSizes) {
   EXPECT_THROW(engine.gemm(false, false, 2, 3, 4, 1.0f, C.data(), 3, C.data(), 3, 0.0f, C.data(), 3,
                            Precision::fp32),
                Error);  // lda 3 < K 4
+}
+
+// In bf16 the bias gradient is summed in the same threaded pass that rounds d_out for the GEMMs:
+// it must still be the double column sum of the fp32 d_out, bit-identical across thread counts and
+// whichever other gradients are requested, and the GEMM results must not change with it.
+TEST(Matmul, Bf16BiasGradientFromTheRoundingPassIsThreadCountIndependent) {
+  const int64_t M = 300, K = 40, N = 333;  // M * N above the threading threshold; a partial block
+  auto in = random_vector(M * K, 27);
+  auto weight = random_vector(N * K, 28);
+  auto d_out = random_vector(M * N, 29);
+  const auto ref = linear_backward_reference(d_out, in, weight, M, K, N);
+  std::vector<float> reference_d_in, reference_d_w, reference_d_b;
+  for (int threads : {1, 2, 3}) {
+    lattice::testing::ScopedOmpThreads scope(threads);
+    for (int wanted = 0; wanted < 3; ++wanted) {  // d_in and d_weight, d_in only, d_weight only
+      MatmulEngine engine;
+      std::vector<float> d_in(static_cast<size_t>(M * K)), d_w(static_cast<size_t>(N * K), 0.0f),
+          d_b(static_cast<size_t>(N), 0.5f);
+      engine.backward(wanted != 2 ? d_in.data() : nullptr, wanted != 1 ? d_w.data() : nullptr,
+                      d_b.data(), d_out.data(), in.data(), weight.data(), M, K, N, Precision::bf16);
+      std::vector<float> expected_b(d_b.size());
+      for (size_t j = 0; j < d_b.size(); ++j)
+        expected_b[j] = 0.5f + static_cast<float>(ref.d_bias[j]);
+      EXPECT_LT(max_relative_error(d_b, std::vector<double>(expected_b.begin(), expected_b.end())),
+                1e-6);
+      if (reference_d_b.empty()) {
+        reference_d_b = d_b;
+        reference_d_in = d_in;
+        reference_d_w = d_w;
+      }
+      EXPECT_EQ(d_b, reference_d_b) << threads << " threads, case " << wanted;
+      if (wanted != 2) EXPECT_EQ(d_in, reference_d_in) << threads << " threads, case " << wanted;
+      if (wanted != 1) EXPECT_EQ(d_w, reference_d_w) << threads << " threads, case " << wanted;
+    }
+  }
 }
 
 TEST(Matmul, RepeatedCallsReuseCachedPrimitivesWithIdenticalResults) {

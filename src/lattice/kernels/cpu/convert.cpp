@@ -79,6 +79,10 @@ void convert_to_bf16(bf16* out, const float* in, int64_t n) {
   }
 }
 
+void convert_to_bf16_on_this_thread(bf16* out, const float* in, int64_t n) {
+  if (n > 0) to_bf16_serial(out, in, n);
+}
+
 void convert_to_f32(float* out, const bf16* in, int64_t n) {
   if (n <= 0) return;
   const int64_t chunks = (n + kChunk - 1) / kChunk;

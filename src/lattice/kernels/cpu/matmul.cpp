@@ -106,9 +106,13 @@ void check_dims(const char* what, int64_t M, int64_t K, int64_t N) {
 }
 
 // d_bias[j] += sum_i d_out[i, j], summed in double row by row for each column, so the result does
-// not depend on the thread count.
-void accumulate_column_sums(float* d_bias, const float* d_out, int64_t M, int64_t N) {
-  constexpr int64_t kColumns = 256;
+// not depend on the thread count. When d_out16 is not null the same pass also writes d_out rounded
+// to bf16 there (dense [M, N]), so the bf16 backward reads d_out from memory once. Columns go in
+// blocks of 128 (a block's row segments are converted and summed together), enough blocks for two
+// threads even at N = 256.
+void accumulate_column_sums(float* d_bias, const float* d_out, int64_t M, int64_t N,
+                            lattice::bf16* d_out16 = nullptr) {
+  constexpr int64_t kColumns = 128;
   const int64_t blocks = (N + kColumns - 1) / kColumns;
 #pragma omp parallel for schedule(static) if (M * N > (1 << 15))
   for (int64_t b = 0; b < blocks; ++b) {
@@ -117,6 +121,7 @@ void accumulate_column_sums(float* d_bias, const float* d_out, int64_t M, int64_
     double sums[kColumns] = {};
     for (int64_t i = 0; i < M; ++i) {
       const float* row = d_out + i * N + begin;
+      if (d_out16 != nullptr) convert_to_bf16_on_this_thread(d_out16 + i * N + begin, row, width);
       for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<double>(row[j]);
     }
     for (int64_t j = 0; j < width; ++j) d_bias[begin + j] += static_cast<float>(sums[j]);
@@ -284,9 +289,13 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
                             const float* in, const float* weight, int64_t M, int64_t K, int64_t N,
                             Precision precision) {
   check_dims("backward", M, K, N);
-  if (d_bias != nullptr && M > 0 && N > 0) accumulate_column_sums(d_bias, d_out, M, N);
   const bool want_d_in = d_in != nullptr && M > 0 && K > 0;
   const bool want_d_weight = d_weight != nullptr && M > 0 && N > 0 && K > 0;
+  const bool want_d_bias = d_bias != nullptr && M > 0 && N > 0;
+  // bf16 with a GEMM to run: the bias sums come out of the pass that rounds d_out (below).
+  const bool fuse_bias =
+      want_d_bias && precision != Precision::fp32 && (want_d_in || want_d_weight);
+  if (want_d_bias && !fuse_bias) accumulate_column_sums(d_bias, d_out, M, N);
   if (want_d_in && N == 0) {
     std::fill(d_in, d_in + M * K, 0.0f);
     return;
@@ -298,7 +307,15 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     return;
   }
   // bf16: d_out is rounded once and read in both layouts.
-  const lattice::bf16* d_out16 = impl_->to_bf16_buffer(0, d_out, M, N, N);
+  const lattice::bf16* d_out16 = nullptr;
+  if (fuse_bias) {
+    auto* buffer = static_cast<lattice::bf16*>(
+        impl_->bf16_operands[0].reserve(static_cast<size_t>(M * N) * sizeof(lattice::bf16)));
+    accumulate_column_sums(d_bias, d_out, M, N, buffer);
+    d_out16 = buffer;
+  } else {
+    d_out16 = impl_->to_bf16_buffer(0, d_out, M, N, N);
+  }
   if (want_d_in) {  // d_in[M,K] = d_out[M,N] · weight[N,K]
     GemmShape s = Impl::shape(M, K, N, /*use_bf16=*/true);
     s.a_stride_m = N, s.a_stride_k = 1;
