@@ -19,6 +19,7 @@
 #include "lattice/core/rng.hpp"
 #include "lattice/io/safetensors.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/model/model_config_json.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 
@@ -39,40 +40,6 @@ fs::path committed_data_dir() {
 }
 
 // ---- model config as the "lattice.model" JSON (the keys checkpoint.cpp writes) ----
-
-nlohmann::json config_json(const ModelConfig& c) {
-  return {{"name", c.name},
-          {"family", family_name(c.family)},
-          {"vocab_size", c.vocab_size},
-          {"max_seq_len", c.max_seq_len},
-          {"d_model", c.d_model},
-          {"n_layers", c.n_layers},
-          {"n_heads", c.n_heads},
-          {"n_kv_heads", c.n_kv_heads},
-          {"ffn_hidden", c.ffn_hidden},
-          {"norm_eps", c.norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"tied_embeddings", c.tied_embeddings},
-          {"init_std", c.init_std}};
-}
-
-ModelConfig config_from_json(const nlohmann::json& j) {
-  ModelConfig c;
-  c.name = j.at("name").get<std::string>();
-  c.family = parse_family(j.at("family").get<std::string>());
-  c.vocab_size = j.at("vocab_size").get<int64_t>();
-  c.max_seq_len = j.at("max_seq_len").get<int64_t>();
-  c.d_model = j.at("d_model").get<int64_t>();
-  c.n_layers = j.at("n_layers").get<int64_t>();
-  c.n_heads = j.at("n_heads").get<int64_t>();
-  c.n_kv_heads = j.at("n_kv_heads").get<int64_t>();
-  c.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
-  c.norm_eps = j.at("norm_eps").get<float>();
-  c.rope_theta = j.at("rope_theta").get<float>();
-  c.tied_embeddings = j.at("tied_embeddings").get<bool>();
-  c.init_std = j.at("init_std").get<float>();
-  return c;
-}
 
 // ---- the inputs: initial weights and one batch ----
 
@@ -121,7 +88,7 @@ void write_inputs(const fs::path& dir, const std::string& family, const ModelCon
   }
   write_safetensors(init_file(dir, family), weights,
                     {{"format", "lattice"},
-                     {"lattice.model", config_json(config).dump()},
+                     {"lattice.model", model_config_to_json(config)},
                      {"lattice.init_seed", std::to_string(seed)}});
   const Batch b = make_batch(config.vocab_size, seed + 1);
   const Shape shape{kBatch, kSeq};
@@ -249,7 +216,7 @@ void check_parity(const fs::path& dir, const std::string& family, kernels::Preci
   SCOPED_TRACE(title + " in " + dir.string());
   SafetensorsFile ref(reference_file(dir, family));
   const ModelConfig config =
-      config_from_json(nlohmann::json::parse(ref.metadata().at("lattice.model")));
+      model_config_from_json(ref.metadata().at("lattice.model"));
   const auto hyper = nlohmann::json::parse(ref.metadata().at("lattice.reference"));
   const std::string prefix = torch_run_prefix(against);
   const Batch batch = read_batch(batch_file(dir, family));

@@ -10,46 +10,13 @@
 #include "lattice/core/error.hpp"
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/io/safetensors.hpp"
+#include "lattice/model/model_config_json.hpp"
 
 namespace lattice::train {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-nlohmann::json model_config_json(const model::ModelConfig& c) {
-  return {{"name", c.name},
-          {"family", model::family_name(c.family)},
-          {"vocab_size", c.vocab_size},
-          {"max_seq_len", c.max_seq_len},
-          {"d_model", c.d_model},
-          {"n_layers", c.n_layers},
-          {"n_heads", c.n_heads},
-          {"n_kv_heads", c.n_kv_heads},
-          {"ffn_hidden", c.ffn_hidden},
-          {"norm_eps", c.norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"tied_embeddings", c.tied_embeddings},
-          {"init_std", c.init_std}};
-}
-
-model::ModelConfig model_config_from_json(const nlohmann::json& j) {
-  model::ModelConfig c;
-  c.name = j.at("name").get<std::string>();
-  c.family = model::parse_family(j.at("family").get<std::string>());
-  c.vocab_size = j.at("vocab_size").get<int64_t>();
-  c.max_seq_len = j.at("max_seq_len").get<int64_t>();
-  c.d_model = j.at("d_model").get<int64_t>();
-  c.n_layers = j.at("n_layers").get<int64_t>();
-  c.n_heads = j.at("n_heads").get<int64_t>();
-  c.n_kv_heads = j.at("n_kv_heads").get<int64_t>();
-  c.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
-  c.norm_eps = j.at("norm_eps").get<float>();
-  c.rope_theta = j.at("rope_theta").get<float>();
-  c.tied_embeddings = j.at("tied_embeddings").get<bool>();
-  c.init_std = j.at("init_std").get<float>();
-  return c;
-}
 
 std::string step_name(int64_t step) {
   char buffer[32];
@@ -98,7 +65,7 @@ std::string save_checkpoint(const std::string& run_dir, const model::Transformer
     write_safetensors(stage.file_path("model.safetensors"),
                       parameter_entries(params, params.values(), ""),
                       {{"format", "lattice"},
-                       {"lattice.model", model_config_json(model.config()).dump()},
+                       {"lattice.model", model::model_config_to_json(model.config())},
                        {"lattice.weight_layout", "[out, in] for every Linear weight"}});
     write_safetensors(
         stage.file_path("optimizer.safetensors"),
@@ -153,10 +120,9 @@ model::ModelConfig read_checkpoint_model_config(const std::string& checkpoint_di
             " has no model configuration in its metadata: it was not written by "
             "lattice, so give the model configuration explicitly");
   try {
-    return model_config_from_json(nlohmann::json::parse(it->second));
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("checkpoint " + path + " has a damaged model configuration (" + e.what() +
-                "): resume from an earlier checkpoint");
+    return model::model_config_from_json(it->second);
+  } catch (const Error& e) {
+    throw Error("checkpoint " + path + ": " + e.what() + "; resume from an earlier checkpoint");
   }
 }
 
@@ -172,7 +138,7 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
       stored.ffn_hidden == mine.ffn_hidden && stored.max_seq_len == mine.max_seq_len &&
       stored.tied_embeddings == mine.tied_embeddings;
   check(same_shape, "checkpoint " + checkpoint_dir + " holds a different model (" +
-                        model_config_json(stored).dump() +
+                        model::model_config_to_json(stored) +
                         "): use the same [model] settings or a new job.run_dir");
   auto& params = model.parameters();
   SafetensorsFile weights((dir / "model.safetensors").string());

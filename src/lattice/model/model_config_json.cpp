@@ -1,0 +1,50 @@
+// ModelConfig <-> JSON: see model_config_json.hpp.
+#include "lattice/model/model_config_json.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::model {
+
+std::string model_config_to_json(const ModelConfig& c) {
+  const nlohmann::json j = {{"name", c.name},
+                            {"family", family_name(c.family)},
+                            {"vocab_size", c.vocab_size},
+                            {"max_seq_len", c.max_seq_len},
+                            {"d_model", c.d_model},
+                            {"n_layers", c.n_layers},
+                            {"n_heads", c.n_heads},
+                            {"n_kv_heads", c.n_kv_heads},
+                            {"ffn_hidden", c.ffn_hidden},
+                            {"norm_eps", c.norm_eps},
+                            {"rope_theta", c.rope_theta},
+                            {"tied_embeddings", c.tied_embeddings},
+                            {"init_std", c.init_std}};
+  return j.dump();
+}
+
+ModelConfig model_config_from_json(const std::string& json) {
+  try {
+    const auto j = nlohmann::json::parse(json);
+    ModelConfig c;
+    c.name = j.at("name").get<std::string>();
+    c.family = parse_family(j.at("family").get<std::string>());
+    c.vocab_size = j.at("vocab_size").get<int64_t>();
+    c.max_seq_len = j.at("max_seq_len").get<int64_t>();
+    c.d_model = j.at("d_model").get<int64_t>();
+    c.n_layers = j.at("n_layers").get<int64_t>();
+    c.n_heads = j.at("n_heads").get<int64_t>();
+    c.n_kv_heads = j.at("n_kv_heads").get<int64_t>();
+    c.ffn_hidden = j.at("ffn_hidden").get<int64_t>();
+    c.norm_eps = j.at("norm_eps").get<float>();
+    c.rope_theta = j.at("rope_theta").get<float>();
+    c.tied_embeddings = j.at("tied_embeddings").get<bool>();
+    c.init_std = j.at("init_std").get<float>();
+    return c;
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("model configuration JSON is damaged: ") + e.what());
+  }
+}
+
+}  // namespace lattice::model
