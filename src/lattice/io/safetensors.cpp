@@ -33,29 +33,6 @@ std::string single_quoted(const std::string& name) {
   return "'" + name + "'";
 }
 
-// fp16 bits -> fp32, exact (subnormals, infinities and NaN included).
-float half_to_float(uint16_t half) {
-  uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
-  uint32_t exponent = (half >> 10) & 0x1fu;
-  uint32_t mantissa = half & 0x3ffu;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise the mantissa
-    int shift = 0;
-    while ((mantissa & 0x400u) == 0) {
-      mantissa <<= 1;
-      ++shift;
-    }
-    bits = sign | (static_cast<uint32_t>(113 - shift) << 23) | ((mantissa & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
 // Parses and checks one header entry; `fail` prefixes the file name.
 class HeaderChecker {
  public:
@@ -441,7 +418,7 @@ void SafetensorsFile::read_f32(const std::string& name, float* dst, int64_t n) c
       for (int64_t i = 0; i < n; ++i) {
         uint16_t bits;
         std::memcpy(&bits, source + 2 * i, 2);  // the mapping need not be 2-byte aligned
-        dst[i] = stored.dtype == DType::bf16 ? to_float(bf16{bits}) : half_to_float(bits);
+        dst[i] = stored.dtype == DType::bf16 ? to_float(bf16{bits}) : f16_to_float(bits);
       }
       return;
     default:
