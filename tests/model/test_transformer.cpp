@@ -203,3 +203,22 @@ TEST(Transformer, RefusesTokensOutsideTheVocabulary) {
   targets[2] = 1000;
   EXPECT_THROW(model.forward(ctx, tokens.data(), targets.data(), 1, 8, 1.0f), Error);
 }
+
+TEST(StageRange, UntiedCopyOfATiedHeadStartsEqualToTheEmbedding) {
+  const ModelConfig config = model_preset("gpt2-tiny");  // tied head
+  Transformer first(config, nullptr, StageRange{0, 1});
+  Transformer last(config, nullptr, StageRange{1, -1});
+  first.initialize(3);
+  last.initialize(3);
+  const auto& a = first.parameters();
+  const auto& b = last.parameters();
+  const int wte = a.index_of("transformer.wte.weight"), head = b.index_of("lm_head.weight");
+  ASSERT_EQ(a.info(wte).numel, b.info(head).numel);
+  for (int64_t i = 0; i < a.info(wte).numel; ++i) ASSERT_EQ(a.value(wte)[i], b.value(head)[i]);
+  // The blocks draw from their own names' streams whatever stage holds them.
+  Transformer whole(config, nullptr);
+  whole.initialize(3);
+  const int w = whole.parameters().index_of("transformer.h.1.mlp.c_fc.weight");
+  const int s = b.index_of("transformer.h.1.mlp.c_fc.weight");
+  EXPECT_EQ(whole.parameters().value(w)[5], b.value(s)[5]);
+}

@@ -8,7 +8,8 @@
 
 namespace lattice::model {
 
-int ParameterStore::declare(std::string name, Shape shape, InitKind init, bool weight_decay) {
+int ParameterStore::declare(std::string name, Shape shape, InitKind init, bool weight_decay,
+                            std::string init_stream) {
   check(values_.empty(), "parameter '" + name + "' declared after the store was allocated");
   check(!by_name_.contains(name), "parameter '" + name + "' declared twice");
   ParameterInfo info;
@@ -18,6 +19,7 @@ int ParameterStore::declare(std::string name, Shape shape, InitKind init, bool w
   info.offset = total_;
   info.init = init;
   info.weight_decay = weight_decay;
+  info.init_stream = init_stream.empty() ? info.name : std::move(init_stream);
   // Keep every parameter 64-byte aligned inside the flat buffer (16 floats).
   total_ += (info.numel + 15) / 16 * 16;
   by_name_[info.name] = static_cast<int>(params_.size());
@@ -39,7 +41,7 @@ static uint64_t fnv1a(const std::string& s, uint64_t seed) {
 void ParameterStore::initialize(uint64_t seed, float std, int64_t n_layers) {
   for (const auto& p : params_) {
     float* v = values() + p.offset;
-    Rng rng(fnv1a(p.name, seed));
+    Rng rng(fnv1a(p.init_stream, seed));
     float scale = std;
     switch (p.init) {
       case InitKind::zeros:

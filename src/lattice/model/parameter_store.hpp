@@ -23,12 +23,16 @@ struct ParameterInfo {
   int64_t numel = 0;
   InitKind init = InitKind::normal;
   bool weight_decay = true;  // matrices and embeddings decay; biases and norm weights do not
+  std::string init_stream;   // the name whose random stream initialises it (its own by default)
 };
 
 class ParameterStore {
  public:
-  // Declares a parameter; returns its index. Only before allocate().
-  int declare(std::string name, Shape shape, InitKind init, bool weight_decay);
+  // Declares a parameter; returns its index. Only before allocate(). A non-empty `init_stream`
+  // makes it start as a copy of the parameter of that name (e.g. an untied copy of a tied head on a
+  // stage without the embedding), whether or not that parameter lives in this store.
+  int declare(std::string name, Shape shape, InitKind init, bool weight_decay,
+              std::string init_stream = "");
   // Allocates the flat parameter and gradient buffers (zero-filled).
   void allocate(MemoryTracker* tracker);
   bool allocated() const { return !values_.empty() || total_ == 0; }

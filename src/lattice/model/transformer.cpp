@@ -49,10 +49,13 @@ Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, Stag
     if (gpt2)
       final_norm_bias_ = params_.declare("transformer.ln_f.bias", {C}, InitKind::zeros, false);
     // A tied head shares the token embedding when this stage holds both.
+    const std::string embedding_name =
+        gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
     if (config_.tied_embeddings && has_embedding())
       head_weight_ = token_embedding_;
-    else
-      head_weight_ = params_.declare("lm_head.weight", {V, C}, InitKind::normal, true);
+    else  // an untied copy of a tied head starts equal to the embedding
+      head_weight_ = params_.declare("lm_head.weight", {V, C}, InitKind::normal, true,
+                                     config_.tied_embeddings ? embedding_name : "");
   }
   params_.allocate(tracker_);
 }
@@ -61,18 +64,6 @@ Transformer::~Transformer() = default;
 
 void Transformer::initialize(uint64_t seed) {
   params_.initialize(seed, config_.init_std, config_.n_layers);
-  // An untied copy of a tied head (a last stage without the embedding) starts equal to the
-  // embedding.
-  if (config_.tied_embeddings && has_head() && !has_embedding()) {
-    ParameterStore probe;
-    int wte = probe.declare(
-        config_.family == Family::gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
-        {config_.vocab_size, config_.d_model}, InitKind::normal, true);
-    probe.allocate(nullptr);
-    probe.initialize(seed, config_.init_std, config_.n_layers);
-    std::memcpy(params_.value(head_weight_), probe.value(wte),
-                sizeof(float) * static_cast<size_t>(probe.info(wte).numel));
-  }
 }
 
 void Transformer::check_tokens(const int32_t* tokens, int64_t n, const char* what) const {
@@ -93,9 +84,8 @@ void Transformer::embed(const LayerContext& ctx, const int32_t* tokens, int64_t 
                        config_.d_model);
 }
 
-float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
-                                 const float* hidden_in, const int32_t* targets, int64_t B,
-                                 int64_t T, float loss_scale) {
+void Transformer::trunk_forward(const LayerContext& ctx, const int32_t* tokens,
+                                const float* hidden_in, int64_t B, int64_t T) {
   check(B > 0 && T > 0, "batch and sequence length must be positive");
   check(T <= config_.max_seq_len, "sequence length " + std::to_string(T) +
                                       " exceeds model.max_seq_len " +
@@ -107,13 +97,19 @@ float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
   gradient_ready_ = false;
   residual_.resize(blocks_.size() + 1);
   for (auto& r : residual_) ensure_activation(r, {rows, C}, tracker_);
-  if (has_embedding()) {
+  if (has_embedding())
     embed(ctx, tokens, B, T);
-  } else {
+  else
     k::copy(residual_[0].f32(), hidden_in, rows * C);
-  }
   for (size_t i = 0; i < blocks_.size(); ++i)
     blocks_[i]->forward(ctx, residual_[i + 1].f32(), residual_[i].f32(), B, T);
+}
+
+float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
+                                 const float* hidden_in, const int32_t* targets, int64_t B,
+                                 int64_t T, float loss_scale) {
+  const int64_t rows = B * T;
+  trunk_forward(ctx, tokens, hidden_in, B, T);
   if (!has_head()) {
     gradient_ready_ = loss_scale != 0.0f;
     return 0.0f;
@@ -214,17 +210,7 @@ float Transformer::evaluate(const LayerContext& ctx, const int32_t* tokens, cons
 const float* Transformer::logits(const LayerContext& ctx, const int32_t* tokens, int64_t B,
                                  int64_t T) {
   check(has_embedding() && has_head(), "logits() needs the whole model");
-  check(T <= config_.max_seq_len, "sequence length " + std::to_string(T) +
-                                      " exceeds model.max_seq_len " +
-                                      std::to_string(config_.max_seq_len));
-  B_ = B;
-  T_ = T;
-  gradient_ready_ = false;
-  residual_.resize(blocks_.size() + 1);
-  for (auto& r : residual_) ensure_activation(r, {B * T, config_.d_model}, tracker_);
-  embed(ctx, tokens, B, T);
-  for (size_t i = 0; i < blocks_.size(); ++i)
-    blocks_[i]->forward(ctx, residual_[i + 1].f32(), residual_[i].f32(), B, T);
+  trunk_forward(ctx, tokens, nullptr, B, T);
   head_forward(ctx, B, T);
   return logits_.f32();
 }

@@ -19,7 +19,6 @@ namespace lattice::model {
 struct StageRange {
   int64_t first_block = 0;
   int64_t last_block = -1;  // -1: up to n_layers
-  bool is_first() const { return first_block == 0; }
 };
 
 class Transformer {
@@ -68,6 +67,9 @@ class Transformer {
  private:
   void check_tokens(const int32_t* tokens, int64_t n, const char* what) const;
   void embed(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T);
+  // Embedding (or hidden_in) then this stage's blocks; leaves the output in residual_.back().
+  void trunk_forward(const LayerContext& ctx, const int32_t* tokens, const float* hidden_in,
+                     int64_t B, int64_t T);
   void head_forward(const LayerContext& ctx, int64_t B, int64_t T);
   void head_backward(const LayerContext& ctx, int64_t rows);
 
