@@ -102,6 +102,12 @@ TrainResult Trainer::run() {
   double window_seconds = 0;
   int64_t window_steps = 0;
   double total_seconds = 0;
+  // tokens/s, TFLOP/s (6N + 12·L·T·d per token) and MFU for `tokens` trained in `seconds`.
+  auto set_rates = [&](StepMetrics& m, double tokens, double seconds) {
+    m.tokens_per_second = tokens / seconds;
+    m.tflops = m.tokens_per_second * flops_per_token / 1e12;
+    m.mfu = m.tflops * 1e12 / peak;
+  };
   auto save = [&](int64_t step) {
     TrainerState state{step, train_sampler_->position(), config_.seed};
     std::string dir = save_checkpoint(config_.run_dir, *model_, *optimizer_, state, config_toml,
@@ -141,9 +147,7 @@ TrainResult Trainer::run() {
     m.grad_norm = norm;
     m.lr = lr;
     m.step_seconds = seconds;
-    m.tokens_per_second = static_cast<double>(tokens_per_step) / seconds;
-    m.tflops = m.tokens_per_second * flops_per_token / 1e12;
-    m.mfu = m.tflops * 1e12 / peak;
+    set_rates(m, static_cast<double>(tokens_per_step), seconds);
     m.tracked_bytes = tracker_.current_total();
     m.peak_tracked_bytes = tracker_.peak_total();
     m.rss_bytes = process_rss_bytes();
@@ -159,9 +163,7 @@ TrainResult Trainer::run() {
         validate) {
       // The printed rate averages the steps since the last line.
       StepMetrics line = m;
-      line.tokens_per_second = static_cast<double>(tokens_per_step * window_steps) / window_seconds;
-      line.tflops = line.tokens_per_second * flops_per_token / 1e12;
-      line.mfu = line.tflops * 1e12 / peak;
+      set_rates(line, static_cast<double>(tokens_per_step * window_steps), window_seconds);
       logger.log_step(line);
       window_seconds = 0;
       window_steps = 0;
