@@ -19,22 +19,12 @@ namespace fs = std::filesystem;
 
 Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   if (config_.threads > 0) omp_set_num_threads(static_cast<int>(config_.threads));
-  corpus_ = std::make_unique<data::ByteCorpus>(
-      data::expand_file_patterns(config_.train_files, config_.exclude), config_.val_fraction);
-  check(corpus_->train().vocab_size() <= config_.model.vocab_size,
-        "the byte tokenizer needs model.vocab_size >= 256, got " +
-            std::to_string(config_.model.vocab_size));
+  batches_ = std::make_unique<BatchSource>(config_);
   matmul_ = std::make_unique<kernels::MatmulEngine>();
   model_ = std::make_unique<model::Transformer>(config_.model, &tracker_);
   model_->initialize(config_.seed);
   optimizer_ =
       std::make_unique<optim::AdamWOptimizer>(model_->parameters(), config_.adamw, &tracker_);
-  train_sampler_ =
-      std::make_unique<data::WindowSampler>(corpus_->train(), config_.seq_len, config_.seed);
-  if (config_.val_freq > 0 && corpus_->validation().size() > config_.seq_len)
-    val_sampler_ = std::make_unique<data::WindowSampler>(corpus_->validation(), config_.seq_len,
-                                                         config_.seed + 1);
-
   std::string resume_dir =
       config_.resume_from.empty() ? "" : resolve_checkpoint(config_.resume_from);
   if (resume_dir.empty() && config_.resume && config_.checkpoint_enable)
@@ -45,7 +35,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
           "checkpoint " + resume_dir + " was trained with training.seed = " +
               std::to_string(state.seed) + ": resume with the same seed or use a new job.run_dir");
     start_step_ = state.step;
-    train_sampler_->set_position(state.samples_consumed);
+    batches_->set_position(state.samples_consumed);
     std::printf("resumed from %s at step %lld\n", resume_dir.c_str(),
                 static_cast<long long>(start_step_));
   }
@@ -54,14 +44,12 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
 Trainer::~Trainer() = default;
 
 double Trainer::validation_loss() {
-  check(val_sampler_ != nullptr, "no validation split: raise data.val_fraction");
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
   model::LayerContext ctx{*matmul_, config_.precision, &tracker_};
   double sum = 0;
   for (int64_t i = 0; i < config_.val_batches; ++i) {
-    for (int64_t b = 0; b < B; ++b)
-      val_sampler_->sample(i * B + b, inputs.data() + b * T, targets.data() + b * T);
+    batches_->validation_batch(i, inputs.data(), targets.data(), B);
     sum += model_->evaluate(ctx, inputs.data(), targets.data(), B, T);
   }
   return sum / static_cast<double>(config_.val_batches);
@@ -109,7 +97,7 @@ TrainResult Trainer::run() {
     m.mfu = m.tflops * 1e12 / peak;
   };
   auto save = [&](int64_t step) {
-    TrainerState state{step, train_sampler_->position(), config_.seed};
+    TrainerState state{step, batches_->position(), config_.seed};
     std::string dir = save_checkpoint(config_.run_dir, *model_, *optimizer_, state, config_toml,
                                       config_.keep_latest);
     logger.finish_progress();
@@ -121,7 +109,7 @@ TrainResult Trainer::run() {
     model_->parameters().zero_grads();
     double loss = 0;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
-      train_sampler_->next(inputs.data(), targets.data(), B);
+      batches_->next(inputs.data(), targets.data(), B);
       loss += model_->forward(ctx, inputs.data(), targets.data(), B, T,
                               1.0f / static_cast<float>(accumulation));
       model_->backward(ctx);
@@ -155,7 +143,7 @@ TrainResult Trainer::run() {
     m.gradient_bytes = tracker_.current(MemoryCategory::gradients);
     m.optimizer_bytes = tracker_.current(MemoryCategory::optimizer_state);
     m.activation_bytes = tracker_.current(MemoryCategory::activations);
-    const bool validate = val_sampler_ && config_.val_freq > 0 &&
+    const bool validate = batches_->has_validation() && config_.val_freq > 0 &&
                           (step % config_.val_freq == 0 || step == config_.steps);
     if (validate) m.val_loss = validation_loss();
     logger.record(m);

@@ -9,11 +9,10 @@
 #include <vector>
 
 #include "lattice/core/memory.hpp"
-#include "lattice/data/byte_corpus.hpp"
-#include "lattice/data/window_sampler.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
+#include "lattice/train/batch_source.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::train {
@@ -42,10 +41,9 @@ class Trainer {
   TrainConfig config_;
   MemoryTracker tracker_;
   std::unique_ptr<kernels::MatmulEngine> matmul_;
-  std::unique_ptr<data::ByteCorpus> corpus_;
+  std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<optim::AdamWOptimizer> optimizer_;
-  std::unique_ptr<data::WindowSampler> train_sampler_, val_sampler_;
   int64_t start_step_ = 0;
 };
 
