@@ -11,10 +11,16 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   lattice::cli::register_train_verb(app);
   lattice::cli::register_generate_verb(app);
+  CLI::App* data = app.add_subcommand("data", "Tokenizers and token files");
+  data->require_subcommand(1);
+  lattice::cli::register_data_tokenizer(*data);
+  lattice::cli::register_data_prepare(*data);
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that print ratios against a peer");
   bench->require_subcommand(1);
   lattice::cli::register_bench_train(*bench);
   lattice::cli::register_bench_comm(*bench);
+  lattice::cli::register_bench_tokenizer(*bench);
+  lattice::cli::register_bench_dp(*bench);
   lattice::cli::register_estimate_verb(app);
   lattice::cli::register_simulate_verb(app);
   lattice::cli::register_plan_verb(app);

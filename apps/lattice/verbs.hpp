@@ -12,8 +12,13 @@ void register_generate_verb(CLI::App& app);
 void register_estimate_verb(CLI::App& app);
 void register_simulate_verb(CLI::App& app);
 void register_plan_verb(CLI::App& app);
+// Targets of `lattice data <target>`: train a tokenizer; tokenize text into token files.
+void register_data_tokenizer(CLI::App& data);
+void register_data_prepare(CLI::App& data);
 // Targets of `lattice bench <target>`.
 void register_bench_train(CLI::App& bench);
 void register_bench_comm(CLI::App& bench);
+void register_bench_tokenizer(CLI::App& bench);
+void register_bench_dp(CLI::App& bench);
 
 }  // namespace lattice::cli
