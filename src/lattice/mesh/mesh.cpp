@@ -1,0 +1,124 @@
+// Mesh: the per-axis and derived sub-communicators, built by splitting the world.
+#include "lattice/mesh/mesh.hpp"
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::mesh {
+namespace {
+
+size_t axis_slot(Axis axis) {
+  return static_cast<size_t>(axis);
+}
+
+}  // namespace
+
+std::string_view axis_name(Axis axis) {
+  switch (axis) {
+    case Axis::pp:
+      return "pp";
+    case Axis::dp:
+      return "dp";
+    case Axis::cp:
+      return "cp";
+    case Axis::tp:
+      return "tp";
+    case Axis::ep:
+      return "ep";
+  }
+  return "?";
+}
+
+Mesh::Mesh(comm::Communicator& world, MeshShape shape)
+    : world_(world), shape_(resolve_layout(shape, world.size())) {
+  coordinate_ = mesh::coordinate_of(shape_, world_.rank());
+  // Each group is split with color = the smallest global rank in it and key = this rank's index
+  // along the group, so members come out in axis order.
+  auto with = [&](auto change) {
+    MeshCoordinate c = coordinate_;
+    change(c);
+    return mesh::rank_of(shape_, c);
+  };
+  // A coordinate at batch index `batch` (cp + cp_size x dp) of this rank's (pp, tp) place.
+  auto at_batch = [&](int batch) {
+    return with([&](MeshCoordinate& c) {
+      c.cp = batch % shape_.cp;
+      c.dp = batch / shape_.cp;
+    });
+  };
+  const int batch = batch_index(shape_, coordinate_);
+  const int ep_index = expert_parallel_index(shape_, coordinate_);
+  const int edp_index = mesh::expert_data_parallel_index(shape_, coordinate_);
+
+  axis_groups_[axis_slot(Axis::tp)] =
+      world_.split(with([](MeshCoordinate& c) { c.tp = 0; }), coordinate_.tp);
+  axis_groups_[axis_slot(Axis::cp)] =
+      world_.split(with([](MeshCoordinate& c) { c.cp = 0; }), coordinate_.cp);
+  axis_groups_[axis_slot(Axis::dp)] =
+      world_.split(with([](MeshCoordinate& c) { c.dp = 0; }), coordinate_.dp);
+  axis_groups_[axis_slot(Axis::pp)] =
+      world_.split(with([](MeshCoordinate& c) { c.pp = 0; }), coordinate_.pp);
+  axis_groups_[axis_slot(Axis::ep)] = world_.split(at_batch(edp_index * shape_.ep), ep_index);
+  dp_cp_ = world_.split(at_batch(0), batch);
+  expert_data_parallel_ = world_.split(at_batch(ep_index), edp_index);
+}
+
+Mesh::~Mesh() = default;
+
+int Mesh::coordinate(Axis axis) const {
+  switch (axis) {
+    case Axis::pp:
+      return coordinate_.pp;
+    case Axis::dp:
+      return coordinate_.dp;
+    case Axis::cp:
+      return coordinate_.cp;
+    case Axis::tp:
+      return coordinate_.tp;
+    case Axis::ep:
+      return expert_parallel_index(shape_, coordinate_);
+  }
+  return 0;
+}
+
+int Mesh::size(Axis axis) const {
+  switch (axis) {
+    case Axis::pp:
+      return shape_.pp;
+    case Axis::dp:
+      return shape_.dp;
+    case Axis::cp:
+      return shape_.cp;
+    case Axis::tp:
+      return shape_.tp;
+    case Axis::ep:
+      return shape_.ep;
+  }
+  return 0;
+}
+
+comm::Communicator& Mesh::group(Axis axis) {
+  return *axis_groups_[axis_slot(axis)];
+}
+
+int Mesh::expert_data_parallel_index() const {
+  return mesh::expert_data_parallel_index(shape_, coordinate_);
+}
+
+int Mesh::rank_of(const MeshCoordinate& coordinate) const {
+  return mesh::rank_of(shape_, coordinate);
+}
+
+MeshCoordinate Mesh::coordinate_of(int rank) const {
+  return mesh::coordinate_of(shape_, rank);
+}
+
+std::string Mesh::describe() const {
+  return mesh::describe(shape_);
+}
+
+std::string Mesh::describe_rank() const {
+  return "rank " + std::to_string(world_.rank()) + " of " + std::to_string(world_.size()) + ": " +
+         mesh::describe(shape_, coordinate_);
+}
+
+}  // namespace lattice::mesh
