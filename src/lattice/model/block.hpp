@@ -5,10 +5,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "lattice/core/error.hpp"
 #include "lattice/core/tensor.hpp"
 #include "lattice/model/layer_context.hpp"
 
 namespace lattice::model {
+
+class KvCache;
 
 // Gradient buffers reused by every block's backward (only one block runs backward at a time).
 class BackwardScratch {
@@ -32,6 +35,15 @@ class Block {
                         const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch) = 0;
   // Frees the saved activations.
   virtual void release_activations() = 0;
+  // Incremental inference: x_out = block(x_in) for n new tokens of each of B sequences at
+  // positions [cache.length(), cache.length() + n), attending to the cached positions before them;
+  // writes the new keys and values into layer `cache_layer` of `cache` (the caller advances the
+  // cache once every block has run). Overwrites the saved activations: no backward may follow.
+  virtual void forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+                              int64_t n, KvCache& cache, int64_t cache_layer) {
+    (void)ctx, (void)x_out, (void)x_in, (void)B, (void)n, (void)cache, (void)cache_layer;
+    throw Error("this block type has no incremental (KV-cached) forward yet");
+  }
 };
 
 // Saved activations are kept in tensors sized for the current B·T; this grows one if needed.

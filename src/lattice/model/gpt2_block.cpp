@@ -6,6 +6,7 @@
 #include "lattice/kernels/cpu/attention.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
+#include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
 
@@ -99,6 +100,45 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
   k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
                         store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_);
   k::add_inplace(d_x_in, d_x2, rows * C_);
+}
+
+void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+                               int64_t n, KvCache& cache, int64_t cache_layer) {
+  const int64_t rows = B * n;
+  auto* tr = ctx.tracker;
+  ensure_activation(ln1_, {rows, C_}, tr);
+  ensure_activation(ln1_mean_, {rows}, tr);
+  ensure_activation(ln1_rstd_, {rows}, tr);
+  ensure_activation(qkv_, {rows, 3 * C_}, tr);
+  ensure_activation(att_, {rows, C_}, tr);
+  ensure_activation(lse_, {B, heads_, n}, tr);
+  ensure_activation(x2_, {rows, C_}, tr);
+  ensure_activation(ln2_, {rows, C_}, tr);
+  ensure_activation(ln2_mean_, {rows}, tr);
+  ensure_activation(ln2_rstd_, {rows}, tr);
+  ensure_activation(fc_, {rows, F_}, tr);
+  ensure_activation(gelu_, {rows, F_}, tr);
+
+  k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
+                       store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
+  c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
+  const float* qkv = qkv_.f32();
+  cache.write(cache_layer, qkv + C_, qkv + 2 * C_, 3 * C_, n);
+  // The new queries sit at the end of the cached keys: positions [length, length + n).
+  k::AttentionShape shape = packed_qkv_shape(B, n, heads_, C_);
+  shape.kv_len = cache.length() + n;
+  shape.k_row_stride = shape.v_row_stride = cache.row_stride();
+  shape.kv_batch_stride = cache.batch_stride();
+  k::attention_forward(att_.f32(), lse_.f32(), qkv, cache.keys(cache_layer),
+                       cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
+  attn_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
+  k::add_inplace(x2_.f32(), x_in, rows * C_);
+  k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
+                       store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
+  c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
+  k::gelu_forward(gelu_.f32(), fc_.f32(), rows * F_);
+  mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
+  k::add_inplace(x_out, x2_.f32(), rows * C_);
 }
 
 void Gpt2Block::release_activations() {

@@ -22,6 +22,8 @@ class Gpt2Block final : public Block {
   void backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out, const float* x_in,
                 int64_t B, int64_t T, BackwardScratch& scratch) override;
   void release_activations() override;
+  void forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B, int64_t n,
+                      KvCache& cache, int64_t cache_layer) override;
 
  private:
   ParameterStore& store_;

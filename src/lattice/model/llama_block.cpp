@@ -6,6 +6,7 @@
 #include "lattice/kernels/cpu/attention.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/rmsnorm.hpp"
+#include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
 
@@ -113,6 +114,49 @@ void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d
   k::rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in, store_.value(norm1_weight_),
                       rstd1_.f32(), rows, C_);
   k::add_inplace(d_x_in, d_x2, rows * C_);
+}
+
+void LlamaBlock::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+                                int64_t n, KvCache& cache, int64_t cache_layer) {
+  const int64_t rows = B * n, kv = kv_heads_ * head_dim_, start = cache.length();
+  auto* tr = ctx.tracker;
+  ensure_activation(n1_, {rows, C_}, tr);
+  ensure_activation(rstd1_, {rows}, tr);
+  ensure_activation(q_, {rows, C_}, tr);
+  ensure_activation(k_, {rows, kv}, tr);
+  ensure_activation(v_, {rows, kv}, tr);
+  ensure_activation(att_, {rows, C_}, tr);
+  ensure_activation(lse_, {B, heads_, n}, tr);
+  ensure_activation(x2_, {rows, C_}, tr);
+  ensure_activation(n2_, {rows, C_}, tr);
+  ensure_activation(rstd2_, {rows}, tr);
+  ensure_activation(gate_, {rows, F_}, tr);
+  ensure_activation(up_, {rows, F_}, tr);
+  ensure_activation(h_, {rows, F_}, tr);
+
+  k::rmsnorm_forward(n1_.f32(), rstd1_.f32(), x_in, store_.value(norm1_weight_), rows, C_, eps_);
+  q_proj_.forward(ctx, q_.f32(), n1_.f32(), rows);
+  k_proj_.forward(ctx, k_.f32(), n1_.f32(), rows);
+  v_proj_.forward(ctx, v_.f32(), n1_.f32(), rows);
+  // RoPE at the absolute positions [start, start + n); cached keys are stored rotated.
+  rope_.apply(q_.f32(), B, n, heads_, C_, n * C_, start, false);
+  rope_.apply(k_.f32(), B, n, kv_heads_, kv, n * kv, start, false);
+  cache.write(cache_layer, k_.f32(), v_.f32(), kv, n);
+  k::AttentionShape shape = k::AttentionShape::contiguous(B, n, heads_, kv_heads_, head_dim_);
+  shape.kv_len = start + n;
+  shape.k_row_stride = shape.v_row_stride = cache.row_stride();
+  shape.kv_batch_stride = cache.batch_stride();
+  k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), cache.keys(cache_layer),
+                       cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
+  o_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
+  k::add_inplace(x2_.f32(), x_in, rows * C_);
+  k::rmsnorm_forward(n2_.f32(), rstd2_.f32(), x2_.f32(), store_.value(norm2_weight_), rows, C_,
+                     eps_);
+  gate_proj_.forward(ctx, gate_.f32(), n2_.f32(), rows);
+  up_proj_.forward(ctx, up_.f32(), n2_.f32(), rows);
+  k::swiglu_forward(h_.f32(), gate_.f32(), up_.f32(), rows * F_);
+  down_proj_.forward(ctx, x_out, h_.f32(), rows);
+  k::add_inplace(x_out, x2_.f32(), rows * C_);
 }
 
 void LlamaBlock::release_activations() {

@@ -10,6 +10,7 @@
 
 #include "lattice/kernels/cpu/rope.hpp"
 #include "lattice/model/block.hpp"
+#include "lattice/model/kv_cache.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
 
@@ -51,6 +52,18 @@ class Transformer {
   // Forward only: logits [B·T, vocab] (valid until the next call).
   const float* logits(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T);
 
+  // Incremental inference (transformer_inference.cpp; whole model only). An empty KV cache for
+  // `batch` sequences of up to max_seq_len positions.
+  KvCache make_kv_cache(int64_t batch, MemoryTracker* tracker = nullptr) const;
+  // Runs tokens [B, n] at positions [cache.length(), cache.length() + n) (absolute positions for
+  // GPT-2's learned position embeddings and Llama's RoPE angles), appends their keys and values to
+  // `cache` and returns the logits of each sequence's last new position, [B, vocab] (valid until
+  // the next call). Prefill a prompt with one call, then feed one token at a time. Throws when
+  // the cache has no room for n positions (clear it and re-prefill a shorter window). Overwrites
+  // the training activations: no backward may follow.
+  const float* forward_cached(const LayerContext& ctx, KvCache& cache, const int32_t* tokens,
+                              int64_t B, int64_t n);
+
   // Stage-level forward/backward (pipeline seam). The first stage reads tokens, later stages read
   // hidden_in [B·T, d_model]; the last stage computes the loss from targets, earlier ones leave
   // their output in hidden_out(). backward_stage takes d_hidden_out (ignored on the last stage) and
@@ -89,6 +102,7 @@ class Transformer {
   Tensor tokens_;  // copy of the last forward's tokens (embedding backward needs them)
   bool gradient_ready_ = false;
   BackwardScratch scratch_;
+  Tensor last_hidden_;  // forward_cached: each sequence's last hidden state [B, d_model]
 };
 
 }  // namespace lattice::model

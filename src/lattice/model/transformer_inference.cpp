@@ -1,0 +1,73 @@
+// Transformer incremental inference: the KV cache a model needs and the cached forward that runs
+// only new tokens (see Transformer::make_kv_cache and Transformer::forward_cached in
+// transformer.hpp).
+#include <string>
+
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/elementwise.hpp"
+#include "lattice/kernels/cpu/embedding.hpp"
+#include "lattice/kernels/cpu/layernorm.hpp"
+#include "lattice/kernels/cpu/rmsnorm.hpp"
+#include "lattice/model/transformer.hpp"
+
+namespace lattice::model {
+
+namespace k = lattice::kernels;
+
+KvCache Transformer::make_kv_cache(int64_t batch, MemoryTracker* tracker) const {
+  check(has_embedding() && has_head(), "a KV cache needs the whole model, not a pipeline stage");
+  return KvCache(static_cast<int64_t>(blocks_.size()), batch, config_.max_seq_len,
+                 config_.n_kv_heads, config_.head_dim(), tracker);
+}
+
+const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache,
+                                         const int32_t* tokens, int64_t B, int64_t n) {
+  check(has_embedding() && has_head(), "forward_cached() needs the whole model");
+  check(B > 0 && n > 0, "forward_cached() needs at least one new token per sequence");
+  check(cache.layers() == static_cast<int64_t>(blocks_.size()) && cache.batch() == B &&
+            cache.kv_heads() == config_.n_kv_heads && cache.head_dim() == config_.head_dim() &&
+            cache.capacity() <= config_.max_seq_len,
+        "the KV cache does not fit this model and batch: make it with make_kv_cache(" +
+            std::to_string(B) + ")");
+  const int64_t start = cache.length();
+  check(n <= cache.room(), "positions " + std::to_string(start) + ".." + std::to_string(start + n) +
+                               " exceed the KV cache's " + std::to_string(cache.capacity()) +
+                               " (model.max_seq_len): clear the cache and re-prefill a shorter "
+                               "window");
+  check_tokens(tokens, B * n, "token");
+  const int64_t rows = B * n, C = config_.d_model, V = config_.vocab_size;
+  gradient_ready_ = false;  // the saved activations are overwritten below
+
+  residual_.resize(blocks_.size() + 1);
+  for (auto& r : residual_) ensure_activation(r, {rows, C}, tracker_);
+  // Learned positions (GPT-2) are read from the absolute position `start` on.
+  const float* wpe = position_embedding_ >= 0 ? params_.value(position_embedding_) : nullptr;
+  k::embedding_forward(residual_[0].f32(), tokens, params_.value(token_embedding_), wpe, B, n, C,
+                       start);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->forward_cached(ctx, residual_[i + 1].f32(), residual_[i].f32(), B, n, cache,
+                               static_cast<int64_t>(i));
+  cache.advance(n);
+
+  // Head on each sequence's last position only.
+  ensure_activation(last_hidden_, {B, C}, tracker_);
+  for (int64_t b = 0; b < B; ++b)
+    k::copy(last_hidden_.f32() + b * C, residual_.back().f32() + ((b + 1) * n - 1) * C, C);
+  ensure_activation(normed_, {B, C}, tracker_);
+  ensure_activation(norm_rstd_, {B}, tracker_);
+  ensure_activation(logits_, {B, V}, tracker_);
+  if (config_.family == Family::gpt2) {
+    ensure_activation(norm_mean_, {B}, tracker_);
+    k::layernorm_forward(normed_.f32(), norm_mean_.f32(), norm_rstd_.f32(), last_hidden_.f32(),
+                         params_.value(final_norm_weight_), params_.value(final_norm_bias_), B, C,
+                         config_.norm_eps);
+  } else {
+    k::rmsnorm_forward(normed_.f32(), norm_rstd_.f32(), last_hidden_.f32(),
+                       params_.value(final_norm_weight_), B, C, config_.norm_eps);
+  }
+  ctx.matmul.forward(logits_.f32(), normed_.f32(), params_.value(head_weight_), nullptr, B, C, V,
+                     ctx.precision);
+  return logits_.f32();
+}
+
+}  // namespace lattice::model
