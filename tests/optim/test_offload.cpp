@@ -211,6 +211,33 @@ TEST(OffloadedAdamWState, TracksOnlyTheChunkBuffersAndFreesThemAfterEachCall) {
   EXPECT_EQ(small_tracker.peak(MemoryCategory::optimizer_state), 1 * 100 * 3 * 4);
 }
 
+TEST(OffloadedAdamWState, MasterOffloadHandsEachUpdatedChunkToTheSink) {
+  TempDir dir;
+  const int64_t n = 2500;
+  std::vector<float> initial(n), params(n), grads(n), received(n, -1.0f);
+  for (int64_t i = 0; i < n; ++i) initial[i] = 0.001f * static_cast<float>(i % 97);
+  fill_grads(grads.data(), n, 1);
+  OffloadedAdamWState state({dir.sub("s"), 600, 1, true}, n, nullptr);
+  state.write_master(0, n, initial.data());
+  int64_t next = 0;
+  // No fp32 output buffer: the sink is the only consumer of the updated master.
+  state.step(nullptr, grads.data(), {}, {}, 1, 1.0f,
+             [&](int64_t offset, const float* master, int64_t count) {
+               EXPECT_EQ(offset, next);  // chunks arrive in order, each once
+               std::memcpy(received.data() + offset, master, static_cast<size_t>(count) * 4);
+               next = offset + count;
+             });
+  EXPECT_EQ(next, n);
+  // Reference: the kernel on an in-memory copy.
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  params = initial;
+  kernels::adamw_update(params.data(), grads.data(), m.data(), v.data(), n, {}, 1);
+  EXPECT_TRUE(bits_equal(params.data(), received.data(), n));
+  std::vector<float> stored(n);
+  state.read_master(0, n, stored.data());
+  EXPECT_TRUE(bits_equal(params.data(), stored.data(), n));
+}
+
 TEST(OffloadedAdamWState, CheckpointRoundTripContinuesBitForBit) {
   TempDir dir;
   model::ParameterStore reference, restored;

@@ -181,7 +181,7 @@ void OffloadedAdamWState::update_all(Visit&& visit, int64_t last_step) {
 
 void OffloadedAdamWState::step(float* params, const float* grads, std::span<const DecayRange> decay,
                                const kernels::AdamWHyper& hyper, int64_t step_number,
-                               float grad_scale) {
+                               float grad_scale, const MasterSink& sink) {
   check(step_number >= 1, "offloaded AdamW: step number " + std::to_string(step_number) +
                               " is not 1-based; pass the number of updates including this one");
   check(grads != nullptr || header_.numel == 0, "offloaded AdamW: no gradients given");
@@ -215,6 +215,7 @@ void OffloadedAdamWState::step(float* params, const float* grads, std::span<cons
           if (inside && range != decay.end() && at == range->offset + range->count) ++range;
         }
         if (master && params) std::memcpy(params + begin, p, static_cast<size_t>(count) * 4);
+        if (master && sink) sink(begin, p, count);
       },
       step_number);
 }

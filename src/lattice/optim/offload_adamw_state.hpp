@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -41,6 +42,10 @@ struct OffloadSettings {
   bool durable = true;
 };
 
+// Receives each updated chunk of master weights during a master-offload step: elements
+// [offset, offset + count) of the range (e.g. to round them into the caller's bf16 copy).
+using MasterSink = std::function<void(int64_t offset, const float* master, int64_t count)>;
+
 // Elements [offset, offset + count) of the range take weight decay; all others do not.
 struct DecayRange {
   int64_t offset = 0;
@@ -57,9 +62,10 @@ class OffloadedAdamWState {
   // (1-based) and gradient scale `grad_scale`; `hyper.weight_decay` applies inside `decay` (sorted,
   // disjoint, within the range), 0 elsewhere. Without `master`, `params` is updated in place. With
   // `master`, the file's master weights are updated and copied to `params` (its old values are
-  // not read; nullptr: not copied).
+  // not read; nullptr: not copied) and handed chunk by chunk to `sink` when given.
   void step(float* params, const float* grads, std::span<const DecayRange> decay,
-            const kernels::AdamWHyper& hyper, int64_t step_number, float grad_scale = 1.0f);
+            const kernels::AdamWHyper& hyper, int64_t step_number, float grad_scale = 1.0f,
+            const MasterSink& sink = {});
 
   // Checkpoint support: elements [offset, offset + count) of the range. Each write_* is one
   // committed transaction that passes once over the whole state: restore with one call per range,
