@@ -9,13 +9,24 @@ packages=(
   python3 python3-numpy python3-torch
   libopenblas0-pthread  # PyTorch's fp32 BLAS: without it Debian's torch falls back to reference BLAS
   fortunes
+  libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)
+  python3-pip   # installs tiktoken (PyPI) below
 )
+# tiktoken (PyPI; Debian has no package) for the tokenizer's reference data and `bench tokenizer` peer.
+install_python_peers() {
+  /usr/bin/python3 -c 'import tiktoken' 2>/dev/null && return 0
+  echo "install_deps: installing tiktoken for /usr/bin/python3 (PyPI)"
+  /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    --break-system-packages tiktoken \
+    || echo "install_deps: warning: tiktoken not installed; 'lattice bench tokenizer' runs without its peer"
+}
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
+  install_python_peers
   exit 0
 fi
 sudo_cmd=()
@@ -23,3 +34,4 @@ sudo_cmd=()
 echo "install_deps: installing ${missing[*]}"
 "${sudo_cmd[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+install_python_peers

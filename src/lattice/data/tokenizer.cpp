@@ -1,9 +1,11 @@
 // Tokenizer: see tokenizer.hpp.
 #include "lattice/data/tokenizer.hpp"
 
+#include <filesystem>
 #include <utility>
 
 #include "lattice/core/error.hpp"
+#include "lattice/data/tokenizer_files.hpp"
 
 namespace lattice::data {
 
@@ -24,8 +26,38 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
+  namespace fs = std::filesystem;
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
-  throw Error("data.tokenizer '" + spec + "' is not available yet: use \"byte\" (vocabulary 256)");
+  const std::string forms =
+      "use \"byte\", a tokenizer.json, a .tiktoken file, encoder.json / vocab.json (with "
+      "vocab.bpe / merges.txt beside it) or a directory holding one of these";
+  const bool tiktoken_prefix = spec.starts_with("tiktoken:");
+  const fs::path path = tiktoken_prefix ? fs::path(spec.substr(9)) : fs::path(spec);
+  std::error_code ec;
+  check(fs::exists(path, ec),
+        "data.tokenizer '" + spec + "': no such file or directory; " + forms);
+  if (tiktoken_prefix || path.extension() == ".tiktoken")
+    return make_bpe_tokenizer(read_tiktoken(path), path.string());
+  auto pair = [](const fs::path& vocab, const fs::path& merges) {
+    return make_bpe_tokenizer(read_vocab_and_merges(vocab, merges), vocab.string());
+  };
+  if (fs::is_directory(path, ec)) {
+    if (fs::exists(path / "tokenizer.json"))
+      return make_bpe_tokenizer(read_tokenizer_json(path / "tokenizer.json"),
+                                (path / "tokenizer.json").string());
+    if (fs::exists(path / "encoder.json") && fs::exists(path / "vocab.bpe"))
+      return pair(path / "encoder.json", path / "vocab.bpe");
+    if (fs::exists(path / "vocab.json") && fs::exists(path / "merges.txt"))
+      return pair(path / "vocab.json", path / "merges.txt");
+    throw Error("data.tokenizer '" + spec +
+                "': the directory holds no tokenizer.json, encoder.json + vocab.bpe or vocab.json "
+                "+ merges.txt; " + forms);
+  }
+  if (path.filename() == "encoder.json") return pair(path, path.parent_path() / "vocab.bpe");
+  if (path.filename() == "vocab.json") return pair(path, path.parent_path() / "merges.txt");
+  if (path.extension() == ".json")
+    return make_bpe_tokenizer(read_tokenizer_json(path), path.string());
+  throw Error("data.tokenizer '" + spec + "': unknown tokenizer file type; " + forms);
 }
 
 // Length of the incomplete UTF-8 sequence at the end of `bytes` (0 when it ends on a boundary or

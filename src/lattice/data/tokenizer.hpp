@@ -41,8 +41,15 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "byte"; }
 };
 
-// Builds a tokenizer from `spec`: "byte", or a tokenizer file or directory (the formats the
-// tokenizer implementation documents). Throws lattice::Error naming the spec and the fix.
+// Builds a tokenizer from `spec` (formats: tokenizer_files.hpp, docs/tokenizer.md):
+//   "byte"                      one token per byte
+//   "<path>/tokenizer.json"     Hugging Face (any *.json not named encoder.json / vocab.json)
+//   "<path>/x.tiktoken"         tiktoken ranks ("tiktoken:<path>" for any file name)
+//   "<path>/encoder.json"       GPT-2, with vocab.bpe beside it
+//   "<path>/vocab.json"         Hugging Face, with merges.txt beside it
+//   "<dir>"                     the first of tokenizer.json, encoder.json + vocab.bpe,
+//                               vocab.json + merges.txt found in it
+// Throws lattice::Error naming the spec and the fix.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
 
 // Decodes a stream of ids for printing: bytes of an incomplete UTF-8 character at the end are held
