@@ -120,6 +120,13 @@ DatasetManifest parse_manifest(const std::string& text, const std::string& name)
   return m;
 }
 
+std::string absolute_tokenizer_spec(const std::string& spec) {
+  if (spec == "byte" || spec.empty()) return spec;
+  const std::string prefix = "tiktoken:";
+  if (spec.starts_with(prefix)) return prefix + absolute_tokenizer_spec(spec.substr(prefix.size()));
+  return std::filesystem::absolute(spec).lexically_normal().string();
+}
+
 DatasetManifest read_manifest(const std::string& directory) {
   const std::string path = (std::filesystem::path(directory) / kManifestName).string();
   check(std::filesystem::exists(path),

@@ -35,6 +35,10 @@ struct DatasetManifest {
   std::vector<std::string> files(const std::string& split) const;
 };
 
+// `spec` with its path made absolute ("byte" stays; "tiktoken:<path>" keeps its prefix), so that
+// a manifest or a run's config.toml names the tokenizer from any working directory.
+std::string absolute_tokenizer_spec(const std::string& spec);
+
 // Parses manifest text; `name` is the file named in errors.
 DatasetManifest parse_manifest(const std::string& text, const std::string& name);
 // Reads `<directory>/manifest.json`.
