@@ -274,6 +274,23 @@ inline void run_collective_suite(Communicator& comm, const std::vector<int64_t>&
       }
     }
   }
+  // allreduce spanning several tree chunks per half (the double binary tree pipelines them), with
+  // an uneven split between its two trees.
+  for (DType dtype : dtypes) {
+    if (dtype != DType::f32 && dtype != DType::bf16) continue;
+    const int64_t count =
+        4 * comm.options().tree_chunk_bytes / static_cast<int64_t>(dtype_size(dtype)) + 3;
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
+      Buffer in(count, dtype, memory), out(count, dtype, memory);
+      for (int64_t i = 0; i < count; ++i) store_value(in.data(), dtype, i, input_value(me, i));
+      comm.allreduce(in.data(), out.data(), count, dtype, op);
+      expect_elements(failures,
+                      case_name(comm, "allreduce", dtype, count,
+                                std::string(reduce_op_name(op)) + " (several tree chunks)"),
+                      out.data(), dtype, 0, count,
+                      [&](int64_t i) { return reference_reduce(n, i, dtype, op); });
+    }
+  }
   comm.barrier();
 }
 
