@@ -2,7 +2,9 @@
 #include "lattice/train/generator.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "lattice/core/error.hpp"
@@ -40,24 +42,67 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingSettings&
   return order[keep - 1];
 }
 
-void generate(model::Transformer& model, kernels::MatmulEngine& matmul,
-              std::vector<int32_t>& tokens, const SamplingSettings& settings,
-              const std::function<void(int32_t)>& on_token) {
+double GenerationStats::tokens_per_second() const {
+  return generation_seconds > 0 ? static_cast<double>(generated_tokens) / generation_seconds : 0.0;
+}
+
+std::string GenerationStats::summary() const {
+  char line[192];
+  std::snprintf(line, sizeof line,
+                "generated %lld tokens in %.3f s (%.1f tokens/s) after a prefill of %lld tokens in "
+                "%.3f s",
+                static_cast<long long>(generated_tokens), generation_seconds, tokens_per_second(),
+                static_cast<long long>(prompt_tokens), prefill_seconds);
+  std::string text = line;
+  if (window_slides > 0)
+    text += "; the full context window slid " + std::to_string(window_slides) + " times";
+  return text;
+}
+
+GenerationStats generate(model::Transformer& model, kernels::MatmulEngine& matmul,
+                         std::vector<int32_t>& tokens, const SamplingSettings& settings,
+                         const std::function<void(int32_t)>& on_token) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
   check(!tokens.empty(), "generation needs a prompt of at least one token");
-  const auto& config = model.config();
+  const int64_t vocab = settings.vocab_limit > 0
+                            ? std::min(settings.vocab_limit, model.config().vocab_size)
+                            : model.config().vocab_size;
+  GenerationStats stats;
+  if (settings.max_new_tokens <= 0) return stats;
   Rng rng(settings.seed);
   model::LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
-  for (int64_t i = 0; i < settings.max_new_tokens; ++i) {
-    const int64_t window =
-        std::min<int64_t>(static_cast<int64_t>(tokens.size()), config.max_seq_len);
-    const int32_t* start = tokens.data() + tokens.size() - window;
-    const float* logits = model.logits(ctx, start, 1, window);
-    int32_t next =
-        sample_token(logits + (window - 1) * config.vocab_size, config.vocab_size, settings, rng);
+  model::KvCache cache = model.make_kv_cache(1);
+  const int64_t capacity = cache.capacity();
+  // Runs the last `count` tokens at the cache's next positions; returns the last one's logits.
+  const auto run_last = [&](int64_t count) {
+    return model.forward_cached(ctx, cache, tokens.data() + tokens.size() - count, 1, count);
+  };
+
+  const auto prefill_start = Clock::now();
+  stats.prompt_tokens = std::min<int64_t>(static_cast<int64_t>(tokens.size()), capacity);
+  const float* logits = run_last(stats.prompt_tokens);
+  stats.prefill_seconds = seconds_since(prefill_start);
+
+  const auto generation_start = Clock::now();
+  while (true) {
+    const int32_t next = sample_token(logits, vocab, settings, rng);
     tokens.push_back(next);
+    ++stats.generated_tokens;
     on_token(next);
-    if (next == settings.stop_token) break;
+    if (next == settings.stop_token || stats.generated_tokens == settings.max_new_tokens) break;
+    if (cache.room() == 0) {  // slide: keep the last half window, positions restart at 0
+      cache.clear();
+      ++stats.window_slides;
+      logits = run_last(std::max<int64_t>(1, capacity / 2));
+    } else {
+      logits = run_last(1);
+    }
   }
+  stats.generation_seconds = seconds_since(generation_start);
+  return stats;
 }
 
 }  // namespace lattice::train
