@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   lattice::cli::register_estimate_verb(app);
   lattice::cli::register_simulate_verb(app);
   lattice::cli::register_plan_verb(app);
+  lattice::cli::register_parity_verb(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -35,9 +35,8 @@ void register_train_verb(CLI::App& app) {
     for (const auto& [axis, value] : *layout)
       overrides.push_back("parallelism." + axis + "=" + std::to_string(value));
     train::TrainConfig config = train::load_train_config(*config_path, overrides);
-    train::Trainer trainer(config);
-    train::TrainResult result = trainer.run();
-    if (!result.losses.empty())
+    train::TrainResult result = train::train_on_ranks(config);
+    if (result.rank == 0 && !result.losses.empty())
       std::printf("done: %zu steps, final loss %.4f, %.0f tokens/s\n", result.losses.size(),
                   result.losses.back(), result.tokens_per_second);
   });

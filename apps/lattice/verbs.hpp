@@ -12,6 +12,8 @@ void register_generate_verb(CLI::App& app);
 void register_estimate_verb(CLI::App& app);
 void register_simulate_verb(CLI::App& app);
 void register_plan_verb(CLI::App& app);
+// Runs one config under several data-parallel layouts and compares them (the parity harness).
+void register_parity_verb(CLI::App& app);
 // Targets of `lattice data <target>`: train a tokenizer; tokenize text into token files.
 void register_data_tokenizer(CLI::App& data);
 void register_data_prepare(CLI::App& data);

@@ -1,7 +1,7 @@
 // What every layer's forward and backward receives: the GEMM engine, the compute precision, the
 // memory tracker for activations, and the tensor-parallel group (size 1 until tensor parallelism
 // lands: the seam exists so layers become tensor-parallel by being handed a larger group, not by
-// being rewritten).
+// being rewritten), and optional hooks around each parameter unit (data parallelism and ZeRO-3).
 #pragma once
 
 #include "lattice/core/memory.hpp"
@@ -20,10 +20,24 @@ struct TensorParallelGroup {
   int size = 1;
 };
 
+// Called by the Transformer around the forward and backward of each parameter unit (see
+// Transformer::units(): the embedding, each block, the head), in execution order. Data parallelism
+// starts a gradient bucket's reduction from after_backward; ZeRO-3 gathers a unit's parameters in
+// before_forward / before_backward and frees them afterwards.
+class ModelHooks {
+ public:
+  virtual ~ModelHooks() = default;
+  virtual void before_forward(int unit) {}
+  virtual void after_forward(int unit) {}
+  virtual void before_backward(int unit) {}
+  virtual void after_backward(int unit) {}
+};
+
 struct LayerContext {
   kernels::MatmulEngine& matmul;
   kernels::Precision precision = kernels::Precision::fp32;
   MemoryTracker* tracker = nullptr;
+  ModelHooks* hooks = nullptr;  // null: no hooks
 };
 
 }  // namespace lattice::model

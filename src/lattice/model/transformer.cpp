@@ -16,6 +16,22 @@ namespace lattice::model {
 
 namespace k = lattice::kernels;
 
+namespace {
+// Hook calls for unit `unit` (no-ops without hooks or for a unit this stage lacks).
+void hook_before_forward(const LayerContext& ctx, int unit) {
+  if (ctx.hooks && unit >= 0) ctx.hooks->before_forward(unit);
+}
+void hook_after_forward(const LayerContext& ctx, int unit) {
+  if (ctx.hooks && unit >= 0) ctx.hooks->after_forward(unit);
+}
+void hook_before_backward(const LayerContext& ctx, int unit) {
+  if (ctx.hooks && unit >= 0) ctx.hooks->before_backward(unit);
+}
+void hook_after_backward(const LayerContext& ctx, int unit) {
+  if (ctx.hooks && unit >= 0) ctx.hooks->after_backward(unit);
+}
+}  // namespace
+
 Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range,
                          TensorParallelGroup tp)
     : config_(config), range_(range), tracker_(tracker) {
@@ -36,12 +52,21 @@ Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, Stag
       position_embedding_ = params_.declare("transformer.wpe.weight", {config_.max_seq_len, C},
                                             InitKind::normal, true);
   }
+  // Units are contiguous ranges of the flat buffer: parameters are laid out in declaration order.
+  auto close_unit = [&](bool outer) {
+    const int64_t begin = units_.empty() ? 0 : units_.back().end;
+    units_.push_back({begin, params_.size(), outer});
+    return static_cast<int>(units_.size()) - 1;
+  };
+  if (has_embedding()) embedding_unit_ = close_unit(true);
   if (!gpt2) rope_.emplace(config_.max_seq_len, config_.head_dim(), config_.rope_theta);
+  first_block_unit_ = static_cast<int>(units_.size());
   for (int64_t i = range_.first_block; i < range_.last_block; ++i) {
     if (gpt2)
       blocks_.push_back(std::make_unique<Gpt2Block>(params_, config_, i, tp));
     else
       blocks_.push_back(std::make_unique<LlamaBlock>(params_, config_, i, tp, *rope_));
+    close_unit(false);
   }
   if (has_head()) {
     final_norm_weight_ = params_.declare(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight",
@@ -56,6 +81,7 @@ Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, Stag
     else  // an untied copy of a tied head starts equal to the embedding
       head_weight_ = params_.declare("lm_head.weight", {V, C}, InitKind::normal, true,
                                      config_.tied_embeddings ? embedding_name : "");
+    head_unit_ = close_unit(true);
   }
   params_.allocate(tracker_);
 }
@@ -97,12 +123,19 @@ void Transformer::trunk_forward(const LayerContext& ctx, const int32_t* tokens,
   gradient_ready_ = false;
   residual_.resize(blocks_.size() + 1);
   for (auto& r : residual_) ensure_activation(r, {rows, C}, tracker_);
-  if (has_embedding())
+  if (has_embedding()) {
+    hook_before_forward(ctx, embedding_unit_);
     embed(ctx, tokens, B, T);
-  else
+    hook_after_forward(ctx, embedding_unit_);
+  } else {
     k::copy(residual_[0].f32(), hidden_in, rows * C);
-  for (size_t i = 0; i < blocks_.size(); ++i)
+  }
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    const int unit = first_block_unit_ + static_cast<int>(i);
+    hook_before_forward(ctx, unit);
     blocks_[i]->forward(ctx, residual_[i + 1].f32(), residual_[i].f32(), B, T);
+    hook_after_forward(ctx, unit);
+  }
 }
 
 float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
@@ -138,6 +171,7 @@ float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
 
 void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
   const int64_t rows = B * T, C = config_.d_model, V = config_.vocab_size;
+  hook_before_forward(ctx, head_unit_);
   ensure_activation(normed_, {rows, C}, tracker_);
   ensure_activation(norm_rstd_, {rows}, tracker_);
   ensure_activation(logits_, {rows, V}, tracker_);
@@ -153,10 +187,12 @@ void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
   }
   ctx.matmul.forward(logits_.f32(), normed_.f32(), params_.value(head_weight_), nullptr, rows, C, V,
                      ctx.precision);
+  hook_after_forward(ctx, head_unit_);
 }
 
 void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
   const int64_t C = config_.d_model, V = config_.vocab_size;
+  hook_before_backward(ctx, head_unit_);
   ensure_activation(d_normed_, {rows, C}, tracker_);
   ctx.matmul.backward(d_normed_.f32(), params_.grad(head_weight_), nullptr, logits_.f32(),
                       normed_.f32(), params_.value(head_weight_), rows, C, V, ctx.precision);
@@ -170,6 +206,7 @@ void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
     k::rmsnorm_backward(d_residual_.f32(), params_.grad(final_norm_weight_), d_normed_.f32(), x,
                         params_.value(final_norm_weight_), norm_rstd_.f32(), rows, C);
   }
+  hook_after_backward(ctx, head_unit_);
 }
 
 void Transformer::backward_stage(const LayerContext& ctx, const float* d_hidden_out) {
@@ -182,13 +219,19 @@ void Transformer::backward_stage(const LayerContext& ctx, const float* d_hidden_
   else
     k::copy(d_residual_.f32(), d_hidden_out, rows * C);
   // Each block's d_x_in overwrites its d_x_out in place.
-  for (size_t i = blocks_.size(); i-- > 0;)
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    const int unit = first_block_unit_ + static_cast<int>(i);
+    hook_before_backward(ctx, unit);
     blocks_[i]->backward(ctx, d_residual_.f32(), d_residual_.f32(), residual_[i].f32(), B_, T_,
                          scratch_);
+    hook_after_backward(ctx, unit);
+  }
   if (has_embedding()) {
+    hook_before_backward(ctx, embedding_unit_);
     float* d_wpe = position_embedding_ >= 0 ? params_.grad(position_embedding_) : nullptr;
     k::embedding_backward(params_.grad(token_embedding_), d_wpe, d_residual_.f32(),
                           tokens_.data<int32_t>(), B_, T_, C);
+    hook_after_backward(ctx, embedding_unit_);
   }
 }
 

@@ -22,6 +22,14 @@ struct StageRange {
   int64_t last_block = -1;  // -1: up to n_layers
 };
 
+// A parameter unit: the parameters one hook call covers, a contiguous range [begin, end) of the
+// flat buffers (element offsets). Units are in forward order: the embedding (first stage), each
+// block, the head (final norm and, unless tied to the embedding in this store, the head weight).
+struct ParameterUnit {
+  int64_t begin = 0, end = 0;
+  bool outer = false;  // the embedding or the head
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range = {},
@@ -35,6 +43,11 @@ class Transformer {
   const ParameterStore& parameters() const { return params_; }
   bool has_embedding() const { return range_.first_block == 0; }
   bool has_head() const { return range_.last_block == config_.n_layers; }
+
+  // The parameter units in forward order (see ParameterUnit); hooks receive indices into it.
+  const std::vector<ParameterUnit>& units() const { return units_; }
+  // True when the head reads the embedding's weight (tied embeddings in one store).
+  bool head_uses_embedding() const { return has_head() && head_weight_ == token_embedding_; }
 
   // Draws initial weights from `seed` (per-parameter generators: independent of the stage layout).
   void initialize(uint64_t seed);
@@ -103,6 +116,8 @@ class Transformer {
   bool gradient_ready_ = false;
   BackwardScratch scratch_;
   Tensor last_hidden_;  // forward_cached: each sequence's last hidden state [B, d_model]
+  std::vector<ParameterUnit> units_;
+  int embedding_unit_ = -1, first_block_unit_ = 0, head_unit_ = -1;
 };
 
 }  // namespace lattice::model

@@ -52,6 +52,10 @@ void MetricsLogger::log_step(const StepMetrics& m) {
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.grad_norm,
       m.lr, m.tokens_per_second, m.tflops, 100.0 * m.mfu, format_bytes(m.tracked_bytes).c_str(),
       format_bytes(m.peak_tracked_bytes).c_str(), format_bytes(m.rss_bytes).c_str());
+  if (m.exposed_comm_seconds && m.comm_seconds)
+    std::printf(" | comm %.1f ms exposed of %.1f ms", 1e3 * *m.exposed_comm_seconds,
+                1e3 * *m.comm_seconds);
+  if (m.scaling_efficiency) std::printf(" | DP efficiency %.1f%%", 100.0 * *m.scaling_efficiency);
   if (m.val_loss) std::printf(" | val_loss %.4f", *m.val_loss);
   std::printf("\n");
   std::fflush(stdout);
@@ -75,6 +79,9 @@ void MetricsLogger::record(const StepMetrics& m) {
                         {"tracked", m.tracked_bytes},
                         {"peak_tracked", m.peak_tracked_bytes},
                         {"rss", m.rss_bytes}}}};
+  if (m.exposed_comm_seconds) j["exposed_comm_seconds"] = *m.exposed_comm_seconds;
+  if (m.comm_seconds) j["comm_seconds"] = *m.comm_seconds;
+  if (m.scaling_efficiency) j["scaling_efficiency"] = *m.scaling_efficiency;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();

@@ -20,6 +20,9 @@ struct StepMetrics {
   int64_t tracked_bytes = 0, peak_tracked_bytes = 0, rss_bytes = 0;
   int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   std::optional<double> val_loss;
+  // Data parallelism: communication the step waited for (exposed) and ran in total, and tokens/s
+  // against the configured single-rank rate.
+  std::optional<double> exposed_comm_seconds, comm_seconds, scaling_efficiency;
 };
 
 // Model FLOP/s of a square GEMM at the given precision, best of a few repetitions (the measured

@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "lattice/comm/launch.hpp"
 #include "lattice/core/error.hpp"
 
 namespace lattice::train {
@@ -228,7 +229,11 @@ const Schema& schema() {
         {"pp", int_key(&TrainConfig::pp)},
         {"cp", int_key(&TrainConfig::cp)},
         {"ep", int_key(&TrainConfig::ep)},
-        {"zero", int_key(&TrainConfig::zero)}}},
+        {"zero", int_key(&TrainConfig::zero)},
+        {"bucket_mb", float_key(&TrainConfig::bucket_mb)},
+        {"check_replicas", bool_key(&TrainConfig::check_replicas)},
+        {"backend", string_key(&TrainConfig::backend)},
+        {"baseline_tokens_per_second", float_key(&TrainConfig::baseline_tokens_per_second)}}},
       {"activation_checkpoint", {{"mode", string_key(&TrainConfig::recompute)}}},
       {"checkpoint",
        {{"enable", bool_key(&TrainConfig::checkpoint_enable)},
@@ -308,11 +313,21 @@ optim::LrSchedule TrainConfig::lr_schedule() const {
 
 void TrainConfig::finalize() {
   model.validate();
-  for (auto [name, value] : {std::pair{"dp", dp}, {"tp", tp}, {"pp", pp}, {"cp", cp}, {"ep", ep}})
+  // dp = -1: every rank the launcher started (one rank without a launcher).
+  if (dp == -1) dp = comm::detect_launch().world_size;
+  check(dp >= 1, "parallelism.dp = " + std::to_string(dp) +
+                     " is not a rank count: use a positive number, or -1 for the launcher's world size");
+  for (auto [name, value] : {std::pair{"tp", tp}, {"pp", pp}, {"cp", cp}, {"ep", ep}})
     check(value == 1, std::string("parallelism.") + name + " = " + std::to_string(value) +
-                          " is not available in this version (single rank only): set it to 1");
-  check(zero == 0, "parallelism.zero = " + std::to_string(zero) +
-                       " needs data parallelism, which this version does not have: set it to 0");
+                          " is not available in this version (data parallelism only): set it to 1");
+  check(zero >= 0 && zero <= 3, "parallelism.zero = " + std::to_string(zero) +
+                                    " is not a ZeRO stage: use 0 (plain data parallelism), 1, 2 or 3");
+  check(bucket_mb > 0 && bucket_mb <= 4096, "parallelism.bucket_mb = " + std::to_string(bucket_mb) +
+                                                " must be in (0, 4096] MiB (25 is a good default)");
+  check(backend == "auto" || backend == "local" || backend == "mpi",
+        "parallelism.backend '" + backend + "' is unknown: use \"auto\", \"local\" or \"mpi\"");
+  check(baseline_tokens_per_second >= 0,
+        "parallelism.baseline_tokens_per_second must not be negative (0: no scaling efficiency)");
   check(recompute == "none",
         "activation_checkpoint.mode '" + recompute + "' is not available yet: use \"none\"");
   check(tokenizer == "byte",

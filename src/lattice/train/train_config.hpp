@@ -38,8 +38,13 @@ struct TrainConfig {
   int64_t warmup_steps = 0;
   optim::DecayKind decay = optim::DecayKind::cosine;
   float min_lr_ratio = 0.1f;
-  // [parallelism] (only 1 everywhere until the parallel issues land)
+  // [parallelism] dp ranks (-1: the launcher's world size) with ZeRO stage `zero` (0-3); tp, pp,
+  // cp and ep only 1 until their issues land.
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+  double bucket_mb = 25;        // gradient bucket size (MiB of fp32 gradients)
+  bool check_replicas = false;  // verify after each step that replicated parameters agree
+  std::string backend = "auto";  // "auto" (mpi under a launcher, else local), "local" or "mpi"
+  double baseline_tokens_per_second = 0;  // single-rank rate for the DP scaling efficiency; 0: none
   // [activation_checkpoint]
   std::string recompute = "none";
   // [checkpoint]

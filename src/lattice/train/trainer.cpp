@@ -3,11 +3,17 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
+#include "lattice/comm/backends/local.hpp"
+#include "lattice/comm/backends/mpi.hpp"
+#include "lattice/comm/launch.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/train/checkpoint.hpp"
@@ -17,27 +23,53 @@ namespace lattice::train {
 
 namespace fs = std::filesystem;
 
-Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
-  if (config_.threads > 0) omp_set_num_threads(static_cast<int>(config_.threads));
-  batches_ = std::make_unique<BatchSource>(config_);
+Trainer::Trainer(TrainConfig config, comm::Communicator* dp_group) : config_(std::move(config)) {
+  if (!dp_group) {
+    check(config_.dp == 1, "parallelism.dp = " + std::to_string(config_.dp) +
+                               " needs its ranks: run through train_on_ranks (lattice train)");
+    if (config_.threads > 0) omp_set_num_threads(static_cast<int>(config_.threads));
+    own_world_ = std::make_unique<comm::LocalWorld>(1);
+    own_group_ = own_world_->take(0);
+    dp_group = own_group_.get();
+  }
+  group_ = dp_group;
+  check(group_->size() == config_.dp,
+        "parallelism.dp = " + std::to_string(config_.dp) + " but the data-parallel group has " +
+            std::to_string(group_->size()) + " ranks: set parallelism.dp to " +
+            std::to_string(group_->size()) + " (or -1 under a launcher)");
+  printing_ = group_->rank() == 0;
+  // Fault injection for the fault-tolerance tests: this rank dies (SIGKILL) after the given step.
+  if (const char* rank = std::getenv("LATTICE_FAULT_KILL_RANK"))
+    if (const char* step = std::getenv("LATTICE_FAULT_KILL_AFTER_STEP"))
+      if (std::atoi(rank) == group_->rank()) fault_kill_after_step_ = std::atoll(step);
+  batches_ = std::make_unique<BatchSource>(config_, group_->rank(), group_->size());
   matmul_ = std::make_unique<kernels::MatmulEngine>();
   model_ = std::make_unique<model::Transformer>(config_.model, &tracker_);
   model_->initialize(config_.seed);
-  optimizer_ =
-      std::make_unique<optim::AdamWOptimizer>(model_->parameters(), config_.adamw, &tracker_);
+  parallel::DataParallelSettings settings;
+  settings.zero_stage = static_cast<int>(config_.zero);
+  settings.bucket_elements =
+      std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024 * 1024 / 4));
+  settings.check_replicas = config_.check_replicas;
+  dp_ = std::make_unique<parallel::DataParallel>(*model_, *group_, settings, config_.adamw,
+                                                 &tracker_);
   std::string resume_dir =
       config_.resume_from.empty() ? "" : resolve_checkpoint(config_.resume_from);
   if (resume_dir.empty() && config_.resume && config_.checkpoint_enable)
     resume_dir = latest_checkpoint(config_.run_dir);
   if (!resume_dir.empty()) {
-    TrainerState state = load_checkpoint(resume_dir, *model_, optimizer_.get());
+    // Checkpoints are whole: every rank reads the full state and keeps its part.
+    optim::AdamWOptimizer full(model_->parameters(), config_.adamw, nullptr);
+    TrainerState state = load_checkpoint(resume_dir, *model_, &full);
     check(state.seed == config_.seed,
           "checkpoint " + resume_dir + " was trained with training.seed = " +
               std::to_string(state.seed) + ": resume with the same seed or use a new job.run_dir");
+    dp_->import_state(full);
     start_step_ = state.step;
     batches_->set_position(state.samples_consumed);
-    std::printf("resumed from %s at step %lld\n", resume_dir.c_str(),
-                static_cast<long long>(start_step_));
+    if (printing_)
+      std::printf("resumed from %s at step %lld\n", resume_dir.c_str(),
+                  static_cast<long long>(start_step_));
   }
 }
 
@@ -46,7 +78,7 @@ Trainer::~Trainer() = default;
 double Trainer::validation_loss() {
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-  model::LayerContext ctx{*matmul_, config_.precision, &tracker_};
+  model::LayerContext ctx{*matmul_, config_.precision, &tracker_, dp_.get()};
   double sum = 0;
   for (int64_t i = 0; i < config_.val_batches; ++i) {
     batches_->validation_batch(i, inputs.data(), targets.data(), B);
@@ -55,119 +87,219 @@ double Trainer::validation_loss() {
   return sum / static_cast<double>(config_.val_batches);
 }
 
-TrainResult Trainer::run() {
-  fs::create_directories(config_.run_dir);
-  const std::string config_toml = config_.to_toml();
-  write_text_atomic((fs::path(config_.run_dir) / "config.toml").string(), config_toml);
+const model::ParameterStore& Trainer::full_parameters() {
+  dp_->settle_parameters(true);
+  return model_->parameters();
+}
 
+void Trainer::save(int64_t step, const std::string& config_toml) {
+  // Collective: gather what is sharded; rank 0 writes one whole, layout-independent checkpoint.
+  dp_->settle_parameters(true);
+  std::unique_ptr<optim::AdamWOptimizer> full;
+  if (printing_)
+    full = std::make_unique<optim::AdamWOptimizer>(model_->parameters(), config_.adamw, nullptr);
+  dp_->export_state(full.get());
+  if (!printing_) return;
+  TrainerState state{step, batches_->position(), config_.seed};
+  std::string dir =
+      save_checkpoint(config_.run_dir, *model_, *full, state, config_toml, config_.keep_latest);
+  std::printf("checkpoint %s\n", dir.c_str());
+}
+
+TrainResult Trainer::run() {
+  const std::string config_toml = config_.to_toml();
+  if (printing_) {
+    fs::create_directories(config_.run_dir);
+    write_text_atomic((fs::path(config_.run_dir) / "config.toml").string(), config_toml);
+  }
+  const int ranks = group_->size();
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
   const int64_t accumulation = config_.gradient_accumulation_steps;
-  const int64_t tokens_per_step = B * T * accumulation;
+  const int64_t tokens_per_step = B * T * accumulation * ranks;  // the global batch
   const double flops_per_token = config_.model.flops_per_token(T);
   double peak = config_.peak_tflops * 1e12;
   const char* peak_source = "from metrics.peak_tflops";
-  if (peak <= 0) {
-    peak = calibrate_peak_flops(*matmul_, config_.precision);
-    peak_source = "measured by a 1024^3 GEMM calibration";
+  if (peak <= 0 && printing_) {
+    // Each rank has the same kernel threads: the run's peak is rank 0's measured peak × ranks.
+    peak = calibrate_peak_flops(*matmul_, config_.precision) * ranks;
+    peak_source = ranks > 1 ? "measured by a 1024^3 GEMM calibration, x ranks"
+                            : "measured by a 1024^3 GEMM calibration";
   }
-  std::printf(
-      "model %s: %lld parameters (%s), %lld layers, d_model %lld | %s | batch %lld x %lld "
-      "tokens x %lld accumulation | %d threads\n",
-      config_.model.name.c_str(), static_cast<long long>(config_.model.parameter_count()),
-      model::family_name(config_.model.family).c_str(),
-      static_cast<long long>(config_.model.n_layers), static_cast<long long>(config_.model.d_model),
-      std::string(kernels::precision_name(config_.precision)).c_str(), static_cast<long long>(B),
-      static_cast<long long>(T), static_cast<long long>(accumulation), omp_get_max_threads());
-  std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
-              peak / 1e12, peak_source);
+  if (printing_) {
+    std::printf(
+        "model %s: %lld parameters (%s), %lld layers, d_model %lld | %s | batch %lld x %lld "
+        "tokens x %lld accumulation x %d ranks | %d threads per rank\n",
+        config_.model.name.c_str(), static_cast<long long>(config_.model.parameter_count()),
+        model::family_name(config_.model.family).c_str(),
+        static_cast<long long>(config_.model.n_layers),
+        static_cast<long long>(config_.model.d_model),
+        std::string(kernels::precision_name(config_.precision)).c_str(), static_cast<long long>(B),
+        static_cast<long long>(T), static_cast<long long>(accumulation), ranks,
+        omp_get_max_threads());
+    if (ranks > 1)
+      std::printf("data parallel: %d ranks (%s backend), ZeRO stage %lld, %zu gradient buckets\n",
+                  ranks, std::string(group_->backend()).c_str(),
+                  static_cast<long long>(config_.zero), dp_->layout().buckets().size());
+    std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
+                peak / 1e12, peak_source);
+  }
 
-  MetricsLogger logger(config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
-  model::LayerContext ctx{*matmul_, config_.precision, &tracker_};
+  MetricsLogger logger(
+      printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
+  model::LayerContext ctx{*matmul_, config_.precision, &tracker_, dp_.get()};
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
   const auto schedule = config_.lr_schedule();
   TrainResult result;
   result.first_step = start_step_ + 1;
-  double window_seconds = 0;
+  result.rank = group_->rank();
+  double window_seconds = 0, window_exposed = 0, window_comm = 0;
   int64_t window_steps = 0;
   double total_seconds = 0;
-  // tokens/s, TFLOP/s (6N + 12·L·T·d per token) and MFU for `tokens` trained in `seconds`.
   auto set_rates = [&](StepMetrics& m, double tokens, double seconds) {
     m.tokens_per_second = tokens / seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
-    m.mfu = m.tflops * 1e12 / peak;
-  };
-  auto save = [&](int64_t step) {
-    TrainerState state{step, batches_->position(), config_.seed};
-    std::string dir = save_checkpoint(config_.run_dir, *model_, *optimizer_, state, config_toml,
-                                      config_.keep_latest);
-    logger.finish_progress();
-    std::printf("checkpoint %s\n", dir.c_str());
+    m.mfu = peak > 0 ? m.tflops * 1e12 / peak : 0;
+    if (ranks > 1 && config_.baseline_tokens_per_second > 0)
+      m.scaling_efficiency = m.tokens_per_second / config_.baseline_tokens_per_second;
   };
 
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
     auto start = std::chrono::steady_clock::now();
-    model_->parameters().zero_grads();
     double loss = 0;
     for (int64_t micro = 0; micro < accumulation; ++micro) {
+      dp_->begin_micro_batch(micro == 0, micro == accumulation - 1);
       batches_->next(inputs.data(), targets.data(), B);
       loss += model_->forward(ctx, inputs.data(), targets.data(), B, T,
                               1.0f / static_cast<float>(accumulation));
       model_->backward(ctx);
     }
-    loss /= static_cast<double>(accumulation);
+    const double norm = dp_->finish_gradients();
+    loss = dp_->average(loss / static_cast<double>(accumulation));
     check(std::isfinite(loss), "the training loss became " + std::to_string(loss) + " at step " +
                                    std::to_string(step) +
                                    ": lower optimizer.lr or raise lr_scheduler.warmup_steps");
     const float lr = schedule.at(step);
-    const double norm = optimizer_->step(lr);
+    dp_->update(lr, norm);
+    if (fault_kill_after_step_ == step) {
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const parallel::CommunicationTimes comm_times = dp_->take_communication_times();
     result.losses.push_back(loss);
     result.grad_norms.push_back(norm);
     window_seconds += seconds;
+    window_exposed += comm_times.exposed_seconds;
+    result.exposed_comm_seconds += comm_times.exposed_seconds;
+    result.comm_seconds += comm_times.total_seconds;
+    window_comm += comm_times.total_seconds;
     ++window_steps;
     total_seconds += seconds;
 
-    StepMetrics m;
-    m.step = step;
-    m.total_steps = config_.steps;
-    m.loss = loss;
-    m.grad_norm = norm;
-    m.lr = lr;
-    m.step_seconds = seconds;
-    set_rates(m, static_cast<double>(tokens_per_step), seconds);
-    m.tracked_bytes = tracker_.current_total();
-    m.peak_tracked_bytes = tracker_.peak_total();
-    m.rss_bytes = process_rss_bytes();
-    m.parameter_bytes = tracker_.current(MemoryCategory::parameters);
-    m.gradient_bytes = tracker_.current(MemoryCategory::gradients);
-    m.optimizer_bytes = tracker_.current(MemoryCategory::optimizer_state);
-    m.activation_bytes = tracker_.current(MemoryCategory::activations);
     const bool validate = batches_->has_validation() && config_.val_freq > 0 &&
                           (step % config_.val_freq == 0 || step == config_.steps);
-    if (validate) m.val_loss = validation_loss();
-    logger.record(m);
-    if (step % config_.log_freq == 0 || step == result.first_step || step == config_.steps ||
-        validate) {
-      // The printed rate averages the steps since the last line.
-      StepMetrics line = m;
-      set_rates(line, static_cast<double>(tokens_per_step * window_steps), window_seconds);
-      logger.log_step(line);
-      window_seconds = 0;
-      window_steps = 0;
-    } else {
-      logger.progress(step, config_.steps, seconds);
+    StepMetrics m;
+    if (validate) m.val_loss = validation_loss();  // every rank (ZeRO-3 gathers are collective)
+    if (printing_) {
+      m.step = step;
+      m.total_steps = config_.steps;
+      m.loss = loss;
+      m.grad_norm = norm;
+      m.lr = lr;
+      m.step_seconds = seconds;
+      set_rates(m, static_cast<double>(tokens_per_step), seconds);
+      m.tracked_bytes = tracker_.current_total();
+      m.peak_tracked_bytes = tracker_.peak_total();
+      m.rss_bytes = process_rss_bytes();
+      m.parameter_bytes = tracker_.current(MemoryCategory::parameters);
+      m.gradient_bytes = tracker_.current(MemoryCategory::gradients);
+      m.optimizer_bytes = tracker_.current(MemoryCategory::optimizer_state);
+      m.activation_bytes = tracker_.current(MemoryCategory::activations);
+      if (ranks > 1) {
+        m.exposed_comm_seconds = comm_times.exposed_seconds;
+        m.comm_seconds = comm_times.total_seconds;
+      }
+      logger.record(m);
+      if (step % config_.log_freq == 0 || step == result.first_step || step == config_.steps ||
+          validate) {
+        // The printed rates and communication times average the steps since the last line.
+        StepMetrics line = m;
+        set_rates(line, static_cast<double>(tokens_per_step * window_steps), window_seconds);
+        if (ranks > 1) {
+          line.exposed_comm_seconds = window_exposed / static_cast<double>(window_steps);
+          line.comm_seconds = window_comm / static_cast<double>(window_steps);
+        }
+        logger.log_step(line);
+        window_seconds = window_exposed = window_comm = 0;
+        window_steps = 0;
+      } else {
+        logger.progress(step, config_.steps, seconds);
+      }
     }
     if (validate) result.final_val_loss = *m.val_loss;
     if (config_.checkpoint_enable && config_.checkpoint_interval > 0 &&
-        step % config_.checkpoint_interval == 0 && step != config_.steps)
-      save(step);
+        step % config_.checkpoint_interval == 0 && step != config_.steps) {
+      logger.finish_progress();
+      save(step, config_toml);
+    }
   }
   logger.finish_progress();
-  if (config_.checkpoint_enable && config_.steps > start_step_) save(config_.steps);
+  if (config_.checkpoint_enable && config_.steps > start_step_) save(config_.steps, config_toml);
+  dp_->settle_parameters();
   const int64_t steps_run = config_.steps - start_step_;
   if (steps_run > 0)
     result.tokens_per_second = static_cast<double>(tokens_per_step * steps_run) / total_seconds;
+  return result;
+}
+
+namespace {
+
+// Kernel threads per rank: training.threads, or every core shared among this process's ranks.
+int threads_per_rank(const TrainConfig& config, int ranks_in_process) {
+  const int total = config.threads > 0 ? static_cast<int>(config.threads) : omp_get_num_procs();
+  return std::max(1, total / std::max(1, ranks_in_process));
+}
+
+}  // namespace
+
+TrainResult train_on_ranks(const TrainConfig& config) {
+  const comm::LaunchInfo launch = comm::detect_launch();
+  const bool use_mpi = config.backend == "mpi" ||
+                       (config.backend == "auto" && launch.launched() && launch.world_size > 1);
+  if (use_mpi) {
+    check(comm::mpi_backend_available(),
+          "parallelism.backend = mpi, but this build has no MPI: install Open MPI and rebuild, or "
+          "use the local backend (lattice train --dp N without mpirun)");
+    comm::MpiSession session;
+    std::unique_ptr<comm::Communicator> world = session.world();
+    check(world->size() == config.dp, "parallelism.dp = " + std::to_string(config.dp) +
+                                          " but the launcher started " +
+                                          std::to_string(world->size()) + " ranks: pass --dp " +
+                                          std::to_string(world->size()) + " (or --dp -1)");
+    omp_set_num_threads(config.threads > 0 ? static_cast<int>(config.threads)
+                                           : threads_per_rank(config, launch.local_size));
+    TrainResult result;
+    {
+      Trainer trainer(config, world.get());
+      result = trainer.run();
+    }
+    world.reset();  // before the session finalizes MPI
+    return result;
+  }
+  if (config.dp == 1) {
+    Trainer trainer(config);
+    return trainer.run();
+  }
+  const int ranks = static_cast<int>(config.dp);
+  const int threads = threads_per_rank(config, ranks);
+  TrainResult result;
+  comm::run_local_ranks(ranks, [&](comm::Communicator& group) {
+    omp_set_num_threads(threads);
+    Trainer trainer(config, &group);
+    TrainResult mine = trainer.run();
+    if (group.rank() == 0) result = std::move(mine);
+  });
   return result;
 }
 

@@ -1,6 +1,10 @@
-// Trainer: the single-rank training loop — batches from the corpus, forward and backward over the
-// micro-batches of a step (gradient accumulation), global-norm clipping, AdamW with the LR
-// schedule, periodic validation, metrics and checkpoints, and bit-identical resumption.
+// Trainer: the training loop of one data-parallel rank — this rank's share of each global batch,
+// forward and backward over the micro-batches of a step (gradient accumulation) with gradient
+// buckets reduced during the last backward, the global gradient norm and clipping, AdamW on this
+// rank's part of the state (plain DP or ZeRO-1/2/3, see parallel/data_parallel.hpp), periodic
+// validation, metrics and checkpoints (full and layout-independent, written by rank 0), and
+// bit-identical resumption. train_on_ranks() runs it on every rank: threads of this process
+// (`local` backend) or one process per rank under mpirun (`mpi` backend).
 #pragma once
 
 #include <cstdint>
@@ -8,43 +12,72 @@
 #include <string>
 #include <vector>
 
+#include "lattice/comm/communicator.hpp"
 #include "lattice/core/memory.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/model/transformer.hpp"
-#include "lattice/optim/adamw_optimizer.hpp"
+#include "lattice/parallel/data_parallel.hpp"
 #include "lattice/train/batch_source.hpp"
 #include "lattice/train/train_config.hpp"
+
+namespace lattice::comm {
+class LocalWorld;
+}
 
 namespace lattice::train {
 
 struct TrainResult {
-  std::vector<double> losses;  // training loss of every step run
+  std::vector<double> losses;  // training loss of every step run (mean over the global batch)
   std::vector<double> grad_norms;
   double final_val_loss = 0;
   int64_t first_step = 1;  // 1 + the step resumed from
   double tokens_per_second = 0;
+  // Data parallelism, summed over the steps run: communication the training thread waited for,
+  // and the time the collectives ran.
+  double exposed_comm_seconds = 0, comm_seconds = 0;
+  int rank = 0;  // the data-parallel rank that ran it (rank 0 reports)
 };
 
 class Trainer {
  public:
-  explicit Trainer(TrainConfig config);
+  // `dp_group`: the data-parallel group this rank belongs to (its size must be config.dp); null
+  // runs one rank on a private one-rank group.
+  explicit Trainer(TrainConfig config, comm::Communicator* dp_group = nullptr);
   ~Trainer();
-  // Runs steps until training.steps; prints the metric lines; writes JSONL and checkpoints.
+  // Runs steps until training.steps; rank 0 prints the metric lines and writes JSONL and
+  // checkpoints. Collective over the data-parallel group.
   TrainResult run();
 
   model::Transformer& model() { return *model_; }
   const TrainConfig& config() const { return config_; }
-  // Mean validation loss over validation.batches fixed batches.
+  parallel::DataParallel& data_parallel() { return *dp_; }
+  const MemoryTracker& memory() const { return tracker_; }
+  // Mean validation loss over validation.batches fixed batches (the same on every rank).
   double validation_loss();
+  // Every parameter of the model, whole (gathers ZeRO-3 shards; collective).
+  const model::ParameterStore& full_parameters();
 
  private:
+  void save(int64_t step, const std::string& config_toml);
+
   TrainConfig config_;
   MemoryTracker tracker_;
+  std::unique_ptr<comm::LocalWorld> own_world_;
+  std::unique_ptr<comm::Communicator> own_group_;
+  comm::Communicator* group_ = nullptr;
+  bool printing_ = true;  // rank 0
   std::unique_ptr<kernels::MatmulEngine> matmul_;
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<model::Transformer> model_;
-  std::unique_ptr<optim::AdamWOptimizer> optimizer_;
+  std::unique_ptr<parallel::DataParallel> dp_;
   int64_t start_step_ = 0;
+  int64_t fault_kill_after_step_ = -1;  // LATTICE_FAULT_KILL_* (tests only)
 };
+
+// Runs training on config.dp ranks: under a launcher (mpirun, srun, torchrun variables) one
+// process per rank on the mpi backend, else config.dp threads of this process on the local
+// backend, each with training.threads / dp kernel threads (every core / dp when 0). Returns rank
+// 0's result (or this process's rank's under MPI). parallelism.backend forces a backend.
+TrainResult train_on_ranks(const TrainConfig& config);
 
 }  // namespace lattice::train

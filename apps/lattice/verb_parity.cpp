@@ -1,0 +1,224 @@
+// The `lattice parity` verb: the parity harness. Trains one config from the same initial weights
+// on the same global batches under several data-parallel layouts (`dp<N>` plain data parallelism
+// over N ranks, `dp<N>z<S>` with ZeRO stage S) and compares per-step losses, gradient norms and
+// the final parameters against the first layout: layouts with the same rank count must agree bit
+// for bit (ZeRO only changes where state lives, not the arithmetic), other rank counts within
+// --tolerance (the gradient sum order differs). Ranks are threads of this process, or, under
+// mpirun with at least as many processes as the largest layout needs, MPI processes (a layout of
+// N ranks runs on world ranks 0..N-1). Prints one line per layout and fails with one error line.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "lattice/comm/backends/local.hpp"
+#include "lattice/comm/backends/mpi.hpp"
+#include "lattice/comm/launch.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/train/trainer.hpp"
+#include "verbs.hpp"
+
+namespace lattice::cli {
+namespace {
+
+struct Layout {
+  std::string name;
+  int dp = 1;
+  int zero = 0;
+};
+
+std::vector<Layout> parse_layouts(const std::string& text) {
+  std::vector<Layout> layouts;
+  const std::regex pattern(R"(dp(\d+)(?:z(\d+))?)");
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    std::smatch m;
+    check(std::regex_match(item, m, pattern),
+          "layout '" + item +
+              "' is not understood: write dp<N> or dp<N>z<stage>, e.g. "
+              "\"dp1,dp2,dp2z1,dp2z2,dp2z3\"");
+    Layout layout{item, std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 0};
+    check(layout.dp >= 1, "layout '" + item + "' needs at least one rank");
+    check(layout.zero >= 0 && layout.zero <= 3,
+          "layout '" + item + "': ZeRO stage must be 0, 1, 2 or 3");
+    layouts.push_back(layout);
+    start = comma + 1;
+  }
+  check(!layouts.empty(), "--layouts is empty: give e.g. \"dp1,dp2,dp2z1\"");
+  return layouts;
+}
+
+struct Outcome {
+  std::vector<double> losses, grad_norms;
+  std::vector<float> parameters;
+};
+
+train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& layout) {
+  train::TrainConfig c = base;
+  const int64_t per_step = c.global_batch_size / c.gradient_accumulation_steps;
+  check(per_step % layout.dp == 0,
+        "layout " + layout.name + ": global_batch_size / gradient_accumulation_steps = " +
+            std::to_string(per_step) + " is not divisible by " + std::to_string(layout.dp) +
+            " ranks: choose a global batch every layout divides");
+  c.dp = layout.dp;
+  c.zero = layout.zero;
+  c.micro_batch_size = per_step / layout.dp;
+  c.checkpoint_enable = false;
+  c.resume = false;
+  c.jsonl = false;
+  c.val_freq = 0;
+  c.log_freq = c.steps;
+  c.run_dir = (std::filesystem::path(base.run_dir) / ("parity-" + layout.name)).string();
+  return c;
+}
+
+// Runs one layout on `group` (null: a one-rank private group); fills `out` on group rank 0.
+void run_layout(const train::TrainConfig& config, comm::Communicator* group, Outcome& out) {
+  train::Trainer trainer(config, group);
+  train::TrainResult result = trainer.run();
+  const model::ParameterStore& params = trainer.full_parameters();
+  if (group && group->rank() != 0) return;
+  out.losses = result.losses;
+  out.grad_norms = result.grad_norms;
+  out.parameters.assign(params.values(), params.values() + params.size());
+}
+
+double max_relative(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(std::abs(b[i]), 1e-30));
+  return worst;
+}
+
+// Largest |a - b| relative to the largest |b| (parameters near zero make elementwise ratios
+// meaningless).
+double max_relative_to_scale(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0, scale = 1e-30;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return worst / scale;
+}
+
+void run_parity(const std::string& config_path, const std::vector<std::string>& overrides,
+                const std::string& layout_text, double tolerance) {
+  const std::vector<Layout> layouts = parse_layouts(layout_text);
+  train::TrainConfig base = train::load_train_config(config_path, overrides);
+  check(base.dp == 1, "lattice parity sets the ranks per layout: leave parallelism.dp at 1");
+  int largest = 1;
+  for (const Layout& l : layouts) largest = std::max(largest, l.dp);
+
+  const comm::LaunchInfo launch = comm::detect_launch();
+  const bool mpi = base.backend == "mpi" ||
+                   (base.backend == "auto" && launch.launched() && launch.world_size > 1);
+  std::unique_ptr<comm::MpiSession> session;
+  std::unique_ptr<comm::Communicator> world;
+  if (mpi) {
+    session = std::make_unique<comm::MpiSession>();
+    world = session->world();
+    check(world->size() >= largest, "layout dp" + std::to_string(largest) + " needs " +
+                                        std::to_string(largest) + " ranks but mpirun started " +
+                                        std::to_string(world->size()) + ": raise -np");
+  }
+  const bool printing = !world || world->rank() == 0;
+  const int total_threads = base.threads > 0 ? static_cast<int>(base.threads) : omp_get_num_procs();
+
+  std::vector<Outcome> outcomes(layouts.size());
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const train::TrainConfig config = layout_config(base, layouts[i]);
+    const int ranks = layouts[i].dp;
+    if (world) {
+      std::unique_ptr<comm::Communicator> group =
+          world->split(world->rank() < ranks ? 0 : -1, world->rank());
+      if (group) {
+        omp_set_num_threads(std::max(1, total_threads / std::max(1, launch.local_size)));
+        run_layout(config, ranks == 1 ? nullptr : group.get(), outcomes[i]);
+      }
+      world->barrier();
+    } else if (ranks == 1) {
+      omp_set_num_threads(total_threads);
+      run_layout(config, nullptr, outcomes[i]);
+    } else {
+      comm::run_local_ranks(ranks, [&](comm::Communicator& group) {
+        omp_set_num_threads(std::max(1, total_threads / ranks));
+        run_layout(config, &group, outcomes[i]);
+      });
+    }
+  }
+  if (!printing) return;
+
+  std::printf("parity of %zu layouts, %lld steps, global batch %lld (%s backend)\n", layouts.size(),
+              static_cast<long long>(base.steps), static_cast<long long>(base.global_batch_size),
+              mpi ? "mpi" : "local");
+  std::printf("%-10s %-10s %14s %14s %14s  %s\n", "layout", "reference", "loss rel", "norm rel",
+              "param rel", "verdict");
+  std::string failures;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    // The reference: the first layout with the same rank count (bit-equality), else the first.
+    size_t ref = 0;
+    bool exact = false;
+    for (size_t j = 0; j < i; ++j)
+      if (layouts[j].dp == layouts[i].dp) {
+        ref = j;
+        exact = true;
+        break;
+      }
+    const Outcome &a = outcomes[i], &b = outcomes[ref];
+    const double loss = max_relative(a.losses, b.losses),
+                 norm = max_relative(a.grad_norms, b.grad_norms);
+    const double param = max_relative_to_scale(a.parameters, b.parameters);
+    const bool bits =
+        a.losses == b.losses && a.grad_norms == b.grad_norms && a.parameters == b.parameters;
+    bool ok =
+        i == 0 || (exact ? bits : loss <= tolerance && norm <= tolerance && param <= tolerance);
+    const char* verdict = i == 0  ? "reference"
+                          : exact ? (bits ? "bit-identical" : "DIFFERS")
+                                  : (ok ? "within tolerance" : "OUT OF TOLERANCE");
+    std::printf("%-10s %-10s %14.3e %14.3e %14.3e  %s\n", layouts[i].name.c_str(),
+                layouts[ref].name.c_str(), loss, norm, param, verdict);
+    if (!ok) failures += (failures.empty() ? "" : ", ") + layouts[i].name;
+  }
+  std::fflush(stdout);
+  check(failures.empty(), "parity failed for " + failures +
+                              " (bit-identical expected for the same "
+                              "rank count, relative " +
+                              std::to_string(tolerance) + " otherwise)");
+  std::printf("parity ok\n");
+}
+
+}  // namespace
+
+void register_parity_verb(CLI::App& app) {
+  CLI::App* verb = app.add_subcommand(
+      "parity", "Train one config under several data-parallel layouts and compare the results");
+  auto config_path = std::make_shared<std::string>();
+  auto layouts = std::make_shared<std::string>("dp1,dp2,dp2z1,dp2z2,dp2z3");
+  auto tolerance = std::make_shared<double>(1e-4);
+  verb->add_option("config", *config_path, "TOML configuration file");
+  verb->add_option("--layouts", *layouts, "comma-separated dp<N>[z<stage>] layouts")
+      ->capture_default_str();
+  verb->add_option("--tolerance", *tolerance,
+                   "relative tolerance between different rank counts (sum order differs)")
+      ->capture_default_str();
+  verb->allow_extras();
+  verb->callback([verb, config_path, layouts, tolerance] {
+    std::vector<std::string> overrides;
+    for (const std::string& arg : verb->remaining()) {
+      check(arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos,
+            "unexpected argument '" + arg + "': overrides look like --section.key=value");
+      overrides.push_back(arg);
+    }
+    run_parity(*config_path, overrides, *layouts, *tolerance);
+  });
+}
+
+}  // namespace lattice::cli

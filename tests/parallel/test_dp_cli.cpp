@@ -1,0 +1,143 @@
+// The parity harness and multi-rank training through the `lattice` CLI: `lattice parity` on the
+// local backend (threads) and under real mpirun (processes, also over TCP), `lattice train --dp 2`
+// on both backends, and a rank killed mid-training: the job ends with an error naming the rank,
+// and the last checkpoint still resumes.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "../train/cli_runner.hpp"
+#include "dp_fixture.hpp"
+
+using namespace lattice::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string tiny_flags(const fs::path& dir) {
+  return " --model.preset=gpt2-tiny --model.vocab_size=256 --model.max_seq_len=32"
+         " --training.seq_len=32 --training.global_batch_size=8 --training.threads=1"
+         " --training.precision=fp32 --training.steps=4 --optimizer.lr=3e-3"
+         " --lr_scheduler.warmup_steps=1 --data.train_files=" +
+         (dir / "corpus.txt").string() +
+         " --data.val_fraction=0.1 --validation.freq=0 --metrics.peak_tflops=1"
+         " --parallelism.bucket_mb=0.05 --job.run_dir=" +
+         (dir / "run").string();
+}
+
+class DpCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = dp_test_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+#ifdef LATTICE_MPIEXEC
+// `mpirun -np N lattice <args>` in the test directory (a 120 s timeout keeps a hang from blocking
+// CI).
+CliResult run_mpi(int ranks, const std::string& args, const fs::path& dir,
+                  const std::string& mpirun_flags = "", const std::string& env = "") {
+  const std::string command =
+      "env OMPI_MCA_rmaps_base_oversubscribe=1 LATTICE_COMM_TIMEOUT_MS=20000 " + env +
+      " timeout 120 " LATTICE_MPIEXEC " --allow-run-as-root --oversubscribe -n " +
+      std::to_string(ranks) + " " + mpirun_flags + " '" LATTICE_BINARY "' " + args;
+  const fs::path out = dir / "mpi.out", err = dir / "mpi.err";
+  const int raw = std::system(("cd '" + dir.string() + "' && " + command + " > '" + out.string() +
+                               "' 2> '" + err.string() + "' < /dev/null")
+                                  .c_str());
+  CliResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+#endif
+
+}  // namespace
+
+TEST_F(DpCli, ParityOnLocalThreads) {
+  CliResult r =
+      run_lattice("parity --layouts dp1,dp2,dp2z1,dp2z2,dp2z3,dp4,dp4z2,dp4z3 --tolerance 1e-4" +
+                      tiny_flags(dir_),
+                  dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  // Every ZeRO layout is bit-identical to plain DP on the same rank count.
+  for (const char* layout : {"dp2z1 ", "dp2z2 ", "dp2z3 ", "dp4z2 ", "dp4z3 "}) {
+    const size_t at = r.out.find(std::string("\n") + layout);
+    ASSERT_NE(at, std::string::npos) << layout << r.out;
+    const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+    EXPECT_NE(line.find("bit-identical"), std::string::npos) << line;
+  }
+}
+
+TEST_F(DpCli, TrainOnTwoLocalRanksPrintsCommunication) {
+  CliResult r = run_lattice("train --dp 2 --zero 2 --metrics.log_freq=1" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("data parallel: 2 ranks (local backend), ZeRO stage 2"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("exposed of"), std::string::npos) << r.out;
+}
+
+TEST_F(DpCli, BadLayoutIsOneErrorLine) {
+  CliResult r = run_lattice("parity --layouts dp2,dpx" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err.rfind("error: layout 'dpx' is not understood", 0), 0u) << r.err;
+  r = run_lattice("train --dp 2 --zero 5" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("parallelism.zero = 5 is not a ZeRO stage"), std::string::npos) << r.err;
+}
+
+#ifdef LATTICE_MPIEXEC
+TEST_F(DpCli, ParityUnderMpirun) {
+  CliResult r = run_mpi(
+      4, "parity --layouts dp1,dp2,dp2z1,dp2z2,dp2z3,dp4,dp4z1,dp4z3" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+}
+
+TEST_F(DpCli, ParityUnderMpirunOverTcp) {
+  CliResult r = run_mpi(2, "parity --layouts dp1,dp2,dp2z1,dp2z2,dp2z3" + tiny_flags(dir_), dir_,
+                        "--mca btl tcp,self");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+}
+
+TEST_F(DpCli, TrainUnderMpirunMatchesLocalThreads) {
+  CliResult mpi =
+      run_mpi(2, "train --dp -1 --zero 1 --metrics.log_freq=1" + tiny_flags(dir_) + "_mpi", dir_);
+  ASSERT_EQ(mpi.status, 0) << mpi.out << mpi.err;
+  EXPECT_NE(mpi.out.find("data parallel: 2 ranks (mpi backend)"), std::string::npos) << mpi.out;
+  CliResult local =
+      run_lattice("train --dp 2 --zero 1 --metrics.log_freq=1" + tiny_flags(dir_) + "_local", dir_);
+  ASSERT_EQ(local.status, 0) << local.out << local.err;
+  // The final losses agree to the printed digits (the backends' reduction algorithms may differ
+  // in the last bit).
+  auto final_loss = [](const std::string& out) {
+    const size_t at = out.find("final loss ");
+    return at == std::string::npos ? std::string() : out.substr(at, 17);
+  };
+  EXPECT_EQ(final_loss(mpi.out), final_loss(local.out)) << mpi.out << local.out;
+}
+
+TEST_F(DpCli, KilledRankEndsTheJobAndTheLastCheckpointResumes) {
+  CliResult r = run_mpi(
+      2, "train --dp 2 --zero 2 --training.steps=6 --checkpoint.interval=2" + tiny_flags(dir_),
+      dir_, "", "LATTICE_FAULT_KILL_RANK=1 LATTICE_FAULT_KILL_AFTER_STEP=3");
+  EXPECT_NE(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.status, 124) << "the job hung until the outer timeout";
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("because rank 1"), std::string::npos) << all;  // the survivor names it
+  ASSERT_TRUE(fs::exists(dir_ / "run" / "checkpoints" / "step_00000002")) << all;
+  // The surviving checkpoint resumes (on one rank: checkpoints are whole).
+  CliResult resumed =
+      run_lattice("train --training.steps=3 --checkpoint.interval=0" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+  EXPECT_NE(resumed.out.find("at step 2"), std::string::npos) << resumed.out;
+}
+#endif
