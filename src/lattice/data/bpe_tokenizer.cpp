@@ -272,6 +272,10 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
           "special token id " + std::to_string(special.id) + " has empty text");
     max_id = std::max(max_id, special.id);
   }
+  const size_t count = model_.tokens.size() + model_.special_tokens.size();
+  check(static_cast<size_t>(max_id) < count + (size_t{1} << 20),
+        "the largest id, " + std::to_string(max_id) + ", is far beyond the " +
+            std::to_string(count) + " tokens: ids must be dense (gaps below 2^20 in total)");
   t.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
   t.assigned.assign(static_cast<size_t>(max_id + 1), 0);
   auto assign = [&](int32_t id, const std::string& bytes) {
