@@ -1,11 +1,13 @@
 // The `lattice parity` verb: the parity harness. Trains one config from the same initial weights
 // on the same global batches under several data-parallel layouts (`dp<N>` plain data parallelism
-// over N ranks, `dp<N>z<S>` with ZeRO stage S) and compares per-step losses, gradient norms and
+// over N ranks, `dp<N>z<S>` with ZeRO stage S, `dp<N>z<S>h<G>` HSDP with shard groups of G ranks)
+// and compares per-step losses, gradient norms and
 // the final parameters against the first layout: layouts with the same rank count must agree bit
 // for bit (ZeRO only changes where state lives, not the arithmetic), other rank counts within
-// --tolerance (the gradient sum order differs). Ranks are threads of this process, or, under
-// mpirun with at least as many processes as the largest layout needs, MPI processes (a layout of
-// N ranks runs on world ranks 0..N-1). Prints one line per layout and fails with one error line.
+// --tolerance (the gradient sum order differs), and so must HSDP (it sums within groups first).
+// Ranks are threads of this process, or, under mpirun with at least as many processes as the
+// largest layout needs, MPI processes (a layout of N ranks runs on world ranks 0..N-1). Prints one
+// line per layout and fails with one error line.
 #include <omp.h>
 
 #include <algorithm>
@@ -31,11 +33,12 @@ struct Layout {
   std::string name;
   int dp = 1;
   int zero = 0;
+  int hsdp = 0;  // shard group size (0: not hybrid)
 };
 
 std::vector<Layout> parse_layouts(const std::string& text) {
   std::vector<Layout> layouts;
-  const std::regex pattern(R"(dp(\d+)(?:z(\d+))?)");
+  const std::regex pattern(R"(dp(\d+)(?:z(\d+))?(?:h(\d+))?)");
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = std::min(text.find(',', start), text.size());
@@ -43,12 +46,15 @@ std::vector<Layout> parse_layouts(const std::string& text) {
     std::smatch m;
     check(std::regex_match(item, m, pattern),
           "layout '" + item +
-              "' is not understood: write dp<N> or dp<N>z<stage>, e.g. "
-              "\"dp1,dp2,dp2z1,dp2z2,dp2z3\"");
-    Layout layout{item, std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 0};
+              "' is not understood: write dp<N>, dp<N>z<stage> or dp<N>z<stage>h<group>, e.g. "
+              "\"dp1,dp2,dp2z1,dp2z2,dp2z3,dp4z3h2\"");
+    Layout layout{item, std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 0,
+                  m[3].matched ? std::stoi(m[3].str()) : 0};
     check(layout.dp >= 1, "layout '" + item + "' needs at least one rank");
     check(layout.zero >= 0 && layout.zero <= 3,
           "layout '" + item + "': ZeRO stage must be 0, 1, 2 or 3");
+    check(layout.hsdp == 0 || (layout.zero >= 1 && layout.dp % layout.hsdp == 0),
+          "layout '" + item + "': HSDP needs a ZeRO stage and a group size that divides the ranks");
     layouts.push_back(layout);
     start = comma + 1;
   }
@@ -70,6 +76,7 @@ train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& l
             " ranks: choose a global batch every layout divides");
   c.dp = layout.dp;
   c.zero = layout.zero;
+  c.hsdp_shard_size = layout.hsdp;
   c.micro_batch_size = per_step / layout.dp;
   c.checkpoint_enable = false;
   c.resume = false;
@@ -163,13 +170,14 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
               "param rel", "verdict");
   std::string failures;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    // The reference: the first layout with the same rank count (bit-equality), else the first.
+    // The reference: the first layout with the same rank count (bit-equality unless either is
+    // HSDP, whose two-level reduction adds in another order), else the first.
     size_t ref = 0;
     bool exact = false;
     for (size_t j = 0; j < i; ++j)
       if (layouts[j].dp == layouts[i].dp) {
         ref = j;
-        exact = true;
+        exact = layouts[i].hsdp == 0 && layouts[j].hsdp == 0;
         break;
       }
     const Outcome &a = outcomes[i], &b = outcomes[ref];

@@ -23,12 +23,26 @@ uint64_t fnv1a(const void* data, size_t bytes, uint64_t hash = 14695981039346656
   return hash;
 }
 
+// Ranks that shard the state: all of them, or the HSDP group size (which must divide them).
+int shard_size_of(const DataParallelSettings& settings, const comm::Communicator& group) {
+  const int size = settings.shard_group_size > 0 ? settings.shard_group_size : group.size();
+  check(group.size() % size == 0, "parallelism.hsdp_shard_size = " + std::to_string(size) +
+                                      " does not divide the " + std::to_string(group.size()) +
+                                      " data-parallel ranks: choose a divisor");
+  return size;
+}
+
 }  // namespace
 
 void validate(const DataParallelSettings& settings) {
   check(settings.zero_stage >= 0 && settings.zero_stage <= 3,
         "parallelism.zero = " + std::to_string(settings.zero_stage) +
             " is not a ZeRO stage: use 0 (plain data parallelism), 1, 2 or 3");
+  check(settings.shard_group_size >= 0,
+        "parallelism.hsdp_shard_size must not be negative (0 shards over every rank)");
+  check(settings.shard_group_size == 0 || settings.zero_stage >= 1,
+        "parallelism.hsdp_shard_size needs a ZeRO stage to shard with: set parallelism.zero to 1, "
+        "2 or 3");
   check(settings.bucket_elements > 0,
         "parallelism.bucket_mb must be positive (25 is a good default)");
 }
@@ -54,15 +68,45 @@ DataParallel::DataParallel(model::Transformer& model, comm::Communicator& group,
       settings_(settings),
       adamw_(adamw),
       tracker_(tracker),
-      layout_((validate(settings), model.units()), settings.bucket_elements, group.size()) {
+      layout_((validate(settings), model.units()), settings.bucket_elements,
+              shard_size_of(settings, group)) {
+  if (layout_.ranks() < group.size()) {  // HSDP: consecutive ranks shard, groups replicate
+    own_shard_ = group.split(group.rank() / layout_.ranks(), group.rank());
+    replicate_ = group.split(group.rank() % layout_.ranks(), group.rank());
+    shard_ = own_shard_.get();
+  } else {
+    shard_ = &group_;
+  }
   check(layout_.total_elements() == model.parameters().size(),
         "data parallelism: the model's units do not cover its parameters (internal error)");
   for (size_t b = 0; b < layout_.buckets().size(); ++b)
     state_.push_back(std::make_unique<BucketState>());
   const int stage = settings_.zero_stage;
   const int64_t state_elements = stage == 0 ? layout_.total_elements() : layout_.shard_elements();
-  m_ = Tensor({state_elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
-  v_ = Tensor({state_elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
+  if (settings_.offload_dir.empty()) {
+    m_ = Tensor({state_elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
+    v_ = Tensor({state_elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
+  } else {
+    optim::OffloadSettings offload;
+    offload.directory = settings_.offload_dir + "/rank" + std::to_string(group_.rank());
+    offload_ = std::make_unique<optim::OffloadedAdamWState>(offload, state_elements, tracker);
+    // Weight decay ranges in state offsets (sorted, disjoint).
+    if (stage == 0) {
+      for (const auto& p : model_.parameters().parameters())
+        if (p.weight_decay) decay_.push_back({p.offset, p.numel});
+    } else {
+      for (const Bucket& bucket : layout_.buckets()) {
+        const int64_t lo = bucket.shard_begin(shard_rank()), hi = bucket.shard_end(shard_rank());
+        const int64_t base = bucket.begin + bucket.shard * shard_rank();
+        for (const auto& p : model_.parameters().parameters()) {
+          const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+          if (p.weight_decay && a < e) decay_.push_back({bucket.shard_offset + a - base, e - a});
+        }
+      }
+      std::sort(decay_.begin(), decay_.end(),
+                [](const auto& x, const auto& y) { return x.offset < y.offset; });
+    }
+  }
   if (stage >= 1)
     shard_grads_ =
         Tensor({layout_.shard_elements()}, DType::f32, tracker, MemoryCategory::gradients);
@@ -72,7 +116,7 @@ DataParallel::DataParallel(model::Transformer& model, comm::Communicator& group,
     const float* values = model_.parameters().values();
     for (size_t b = 0; b < layout_.buckets().size(); ++b) {
       const Bucket& bucket = layout_.buckets()[b];
-      const int64_t lo = bucket.shard_begin(rank()), hi = bucket.shard_end(rank());
+      const int64_t lo = bucket.shard_begin(shard_rank()), hi = bucket.shard_end(shard_rank());
       std::copy(values + lo, values + hi, shard_params_.f32() + bucket.shard_offset);
       if (!bucket.outer) release_parameters(static_cast<int>(b));
     }
@@ -102,8 +146,9 @@ void DataParallel::wait(comm::CommHandle& handle) {
 }
 
 float* DataParallel::shard_parameters(const Bucket& bucket) {
-  return settings_.zero_stage == 3 ? shard_params_.f32() + bucket.shard_offset
-                                   : model_.parameters().values() + bucket.shard_begin(rank());
+  return settings_.zero_stage == 3
+             ? shard_params_.f32() + bucket.shard_offset
+             : model_.parameters().values() + bucket.shard_begin(shard_rank());
 }
 
 void DataParallel::begin_micro_batch(bool first, bool last) {
@@ -118,11 +163,10 @@ void DataParallel::launch_reduction(int b) {
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (s.reducing) return;
-  const int n = ranks();
-  const int64_t padded = bucket.shard * n;
+  const int64_t padded = bucket.shard * shard_ranks();
   s.grad_staging = Tensor({padded}, DType::f32, tracker_, MemoryCategory::other);
   // Averaging: every rank scales by 1/N before the sum (exact for powers of two).
-  const float scale = 1.0f / static_cast<float>(n);
+  const float scale = 1.0f / static_cast<float>(ranks());
   float* grads = model_.parameters().grads() + bucket.begin;
   float* staging = s.grad_staging.f32();
   for (int64_t i = 0; i < bucket.size(); ++i) staging[i] = grads[i] * scale;
@@ -134,12 +178,12 @@ void DataParallel::launch_reduction(int b) {
   }
   if (settings_.zero_stage == 0) {
     s.reduced = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
-    group_.reduce_scatter_async(staging, s.reduced.f32(), bucket.shard, DType::f32,
-                                comm::ReduceOp::sum);
-    s.reduction = group_.all_gather_async(s.reduced.f32(), staging, bucket.shard, DType::f32);
+    shard_->reduce_scatter_async(staging, s.reduced.f32(), bucket.shard, DType::f32,
+                                 comm::ReduceOp::sum);
+    s.reduction = shard_->all_gather_async(s.reduced.f32(), staging, bucket.shard, DType::f32);
   } else {
-    s.reduction = group_.reduce_scatter_async(staging, shard_grads_.f32() + bucket.shard_offset,
-                                              bucket.shard, DType::f32, comm::ReduceOp::sum);
+    s.reduction = shard_->reduce_scatter_async(staging, shard_grads_.f32() + bucket.shard_offset,
+                                               bucket.shard, DType::f32, comm::ReduceOp::sum);
   }
   s.reducing = true;
 }
@@ -157,11 +201,18 @@ double DataParallel::finish_gradients() {
       s.reduced.reset();
     }
     s.grad_staging.reset();
+    // HSDP: the groups' shards are summed across the replicas.
+    if (replicate_)
+      s.reduction =
+          replicate_->allreduce_async(shard_grads_.f32() + layout_.buckets()[b].shard_offset,
+                                      layout_.buckets()[b].shard, DType::f32, comm::ReduceOp::sum);
   }
+  if (replicate_)
+    for (auto& s : state_) wait(s->reduction);
   if (settings_.zero_stage == 0)
     return replicated_gradient_norm(layout_, model_.parameters().grads());
   const auto start = Clock::now();
-  const double norm = sharded_gradient_norm(layout_, shard_grads_.f32(), group_);
+  const double norm = sharded_gradient_norm(layout_, shard_grads_.f32(), *shard_);
   exposed_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   return norm;
 }
@@ -181,7 +232,32 @@ void DataParallel::update(float lr, double norm) {
     return kernels::AdamWHyper{lr, adamw_.beta1, adamw_.beta2, adamw_.eps,
                                p.weight_decay ? adamw_.weight_decay : 0.0f};
   };
-  if (settings_.zero_stage == 0) {
+  if (offload_) {
+    const kernels::AdamWHyper hyper{lr, adamw_.beta1, adamw_.beta2, adamw_.eps,
+                                    adamw_.weight_decay};
+    if (settings_.zero_stage == 0) {
+      offload_->step(store.values(), store.grads(), decay_, hyper, step_, clip);
+    } else if (settings_.zero_stage == 3) {
+      offload_->step(shard_params_.f32(), shard_grads_.f32(), decay_, hyper, step_, clip);
+    } else {
+      // The shards' parameters side by side for the streamed update, then back in place.
+      Tensor shard({layout_.shard_elements()}, DType::f32, tracker_, MemoryCategory::other);
+      for (const Bucket& bucket : layout_.buckets())
+        std::copy(store.values() + bucket.shard_begin(shard_rank()),
+                  store.values() + bucket.shard_end(shard_rank()),
+                  shard.f32() + bucket.shard_offset);
+      offload_->step(shard.f32(), shard_grads_.f32(), decay_, hyper, step_, clip);
+      for (const Bucket& bucket : layout_.buckets()) {
+        const int64_t n = bucket.shard_end(shard_rank()) - bucket.shard_begin(shard_rank());
+        std::copy(shard.f32() + bucket.shard_offset, shard.f32() + bucket.shard_offset + n,
+                  store.values() + bucket.shard_begin(shard_rank()));
+      }
+    }
+    if (settings_.zero_stage >= 1)
+      for (size_t b = 0; b < state_.size(); ++b)
+        if (settings_.zero_stage < 3 || layout_.buckets()[b].outer)
+          start_gather(static_cast<int>(b));
+  } else if (settings_.zero_stage == 0) {
     for (const auto& p : store.parameters())
       kernels::adamw_update(store.values() + p.offset, store.grads() + p.offset,
                             m_.f32() + p.offset, v_.f32() + p.offset, p.numel, hyper_for(p), step_,
@@ -189,8 +265,8 @@ void DataParallel::update(float lr, double norm) {
   } else {
     // This rank's shard of each bucket, parameter by parameter (the kernel is elementwise).
     for (const Bucket& bucket : layout_.buckets()) {
-      const int64_t lo = bucket.shard_begin(rank()), hi = bucket.shard_end(rank());
-      const int64_t base = bucket.begin + bucket.shard * rank();
+      const int64_t lo = bucket.shard_begin(shard_rank()), hi = bucket.shard_end(shard_rank());
+      const int64_t base = bucket.begin + bucket.shard * shard_rank();
       float* params = shard_parameters(bucket);
       for (const auto& p : store.parameters()) {
         const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
@@ -216,13 +292,14 @@ void DataParallel::start_gather(int b) {
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (s.gathering) return;
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
-  const int64_t real = bucket.shard_end(rank()) - bucket.shard_begin(rank());
+  const int64_t real = bucket.shard_end(shard_rank()) - bucket.shard_begin(shard_rank());
   s.gather_in = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
   const float* shard = shard_parameters(bucket);
   std::copy(shard, shard + real, s.gather_in.f32());
-  s.gather_out = Tensor({bucket.shard * ranks()}, DType::f32, tracker_, MemoryCategory::other);
+  s.gather_out =
+      Tensor({bucket.shard * shard_ranks()}, DType::f32, tracker_, MemoryCategory::other);
   s.gather =
-      group_.all_gather_async(s.gather_in.f32(), s.gather_out.f32(), bucket.shard, DType::f32);
+      shard_->all_gather_async(s.gather_in.f32(), s.gather_out.f32(), bucket.shard, DType::f32);
   s.gathering = true;
 }
 
@@ -344,19 +421,30 @@ void DataParallel::check_replicas() {
 void DataParallel::export_state(optim::AdamWOptimizer* full) {
   check(rank() != 0 || full != nullptr, "export_state: rank 0 needs a full optimizer state");
   if (full) full->set_steps_taken(step_);
+  // The moments of this rank: in memory, or read back from the offload files.
+  Tensor read_m, read_v;
+  const float *m = m_.empty() ? nullptr : m_.f32(), *v = v_.empty() ? nullptr : v_.f32();
+  if (offload_) {
+    read_m = Tensor({offload_->numel()}, DType::f32);
+    read_v = Tensor({offload_->numel()}, DType::f32);
+    offload_->read_moments(0, offload_->numel(), read_m.f32(), read_v.f32());
+    m = read_m.f32();
+    v = read_v.f32();
+  }
   if (settings_.zero_stage == 0) {
     if (full) {
-      std::copy(m_.f32(), m_.f32() + m_.numel(), full->exp_avg());
-      std::copy(v_.f32(), v_.f32() + v_.numel(), full->exp_avg_sq());
+      const int64_t n = layout_.total_elements();
+      std::copy(m, m + n, full->exp_avg());
+      std::copy(v, v + n, full->exp_avg_sq());
     }
     return;
   }
+  // Rank 0 of the data-parallel group is rank 0 of its shard group, which holds every shard.
   for (const Bucket& bucket : layout_.buckets()) {
-    Tensor gathered({bucket.shard * ranks()}, DType::f32);
-    for (auto [source, target] : {std::pair{&m_, full ? full->exp_avg() : nullptr},
-                                  std::pair{&v_, full ? full->exp_avg_sq() : nullptr}}) {
-      group_.all_gather(source->f32() + bucket.shard_offset, gathered.f32(), bucket.shard,
-                        DType::f32);
+    Tensor gathered({bucket.shard * shard_ranks()}, DType::f32);
+    for (auto [source, target] : {std::pair{m, full ? full->exp_avg() : nullptr},
+                                  std::pair{v, full ? full->exp_avg_sq() : nullptr}}) {
+      shard_->all_gather(source + bucket.shard_offset, gathered.f32(), bucket.shard, DType::f32);
       if (target) std::copy(gathered.f32(), gathered.f32() + bucket.size(), target + bucket.begin);
     }
   }
@@ -364,17 +452,25 @@ void DataParallel::export_state(optim::AdamWOptimizer* full) {
 
 void DataParallel::import_state(const optim::AdamWOptimizer& full) {
   step_ = full.steps_taken();
+  const int64_t state_elements =
+      settings_.zero_stage == 0 ? layout_.total_elements() : layout_.shard_elements();
+  Tensor staged_m, staged_v;  // offload: the state to write into the files
+  if (offload_) {
+    staged_m = Tensor({state_elements}, DType::f32);
+    staged_v = Tensor({state_elements}, DType::f32);
+  }
+  float* m = offload_ ? staged_m.f32() : m_.f32();
+  float* v = offload_ ? staged_v.f32() : v_.f32();
   if (settings_.zero_stage == 0) {
-    std::copy(full.exp_avg(), full.exp_avg() + m_.numel(), m_.f32());
-    std::copy(full.exp_avg_sq(), full.exp_avg_sq() + v_.numel(), v_.f32());
-    return;
+    std::copy(full.exp_avg(), full.exp_avg() + state_elements, m);
+    std::copy(full.exp_avg_sq(), full.exp_avg_sq() + state_elements, v);
   }
   const float* values = model_.parameters().values();
-  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+  for (size_t b = 0; settings_.zero_stage > 0 && b < layout_.buckets().size(); ++b) {
     const Bucket& bucket = layout_.buckets()[b];
-    const int64_t lo = bucket.shard_begin(rank()), hi = bucket.shard_end(rank());
-    std::copy(full.exp_avg() + lo, full.exp_avg() + hi, m_.f32() + bucket.shard_offset);
-    std::copy(full.exp_avg_sq() + lo, full.exp_avg_sq() + hi, v_.f32() + bucket.shard_offset);
+    const int64_t lo = bucket.shard_begin(shard_rank()), hi = bucket.shard_end(shard_rank());
+    std::copy(full.exp_avg() + lo, full.exp_avg() + hi, m + bucket.shard_offset);
+    std::copy(full.exp_avg_sq() + lo, full.exp_avg_sq() + hi, v + bucket.shard_offset);
     if (settings_.zero_stage == 3) {
       // The loaded weights are whole in the model: keep this rank's shard, release the rest.
       if (tracker_ && !state_[b]->params_resident)
@@ -384,19 +480,24 @@ void DataParallel::import_state(const optim::AdamWOptimizer& full) {
       if (!bucket.outer) release_parameters(static_cast<int>(b));
     }
   }
+  if (offload_) offload_->write_moments(0, state_elements, m, v);
 }
 
 CommunicationTimes DataParallel::take_communication_times() {
   CommunicationTimes times;
   times.exposed_seconds = exposed_seconds_;
   exposed_seconds_ = 0;
-  uint64_t newest = traced_seq_;
-  for (const comm::CollectiveRecord& r : group_.trace().recent()) {
-    if (r.seq <= traced_seq_ || r.state != comm::RecordState::completed) continue;
-    times.total_seconds += static_cast<double>(r.finished_ns - r.entered_ns) * 1e-9;
-    newest = std::max(newest, r.seq);
+  const comm::Communicator* groups[3] = {&group_, own_shard_.get(), replicate_.get()};
+  for (int g = 0; g < 3; ++g) {
+    if (!groups[g]) continue;
+    uint64_t newest = traced_seq_[g];
+    for (const comm::CollectiveRecord& r : groups[g]->trace().recent()) {
+      if (r.seq <= traced_seq_[g] || r.state != comm::RecordState::completed) continue;
+      times.total_seconds += static_cast<double>(r.finished_ns - r.entered_ns) * 1e-9;
+      newest = std::max(newest, r.seq);
+    }
+    traced_seq_[g] = newest;
   }
-  traced_seq_ = newest;
   return times;
 }
 

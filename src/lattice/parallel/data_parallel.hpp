@@ -16,6 +16,12 @@
 //   stage 3: parameters sharded too (16Ψ/N at rest plus the embedding and head, kept whole): a
 //            bucket's parameters are gathered before its forward and again before its backward,
 //            the next bucket is prefetched, and the pages are released after use.
+// HSDP (stages 1-3 with shard_group_size S < N): state is sharded over groups of S consecutive
+// ranks and replicated across the N/S groups; gradients are reduce-scattered within the group,
+// then allreduced across groups (so the sum order differs from plain DP's for N > 2: equal within
+// fp32 rounding, not bit for bit).
+// Offload (offload_dir set): the AdamW moments live in files (optim::OffloadedAdamWState), streamed
+// through the same kernel: bit-identical to in memory.
 // Our engine keeps fp32 working parameters and fp32 gradients (bf16 only inside GEMMs), so these
 // are ZeRO's formulas for fp32 parameters and gradients with fp32 Adam moments.
 #pragma once
@@ -23,12 +29,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lattice/comm/communicator.hpp"
 #include "lattice/core/tensor.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
+#include "lattice/optim/offload_adamw_state.hpp"
 #include "lattice/parallel/bucket_layout.hpp"
 
 namespace lattice::parallel {
@@ -37,6 +45,8 @@ struct DataParallelSettings {
   int zero_stage = 0;                                // 0 (plain DP), 1, 2 or 3
   int64_t bucket_elements = int64_t{25} << 20 >> 2;  // 25 MiB of fp32 gradients
   bool check_replicas = false;  // verify after each step that replicated parameters agree
+  int shard_group_size = 0;     // HSDP: shard within groups of this many ranks (0: all ranks)
+  std::string offload_dir;      // AdamW moments in files under <dir>/rank<r> (empty: in memory)
 };
 
 // Throws Error naming the key when a setting is invalid.
@@ -101,21 +111,27 @@ class DataParallel final : public model::ModelHooks {
   void release_parameters(int bucket);
   void wait(comm::CommHandle& handle);
   float* shard_parameters(const Bucket& bucket);
+  int shard_rank() const { return shard_->rank(); }
+  int shard_ranks() const { return shard_->size(); }
 
   model::Transformer& model_;
-  comm::Communicator& group_;
+  comm::Communicator& group_;                                  // every data-parallel rank
+  std::unique_ptr<comm::Communicator> own_shard_, replicate_;  // HSDP groups
+  comm::Communicator* shard_ = nullptr;  // the ranks that shard the state (group_ without HSDP)
   DataParallelSettings settings_;
   optim::AdamWSettings adamw_;
   MemoryTracker* tracker_;
   BucketLayout layout_;
   std::vector<std::unique_ptr<BucketState>> state_;
-  Tensor m_, v_;         // AdamW moments: whole buffer (stage 0) or this rank's shards
-  Tensor shard_grads_;   // stages 1-3: this rank's reduced gradient shards
-  Tensor shard_params_;  // stage 3: this rank's parameter shards (the master copy)
+  Tensor m_, v_;  // AdamW moments: whole buffer (stage 0) or this rank's shards
+  std::unique_ptr<optim::OffloadedAdamWState> offload_;  // instead of m_ and v_
+  std::vector<optim::DecayRange> decay_;  // offload: where weight decay applies (state offsets)
+  Tensor shard_grads_;                    // stages 1-3: this rank's reduced gradient shards
+  Tensor shard_params_;                   // stage 3: this rank's parameter shards (the master copy)
   bool last_micro_ = true;
   int64_t step_ = 0;
   double exposed_seconds_ = 0;
-  uint64_t traced_seq_ = 0;
+  uint64_t traced_seq_[3] = {0, 0, 0};  // group_, shard group, replicate group
 };
 
 }  // namespace lattice::parallel

@@ -233,7 +233,9 @@ const Schema& schema() {
         {"bucket_mb", float_key(&TrainConfig::bucket_mb)},
         {"check_replicas", bool_key(&TrainConfig::check_replicas)},
         {"backend", string_key(&TrainConfig::backend)},
-        {"baseline_tokens_per_second", float_key(&TrainConfig::baseline_tokens_per_second)}}},
+        {"baseline_tokens_per_second", float_key(&TrainConfig::baseline_tokens_per_second)},
+        {"hsdp_shard_size", int_key(&TrainConfig::hsdp_shard_size)},
+        {"offload_dir", string_key(&TrainConfig::offload_dir)}}},
       {"activation_checkpoint", {{"mode", string_key(&TrainConfig::recompute)}}},
       {"checkpoint",
        {{"enable", bool_key(&TrainConfig::checkpoint_enable)},
@@ -326,6 +328,12 @@ void TrainConfig::finalize() {
                                                 " must be in (0, 4096] MiB (25 is a good default)");
   check(backend == "auto" || backend == "local" || backend == "mpi",
         "parallelism.backend '" + backend + "' is unknown: use \"auto\", \"local\" or \"mpi\"");
+  check(hsdp_shard_size >= 0 && (hsdp_shard_size == 0 || dp % hsdp_shard_size == 0),
+        "parallelism.hsdp_shard_size = " + std::to_string(hsdp_shard_size) +
+            " must divide parallelism.dp = " + std::to_string(dp) + " (0 shards over every rank)");
+  check(hsdp_shard_size == 0 || zero >= 1,
+        "parallelism.hsdp_shard_size needs a ZeRO stage to shard with: set parallelism.zero to 1, 2 "
+        "or 3");
   check(baseline_tokens_per_second >= 0,
         "parallelism.baseline_tokens_per_second must not be negative (0: no scaling efficiency)");
   check(recompute == "none",

@@ -45,6 +45,8 @@ struct TrainConfig {
   bool check_replicas = false;  // verify after each step that replicated parameters agree
   std::string backend = "auto";  // "auto" (mpi under a launcher, else local), "local" or "mpi"
   double baseline_tokens_per_second = 0;  // single-rank rate for the DP scaling efficiency; 0: none
+  int64_t hsdp_shard_size = 0;  // HSDP: shard the state within groups of this many dp ranks (0: all)
+  std::string offload_dir;      // AdamW moments in files under <dir>/rank<r> (empty: in memory)
   // [activation_checkpoint]
   std::string recompute = "none";
   // [checkpoint]

@@ -51,6 +51,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* dp_group) : config_(std
   settings.bucket_elements =
       std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024 * 1024 / 4));
   settings.check_replicas = config_.check_replicas;
+  settings.shard_group_size = static_cast<int>(config_.hsdp_shard_size);
+  settings.offload_dir = config_.offload_dir;
   dp_ = std::make_unique<parallel::DataParallel>(*model_, *group_, settings, config_.adamw,
                                                  &tracker_);
   std::string resume_dir =
@@ -137,9 +139,14 @@ TrainResult Trainer::run() {
         static_cast<long long>(T), static_cast<long long>(accumulation), ranks,
         omp_get_max_threads());
     if (ranks > 1)
-      std::printf("data parallel: %d ranks (%s backend), ZeRO stage %lld, %zu gradient buckets\n",
-                  ranks, std::string(group_->backend()).c_str(),
-                  static_cast<long long>(config_.zero), dp_->layout().buckets().size());
+      std::printf(
+          "data parallel: %d ranks (%s backend), ZeRO stage %lld%s, %zu gradient buckets%s\n",
+          ranks, std::string(group_->backend()).c_str(), static_cast<long long>(config_.zero),
+          config_.hsdp_shard_size > 0
+              ? (", HSDP shard groups of " + std::to_string(config_.hsdp_shard_size)).c_str()
+              : "",
+          dp_->layout().buckets().size(),
+          config_.offload_dir.empty() ? "" : ", AdamW state offloaded to files");
     std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
                 peak / 1e12, peak_source);
   }
