@@ -13,6 +13,8 @@
 
 #include "cli_runner.hpp"
 #include "lattice/core/rng.hpp"
+#include "lattice/data/bpe_model.hpp"
+#include "lattice/data/tokenizer_files.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
@@ -167,6 +169,41 @@ CliResult run_lattice_with_stdin(const std::string& args, const std::string& std
   return r;
 }
 
+// A byte-level BPE tokenizer of 259 ids: the 256 bytes, "th" (256), "the" (257) and <|endoftext|>
+// (258), written as a Hugging Face tokenizer.json.
+void write_small_bpe_tokenizer(const fs::path& path) {
+  data::BpeModel bpe;
+  for (int b = 0; b < 256; ++b) bpe.tokens.push_back({std::string(1, static_cast<char>(b)), b});
+  bpe.tokens.push_back({"th", 256});
+  bpe.tokens.push_back({"the", 257});
+  bpe.merges = {{"t", "h"}, {"th", "e"}};
+  bpe.special_tokens.push_back({"<|endoftext|>", 258});
+  data::write_tokenizer_json(bpe, path);
+}
+
+// Saves a gpt2-tiny checkpoint with a padded vocabulary of 320 whose next-token logits are the same
+// after every prefix: the final LayerNorm's weight is 0 and its bias the unit vector e0, so the
+// logit of id v is wte[v][0]. Id 300 (padding beyond the tokenizer's 259 ids) gets 20, the
+// end-of-text token 258 gets 10, every other id 0. config.toml records the tokenizer.
+void save_rigged_checkpoint(const fs::path& run_dir, const std::string& tokenizer_spec) {
+  model::ModelConfig config = model::model_preset("gpt2-tiny");
+  config.vocab_size = 320;
+  model::Transformer model(config, nullptr);
+  model.initialize(1);
+  auto& params = model.parameters();
+  float* wte = params.value(params.index_of("transformer.wte.weight"));
+  for (int64_t v = 0; v < config.vocab_size; ++v) wte[v * config.d_model] = 0.0f;
+  wte[300 * config.d_model] = 20.0f;
+  wte[258 * config.d_model] = 10.0f;
+  float* norm_weight = params.value(params.index_of("transformer.ln_f.weight"));
+  float* norm_bias = params.value(params.index_of("transformer.ln_f.bias"));
+  for (int64_t c = 0; c < config.d_model; ++c) norm_weight[c] = norm_bias[c] = 0.0f;
+  norm_bias[0] = 1.0f;
+  optim::AdamWOptimizer optimizer(params, {}, nullptr);
+  train::save_checkpoint(run_dir.string(), model, optimizer, {},
+                         "[data]\ntokenizer = '" + tokenizer_spec + "'\n", 1);
+}
+
 class GenerateCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -279,13 +316,51 @@ TEST_F(GenerateCli, BadArgumentsAreOneErrorLine) {
   expect_error("generate --checkpoint run --stop-token 256", "--stop-token must be -1");
 }
 
-// A checkpoint of a model with a 64-token vocabulary cannot be read with the 256-token byte
-// tokenizer.
+// A tokenizer with more ids than the model's vocabulary: the 256-id byte tokenizer against
+// gpt2-tiny's 64, and the 259-id BPE tokenizer against a vocabulary of 256.
 TEST_F(GenerateCli, ATokenizerLargerThanTheModelVocabularyIsRefused) {
-  model::Transformer model(model::model_preset("gpt2-tiny"), nullptr);
-  model.initialize(1);
-  optim::AdamWOptimizer optimizer(model.parameters(), {}, nullptr);
-  train::save_checkpoint((dir_ / "small").string(), model, optimizer, {}, "", 1);
-  expect_error("generate --checkpoint small",
-               "tokenizer 'byte' has 256 tokens but the checkpoint's model has a vocabulary of 64");
+  for (int64_t vocab : {64, 256}) {
+    model::ModelConfig config = model::model_preset("gpt2-tiny");
+    config.vocab_size = vocab;
+    model::Transformer model(config, nullptr);
+    model.initialize(1);
+    optim::AdamWOptimizer optimizer(model.parameters(), {}, nullptr);
+    train::save_checkpoint((dir_ / ("vocab" + std::to_string(vocab))).string(), model, optimizer,
+                           {}, "", 1);
+  }
+  expect_error("generate --checkpoint vocab64",
+               "tokenizer 'byte' has 256 tokens but the checkpoint's model has a vocabulary of 64: "
+               "pass the tokenizer the model was trained with (--tokenizer)");
+  write_small_bpe_tokenizer(dir_ / "tokenizer.json");
+  expect_error("generate --checkpoint vocab256 --tokenizer tokenizer.json",
+               "tokenizer 'tokenizer.json' has 259 tokens but the checkpoint's model has a "
+               "vocabulary of 256");
+  EXPECT_EQ(run_lattice("generate --checkpoint vocab256 --max-tokens 3", dir_).status, 0);
+}
+
+TEST_F(GenerateCli, EndOfTextStopsUnprintedAndPaddingIdsAreNeverSampled) {
+  write_small_bpe_tokenizer(dir_ / "tokenizer.json");
+  save_rigged_checkpoint(dir_ / "run", (dir_ / "tokenizer.json").string());
+  // Greedy would pick padding id 300 (logit 20) without the tokenizer's limit; within it the
+  // end-of-text token wins and ends the generation at once. The prompt is printed as given.
+  const CliResult greedy =
+      run_lattice("generate --checkpoint run --prompt 'the thé' --temperature 0", dir_);
+  ASSERT_EQ(greedy.status, 0) << greedy.err;
+  EXPECT_EQ(greedy.out, "the thé\n");
+  EXPECT_NE(greedy.err.find("generated 1 tokens"), std::string::npos) << greedy.err;
+  // Never stopping early: the end-of-text token decodes to its text.
+  const CliResult no_stop = run_lattice(
+      "generate --checkpoint run --prompt the --temperature 0 --stop-token -1 --max-tokens 2",
+      dir_);
+  ASSERT_EQ(no_stop.status, 0) << no_stop.err;
+  EXPECT_EQ(no_stop.out, "the<|endoftext|><|endoftext|>\n");
+  // An empty prompt starts from the end-of-text token, which is not printed.
+  const CliResult empty = run_lattice("generate --checkpoint run --temperature 0", dir_);
+  ASSERT_EQ(empty.status, 0) << empty.err;
+  EXPECT_EQ(empty.out, "\n");
+  // Sampling: id 300 holds ~99.99% of the mass; were it drawn, decoding would fail.
+  const CliResult sampled = run_lattice(
+      "generate --checkpoint run --prompt the --temperature 1 --stop-token -1 --max-tokens 64",
+      dir_);
+  EXPECT_EQ(sampled.status, 0) << sampled.err;
 }
