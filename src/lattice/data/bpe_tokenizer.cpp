@@ -259,29 +259,32 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
 
   int32_t max_id = -1;
   for (const auto& token : model_.tokens) {
-    check(token.id >= 0, "token '" + printable(token.bytes) + "' has negative id " +
-                             std::to_string(token.id) + ": ids must be >= 0");
-    check(!token.bytes.empty(), "token id " + std::to_string(token.id) +
-                                    " is empty: every token needs at least one byte");
+    if (!(token.id >= 0))
+      throw Error("token '" + printable(token.bytes) + "' has negative id " +
+                  std::to_string(token.id) + ": ids must be >= 0");
+    if (!(!token.bytes.empty()))
+      throw Error("token id " + std::to_string(token.id) +
+                  " is empty: every token needs at least one byte");
     max_id = std::max(max_id, token.id);
   }
   for (const auto& special : model_.special_tokens) {
-    check(special.id >= 0, "special token '" + special.text + "' has negative id " +
-                               std::to_string(special.id) + ": ids must be >= 0");
-    check(!special.text.empty(),
-          "special token id " + std::to_string(special.id) + " has empty text");
+    if (!(special.id >= 0))
+      throw Error("special token '" + special.text + "' has negative id " +
+                  std::to_string(special.id) + ": ids must be >= 0");
+    if (!(!special.text.empty()))
+      throw Error("special token id " + std::to_string(special.id) + " has empty text");
     max_id = std::max(max_id, special.id);
   }
   const size_t count = model_.tokens.size() + model_.special_tokens.size();
-  check(static_cast<size_t>(max_id) < count + (size_t{1} << 20),
-        "the largest id, " + std::to_string(max_id) + ", is far beyond the " +
-            std::to_string(count) + " tokens: ids must be dense (gaps below 2^20 in total)");
+  if (!(static_cast<size_t>(max_id) < count + (size_t{1} << 20)))
+    throw Error("the largest id, " + std::to_string(max_id) + ", is far beyond the " +
+                std::to_string(count) + " tokens: ids must be dense (gaps below 2^20 in total)");
   t.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
   t.assigned.assign(static_cast<size_t>(max_id + 1), 0);
   auto assign = [&](int32_t id, const std::string& bytes) {
-    check(!t.assigned[id], "id " + std::to_string(id) + " is given to both '" +
-                               printable(t.id_bytes[id]) + "' and '" + printable(bytes) +
-                               "': every id must name one token");
+    if (!(!t.assigned[id]))
+      throw Error("id " + std::to_string(id) + " is given to both '" + printable(t.id_bytes[id]) +
+                  "' and '" + printable(bytes) + "': every id must name one token");
     t.assigned[id] = 1;
     t.id_bytes[id] = bytes;
   };
@@ -298,9 +301,10 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     std::unordered_map<std::string_view, int32_t> by_bytes;
     for (const auto& [bytes, id] : entries) {
       auto [it, inserted] = by_bytes.emplace(bytes, id);
-      check(inserted, "token '" + printable(bytes) + "' appears twice (ids " +
-                          std::to_string(it->second) + " and " + std::to_string(id) +
-                          "): every token must be listed once");
+      if (!(inserted))
+        throw Error("token '" + printable(bytes) + "' appears twice (ids " +
+                    std::to_string(it->second) + " and " + std::to_string(id) +
+                    "): every token must be listed once");
     }
   }
   all_tokens.build(entries);
@@ -309,8 +313,9 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     t.byte_ids[b] = all_tokens.find(std::string_view(&byte, 1));
     char hex[8];
     std::snprintf(hex, sizeof(hex), "0x%02X", b);
-    check(t.byte_ids[b] >= 0, std::string("the vocabulary has no token for the single byte ") +
-                                  hex + ": a byte-level BPE vocabulary needs all 256 bytes");
+    if (!(t.byte_ids[b] >= 0))
+      throw Error(std::string("the vocabulary has no token for the single byte ") + hex +
+                  ": a byte-level BPE vocabulary needs all 256 bytes");
   }
 
   // Merges.
@@ -322,12 +327,16 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
       const int32_t right_id = all_tokens.find(right);
       const std::string joined = left + right;
       const int32_t merged = all_tokens.find(joined);
-      const std::string which = "merge " + std::to_string(rank + 1) + " ('" + printable(left) +
-                                "' + '" + printable(right) + "')";
-      check(left_id >= 0 && right_id >= 0,
-            which + " names a part that is not in the vocabulary: every part must be a token");
-      check(merged >= 0, which + " makes '" + printable(joined) +
-                             "', which is not in the vocabulary: add it or drop the merge");
+      auto which = [&] {
+        return "merge " + std::to_string(rank + 1) + " ('" + printable(left) + "' + '" +
+               printable(right) + "')";
+      };
+      if (!(left_id >= 0 && right_id >= 0))
+        throw Error(which() +
+                    " names a part that is not in the vocabulary: every part must be a token");
+      if (!(merged >= 0))
+        throw Error(which() + " makes '" + printable(joined) +
+                    "', which is not in the vocabulary: add it or drop the merge");
       t.merges.insert(left_id, right_id, Merge{static_cast<uint32_t>(rank), merged});
     }
   } else {  // tiktoken ranks: any split of a token into two tokens merges into it, rank = its id
@@ -441,9 +450,9 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   const Tables& t = *tables_;
   std::string bytes;
   for (const int32_t id : ids) {
-    check(id >= 0 && static_cast<size_t>(id) < t.assigned.size() && t.assigned[id],
-          "token id " + std::to_string(id) + " is outside the vocabulary of " + name() +
-              ": decode ids the same tokenizer produced");
+    if (!(id >= 0 && static_cast<size_t>(id) < t.assigned.size() && t.assigned[id]))
+      throw Error("token id " + std::to_string(id) + " is outside the vocabulary of " + name() +
+                  ": decode ids the same tokenizer produced");
     bytes += t.id_bytes[id];
   }
   return bytes;

@@ -39,22 +39,25 @@ std::string quote(std::string_view text, size_t limit = 60) {
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  check(in.good(), "cannot open tokenizer file '" + path.string() + "': " + std::strerror(errno) +
-                       "; check the path");
+  if (!(in.good()))
+    throw Error("cannot open tokenizer file '" + path.string() + "': " + std::strerror(errno) +
+                "; check the path");
   std::ostringstream buffer;
   buffer << in.rdbuf();
-  check(!in.bad(), "cannot read tokenizer file '" + path.string() + "': " + std::strerror(errno));
+  if (!(!in.bad()))
+    throw Error("cannot read tokenizer file '" + path.string() + "': " + std::strerror(errno));
   return std::move(buffer).str();
 }
 
 void write_file(const std::filesystem::path& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  check(out.good(), "cannot write '" + path.string() + "': " + std::strerror(errno) +
-                        "; check that its directory exists and is writable");
+  if (!(out.good()))
+    throw Error("cannot write '" + path.string() + "': " + std::strerror(errno) +
+                "; check that its directory exists and is writable");
   out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
   out.close();
-  check(out.good(),
-        "cannot write '" + path.string() + "': " + std::strerror(errno) + " (disk full?)");
+  if (!(out.good()))
+    throw Error("cannot write '" + path.string() + "': " + std::strerror(errno) + " (disk full?)");
 }
 
 json parse_json(std::string_view text, const std::string& name, const char* expected) {
@@ -83,17 +86,18 @@ std::vector<std::string_view> split_lines(std::string_view text) {
 std::string token_bytes(std::string_view spelled, const std::string& name,
                         const std::string& where) {
   std::optional<std::string> bytes = unicode_string_to_bytes(spelled);
-  check(bytes.has_value() && !bytes->empty(),
+  if (!(bytes.has_value() && !bytes->empty()))
+    throw Error(
         name + ": " + where + " token " + quote(spelled) +
-            " is not spelled in GPT-2's byte-level alphabet: this is not a byte-level BPE file");
+        " is not spelled in GPT-2's byte-level alphabet: this is not a byte-level BPE file");
   return *bytes;
 }
 
 int32_t token_id(const json& value, std::string_view token, const std::string& name) {
-  check(value.is_number_integer() && value.get<int64_t>() >= 0 &&
-            value.get<int64_t>() <= std::numeric_limits<int32_t>::max(),
-        name + ": token " + quote(token) + " has id " + quote(value.dump()) +
-            ", expected an integer in [0, 2^31)");
+  if (!(value.is_number_integer() && value.get<int64_t>() >= 0 &&
+        value.get<int64_t>() <= std::numeric_limits<int32_t>::max()))
+    throw Error(name + ": token " + quote(token) + " has id " + quote(value.dump()) +
+                ", expected an integer in [0, 2^31)");
   return static_cast<int32_t>(value.get<int64_t>());
 }
 
@@ -105,14 +109,16 @@ bool looks_special(std::string_view token) {
 // id) and, when `specials_by_form`, entries spelled <|...|> become special tokens.
 void read_vocab(const json& vocab, const std::string& name, bool specials_by_form,
                 const std::unordered_map<std::string, int32_t>& specials, BpeModel& model) {
-  check(vocab.is_object(), name + ": the vocabulary is not a JSON object of token -> id");
+  if (!(vocab.is_object()))
+    throw Error(name + ": the vocabulary is not a JSON object of token -> id");
   model.tokens.reserve(vocab.size());
   for (const auto& [spelled, value] : vocab.items()) {
     const int32_t id = token_id(value, spelled, name);
     if (auto it = specials.find(spelled); it != specials.end()) {
-      check(it->second == id, name + ": special token " + quote(spelled) + " has id " +
-                                  std::to_string(it->second) + " in added_tokens but " +
-                                  std::to_string(id) + " in the vocabulary: make them agree");
+      if (!(it->second == id))
+        throw Error(name + ": special token " + quote(spelled) + " has id " +
+                    std::to_string(it->second) + " in added_tokens but " + std::to_string(id) +
+                    " in the vocabulary: make them agree");
       continue;
     }
     if (specials_by_form && looks_special(spelled)) {
@@ -131,10 +137,10 @@ std::pair<std::string, std::string> merge_parts(std::string_view left, std::stri
 std::pair<std::string, std::string> parse_merge_line(std::string_view line, const std::string& name,
                                                      const std::string& where) {
   const size_t space = line.find(' ');
-  check(space != std::string_view::npos && space > 0 && space + 1 < line.size() &&
-            line.find(' ', space + 1) == std::string_view::npos,
-        name + ": " + where + " is " + quote(line) +
-            ", expected two tokens separated by one space (e.g. 'Ġ t')");
+  if (!(space != std::string_view::npos && space > 0 && space + 1 < line.size() &&
+        line.find(' ', space + 1) == std::string_view::npos))
+    throw Error(name + ": " + where + " is " + quote(line) +
+                ", expected two tokens separated by one space (e.g. 'Ġ t')");
   return merge_parts(line.substr(0, space), line.substr(space + 1), name, where);
 }
 
@@ -241,9 +247,10 @@ nlohmann::ordered_json ordered_vocab(const BpeModel& model) {
 }
 
 std::vector<std::string> merge_lines(const BpeModel& model, const std::string& target) {
-  check(!model.merges.empty(), "cannot write '" + target +
-                                   "': the tokenizer has no merges (tiktoken ranks); write a "
-                                   ".tiktoken file instead");
+  if (!(!model.merges.empty()))
+    throw Error("cannot write '" + target +
+                "': the tokenizer has no merges (tiktoken ranks); write a "
+                ".tiktoken file instead");
   std::vector<std::string> lines;
   lines.reserve(model.merges.size());
   for (const auto& [left, right] : model.merges)
@@ -265,33 +272,34 @@ BpeModel parse_vocab_and_merges(std::string_view vocab_json_text, std::string_vi
     model.merges.push_back(
         parse_merge_line(lines[i], merges_name, "line " + std::to_string(i + 1)));
   }
-  check(!model.merges.empty(), merges_name + ": no merges found; expected lines like 'Ġ t'");
+  if (!(!model.merges.empty()))
+    throw Error(merges_name + ": no merges found; expected lines like 'Ġ t'");
   return model;
 }
 
 BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
   const json root = parse_json(text, name, "a Hugging Face tokenizer.json object");
-  check(root.is_object() && root.contains("model") && root["model"].is_object(),
-        name + ": no \"model\" object: not a Hugging Face tokenizer.json");
+  if (!(root.is_object() && root.contains("model") && root["model"].is_object()))
+    throw Error(name + ": no \"model\" object: not a Hugging Face tokenizer.json");
   const json& model_json = root["model"];
   auto string_field = [&](const json& object, const char* key) -> std::string {
     if (!object.contains(key) || object[key].is_null()) return "";
-    check(object[key].is_string(), name + ": \"" + key + "\" is not a string");
+    if (!(object[key].is_string())) throw Error(name + ": \"" + key + "\" is not a string");
     return object[key].get<std::string>();
   };
   const std::string type = string_field(model_json, "type");
-  check(type.empty() || type == "BPE",
-        name + ": model.type is " + quote(type) + "; only BPE tokenizers are supported");
-  check(!model_json.contains("byte_fallback") || !model_json["byte_fallback"].is_boolean() ||
-            !model_json["byte_fallback"].get<bool>(),
-        name +
-            ": model.byte_fallback is true (a SentencePiece-style BPE); only byte-level BPE "
-            "is supported");
-  check(string_field(model_json, "continuing_subword_prefix").empty() &&
-            string_field(model_json, "end_of_word_suffix").empty(),
-        name +
-            ": model has a continuing_subword_prefix or end_of_word_suffix; byte-level BPE has "
-            "neither");
+  if (!(type.empty() || type == "BPE"))
+    throw Error(name + ": model.type is " + quote(type) + "; only BPE tokenizers are supported");
+  if (!(!model_json.contains("byte_fallback") || !model_json["byte_fallback"].is_boolean() ||
+        !model_json["byte_fallback"].get<bool>()))
+    throw Error(name +
+                ": model.byte_fallback is true (a SentencePiece-style BPE); only byte-level BPE "
+                "is supported");
+  if (!(string_field(model_json, "continuing_subword_prefix").empty() &&
+        string_field(model_json, "end_of_word_suffix").empty()))
+    throw Error(name +
+                ": model has a continuing_subword_prefix or end_of_word_suffix; byte-level BPE has "
+                "neither");
   if (root.contains("normalizer") && !root["normalizer"].is_null()) {
     const json& normalizer = root["normalizer"];
     throw Error(name + ": normalizer " +
@@ -304,34 +312,35 @@ BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
   BpeModel model;
   model.name = name;
   // Pre-tokenizer: ByteLevel with its regex, or Split(regex) then ByteLevel without one.
-  check(root.contains("pre_tokenizer") && root["pre_tokenizer"].is_object(),
-        name + ": no pre_tokenizer; a byte-level BPE needs the ByteLevel pre-tokenizer");
+  if (!(root.contains("pre_tokenizer") && root["pre_tokenizer"].is_object()))
+    throw Error(name + ": no pre_tokenizer; a byte-level BPE needs the ByteLevel pre-tokenizer");
   auto byte_level = [&](const json& pre) {
-    check(string_field(pre, "type") == "ByteLevel",
-          name + ": pre_tokenizer " + quote(string_field(pre, "type")) +
-              " is not supported; expected ByteLevel (or Split then ByteLevel)");
-    check(!pre.contains("add_prefix_space") || !pre["add_prefix_space"].is_boolean() ||
-              !pre["add_prefix_space"].get<bool>(),
-          name + ": ByteLevel add_prefix_space is true; only false is supported");
+    if (!(string_field(pre, "type") == "ByteLevel"))
+      throw Error(name + ": pre_tokenizer " + quote(string_field(pre, "type")) +
+                  " is not supported; expected ByteLevel (or Split then ByteLevel)");
+    if (!(!pre.contains("add_prefix_space") || !pre["add_prefix_space"].is_boolean() ||
+          !pre["add_prefix_space"].get<bool>()))
+      throw Error(name + ": ByteLevel add_prefix_space is true; only false is supported");
     return !pre.contains("use_regex") || !pre["use_regex"].is_boolean() ||
            pre["use_regex"].get<bool>();
   };
   const json& pre = root["pre_tokenizer"];
   if (string_field(pre, "type") == "Sequence") {
-    check(pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
-              pre["pretokenizers"].size() == 2,
-          name + ": a Sequence pre_tokenizer is supported only as [Split, ByteLevel]");
+    if (!(pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
+          pre["pretokenizers"].size() == 2))
+      throw Error(name + ": a Sequence pre_tokenizer is supported only as [Split, ByteLevel]");
     const json& split = pre["pretokenizers"][0];
-    check(split.is_object() && string_field(split, "type") == "Split" &&
-              split.contains("pattern") && split["pattern"].is_object() &&
-              split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() &&
-              string_field(split, "behavior") == "Isolated" &&
-              !(split.contains("invert") && split["invert"] == true),
-          name +
-              ": the Sequence's first pre_tokenizer must be Split with a Regex pattern, "
-              "behavior Isolated, invert false");
-    check(pre["pretokenizers"][1].is_object() && !byte_level(pre["pretokenizers"][1]),
-          name + ": the Sequence's second pre_tokenizer must be ByteLevel with use_regex false");
+    if (!(split.is_object() && string_field(split, "type") == "Split" &&
+          split.contains("pattern") && split["pattern"].is_object() &&
+          split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() &&
+          string_field(split, "behavior") == "Isolated" &&
+          !(split.contains("invert") && split["invert"] == true)))
+      throw Error(name +
+                  ": the Sequence's first pre_tokenizer must be Split with a Regex pattern, "
+                  "behavior Isolated, invert false");
+    if (!(pre["pretokenizers"][1].is_object() && !byte_level(pre["pretokenizers"][1])))
+      throw Error(name +
+                  ": the Sequence's second pre_tokenizer must be ByteLevel with use_regex false");
     model.pattern = split["pattern"]["Regex"].get<std::string>();
   } else {
     model.pattern = byte_level(pre) ? std::string(kGpt2Pattern) : std::string(R"([\s\S]+)");
@@ -339,22 +348,23 @@ BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
 
   std::unordered_map<std::string, int32_t> specials;
   if (root.contains("added_tokens")) {
-    check(root["added_tokens"].is_array(), name + ": added_tokens is not an array");
+    if (!(root["added_tokens"].is_array())) throw Error(name + ": added_tokens is not an array");
     for (const json& added : root["added_tokens"]) {
-      check(added.is_object() && added.contains("content") && added["content"].is_string() &&
-                !added["content"].get<std::string>().empty() && added.contains("id"),
-            name + ": an entry of added_tokens lacks a non-empty \"content\" string or an \"id\"");
+      if (!(added.is_object() && added.contains("content") && added["content"].is_string() &&
+            !added["content"].get<std::string>().empty() && added.contains("id")))
+        throw Error(name +
+                    ": an entry of added_tokens lacks a non-empty \"content\" string or an \"id\"");
       const std::string content = added["content"].get<std::string>();
       const int32_t id = token_id(added["id"], content, name);
-      check(specials.emplace(content, id).second,
-            name + ": added token " + quote(content) + " is listed twice");
+      if (!(specials.emplace(content, id).second))
+        throw Error(name + ": added token " + quote(content) + " is listed twice");
       model.special_tokens.push_back({content, id});
     }
   }
-  check(model_json.contains("vocab"), name + ": model has no \"vocab\"");
+  if (!(model_json.contains("vocab"))) throw Error(name + ": model has no \"vocab\"");
   read_vocab(model_json["vocab"], name, /*specials_by_form=*/false, specials, model);
-  check(model_json.contains("merges") && model_json["merges"].is_array(),
-        name + ": model has no \"merges\" array");
+  if (!(model_json.contains("merges") && model_json["merges"].is_array()))
+    throw Error(name + ": model has no \"merges\" array");
   const json& merges = model_json["merges"];
   model.merges.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
@@ -363,14 +373,15 @@ BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
     if (merge.is_string()) {
       model.merges.push_back(parse_merge_line(merge.get<std::string>(), name, where));
     } else {
-      check(merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string(),
-            name + ": " + where + " is " + quote(merge.dump()) +
-                ", expected \"left right\" or [\"left\", \"right\"]");
+      if (!(merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()))
+        throw Error(name + ": " + where + " is " + quote(merge.dump()) +
+                    ", expected \"left right\" or [\"left\", \"right\"]");
       model.merges.push_back(
           merge_parts(merge[0].get<std::string>(), merge[1].get<std::string>(), name, where));
     }
   }
-  check(!model.merges.empty(), name + ": model.merges is empty; a BPE model needs merges");
+  if (!(!model.merges.empty()))
+    throw Error(name + ": model.merges is empty; a BPE model needs merges");
   if (model_json.contains("ignore_merges") && model_json["ignore_merges"].is_boolean())
     model.ignore_merges = model_json["ignore_merges"].get<bool>();
   return model;
@@ -384,28 +395,32 @@ BpeModel parse_tiktoken(std::string_view text, const std::string& name) {
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string_view line = lines[i];
     if (line.empty()) continue;
-    const std::string where = name + ": line " + std::to_string(i + 1) + " (" + quote(line) + ")";
+    auto where = [&] {
+      return name + ": line " + std::to_string(i + 1) + " (" + quote(line) + ")";
+    };
     const size_t space = line.find(' ');
-    check(space != std::string_view::npos && line.find(' ', space + 1) == std::string_view::npos,
-          where + " is not '<base64 token> <rank>'");
+    if (!(space != std::string_view::npos && line.find(' ', space + 1) == std::string_view::npos))
+      throw Error(where() + " is not '<base64 token> <rank>'");
     std::optional<std::string> bytes = base64_decode(line.substr(0, space));
-    check(bytes.has_value() && !bytes->empty(), where + ": the token is not valid base64");
+    if (!(bytes.has_value() && !bytes->empty()))
+      throw Error(where() + ": the token is not valid base64");
     const std::string_view rank_text = line.substr(space + 1);
     int32_t rank = -1;
     const auto [end, error] =
         std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
-    check(error == std::errc() && end == rank_text.data() + rank_text.size() && rank >= 0,
-          where + ": the rank is not an integer in [0, 2^31)");
+    if (!(error == std::errc() && end == rank_text.data() + rank_text.size() && rank >= 0))
+      throw Error(where() + ": the rank is not an integer in [0, 2^31)");
     model.tokens.push_back({std::move(*bytes), rank});
     max_rank = std::max(max_rank, rank);
   }
-  check(!model.tokens.empty(), name + ": no ranks found; expected lines '<base64 token> <rank>'");
+  if (!(!model.tokens.empty()))
+    throw Error(name + ": no ranks found; expected lines '<base64 token> <rank>'");
   const std::string stem = std::filesystem::path(name).stem().string();
   if (const KnownEncoding* known = known_encoding(stem)) {
     model.pattern = known->pattern;
     model.special_tokens = known->specials;
   } else {
-    check(max_rank < std::numeric_limits<int32_t>::max(), name + ": rank too large");
+    if (!(max_rank < std::numeric_limits<int32_t>::max())) throw Error(name + ": rank too large");
     model.special_tokens.push_back({"<|endoftext|>", max_rank + 1});
   }
   return model;
