@@ -53,7 +53,12 @@ void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in
   ensure_activation(ln2_mean_, {rows}, tr);
   ensure_activation(ln2_rstd_, {rows}, tr);
   ensure_activation(fc_, {rows, F_}, tr);
-  ensure_activation(gelu_, {rows, F_}, tr);
+  // In bf16 the GELU output exists only as mlp_proj's bf16 input (see below).
+  const bool gelu_in_bf16 = ctx.precision == k::Precision::bf16;
+  if (gelu_in_bf16)
+    gelu_.reset();
+  else
+    ensure_activation(gelu_, {rows, F_}, tr);
 
   k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
                        store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
@@ -66,8 +71,13 @@ void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in
   k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
                        store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
   c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
-  k::gelu_forward(gelu_.f32(), fc_.f32(), rows * F_);
-  mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
+  if (gelu_in_bf16) {  // GELU writes mlp_proj's bf16 input directly (no fp32 output to round again)
+    k::gelu_forward_bf16(mlp_proj_.prepare_bf16_input(ctx, rows), fc_.f32(), rows * F_);
+    mlp_proj_.forward_prepared(ctx, x_out, rows);
+  } else {
+    k::gelu_forward(gelu_.f32(), fc_.f32(), rows * F_);
+    mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
+  }
   k::add_inplace(x_out, x2_.f32(), rows * C_);
 }
 
@@ -145,6 +155,7 @@ void Gpt2Block::release_activations() {
   for (Tensor* t : {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &lse_, &x2_, &ln2_, &ln2_mean_,
                     &ln2_rstd_, &fc_, &gelu_})
     t->reset();
+  for (Linear* l : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) l->release_activations();
 }
 
 }  // namespace lattice::model

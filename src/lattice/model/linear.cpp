@@ -1,7 +1,21 @@
 // Linear layer: see linear.hpp.
 #include "lattice/model/linear.hpp"
 
+#include <string>
+
+#include "lattice/core/error.hpp"
+
 namespace lattice::model {
+
+namespace {
+
+// A bf16 tensor of exactly `shape`, tracked as activations.
+void ensure_bf16(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
+  if (tensor.shape() == shape && tensor.dtype() == DType::bf16) return;
+  tensor = Tensor(std::move(shape), DType::bf16, tracker, MemoryCategory::activations);
+}
+
+}  // namespace
 
 Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_features,
                int64_t out_features, bool bias, InitKind init)
@@ -10,16 +24,65 @@ Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_feat
   if (bias) bias_ = store.declare(prefix + ".bias", {out_features}, InitKind::zeros, false);
 }
 
-void Linear::forward(const LayerContext& ctx, float* out, const float* in, int64_t rows) const {
+void Linear::keep_bf16(const LayerContext& ctx, int64_t rows, kernels::Bf16Operands& keep) {
+  ensure_bf16(in16_, {rows, in_}, ctx.tracker);
+  keep.in = in16_.data<lattice::bf16>();
+  rounded_rows_ = rows;
+}
+
+void Linear::forward(const LayerContext& ctx, float* out, const float* in, int64_t rows) {
   const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
-  ctx.matmul.forward(out, in, store_->value(weight_), bias, rows, in_, out_, ctx.precision);
+  kernels::Bf16Operands keep;
+  rounded_from_ = nullptr;
+  prepared_ = false;
+  if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0) {
+    keep_bf16(ctx, rows, keep);
+    rounded_from_ = in;
+  }
+  ctx.matmul.forward(out, in, store_->value(weight_), bias, rows, in_, out_, ctx.precision, keep);
+}
+
+lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, int64_t rows) {
+  check(ctx.precision == kernels::Precision::bf16,
+        "Linear::prepare_bf16_input is for bf16 precision only (internal error)");
+  ensure_bf16(in16_, {rows, in_}, ctx.tracker);
+  return in16_.data<lattice::bf16>();
+}
+
+void Linear::forward_prepared(const LayerContext& ctx, float* out, int64_t rows) {
+  check(in16_.shape() == Shape{rows, in_},
+        "Linear::forward_prepared without prepare_bf16_input for " + std::to_string(rows) +
+            " rows (internal error)");
+  const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
+  kernels::Bf16Operands keep;
+  keep_bf16(ctx, rows, keep);
+  rounded_from_ = nullptr;
+  prepared_ = true;
+  // No fp32 input: the engine reads the prepared bf16 one.
+  ctx.matmul.forward(out, nullptr, store_->value(weight_), bias, rows, in_, out_, ctx.precision,
+                     keep);
 }
 
 void Linear::backward(const LayerContext& ctx, float* d_in, const float* d_out, const float* in,
-                      int64_t rows) const {
+                      int64_t rows) {
   float* d_bias = bias_ >= 0 ? store_->grad(bias_) : nullptr;
+  kernels::Bf16Operands rounded;
+  const bool kept = prepared_ || (rounded_from_ != nullptr && rounded_from_ == in);
+  if (ctx.precision == kernels::Precision::bf16 && kept && rounded_rows_ == rows) {
+    rounded.in = in16_.data<lattice::bf16>();
+  }
+  check(!prepared_ || rounded.in != nullptr,
+        "Linear::backward after forward_prepared needs bf16 precision and the same rows (internal "
+        "error)");
   ctx.matmul.backward(d_in, store_->grad(weight_), d_bias, d_out, in, store_->value(weight_), rows,
-                      in_, out_, ctx.precision);
+                      in_, out_, ctx.precision, rounded);
+}
+
+void Linear::release_activations() {
+  in16_.reset();
+  rounded_from_ = nullptr;
+  prepared_ = false;
+  rounded_rows_ = -1;
 }
 
 }  // namespace lattice::model

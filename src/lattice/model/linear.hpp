@@ -1,11 +1,14 @@
 // Linear layer y = x·Wᵀ + b over rows of tokens, with W stored [out, in] in the ParameterStore
-// under
-// "<prefix>.weight" (and "<prefix>.bias").
+// under "<prefix>.weight" (and "<prefix>.bias"). In bf16 precision it keeps the bf16 copy of its
+// input that forward rounds (activation memory: 2 bytes per input element), and its backward reuses
+// it for the weight gradient instead of rounding again. The weight is rounded again in backward:
+// keeping its copy would hold a bf16 model between forward and backward (ZeRO-3 frees weights).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "lattice/core/tensor.hpp"
 #include "lattice/model/layer_context.hpp"
 #include "lattice/model/parameter_store.hpp"
 
@@ -17,10 +20,19 @@ class Linear {
   Linear(ParameterStore& store, const std::string& prefix, int64_t in_features,
          int64_t out_features, bool bias, InitKind init);
 
-  void forward(const LayerContext& ctx, float* out, const float* in, int64_t rows) const;
-  // d_in overwritten (skipped when null); weight and bias gradients accumulate.
+  void forward(const LayerContext& ctx, float* out, const float* in, int64_t rows);
+  // bf16 precision only: a producer writes this layer's input directly in bf16 into the buffer
+  // prepare_bf16_input returns ([rows, in_features]), then forward_prepared runs the layer on it;
+  // the fp32 input never exists, and backward uses the bf16 one.
+  lattice::bf16* prepare_bf16_input(const LayerContext& ctx, int64_t rows);
+  void forward_prepared(const LayerContext& ctx, float* out, int64_t rows);
+  // d_in overwritten (skipped when null); weight and bias gradients accumulate. In bf16, when the
+  // last forward saw this same `in` (or was forward_prepared) and row count, its bf16 input is used
+  // (bit-identical); after forward_prepared, `in` is not read.
   void backward(const LayerContext& ctx, float* d_in, const float* d_out, const float* in,
-                int64_t rows) const;
+                int64_t rows);
+  // Frees the bf16 input kept from forward.
+  void release_activations();
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -29,6 +41,12 @@ class Linear {
   ParameterStore* store_ = nullptr;
   int weight_ = -1, bias_ = -1;
   int64_t in_ = 0, out_ = 0;
+  // The bf16 input of the last bf16 forward (activation memory), and what it was made from.
+  Tensor in16_;
+  const float* rounded_from_ = nullptr;
+  bool prepared_ = false;
+  int64_t rounded_rows_ = -1;
+  void keep_bf16(const LayerContext& ctx, int64_t rows, kernels::Bf16Operands& keep);
 };
 
 }  // namespace lattice::model

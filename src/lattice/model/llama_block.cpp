@@ -163,6 +163,8 @@ void LlamaBlock::release_activations() {
   for (Tensor* t :
        {&n1_, &rstd1_, &q_, &k_, &v_, &att_, &lse_, &x2_, &n2_, &rstd2_, &gate_, &up_, &h_})
     t->reset();
+  for (Linear* l : {&q_proj_, &k_proj_, &v_proj_, &o_proj_, &gate_proj_, &up_proj_, &down_proj_})
+    l->release_activations();
 }
 
 }  // namespace lattice::model

@@ -17,6 +17,12 @@ namespace lattice::model {
 namespace k = lattice::kernels;
 
 namespace {
+// A bf16 activation of exactly `shape` (bf16 GEMM operands kept between forward and backward).
+void ensure_bf16_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
+  if (tensor.shape() == shape && tensor.dtype() == DType::bf16) return;
+  tensor = Tensor(std::move(shape), DType::bf16, tracker, MemoryCategory::activations);
+}
+
 // Hook calls for unit `unit` (no-ops without hooks or for a unit this stage lacks).
 void hook_before_forward(const LayerContext& ctx, int unit) {
   if (ctx.hooks && unit >= 0) ctx.hooks->before_forward(unit);
@@ -160,8 +166,15 @@ float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
   double loss_sum;
   if (loss_scale != 0.0f) {
     const float grad_scale = loss_scale / static_cast<float>(counted);
-    loss_sum = k::cross_entropy_forward_backward(logits_.f32(), logits_.f32(), targets, rows, V,
-                                                 grad_scale);
+    logits_grad_bf16_ = ctx.precision == k::Precision::bf16;
+    if (logits_grad_bf16_) {  // the head's bf16 backward GEMMs read the gradient rounded
+      ensure_bf16_activation(d_logits16_, {rows, V}, tracker_);
+      loss_sum = k::cross_entropy_forward_backward_bf16(
+          d_logits16_.data<lattice::bf16>(), logits_.f32(), targets, rows, V, grad_scale);
+    } else {
+      loss_sum = k::cross_entropy_forward_backward(logits_.f32(), logits_.f32(), targets, rows, V,
+                                                   grad_scale);
+    }
     gradient_ready_ = true;
   } else {
     loss_sum = k::cross_entropy_forward(logits_.f32(), targets, rows, V);
@@ -185,8 +198,13 @@ void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
     k::rmsnorm_forward(normed_.f32(), norm_rstd_.f32(), x, params_.value(final_norm_weight_), rows,
                        C, config_.norm_eps);
   }
+  k::Bf16Operands keep;  // bf16: the rounded normed_ is kept for the weight gradient
+  if (ctx.precision == k::Precision::bf16) {
+    ensure_bf16_activation(normed16_, {rows, C}, tracker_);
+    keep.in = normed16_.data<lattice::bf16>();
+  }
   ctx.matmul.forward(logits_.f32(), normed_.f32(), params_.value(head_weight_), nullptr, rows, C, V,
-                     ctx.precision);
+                     ctx.precision, keep);
   hook_after_forward(ctx, head_unit_);
 }
 
@@ -194,8 +212,16 @@ void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
   const int64_t C = config_.d_model, V = config_.vocab_size;
   hook_before_backward(ctx, head_unit_);
   ensure_activation(d_normed_, {rows, C}, tracker_);
-  ctx.matmul.backward(d_normed_.f32(), params_.grad(head_weight_), nullptr, logits_.f32(),
-                      normed_.f32(), params_.value(head_weight_), rows, C, V, ctx.precision);
+  k::Bf16Operands rounded;  // bf16: the gradient and input rounded in forward_stage / head_forward
+  const float* d_logits = logits_.f32();
+  if (ctx.precision == k::Precision::bf16 && logits_grad_bf16_ &&
+      normed16_.shape() == Shape{rows, C}) {
+    rounded.d_out = d_logits16_.data<lattice::bf16>();
+    rounded.in = normed16_.data<lattice::bf16>();
+    d_logits = nullptr;
+  }
+  ctx.matmul.backward(d_normed_.f32(), params_.grad(head_weight_), nullptr, d_logits, normed_.f32(),
+                      params_.value(head_weight_), rows, C, V, ctx.precision, rounded);
   const float* x = residual_.back().f32();
   if (config_.family == Family::gpt2) {
     k::layernorm_backward(d_residual_.f32(), params_.grad(final_norm_weight_),
@@ -268,7 +294,8 @@ const float* Transformer::d_hidden_in() const {
 void Transformer::release_activations() {
   for (auto& b : blocks_) b->release_activations();
   residual_.clear();
-  for (Tensor* t : {&normed_, &norm_mean_, &norm_rstd_, &logits_, &d_residual_, &d_normed_})
+  for (Tensor* t : {&normed_, &norm_mean_, &norm_rstd_, &logits_, &d_residual_, &d_normed_,
+                    &normed16_, &d_logits16_})
     t->reset();
 }
 

@@ -112,6 +112,9 @@ class Transformer {
   int64_t B_ = 0, T_ = 0;
   std::vector<Tensor> residual_;  // residual_[i] is the input of block i; the last is the output
   Tensor normed_, norm_mean_, norm_rstd_, logits_, d_residual_, d_normed_;
+  // bf16 precision: the head's input and the logits' gradient, rounded once for its GEMMs.
+  Tensor normed16_, d_logits16_;
+  bool logits_grad_bf16_ = false;
   Tensor tokens_;  // copy of the last forward's tokens (embedding backward needs them)
   bool gradient_ready_ = false;
   BackwardScratch scratch_;

@@ -3,6 +3,9 @@
 // 1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u)); exp comes from fast_exp so the loops vectorise.
 #include "lattice/kernels/cpu/activations.hpp"
 
+#include <algorithm>
+
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/fast_exp.hpp"
 
 namespace lattice::kernels {
@@ -13,15 +16,34 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi), PyTorch's 
 constexpr float kGeluCubic = 0.044715f;              // PyTorch's kKappa
 constexpr int64_t kParallelThreshold = 32768;        // below this, threads cost more than they save
 
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+// The one definition both GELU forwards use, so their fp32 values agree bit for bit.
+inline float gelu_value(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  return x / (1.0f + fast_exp(-2.0f * u));
+}
+
+// Elements per block of the bf16 forward: the fp32 values of a block stay in L1 before rounding.
+constexpr int64_t kBf16Block = 1024;
+
 }  // namespace
 
 void gelu_forward(float* out, const float* in, int64_t n) {
 #pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = in[i];
-    const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-    // 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + e^(-2u)).
-    out[i] = x / (1.0f + fast_exp(-2.0f * u));
+  for (int64_t i = 0; i < n; ++i) out[i] = gelu_value(in[i]);
+}
+
+void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n) {
+  const int64_t blocks = (n + kBf16Block - 1) / kBf16Block;
+#pragma omp parallel for schedule(static) if (n > kParallelThreshold)
+  for (int64_t b = 0; b < blocks; ++b) {
+    alignas(64) float values[kBf16Block];
+    const int64_t begin = b * kBf16Block;
+    const int64_t count = std::min(kBf16Block, n - begin);
+    const float* x = in + begin;
+#pragma omp simd simdlen(16)
+    for (int64_t i = 0; i < count; ++i) values[i] = gelu_value(x[i]);
+    convert_to_bf16_on_this_thread(out + begin, values, count);
   }
 }
 

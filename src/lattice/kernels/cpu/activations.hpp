@@ -4,10 +4,16 @@
 
 #include <cstdint>
 
+#include "lattice/core/dtype.hpp"
+
 namespace lattice::kernels {
 
 void gelu_forward(float* out, const float* in, int64_t n);
-void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n);  // d_in overwritten
+// gelu_forward with its output rounded to bf16 (bit for bit lattice::to_bf16 of gelu_forward's),
+// for a bf16 GEMM that reads it: no fp32 output is written or read back.
+void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n);
+void gelu_backward(float* d_in, const float* d_out, const float* in,
+                   int64_t n);  // d_in overwritten
 
 // out = silu(gate) * up, silu(x) = x * sigmoid(x).
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);

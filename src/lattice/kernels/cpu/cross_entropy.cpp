@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/fast_exp.hpp"
 
 namespace lattice::kernels {
@@ -107,6 +108,39 @@ double cross_entropy_forward_backward(float* d_logits, const float* logits, cons
 #pragma omp simd simdlen(16)
     for (int64_t v = 0; v < V; ++v) g[v] *= scale;
     g[target] -= grad_scale;
+  }
+  return sum_in_row_order(row_losses);
+}
+
+double cross_entropy_forward_backward_bf16(lattice::bf16* d_logits, const float* logits,
+                                           const int32_t* targets, int64_t rows, int64_t V,
+                                           float grad_scale) {
+  check_arguments("cross_entropy_forward_backward_bf16", targets, rows, V);
+  std::vector<double> row_losses(static_cast<size_t>(rows), 0.0);
+#pragma omp parallel
+  {
+    // The fp32 gradient row is formed in a per-thread row that stays in cache, with the operations
+    // of cross_entropy_forward_backward, then rounded: the logits are read once, never written.
+    std::vector<float> g(static_cast<size_t>(V));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t target = targets[r];
+      lattice::bf16* d = d_logits + r * V;
+      if (target < 0) {
+        std::fill(d, d + V, lattice::bf16{0});
+        continue;
+      }
+      const float* x = logits + r * V;
+      const float max = row_max(x, V);
+      const double total = sum_exp(g.data(), x, max, V);
+      row_losses[r] = static_cast<double>(max) + std::log(total) - static_cast<double>(x[target]);
+      const float scale = static_cast<float>(static_cast<double>(grad_scale) / total);
+      float* gr = g.data();
+#pragma omp simd simdlen(16)
+      for (int64_t v = 0; v < V; ++v) gr[v] *= scale;
+      gr[target] -= grad_scale;
+      convert_to_bf16_on_this_thread(d, gr, V);
+    }
   }
   return sum_in_row_order(row_losses);
 }

@@ -176,6 +176,14 @@ struct MatmulEngine::Impl {
     return dst;
   }
 
+  // `src` [rows, cols] rounded to bf16 into `keep` when given (caller-owned), else into `slot`;
+  // with `keep` and no `src`, `keep` already holds the rounded values.
+  bf16* rounded_copy(bf16* keep, int slot, const float* src, int64_t rows, int64_t cols) {
+    if (keep == nullptr) return to_bf16_buffer(slot, src, rows, cols, cols);
+    if (src != nullptr) convert_to_bf16(keep, src, rows * cols);
+    return keep;
+  }
+
   CachedGemm& primitive_for(const GemmShape& s) {
     auto found = cache.find(s);
     if (found != cache.end()) return found->second;
@@ -258,7 +266,8 @@ int64_t MatmulEngine::scratch_bytes() const {
 }
 
 void MatmulEngine::forward(float* out, const float* in, const float* weight, const float* bias,
-                           int64_t M, int64_t K, int64_t N, Precision precision) {
+                           int64_t M, int64_t K, int64_t N, Precision precision,
+                           const Bf16Operands& keep) {
   check_dims("forward", M, K, N);
   if (M == 0 || N == 0) return;
   if (K == 0) {
@@ -280,14 +289,14 @@ void MatmulEngine::forward(float* out, const float* in, const float* weight, con
   s.b_stride_k = 1, s.b_stride_n = K;  // weight[N,K] read as its transpose [K,N]
   s.ldc = N;
   s.has_bias = bias != nullptr;
-  const lattice::bf16* in16 = impl_->to_bf16_buffer(0, in, M, K, K);
-  const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);
+  const lattice::bf16* in16 = impl_->rounded_copy(keep.in, 0, in, M, K);
+  const lattice::bf16* weight16 = impl_->rounded_copy(keep.weight, 1, weight, N, K);
   impl_->run(s, in16, weight16, bias, out);
 }
 
 void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const float* d_out,
                             const float* in, const float* weight, int64_t M, int64_t K, int64_t N,
-                            Precision precision) {
+                            Precision precision, const Bf16Operands& rounded) {
   check_dims("backward", M, K, N);
   const bool want_d_in = d_in != nullptr && M > 0 && K > 0;
   const bool want_d_weight = d_weight != nullptr && M > 0 && N > 0 && K > 0;
@@ -306,9 +315,11 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     if (want_d_weight) sgemm(true, false, N, K, M, 1.0f, d_out, N, in, K, 1.0f, d_weight, K);
     return;
   }
-  // bf16: d_out is rounded once and read in both layouts.
-  const lattice::bf16* d_out16 = nullptr;
-  if (fuse_bias) {
+  // bf16: d_out is rounded once (or was, by the caller) and read in both layouts.
+  const lattice::bf16* d_out16 = rounded.d_out;
+  if (d_out16 != nullptr) {
+    if (fuse_bias) accumulate_column_sums(d_bias, d_out, M, N);
+  } else if (fuse_bias) {
     auto* buffer = static_cast<lattice::bf16*>(
         impl_->bf16_operands[0].reserve(static_cast<size_t>(M * N) * sizeof(lattice::bf16)));
     accumulate_column_sums(d_bias, d_out, M, N, buffer);
@@ -321,7 +332,9 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     s.a_stride_m = N, s.a_stride_k = 1;
     s.b_stride_k = K, s.b_stride_n = 1;
     s.ldc = K;
-    impl_->run(s, d_out16, impl_->to_bf16_buffer(1, weight, N, K, K), nullptr, d_in);
+    const lattice::bf16* weight16 =
+        rounded.weight ? rounded.weight : impl_->to_bf16_buffer(1, weight, N, K, K);
+    impl_->run(s, d_out16, weight16, nullptr, d_in);
   }
   if (want_d_weight) {  // d_weight[N,K] += d_out^T[N,M] · in[M,K]: d_out^T is a strided view
     GemmShape s = Impl::shape(N, K, M, /*use_bf16=*/true);
@@ -329,7 +342,8 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     s.b_stride_k = K, s.b_stride_n = 1;
     s.ldc = K;
     s.beta_bits = std::bit_cast<uint32_t>(1.0f);
-    impl_->run(s, d_out16, impl_->to_bf16_buffer(2, in, M, K, K), nullptr, d_weight);
+    const lattice::bf16* in16 = rounded.in ? rounded.in : impl_->to_bf16_buffer(2, in, M, K, K);
+    impl_->run(s, d_out16, in16, nullptr, d_weight);
   }
 }
 

@@ -5,9 +5,22 @@
 #include <cstdint>
 #include <memory>
 
+#include "lattice/core/dtype.hpp"
 #include "lattice/kernels/cpu/precision.hpp"
 
 namespace lattice::kernels {
+
+// Caller-owned bf16 copies of a Linear's GEMM operands (bf16 precision only; ignored in fp32), so
+// that what forward rounded is not rounded again in backward. In forward, non-null `in` / `weight`
+// receive in[M,K] / weight[N,K] rounded to bf16 and the GEMM reads them; when forward's fp32 `in`
+// is null, `in` must already hold the rounded input (e.g. written by gelu_forward_bf16). In
+// backward, non-null pointers hold those copies (or d_out[M,N] rounded, e.g. by the cross-entropy)
+// and are used instead of rounding the fp32 operand; results are bit-identical either way.
+struct Bf16Operands {
+  lattice::bf16* in = nullptr;
+  lattice::bf16* weight = nullptr;
+  const lattice::bf16* d_out = nullptr;  // backward only
+};
 
 class MatmulEngine {
  public:
@@ -18,14 +31,17 @@ class MatmulEngine {
 
   // out[M,N] = in[M,K] · weight[N,K]^T (+ bias[N] when bias is not null). out is overwritten.
   void forward(float* out, const float* in, const float* weight, const float* bias, int64_t M,
-               int64_t K, int64_t N, Precision precision);
+               int64_t K, int64_t N, Precision precision, const Bf16Operands& keep = {});
 
   // Given d_out[M,N]:
   //   d_in[M,K]      = d_out · weight          (overwritten; skipped when d_in is null)
   //   d_weight[N,K] += d_out^T · in            (accumulated; skipped when null)
   //   d_bias[N]     += sum over rows of d_out  (accumulated; skipped when null)
+  // With `rounded` (bf16 only) the given bf16 operands replace rounding in / weight / d_out; d_out
+  // may then be null unless d_bias is wanted, `in` / `weight` null when their copy is given.
   void backward(float* d_in, float* d_weight, float* d_bias, const float* d_out, const float* in,
-                const float* weight, int64_t M, int64_t K, int64_t N, Precision precision);
+                const float* weight, int64_t M, int64_t K, int64_t N, Precision precision,
+                const Bf16Operands& rounded = {});
 
   // General row-major GEMM: C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when the flag
   // is set. A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K] transposed), leading dimensions

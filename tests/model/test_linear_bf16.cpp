@@ -1,0 +1,109 @@
+// Tests of the Linear layer's bf16 input reuse: a bf16 forward keeps its rounded input and the
+// backward that follows uses it (and forward_prepared, whose input was written directly in bf16 by
+// gelu_forward_bf16), with results bit-identical to the MatmulEngine rounding every operand itself;
+// the kept bytes are tracked as activations and freed by release_activations.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "lattice/core/error.hpp"
+#include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/activations.hpp"
+#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/model/linear.hpp"
+#include "lattice/model/parameter_store.hpp"
+
+using namespace lattice;
+using namespace lattice::model;
+
+namespace {
+
+std::vector<float> random_values(int64_t n, uint64_t seed, float scale) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = scale * (2.0f * rng.uniform() - 1.0f);
+  return v;
+}
+
+struct Gradients {
+  std::vector<float> d_in, d_weight, d_bias;
+};
+
+}  // namespace
+
+TEST(LinearBf16, KeptAndPreparedInputsGiveTheEngineResultsBitForBit) {
+  const int64_t rows = 67, in = 96, out = 40;
+  ParameterStore store;
+  Linear layer(store, "fc", in, out, true, InitKind::normal);
+  MemoryTracker tracker;
+  store.allocate(nullptr);
+  store.initialize(1, 0.5f, 1);
+  kernels::MatmulEngine engine;
+  const LayerContext ctx{engine, kernels::Precision::bf16, &tracker};
+  const auto pre_activation = random_values(rows * in, 2, 3.0f);
+  std::vector<float> x(pre_activation.size());
+  kernels::gelu_forward(x.data(), pre_activation.data(), rows * in);
+  const auto d_out = random_values(rows * out, 3, 1.0f);
+  const float* weight = store.value(store.index_of("fc.weight"));
+  const float* bias = store.value(store.index_of("fc.bias"));
+
+  // Reference: the engine rounding x, the weight and d_out itself.
+  std::vector<float> ref_out(static_cast<size_t>(rows * out));
+  Gradients ref{std::vector<float>(x.size()), std::vector<float>(static_cast<size_t>(out * in)),
+                std::vector<float>(static_cast<size_t>(out))};
+  kernels::MatmulEngine reference_engine;
+  reference_engine.forward(ref_out.data(), x.data(), weight, bias, rows, in, out,
+                           kernels::Precision::bf16);
+  reference_engine.backward(ref.d_in.data(), ref.d_weight.data(), ref.d_bias.data(), d_out.data(),
+                            x.data(), weight, rows, in, out, kernels::Precision::bf16);
+
+  // 1. forward on the fp32 input, backward on the same input: uses the kept copy.
+  std::vector<float> y(ref_out.size());
+  layer.forward(ctx, y.data(), x.data(), rows);
+  EXPECT_EQ(tracker.current(MemoryCategory::activations), rows * in * 2);
+  EXPECT_EQ(y, ref_out);
+  store.zero_grads();
+  std::vector<float> d_in(x.size());
+  layer.backward(ctx, d_in.data(), d_out.data(), x.data(), rows);
+  EXPECT_EQ(d_in, ref.d_in);
+  EXPECT_EQ(std::vector<float>(store.grad(store.index_of("fc.weight")),
+                               store.grad(store.index_of("fc.weight")) + out * in),
+            ref.d_weight);
+
+  // 2. the input written directly in bf16 by the fused GELU; backward is given no fp32 input.
+  kernels::gelu_forward_bf16(layer.prepare_bf16_input(ctx, rows), pre_activation.data(), rows * in);
+  std::fill(y.begin(), y.end(), 0.0f);
+  layer.forward_prepared(ctx, y.data(), rows);
+  EXPECT_EQ(y, ref_out);
+  store.zero_grads();
+  layer.backward(ctx, d_in.data(), d_out.data(), nullptr, rows);
+  EXPECT_EQ(d_in, ref.d_in);
+  EXPECT_EQ(std::vector<float>(store.grad(store.index_of("fc.bias")),
+                               store.grad(store.index_of("fc.bias")) + out),
+            ref.d_bias);
+  // A backward over other rows cannot use the prepared input and has no fp32 one: refused.
+  EXPECT_THROW(layer.backward(ctx, d_in.data(), d_out.data(), nullptr, rows - 1), Error);
+
+  layer.release_activations();
+  EXPECT_EQ(tracker.current(MemoryCategory::activations), 0);
+}
+
+TEST(LinearBf16, ABackwardOnAnotherInputRoundsThatInput) {
+  // The kept copy belongs to the forward's input; a backward given another buffer must not use it.
+  const int64_t rows = 9, in = 16, out = 8;
+  ParameterStore store;
+  Linear layer(store, "fc", in, out, false, InitKind::normal);
+  store.allocate(nullptr);
+  store.initialize(4, 0.5f, 1);
+  kernels::MatmulEngine engine;
+  const LayerContext ctx{engine, kernels::Precision::bf16, nullptr};
+  const auto a = random_values(rows * in, 5, 1.0f), b = random_values(rows * in, 6, 1.0f);
+  const auto d_out = random_values(rows * out, 7, 1.0f);
+  std::vector<float> y(static_cast<size_t>(rows * out)), ref_dw(static_cast<size_t>(out * in));
+  layer.forward(ctx, y.data(), a.data(), rows);
+  layer.backward(ctx, nullptr, d_out.data(), b.data(), rows);
+  kernels::MatmulEngine reference_engine;
+  reference_engine.backward(nullptr, ref_dw.data(), nullptr, d_out.data(), b.data(), store.value(0),
+                            rows, in, out, kernels::Precision::bf16);
+  EXPECT_EQ(std::vector<float>(store.grad(0), store.grad(0) + out * in), ref_dw);
+}
