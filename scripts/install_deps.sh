@@ -12,13 +12,14 @@ packages=(
   libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)
   python3-pip   # installs tiktoken (PyPI) below
 )
-# tiktoken (PyPI; Debian has no package) for the tokenizer's reference data and `bench tokenizer` peer.
+# tiktoken and tokenizers (PyPI; Debian has neither) for the tokenizer's reference data and checks
+# and the `bench tokenizer` peer.
 install_python_peers() {
-  /usr/bin/python3 -c 'import tiktoken' 2>/dev/null && return 0
-  echo "install_deps: installing tiktoken for /usr/bin/python3 (PyPI)"
+  /usr/bin/python3 -c 'import tiktoken, tokenizers' 2>/dev/null && return 0
+  echo "install_deps: installing tiktoken, tokenizers for /usr/bin/python3 (PyPI)"
   /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    --break-system-packages tiktoken \
-    || echo "install_deps: warning: tiktoken not installed; 'lattice bench tokenizer' runs without its peer"
+    --break-system-packages tiktoken tokenizers \
+    || echo "install_deps: warning: tiktoken/tokenizers not installed; tokenizer peer checks are skipped"
 }
 missing=()
 for p in "${packages[@]}"; do

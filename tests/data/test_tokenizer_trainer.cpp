@@ -2,6 +2,10 @@
 // saved files (every format) that load back to the same encodings.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
 #include "lattice/core/error.hpp"
 #include "lattice/data/bpe_trainer.hpp"
 #include "lattice/data/tokenizer.hpp"
@@ -115,6 +119,49 @@ TEST(TokenizerTrainer, Errors) {
   const BpeTokenizer tok(trainer.train());
   EXPECT_LT(tok.vocab_size(), 1000);
   EXPECT_EQ(tok.decode(tok.encode("aaaa")), "aaaa");
+}
+
+}  // namespace
+}  // namespace lattice::data
+
+namespace lattice::data {
+namespace {
+
+// Runs tests/reference/encode_with_peers.py (tiktoken, Hugging Face tokenizers) on files the
+// trainer wrote; both must encode as Lattice does.
+TEST(TokenizerTrainer, ReadByTiktokenAndHuggingFace) {
+  const std::string script =
+      std::string(LATTICE_SOURCE_DIR) + "/tests/reference/encode_with_peers.py";
+  if (std::system("/usr/bin/python3 -c 'import tiktoken, tokenizers' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "/usr/bin/python3 lacks tiktoken or tokenizers (scripts/install_deps.sh "
+                    "installs them from PyPI)";
+  testing::TempDir dir;
+  BpeTrainerOptions options;
+  options.vocab_size = 800;
+  BpeTrainer trainer(options);
+  trainer.add_text(training_text());
+  const BpeModel model = trainer.train();
+  const BpeTokenizer tok(model);
+  write_tokenizer_json(model, dir / "tokenizer.json");
+  write_tiktoken(model, dir / "trained.tiktoken");
+  const std::vector<std::string> texts = {
+      training_text().substr(0, 3000), "Unseen words: zebra, quixotic; naïve café 😀 日本語",
+      "   spaces\t\ttabs\n\n\nnewlines  ", "numbers 1234567 3.14 and 'quotes' they're"};
+  testing::write_text(dir / "texts.json", nlohmann::json(texts).dump());
+  const std::string command = "/usr/bin/python3 '" + script + "' --dir '" + dir.path().string() +
+                              "' --texts '" + (dir / "texts.json").string() + "'";
+  std::string output;
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    char buffer[4096];
+    while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+    ASSERT_EQ(pclose(pipe), 0) << output;
+  }
+  const auto peers = nlohmann::json::parse(output);
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ours = tok.encode(texts[i]);
+    EXPECT_EQ(peers["tiktoken"][i].get<std::vector<int32_t>>(), ours) << "tiktoken, text " << i;
+    EXPECT_EQ(peers["hf"][i].get<std::vector<int32_t>>(), ours) << "tokenizers, text " << i;
+  }
 }
 
 }  // namespace

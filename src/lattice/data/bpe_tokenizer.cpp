@@ -322,7 +322,8 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
   if (!model_.merges.empty()) {
     t.merges.reserve(model_.merges.size());
     for (size_t rank = 0; rank < model_.merges.size(); ++rank) {
-      const auto& [left, right] = model_.merges[rank];
+      const std::string& left = model_.merges[rank].first;
+      const std::string& right = model_.merges[rank].second;
       const int32_t left_id = all_tokens.find(left);
       const int32_t right_id = all_tokens.find(right);
       const std::string joined = left + right;
