@@ -55,7 +55,17 @@ TEST(BucketLayout, TilesTheBufferInBackwardOrderAtUnitBoundaries) {
     for (size_t i = 0; i < one.buckets().size(); ++i)
       EXPECT_EQ(one.buckets()[i].begin, layout.buckets()[i].begin);
   }
-  EXPECT_TRUE(BucketLayout(units, 10000, 2).buckets().front().outer);  // the head comes first
+  // The head comes first and the embedding last, each alone in its bucket however large buckets
+  // are.
+  const BucketLayout large(units, int64_t{1} << 30, 2);
+  ASSERT_EQ(large.buckets().size(), 3u);
+  EXPECT_TRUE(large.buckets().front().outer);
+  EXPECT_EQ(large.buckets().front().first_unit, 5);
+  EXPECT_FALSE(large.buckets()[1].outer);
+  EXPECT_EQ(large.buckets()[1].first_unit, 1);
+  EXPECT_EQ(large.buckets()[1].last_unit, 4);
+  EXPECT_TRUE(large.buckets().back().outer);
+  EXPECT_EQ(large.buckets().back().last_unit, 0);
 }
 
 TEST(BucketLayout, InvalidSizesAreRefused) {

@@ -28,7 +28,10 @@ BucketLayout::BucketLayout(const std::vector<model::ParameterUnit>& units, int64
   int last = static_cast<int>(units.size()) - 1;
   for (int u = last; u >= 0; --u) {
     const int64_t size = units[static_cast<size_t>(last)].end - units[static_cast<size_t>(u)].begin;
-    if (size < bucket_elements && u > 0) continue;
+    // The embedding and head (outer units, kept whole by ZeRO-3) never share a bucket with blocks.
+    const bool boundary =
+        u == 0 || units[static_cast<size_t>(u - 1)].outer != units[static_cast<size_t>(u)].outer;
+    if (size < bucket_elements && !boundary) continue;
     Bucket b;
     b.first_unit = u;
     b.last_unit = last;

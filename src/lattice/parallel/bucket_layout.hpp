@@ -1,6 +1,7 @@
 // BucketLayout: how data parallelism cuts the flat gradient (and parameter) buffer. Buckets are
 // runs of whole parameter units (embedding, blocks, head) taken in backward order until a bucket
-// holds at least `bucket_elements`; each bucket is padded so that it splits into `ranks` equal
+// holds at least `bucket_elements` (the embedding and the head, which ZeRO-3 keeps whole, always
+// get buckets of their own); each bucket is padded so that it splits into `ranks` equal
 // shards of a multiple of kNormChunk elements, and rank r owns shard r of every bucket. Plain DP
 // and ZeRO-1/2/3 use this one layout, so their reductions run the same collectives on the same
 // data and agree bit for bit. Bucket boundaries do not depend on the rank count, so neither does

@@ -23,20 +23,27 @@ namespace lattice::train {
 
 namespace fs = std::filesystem;
 
-Trainer::Trainer(TrainConfig config, comm::Communicator* dp_group) : config_(std::move(config)) {
-  if (!dp_group) {
+Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::move(config)) {
+  if (!world) {
     check(config_.dp == 1, "parallelism.dp = " + std::to_string(config_.dp) +
                                " needs its ranks: run through train_on_ranks (lattice train)");
     if (config_.threads > 0) omp_set_num_threads(static_cast<int>(config_.threads));
     own_world_ = std::make_unique<comm::LocalWorld>(1);
     own_group_ = own_world_->take(0);
-    dp_group = own_group_.get();
+    world = own_group_.get();
   }
-  group_ = dp_group;
-  check(group_->size() == config_.dp,
-        "parallelism.dp = " + std::to_string(config_.dp) + " but the data-parallel group has " +
-            std::to_string(group_->size()) + " ranks: set parallelism.dp to " +
-            std::to_string(group_->size()) + " (or -1 under a launcher)");
+  check(world->size() == config_.dp,
+        "parallelism.dp = " + std::to_string(config_.dp) + " but this run has " +
+            std::to_string(world->size()) + " ranks: set parallelism.dp to " +
+            std::to_string(world->size()) + " (or -1 under a launcher)");
+  mesh::MeshShape shape;
+  shape.pp = static_cast<int>(config_.pp);
+  shape.dp = static_cast<int>(config_.dp);
+  shape.cp = static_cast<int>(config_.cp);
+  shape.tp = static_cast<int>(config_.tp);
+  shape.ep = static_cast<int>(config_.ep);
+  mesh_ = std::make_unique<mesh::Mesh>(*world, shape);
+  group_ = &mesh_->dp_cp();
   printing_ = group_->rank() == 0;
   // Fault injection for the fault-tolerance tests: this rank dies (SIGKILL) after the given step.
   if (const char* rank = std::getenv("LATTICE_FAULT_KILL_RANK"))

@@ -15,6 +15,7 @@
 #include "lattice/comm/communicator.hpp"
 #include "lattice/core/memory.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/mesh/mesh.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
 #include "lattice/train/batch_source.hpp"
@@ -40,9 +41,10 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // `dp_group`: the data-parallel group this rank belongs to (its size must be config.dp); null
-  // runs one rank on a private one-rank group.
-  explicit Trainer(TrainConfig config, comm::Communicator* dp_group = nullptr);
+  // `world`: every rank of this run; the trainer lays them out in a mesh::Mesh from
+  // [parallelism] and trains data-parallel over its dp x cp group. Null runs one rank on a private
+  // one-rank world.
+  explicit Trainer(TrainConfig config, comm::Communicator* world = nullptr);
   ~Trainer();
   // Runs steps until training.steps; rank 0 prints the metric lines and writes JSONL and
   // checkpoints. Collective over the data-parallel group.
@@ -64,8 +66,9 @@ class Trainer {
   MemoryTracker tracker_;
   std::unique_ptr<comm::LocalWorld> own_world_;
   std::unique_ptr<comm::Communicator> own_group_;
-  comm::Communicator* group_ = nullptr;
-  bool printing_ = true;  // rank 0
+  std::unique_ptr<mesh::Mesh> mesh_;
+  comm::Communicator* group_ = nullptr;  // the data-parallel group (mesh dp x cp)
+  bool printing_ = true;                 // rank 0
   std::unique_ptr<kernels::MatmulEngine> matmul_;
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<model::Transformer> model_;
