@@ -5,8 +5,10 @@
 // files.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "lattice/core/error.hpp"
@@ -497,4 +500,56 @@ TEST(OffloadedAdamWState, ResidentMemoryDoesNotGrowByTheOffloadedMoments) {
   // Chunk buffers are 4 x 512 KiB; allow for allocator caching, far below the 64 MiB of moments.
   EXPECT_LT(growth, 16 << 20) << "resident memory grew by " << growth << " bytes";
   EXPECT_NE(params[0], 1.0f);
+}
+
+TEST(OffloadedAdamWState, AProcessKilledMidStepLeavesACompleteCommittedState) {
+  TempDir dir;
+  // Small chunks (no OpenMP region in the child) and many steps, so the kill lands mid-run.
+  const int64_t n = 50'000;
+  const int steps = 400;
+  std::vector<float> grads(n);
+  fill_grads(grads.data(), n, 3);
+  // Reference moments after every step, in memory.
+  std::vector<std::vector<float>> ref_m{std::vector<float>(n, 0.0f)}, ref_v = ref_m;
+  {
+    std::vector<float> p(n, 1.0f), m(n, 0.0f), v(n, 0.0f);
+    for (int step = 1; step <= steps; ++step) {
+      kernels::adamw_update(p.data(), grads.data(), m.data(), v.data(), n, {}, step);
+      ref_m.push_back(m);
+      ref_v.push_back(v);
+    }
+  }
+  OffloadSettings settings{dir.sub("s"), 4096, 2, false};
+  settings.durable = false;  // a killed process (not a power cut) keeps the page cache
+  for (int delay_ms : {20, 55, 90}) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {  // the child trains until it is killed
+      try {
+        OffloadedAdamWState state(settings, n, nullptr);
+        std::vector<float> p(n, 1.0f);
+        for (int step = 1; step <= steps; ++step) state.step(p.data(), grads.data(), {}, {}, step);
+      } catch (...) {
+        ::_exit(2);
+      }
+      ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    OffloadSettings resume = settings;
+    resume.resume = true;
+    OffloadedAdamWState state(resume, n, nullptr);
+    const int64_t committed = state.last_step();
+    ASSERT_GE(committed, 0);
+    ASSERT_LE(committed, steps);
+    std::vector<float> m(n), v(n);
+    state.read_moments(0, n, m.data(), v.data());
+    EXPECT_TRUE(bits_equal(ref_m[static_cast<size_t>(committed)].data(), m.data(), n))
+        << "killed after " << delay_ms << " ms at step " << committed;
+    EXPECT_TRUE(bits_equal(ref_v[static_cast<size_t>(committed)].data(), v.data(), n));
+    std::printf("killed after %d ms: %s, committed step %ld\n", delay_ms,
+                WIFSIGNALED(status) ? "mid-run" : "after finishing", static_cast<long>(committed));
+  }
 }
