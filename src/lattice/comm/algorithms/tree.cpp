@@ -315,9 +315,12 @@ void tree_allreduce(Transport& transport, const void* in, void* out, int64_t cou
     if (in != out) copy_bytes(out, in, static_cast<size_t>(count) * element);
     return;
   }
-  const int64_t half[2] = {(count + 1) / 2, count / 2};
-  const int64_t offset[2] = {0, half[0]};
   const int64_t step = chunk_elements(chunk_bytes, dtype);
+  // Below two chunks there is nothing to pipeline and the time is latency: tree 0 alone carries
+  // the buffer (half the messages of splitting it).
+  const bool split = count >= 2 * step;
+  const int64_t half[2] = {split ? (count + 1) / 2 : count, split ? count / 2 : 0};
+  const int64_t offset[2] = {0, half[0]};
   const int64_t chunks[2] = {(half[0] + step - 1) / step, (half[1] + step - 1) / step};
   const bool is_leaf[2] = {double_tree_node(n, me, 0).child_count == 0,
                            double_tree_node(n, me, 1).child_count == 0};

@@ -21,7 +21,8 @@ void tree_reduce(Transport& transport, const void* in, void* out, int64_t count,
 void tree_broadcast(Transport& transport, void* buffer, int64_t count, DType dtype, int root,
                     int64_t chunk_bytes);
 // Double-binary-tree allreduce: elements [0, (count+1)/2) go through tree 0, the rest through
-// tree 1, in chunks of chunk_bytes; reduction and broadcast of different chunks overlap.
+// tree 1, in chunks of chunk_bytes; reduction and broadcast of different chunks overlap. A buffer
+// of less than two chunks goes through tree 0 alone (latency-bound: half the messages).
 void tree_allreduce(Transport& transport, const void* in, void* out, int64_t count, DType dtype,
                     ReduceOp op, int64_t chunk_bytes);
 
