@@ -84,18 +84,6 @@ void fill_grads(model::ParameterStore& store, int step) {
     fill_grads(store.grads() + p.offset, p.numel, step + static_cast<int>(p.offset));
 }
 
-// Elements of [begin, end) of the store that decay, as ranges relative to `begin`.
-std::vector<DecayRange> decay_ranges(const model::ParameterStore& store, int64_t begin,
-                                     int64_t end) {
-  std::vector<DecayRange> ranges;
-  for (const auto& p : store.parameters()) {
-    if (!p.weight_decay) continue;
-    const int64_t from = std::max(begin, p.offset), to = std::min(end, p.offset + p.numel);
-    if (from < to) ranges.push_back({from - begin, to - from});
-  }
-  return ranges;
-}
-
 // The gradient scale AdamWOptimizer applies for `norm` (torch's clip_grad_norm_ coefficient).
 float clip_scale(double norm, float max_norm) {
   const float coefficient = max_norm / (static_cast<float>(norm) + 1e-6f);
@@ -552,4 +540,21 @@ TEST(OffloadedAdamWState, AProcessKilledMidStepLeavesACompleteCommittedState) {
     std::printf("killed after %d ms: %s, committed step %ld\n", delay_ms,
                 WIFSIGNALED(status) ? "mid-run" : "after finishing", static_cast<long>(committed));
   }
+}
+
+TEST(OffloadDecayRanges, FollowTheParametersDecayFlagsInsideAShard) {
+  model::ParameterStore store;
+  store.declare("w", {2, 8}, model::InitKind::normal, true);  // elements [0, 16)
+  store.declare("b", {3}, model::InitKind::zeros, false);     // [16, 19), padded to 32
+  store.declare("w2", {16}, model::InitKind::normal, true);   // [32, 48)
+  store.declare("w3", {4}, model::InitKind::normal, true);    // [48, 52): adjacent to w2
+  ASSERT_EQ(store.info(2).offset, 32);
+  ASSERT_EQ(store.info(3).offset, 48);
+  const auto ranges = decay_ranges(store, 5, 50);
+  ASSERT_EQ(ranges.size(), 2u);
+  EXPECT_EQ(ranges[0].offset, 0);  // w from element 5 on
+  EXPECT_EQ(ranges[0].count, 11);
+  EXPECT_EQ(ranges[1].offset, 27);  // w2 and the first 2 elements of w3, merged
+  EXPECT_EQ(ranges[1].count, 18);
+  EXPECT_TRUE(decay_ranges(store, 16, 32).empty());
 }

@@ -50,6 +50,22 @@ void check_decay_ranges(std::span<const DecayRange> decay, int64_t numel) {
 
 }  // namespace
 
+std::vector<DecayRange> decay_ranges(const model::ParameterStore& store, int64_t begin,
+                                     int64_t end) {
+  std::vector<DecayRange> ranges;
+  for (const auto& p : store.parameters()) {  // declaration order = increasing offsets
+    if (!p.weight_decay) continue;
+    const int64_t from = std::max(begin, p.offset), to = std::min(end, p.offset + p.numel);
+    if (from >= to) continue;
+    if (!ranges.empty() && ranges.back().offset + ranges.back().count == from - begin) {
+      ranges.back().count += to - from;  // adjacent decayed parameters make one range
+    } else {
+      ranges.push_back({from - begin, to - from});
+    }
+  }
+  return ranges;
+}
+
 OffloadedAdamWState::OffloadedAdamWState(OffloadSettings settings, int64_t numel,
                                          MemoryTracker* tracker)
     : settings_(std::move(settings)), tracker_(tracker) {

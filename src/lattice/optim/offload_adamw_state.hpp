@@ -18,9 +18,11 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "lattice/core/memory.hpp"
 #include "lattice/kernels/cpu/adamw.hpp"
+#include "lattice/model/parameter_store.hpp"
 #include "lattice/optim/offload_file.hpp"
 #include "lattice/optim/offload_header.hpp"
 
@@ -51,6 +53,11 @@ struct DecayRange {
   int64_t offset = 0;
   int64_t count = 0;
 };
+
+// The decay layout of elements [begin, end) of `store`'s flat buffer (a shard): the parameters
+// that take weight decay (AdamWOptimizer's rule), as ranges relative to `begin`.
+std::vector<DecayRange> decay_ranges(const model::ParameterStore& store, int64_t begin,
+                                     int64_t end);
 
 class OffloadedAdamWState {
  public:
