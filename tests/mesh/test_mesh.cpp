@@ -158,5 +158,21 @@ TEST(Mesh, RefusesALayoutThatDoesNotFitTheWorld) {
   }
 }
 
+TEST(Mesh, RefusesRanksThatDisagreeOnTheLayout) {
+  try {
+    comm::run_local_ranks(4, [](comm::Communicator& comm) {
+      Mesh mesh(comm, comm.rank() == 2 ? MeshShape{.dp = 4} : MeshShape{.dp = 2, .tp = 2});
+    });
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mesh: ranks disagree on the layout (rank "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("give every rank the same [parallelism] settings"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lattice::mesh

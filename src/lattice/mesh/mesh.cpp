@@ -30,6 +30,7 @@ std::string_view axis_name(Axis axis) {
 
 Mesh::Mesh(comm::Communicator& world, MeshShape shape)
     : world_(world), shape_(resolve_layout(shape, world.size())) {
+  check_same_shape_on_every_rank();
   coordinate_ = mesh::coordinate_of(shape_, world_.rank());
   // Each group is split with color = the smallest global rank in it and key = this rank's index
   // along the group, so members come out in axis order.
@@ -63,6 +64,18 @@ Mesh::Mesh(comm::Communicator& world, MeshShape shape)
 }
 
 Mesh::~Mesh() = default;
+
+void Mesh::check_same_shape_on_every_rank() {
+  // Largest and smallest of each size over the ranks in one allreduce (max of v and of -v).
+  int32_t sizes[10] = {shape_.pp,  shape_.dp,  shape_.cp,  shape_.tp,  shape_.ep,
+                       -shape_.pp, -shape_.dp, -shape_.cp, -shape_.tp, -shape_.ep};
+  world_.allreduce(sizes, 10, DType::i32, comm::ReduceOp::max);
+  bool same = true;
+  for (int i = 0; i < 5; ++i) same = same && sizes[i] == -sizes[i + 5];
+  check(same, "mesh: ranks disagree on the layout (rank " + std::to_string(world_.rank()) +
+                  " has " + mesh::describe(shape_) +
+                  "); give every rank the same [parallelism] settings");
+}
 
 int Mesh::coordinate(Axis axis) const {
   switch (axis) {

@@ -22,9 +22,10 @@ std::string_view axis_name(Axis axis);
 
 class Mesh {
  public:
-  // Collective over `world` (every rank calls it with the same shape; it splits `world` seven
-  // times). `shape` is resolved against world.size() first (dp = -1 is inferred; a layout that does
-  // not divide throws lattice::Error). `world` must outlive the mesh.
+  // Collective over `world` (every rank calls it with the same shape; it checks that they agree
+  // with one allreduce, then splits `world` seven times). `shape` is resolved against world.size()
+  // first (dp = -1 is inferred; a layout that does not divide throws lattice::Error). `world` must
+  // outlive the mesh.
   Mesh(comm::Communicator& world, MeshShape shape);
   ~Mesh();
   Mesh(const Mesh&) = delete;
@@ -63,6 +64,9 @@ class Mesh {
   std::string describe_rank() const;
 
  private:
+  // Collective: throws lattice::Error on every rank when the ranks' resolved shapes differ.
+  void check_same_shape_on_every_rank();
+
   comm::Communicator& world_;
   MeshShape shape_;
   MeshCoordinate coordinate_;
