@@ -18,6 +18,7 @@ namespace lattice::testing {
 struct DpOutcome {
   std::vector<double> losses, grad_norms;
   std::vector<float> parameters;
+  double final_val_loss = 0;
 };
 
 // A fresh directory holding a small repetitive English corpus (corpus.txt).
@@ -66,6 +67,7 @@ inline DpOutcome run_dp(const train::TrainConfig& config) {
     if (group && group->rank() != 0) return;
     out.losses = result.losses;
     out.grad_norms = result.grad_norms;
+    out.final_val_loss = result.final_val_loss;
     out.parameters.assign(params.values(), params.values() + params.size());
   };
   if (config.dp == 1)

@@ -210,3 +210,15 @@ TEST_F(DataParallelTest, OffloadedAdamWStateIsBitIdenticalThroughTheTrainer) {
   }
   ASSERT_TRUE(fs::exists(dir_ / "offload2" / "rank1"));
 }
+
+TEST_F(DataParallelTest, ValidationSeesTheSameGlobalBatchesInEveryLayout) {
+  // Each rank evaluates its slice of the global validation batch; the means are averaged.
+  const std::vector<std::string> validate = {"validation.freq=4", "validation.batches=2"};
+  const DpOutcome one = run_dp(tiny_dp_config(dir_, 1, 0, 8, 1, validate));
+  const DpOutcome dp = run_dp(tiny_dp_config(dir_, 2, 0, 8, 1, validate));
+  const DpOutcome zero3 = run_dp(tiny_dp_config(dir_, 2, 3, 8, 1, validate));
+  ASSERT_GT(one.final_val_loss, 0);
+  EXPECT_EQ(zero3.final_val_loss, dp.final_val_loss);
+  // Same samples and (nearly) the same weights: only rounding differs (see the DP-vs-one test).
+  EXPECT_NEAR(dp.final_val_loss, one.final_val_loss, 1e-5 * one.final_val_loss);
+}

@@ -85,15 +85,19 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
 Trainer::~Trainer() = default;
 
 double Trainer::validation_loss() {
+  // Each validation batch is the global micro-batch (micro_batch_size x ranks sequences, the same
+  // whatever the layout); this rank evaluates its slice and the means are averaged over ranks.
+  const int ranks = group_->size(), rank = group_->rank();
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
-  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
+  std::vector<int32_t> inputs(static_cast<size_t>(B * ranks * T)), targets(inputs.size());
   model::LayerContext ctx{*matmul_, config_.precision, &tracker_, dp_.get()};
   double sum = 0;
   for (int64_t i = 0; i < config_.val_batches; ++i) {
-    batches_->validation_batch(i, inputs.data(), targets.data(), B);
-    sum += model_->evaluate(ctx, inputs.data(), targets.data(), B, T);
+    batches_->validation_batch(i, inputs.data(), targets.data(), B * ranks);
+    const size_t slice = static_cast<size_t>(rank * B * T);
+    sum += model_->evaluate(ctx, inputs.data() + slice, targets.data() + slice, B, T);
   }
-  return sum / static_cast<double>(config_.val_batches);
+  return dp_->average(sum / static_cast<double>(config_.val_batches));
 }
 
 const model::ParameterStore& Trainer::full_parameters() {

@@ -54,7 +54,8 @@ class Trainer {
   const TrainConfig& config() const { return config_; }
   parallel::DataParallel& data_parallel() { return *dp_; }
   const MemoryTracker& memory() const { return tracker_; }
-  // Mean validation loss over validation.batches fixed batches (the same on every rank).
+  // Mean validation loss over validation.batches fixed global batches, split over the ranks
+  // (the same value on every rank and, up to rounding, in every layout). Collective.
   double validation_loss();
   // Every parameter of the model, whole (gathers ZeRO-3 shards; collective).
   const model::ParameterStore& full_parameters();
