@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "lattice/core/error.hpp"
 #include "lattice/data/tokenizer.hpp"
@@ -73,6 +74,25 @@ TEST(TokenizerGpt2, RandomBytesRoundTrip) {
   EXPECT_EQ(gpt2().decode(gpt2().encode(all)), all);
   const std::string long_run = std::string(5000, ' ') + "x" + std::string(3000, 'a');
   EXPECT_EQ(gpt2().decode(gpt2().encode(long_run)), long_run);
+}
+
+TEST(TokenizerGpt2, ConcurrentEncodesAgreeWithSerial) {
+  LATTICE_SKIP_WITHOUT_GPT2();
+  // One tokenizer shared by threads (as `lattice data prepare` does): same ids as one thread.
+  const BpeTokenizer fresh(gpt2().model());  // cold cache, filled concurrently
+  std::mt19937 rng(77);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 8; ++i) texts.push_back(testing::random_bytes(rng, 20000));
+  std::vector<Ids> expected;
+  for (const auto& text : texts) expected.push_back(gpt2().encode(text));
+  std::vector<Ids> got(texts.size());
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < texts.size(); i += 4) got[i] = fresh.encode(texts[i]);
+    });
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(got, expected);
 }
 
 TEST(TokenizerGpt2, DecodeEndingInsideUtf8Character) {

@@ -45,12 +45,11 @@ BpeTrainer::BpeTrainer(BpeTrainerOptions options) : options_(std::move(options))
   for (const auto& special : options_.special_tokens)
     check(!special.empty() && seen.insert(special).second,
           "special token '" + special + "' is empty or listed twice: give each once");
-  Pretokenizer check_pattern(options_.pattern);  // reports a bad pattern now, not at train()
+  pretokenizer_ = std::make_unique<Pretokenizer>(options_.pattern);
 }
 
 void BpeTrainer::add_text(std::string_view text) {
-  Pretokenizer pretokenizer(options_.pattern);
-  pretokenizer.split(text, [&](std::string_view piece) {
+  pretokenizer_->split(text, [&](std::string_view piece) {
     auto it = piece_counts_.find(std::string(piece));
     if (it == piece_counts_.end())
       piece_counts_.emplace(std::string(piece), 1);

@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "lattice/data/bpe_model.hpp"
+#include "lattice/data/pretokenizer.hpp"
 
 namespace lattice::data {
 
@@ -42,6 +44,7 @@ class BpeTrainer {
 
  private:
   BpeTrainerOptions options_;
+  std::unique_ptr<Pretokenizer> pretokenizer_;
   std::unordered_map<std::string, int64_t> piece_counts_;
   int64_t pieces_counted_ = 0;
 };
