@@ -42,7 +42,7 @@ class DpCli : public ::testing::Test {
 CliResult run_mpi(int ranks, const std::string& args, const fs::path& dir,
                   const std::string& mpirun_flags = "", const std::string& env = "") {
   const std::string command =
-      "env OMPI_MCA_rmaps_base_oversubscribe=1 LATTICE_COMM_TIMEOUT_MS=20000 " + env +
+      "env OMPI_MCA_rmaps_base_oversubscribe=1 LATTICE_COMM_TIMEOUT_MS=60000 " + env +
       " timeout 120 " LATTICE_MPIEXEC " --allow-run-as-root --oversubscribe -n " +
       std::to_string(ranks) + " " + mpirun_flags + " '" LATTICE_BINARY "' " + args;
   const fs::path out = dir / "mpi.out", err = dir / "mpi.err";
@@ -130,7 +130,8 @@ TEST_F(DpCli, TrainUnderMpirunMatchesLocalThreads) {
 TEST_F(DpCli, KilledRankEndsTheJobAndTheLastCheckpointResumes) {
   CliResult r = run_mpi(
       2, "train --dp 2 --zero 2 --training.steps=6 --checkpoint.interval=2" + tiny_flags(dir_),
-      dir_, "", "LATTICE_FAULT_KILL_RANK=1 LATTICE_FAULT_KILL_AFTER_STEP=3");
+      dir_, "",
+      "LATTICE_COMM_TIMEOUT_MS=20000 LATTICE_FAULT_KILL_RANK=1 LATTICE_FAULT_KILL_AFTER_STEP=3");
   EXPECT_NE(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.status, 124) << "the job hung until the outer timeout";
   const std::string all = r.out + r.err;
