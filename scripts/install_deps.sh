@@ -9,6 +9,7 @@ packages=(
   python3 python3-numpy python3-torch
   libopenblas0-pthread  # PyTorch's fp32 BLAS: without it Debian's torch falls back to reference BLAS
   fortunes
+  clang libclang-rt-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
   libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)
   python3-pip   # installs tiktoken (PyPI) below
 )

@@ -5,3 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 bash scripts/build.sh
 ctest --preset release
+# libFuzzer targets (clang, ASan + UBSan) for the file parsers: about a minute in all.
+bash scripts/fuzz.sh

@@ -239,6 +239,8 @@ TEST_F(TokenFiles, BadManifestsNameTheFieldAndTheFile) {
     return j.dump();
   };
   expect_error([&] { parse_manifest("{not json", "m.json"); }, {"m.json", "not valid JSON"});
+  expect_error([&] { parse_manifest("{\"vocab_size\": 550E55555555}", "m.json"); },
+               {"m.json", "not valid JSON"});  // a number overflow (found by fuzzing)
   expect_error([&] { parse_manifest(edit([](auto& j) { j.erase("vocab_size"); }), "m.json"); },
                {"m.json", "'vocab_size'", "missing"});
   expect_error([&] { parse_manifest(edit([](auto& j) { j["format"] = "x"; }), "m.json"); },

@@ -70,7 +70,7 @@ DatasetManifest parse_manifest(const std::string& text, const std::string& name)
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a huge number
     throw Error("dataset manifest " + name + " is not valid JSON (" + e.what() +
                 "); regenerate the dataset with `lattice data prepare`");
   }
