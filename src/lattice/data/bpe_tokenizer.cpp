@@ -259,19 +259,19 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
 
   int32_t max_id = -1;
   for (const auto& token : model_.tokens) {
-    if (!(token.id >= 0))
+    if (token.id < 0)
       throw Error("token '" + printable(token.bytes) + "' has negative id " +
                   std::to_string(token.id) + ": ids must be >= 0");
-    if (!(!token.bytes.empty()))
+    if (token.bytes.empty())
       throw Error("token id " + std::to_string(token.id) +
                   " is empty: every token needs at least one byte");
     max_id = std::max(max_id, token.id);
   }
   for (const auto& special : model_.special_tokens) {
-    if (!(special.id >= 0))
+    if (special.id < 0)
       throw Error("special token '" + special.text + "' has negative id " +
                   std::to_string(special.id) + ": ids must be >= 0");
-    if (!(!special.text.empty()))
+    if (special.text.empty())
       throw Error("special token id " + std::to_string(special.id) + " has empty text");
     max_id = std::max(max_id, special.id);
   }
@@ -282,7 +282,7 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
   t.id_bytes.assign(static_cast<size_t>(max_id + 1), std::string());
   t.assigned.assign(static_cast<size_t>(max_id + 1), 0);
   auto assign = [&](int32_t id, const std::string& bytes) {
-    if (!(!t.assigned[id]))
+    if (t.assigned[id])
       throw Error("id " + std::to_string(id) + " is given to both '" + printable(t.id_bytes[id]) +
                   "' and '" + printable(bytes) + "': every id must name one token");
     t.assigned[id] = 1;
@@ -301,7 +301,7 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     std::unordered_map<std::string_view, int32_t> by_bytes;
     for (const auto& [bytes, id] : entries) {
       auto [it, inserted] = by_bytes.emplace(bytes, id);
-      if (!(inserted))
+      if (!inserted)
         throw Error("token '" + printable(bytes) + "' appears twice (ids " +
                     std::to_string(it->second) + " and " + std::to_string(id) +
                     "): every token must be listed once");
@@ -313,7 +313,7 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
     t.byte_ids[b] = all_tokens.find(std::string_view(&byte, 1));
     char hex[8];
     std::snprintf(hex, sizeof(hex), "0x%02X", b);
-    if (!(t.byte_ids[b] >= 0))
+    if (t.byte_ids[b] < 0)
       throw Error(std::string("the vocabulary has no token for the single byte ") + hex +
                   ": a byte-level BPE vocabulary needs all 256 bytes");
   }
@@ -335,7 +335,7 @@ BpeTokenizer::BpeTokenizer(BpeModel model)
       if (!(left_id >= 0 && right_id >= 0))
         throw Error(which() +
                     " names a part that is not in the vocabulary: every part must be a token");
-      if (!(merged >= 0))
+      if (merged < 0)
         throw Error(which() + " makes '" + printable(joined) +
                     "', which is not in the vocabulary: add it or drop the merge");
       t.merges.insert(left_id, right_id, Merge{static_cast<uint32_t>(rank), merged});

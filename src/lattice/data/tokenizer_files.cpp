@@ -39,24 +39,24 @@ std::string quote(std::string_view text, size_t limit = 60) {
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!(in.good()))
+  if (!in.good())
     throw Error("cannot open tokenizer file '" + path.string() + "': " + std::strerror(errno) +
                 "; check the path");
   std::ostringstream buffer;
   buffer << in.rdbuf();
-  if (!(!in.bad()))
+  if (in.bad())
     throw Error("cannot read tokenizer file '" + path.string() + "': " + std::strerror(errno));
   return std::move(buffer).str();
 }
 
 void write_file(const std::filesystem::path& path, const std::string& contents) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!(out.good()))
+  if (!out.good())
     throw Error("cannot write '" + path.string() + "': " + std::strerror(errno) +
                 "; check that its directory exists and is writable");
   out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
   out.close();
-  if (!(out.good()))
+  if (!out.good())
     throw Error("cannot write '" + path.string() + "': " + std::strerror(errno) + " (disk full?)");
 }
 
@@ -66,6 +66,8 @@ json parse_json(std::string_view text, const std::string& name, const char* expe
   } catch (const json::parse_error& e) {
     throw Error(name + ": not valid JSON (byte " + std::to_string(e.byte) + "); expected " +
                 expected);
+  } catch (const json::exception& e) {
+    throw Error(name + ": cannot read the JSON (" + e.what() + "); expected " + expected);
   }
 }
 
@@ -109,13 +111,13 @@ bool looks_special(std::string_view token) {
 // id) and, when `specials_by_form`, entries spelled <|...|> become special tokens.
 void read_vocab(const json& vocab, const std::string& name, bool specials_by_form,
                 const std::unordered_map<std::string, int32_t>& specials, BpeModel& model) {
-  if (!(vocab.is_object()))
+  if (!vocab.is_object())
     throw Error(name + ": the vocabulary is not a JSON object of token -> id");
   model.tokens.reserve(vocab.size());
   for (const auto& [spelled, value] : vocab.items()) {
     const int32_t id = token_id(value, spelled, name);
     if (auto it = specials.find(spelled); it != specials.end()) {
-      if (!(it->second == id))
+      if (it->second != id)
         throw Error(name + ": special token " + quote(spelled) + " has id " +
                     std::to_string(it->second) + " in added_tokens but " + std::to_string(id) +
                     " in the vocabulary: make them agree");
@@ -247,7 +249,7 @@ nlohmann::ordered_json ordered_vocab(const BpeModel& model) {
 }
 
 std::vector<std::string> merge_lines(const BpeModel& model, const std::string& target) {
-  if (!(!model.merges.empty()))
+  if (model.merges.empty())
     throw Error("cannot write '" + target +
                 "': the tokenizer has no merges (tiktoken ranks); write a "
                 ".tiktoken file instead");
@@ -272,19 +274,21 @@ BpeModel parse_vocab_and_merges(std::string_view vocab_json_text, std::string_vi
     model.merges.push_back(
         parse_merge_line(lines[i], merges_name, "line " + std::to_string(i + 1)));
   }
-  if (!(!model.merges.empty()))
+  if (model.merges.empty())
     throw Error(merges_name + ": no merges found; expected lines like 'Ġ t'");
   return model;
 }
 
-BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
+namespace {
+
+BpeModel tokenizer_json_model(std::string_view text, const std::string& name) {
   const json root = parse_json(text, name, "a Hugging Face tokenizer.json object");
   if (!(root.is_object() && root.contains("model") && root["model"].is_object()))
     throw Error(name + ": no \"model\" object: not a Hugging Face tokenizer.json");
   const json& model_json = root["model"];
   auto string_field = [&](const json& object, const char* key) -> std::string {
     if (!object.contains(key) || object[key].is_null()) return "";
-    if (!(object[key].is_string())) throw Error(name + ": \"" + key + "\" is not a string");
+    if (!object[key].is_string()) throw Error(name + ": \"" + key + "\" is not a string");
     return object[key].get<std::string>();
   };
   const std::string type = string_field(model_json, "type");
@@ -315,7 +319,7 @@ BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
   if (!(root.contains("pre_tokenizer") && root["pre_tokenizer"].is_object()))
     throw Error(name + ": no pre_tokenizer; a byte-level BPE needs the ByteLevel pre-tokenizer");
   auto byte_level = [&](const json& pre) {
-    if (!(string_field(pre, "type") == "ByteLevel"))
+    if (string_field(pre, "type") != "ByteLevel")
       throw Error(name + ": pre_tokenizer " + quote(string_field(pre, "type")) +
                   " is not supported; expected ByteLevel (or Split then ByteLevel)");
     if (!(!pre.contains("add_prefix_space") || !pre["add_prefix_space"].is_boolean() ||
@@ -348,7 +352,7 @@ BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
 
   std::unordered_map<std::string, int32_t> specials;
   if (root.contains("added_tokens")) {
-    if (!(root["added_tokens"].is_array())) throw Error(name + ": added_tokens is not an array");
+    if (!root["added_tokens"].is_array()) throw Error(name + ": added_tokens is not an array");
     for (const json& added : root["added_tokens"]) {
       if (!(added.is_object() && added.contains("content") && added["content"].is_string() &&
             !added["content"].get<std::string>().empty() && added.contains("id")))
@@ -356,12 +360,12 @@ BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
                     ": an entry of added_tokens lacks a non-empty \"content\" string or an \"id\"");
       const std::string content = added["content"].get<std::string>();
       const int32_t id = token_id(added["id"], content, name);
-      if (!(specials.emplace(content, id).second))
+      if (!specials.emplace(content, id).second)
         throw Error(name + ": added token " + quote(content) + " is listed twice");
       model.special_tokens.push_back({content, id});
     }
   }
-  if (!(model_json.contains("vocab"))) throw Error(name + ": model has no \"vocab\"");
+  if (!model_json.contains("vocab")) throw Error(name + ": model has no \"vocab\"");
   read_vocab(model_json["vocab"], name, /*specials_by_form=*/false, specials, model);
   if (!(model_json.contains("merges") && model_json["merges"].is_array()))
     throw Error(name + ": model has no \"merges\" array");
@@ -380,11 +384,21 @@ BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
           merge_parts(merge[0].get<std::string>(), merge[1].get<std::string>(), name, where));
     }
   }
-  if (!(!model.merges.empty()))
-    throw Error(name + ": model.merges is empty; a BPE model needs merges");
+  if (model.merges.empty()) throw Error(name + ": model.merges is empty; a BPE model needs merges");
   if (model_json.contains("ignore_merges") && model_json["ignore_merges"].is_boolean())
     model.ignore_merges = model_json["ignore_merges"].get<bool>();
   return model;
+}
+
+}  // namespace
+
+BpeModel parse_tokenizer_json(std::string_view text, const std::string& name) {
+  try {
+    return tokenizer_json_model(text, name);
+  } catch (const json::exception& e) {  // a structure the checks above did not foresee
+    throw Error(name + ": unexpected tokenizer.json structure (" + e.what() +
+                "); expected a Hugging Face BPE tokenizer.json");
+  }
 }
 
 BpeModel parse_tiktoken(std::string_view text, const std::string& name) {
@@ -413,7 +427,7 @@ BpeModel parse_tiktoken(std::string_view text, const std::string& name) {
     model.tokens.push_back({std::move(*bytes), rank});
     max_rank = std::max(max_rank, rank);
   }
-  if (!(!model.tokens.empty()))
+  if (model.tokens.empty())
     throw Error(name + ": no ranks found; expected lines '<base64 token> <rank>'");
   const std::string stem = std::filesystem::path(name).stem().string();
   if (const KnownEncoding* known = known_encoding(stem)) {
