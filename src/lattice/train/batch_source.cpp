@@ -10,34 +10,78 @@ BatchSource::BatchSource(const TrainConfig& config, int dp_rank, int dp_size)
   check(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size,
         "data-parallel rank " + std::to_string(dp_rank) + " of " + std::to_string(dp_size) +
             " is not a valid position");
+  if (!config.dataset.empty()) {
+    tokens_ = data::open_token_dataset(config.dataset, data::parse_token_format(config.data_format),
+                                       config.model.vocab_size, config.val_dataset);
+    token_vocab_ = tokens_.manifest ? tokens_.manifest->vocab_size : config.model.vocab_size;
+    token_train_ = std::make_unique<data::ShuffledWindowLoader>(
+        *tokens_.train, config.seq_len, config.seed, true,
+        "the training split of data.dataset '" + config.dataset + "'");
+    if (config.val_freq > 0 && tokens_.validation && tokens_.validation->size() > config.seq_len)
+      token_val_ = std::make_unique<data::ShuffledWindowLoader>(
+          *tokens_.validation, config.seq_len, config.seed + 1, false, "the validation split");
+    has_validation_ = token_val_ != nullptr;
+    description_ = tokens_.description;
+    return;
+  }
+  check(!config.train_files.empty(),
+        "no training data: set data.dataset (token files from `lattice data prepare`) or "
+        "data.train_files (text read as bytes)");
   corpus_ = std::make_unique<data::ByteCorpus>(
       data::expand_file_patterns(config.train_files, config.exclude), config.val_fraction);
   check(corpus_->train().vocab_size() <= config.model.vocab_size,
         "the byte tokenizer needs model.vocab_size >= 256, got " +
             std::to_string(config.model.vocab_size));
-  train_sampler_ =
+  byte_train_ =
       std::make_unique<data::WindowSampler>(corpus_->train(), config.seq_len, config.seed);
   if (config.val_freq > 0 && corpus_->validation().size() > config.seq_len)
-    val_sampler_ = std::make_unique<data::WindowSampler>(corpus_->validation(), config.seq_len,
-                                                         config.seed + 1);
+    byte_val_ = std::make_unique<data::WindowSampler>(corpus_->validation(), config.seq_len,
+                                                      config.seed + 1);
+  has_validation_ = byte_val_ != nullptr;
+  description_ = std::to_string(corpus_->file_count()) + " text files as bytes (" +
+                 std::to_string(corpus_->total_bytes()) + " bytes)";
 }
 
 BatchSource::~BatchSource() = default;
 
-int64_t BatchSource::vocab_size() const { return corpus_->train().vocab_size(); }
+int64_t BatchSource::vocab_size() const {
+  return corpus_ ? corpus_->train().vocab_size() : token_vocab_;
+}
+
+void BatchSource::set_position(int64_t position) {
+  check(position >= 0,
+        "a data position (samples consumed) must not be negative, got " + std::to_string(position));
+  position_ = position;
+}
+
+void BatchSource::train_sample(int64_t n, int32_t* inputs, int32_t* targets) const {
+  if (token_train_)
+    token_train_->sample(n, inputs, targets);
+  else
+    byte_train_->sample(n, inputs, targets);
+}
+
+void BatchSource::validation_sample(int64_t n, int32_t* inputs, int32_t* targets) const {
+  if (token_val_)
+    token_val_->sample(n, inputs, targets);
+  else
+    byte_val_->sample(n, inputs, targets);
+}
 
 void BatchSource::next(int32_t* inputs, int32_t* targets, int64_t batch) {
-  const int64_t first = train_sampler_->position() + dp_rank_ * batch;
+  const int64_t first = position_ + dp_rank_ * batch;
   for (int64_t b = 0; b < batch; ++b)
-    train_sampler_->sample(first + b, inputs + b * seq_len_, targets + b * seq_len_);
-  train_sampler_->set_position(train_sampler_->position() + batch * dp_size_);
+    train_sample(first + b, inputs + b * seq_len_, targets + b * seq_len_);
+  position_ += batch * dp_size_;
 }
 
 void BatchSource::validation_batch(int64_t index, int32_t* inputs, int32_t* targets,
                                    int64_t batch) const {
-  check(val_sampler_ != nullptr, "no validation split: raise data.val_fraction");
+  check(has_validation_,
+        "no validation split: raise data.val_fraction (or prepare the dataset "
+        "with --val-fraction)");
   for (int64_t b = 0; b < batch; ++b)
-    val_sampler_->sample(index * batch + b, inputs + b * seq_len_, targets + b * seq_len_);
+    validation_sample(index * batch + b, inputs + b * seq_len_, targets + b * seq_len_);
 }
 
 }  // namespace lattice::train

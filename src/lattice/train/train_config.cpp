@@ -2,12 +2,15 @@
 #include "lattice/train/train_config.hpp"
 
 #include <toml++/toml.h>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <sstream>
 
 #include "lattice/comm/launch.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/data/dataset_manifest.hpp"
+#include "lattice/data/token_dataset.hpp"
 
 namespace lattice::train {
 
@@ -251,7 +254,10 @@ const Schema& schema() {
        {{"train_files", list_key(&TrainConfig::train_files)},
         {"exclude", list_key(&TrainConfig::exclude)},
         {"val_fraction", float_key(&TrainConfig::val_fraction)},
-        {"tokenizer", string_key(&TrainConfig::tokenizer)}}},
+        {"tokenizer", string_key(&TrainConfig::tokenizer)},
+        {"dataset", string_key(&TrainConfig::dataset)},
+        {"format", string_key(&TrainConfig::data_format)},
+        {"val_dataset", string_key(&TrainConfig::val_dataset)}}},
       {"validation",
        {{"freq", int_key(&TrainConfig::val_freq)},
         {"batches", int_key(&TrainConfig::val_batches)}}},
@@ -301,6 +307,35 @@ void apply_table(TrainConfig& config, const toml::table& root, const std::string
   }
 }
 
+// [data]: the token-file format is known, the tokenizer is an absolute path (so `lattice generate`
+// finds it from a run's config.toml), and a prepared dataset's tokenizer is the configured one.
+void resolve_data_keys(TrainConfig& c) {
+  const auto format = data::parse_token_format(c.data_format);
+  c.tokenizer = data::absolute_tokenizer_spec(c.tokenizer);
+  if (c.dataset.empty()) {
+    check(c.tokenizer == "byte",
+          "data.tokenizer '" + c.tokenizer +
+              "' needs token files: run `lattice data prepare --tokenizer ...` and set "
+              "data.dataset to its output (data.train_files is read as bytes)");
+    return;
+  }
+  // A missing dataset is reported when the data is opened (generation never opens it).
+  const bool prepared = format != data::TokenFormat::llmc &&
+                        format != data::TokenFormat::megatron &&
+                        std::filesystem::exists(std::filesystem::path(c.dataset) /
+                                                data::kManifestName);
+  if (!prepared) return;
+  const auto manifest = data::read_manifest(c.dataset);
+  if (c.tokenizer == "byte") {
+    c.tokenizer = manifest.tokenizer;  // the dataset's own tokenizer unless one is configured
+  } else {
+    check(c.tokenizer == manifest.tokenizer,
+          "data.tokenizer '" + c.tokenizer + "' is not the tokenizer data.dataset '" + c.dataset +
+              "' was prepared with ('" + manifest.tokenizer +
+              "'): drop data.tokenizer or set it to that path");
+  }
+}
+
 }  // namespace
 
 optim::LrSchedule TrainConfig::lr_schedule() const {
@@ -338,8 +373,7 @@ void TrainConfig::finalize() {
         "parallelism.baseline_tokens_per_second must not be negative (0: no scaling efficiency)");
   check(recompute == "none",
         "activation_checkpoint.mode '" + recompute + "' is not available yet: use \"none\"");
-  check(tokenizer == "byte",
-        "data.tokenizer '" + tokenizer + "' is not available yet: use \"byte\" (vocabulary 256)");
+  resolve_data_keys(*this);
   check(steps > 0, "training.steps must be positive");
   check(seq_len > 0 && seq_len <= model.max_seq_len,
         "training.seq_len (" + std::to_string(seq_len) + ") must be in [1, model.max_seq_len = " +

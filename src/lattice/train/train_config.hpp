@@ -63,7 +63,12 @@ struct TrainConfig {
   std::vector<std::string> train_files;
   std::vector<std::string> exclude = {"*.dat", "*.u8"};
   double val_fraction = 0.05;
-  std::string tokenizer = "byte";
+  std::string tokenizer = "byte";  // "byte" or a tokenizer path (made absolute by finalize)
+  // Token files (docs/data.md): a `lattice data prepare` directory, llm.c shard globs or a
+  // Megatron prefix; when set, train_files is not read.
+  std::string dataset;
+  std::string data_format = "auto";  // auto | prepared | llmc | megatron
+  std::string val_dataset;           // validation token files for llmc/megatron (optional)
   // [validation]
   int64_t val_freq = 50;  // 0 disables
   int64_t val_batches = 4;
