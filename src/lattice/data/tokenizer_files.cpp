@@ -14,6 +14,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/data/byte_level.hpp"
+#include "lattice/io/atomic_file.hpp"
 
 namespace lattice::data {
 namespace {
@@ -49,15 +50,9 @@ std::string read_file(const std::filesystem::path& path) {
   return std::move(buffer).str();
 }
 
+// Written through a temp file renamed into place: a failure leaves any old file untouched.
 void write_file(const std::filesystem::path& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out.good())
-    throw Error("cannot write '" + path.string() + "': " + std::strerror(errno) +
-                "; check that its directory exists and is writable");
-  out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-  out.close();
-  if (!out.good())
-    throw Error("cannot write '" + path.string() + "': " + std::strerror(errno) + " (disk full?)");
+  write_text_atomic(path.string(), contents);
 }
 
 json parse_json(std::string_view text, const std::string& name, const char* expected) {
