@@ -13,9 +13,10 @@ minimum=${FUZZ_MIN_SECONDS:-5}
 jobs=${FUZZ_JOBS:-2}
 
 if [ ! -f "$build/CMakeCache.txt" ]; then
+  mkdir -p "$build"
   CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLATTICE_FUZZ=ON -DLATTICE_BUILD_TESTS=OFF -DLATTICE_WITH_MPI=OFF -DLATTICE_WITH_NCCL=OFF \
-    > "$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
+    > "$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 fi
 cmake --build "$build" -j"$jobs" --target fuzz_all
 
