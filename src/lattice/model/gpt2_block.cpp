@@ -86,16 +86,22 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
   float* d_gelu = scratch.get(0, rows * F_, tr);
-  float* d_fc = scratch.get(5, rows * F_, tr);
-  float* d_ln = scratch.get(1, rows * C_, tr);       // d of a LayerNorm output
-  float* d_x2 = scratch.get(2, rows * C_, tr);       // d residual after attention
+  float* d_fc = scratch.get(5, rows * F_, tr);  // fp32, or bf16 in its first half (bf16 precision)
+  float* d_ln = scratch.get(1, rows * C_, tr);  // d of a LayerNorm output
+  float* d_x2 = scratch.get(2, rows * C_, tr);  // d residual after attention
   float* d_qkv = scratch.get(3, rows * 3 * C_, tr);  // d q, k, v packed
   float* d_att = scratch.get(4, rows * C_, tr);
 
   // MLP branch: x_out = x2 + c_proj(gelu(c_fc(ln2(x2)))).
   mlp_proj_.backward(ctx, d_gelu, d_x_out, gelu_.f32(), rows);
-  k::gelu_backward(d_fc, d_gelu, fc_.f32(), rows * F_);
-  c_fc_.backward(ctx, d_ln, d_fc, ln2_.f32(), rows);
+  if (ctx.precision == k::Precision::bf16) {  // GELU writes c_fc's bf16 d_out and bias gradient
+    auto* d_fc16 = reinterpret_cast<lattice::bf16*>(d_fc);
+    k::gelu_backward_bf16(d_fc16, c_fc_.bias_grad(), d_gelu, fc_.f32(), rows, F_);
+    c_fc_.backward_rounded(ctx, d_ln, d_fc16, ln2_.f32(), rows);
+  } else {
+    k::gelu_backward(d_fc, d_gelu, fc_.f32(), rows * F_);
+    c_fc_.backward(ctx, d_ln, d_fc, ln2_.f32(), rows);
+  }
   k::layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln, x2_.f32(),
                         store_.value(ln2_weight_), ln2_mean_.f32(), ln2_rstd_.f32(), rows, C_);
   k::add_inplace(d_x2, d_x_out, rows * C_);

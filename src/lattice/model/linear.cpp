@@ -63,19 +63,40 @@ void Linear::forward_prepared(const LayerContext& ctx, float* out, int64_t rows)
                      keep);
 }
 
-void Linear::backward(const LayerContext& ctx, float* d_in, const float* d_out, const float* in,
-                      int64_t rows) {
-  float* d_bias = bias_ >= 0 ? store_->grad(bias_) : nullptr;
-  kernels::Bf16Operands rounded;
+lattice::bf16* Linear::kept_input(const LayerContext& ctx, const float* in, int64_t rows) {
+  lattice::bf16* kept_in = nullptr;
   const bool kept = prepared_ || (rounded_from_ != nullptr && rounded_from_ == in);
   if (ctx.precision == kernels::Precision::bf16 && kept && rounded_rows_ == rows) {
-    rounded.in = in16_.data<lattice::bf16>();
+    kept_in = in16_.data<lattice::bf16>();
   }
-  check(!prepared_ || rounded.in != nullptr,
+  check(!prepared_ || kept_in != nullptr,
         "Linear::backward after forward_prepared needs bf16 precision and the same rows (internal "
         "error)");
+  return kept_in;
+}
+
+void Linear::backward(const LayerContext& ctx, float* d_in, const float* d_out, const float* in,
+                      int64_t rows) {
+  float* d_bias = bias_grad();
+  kernels::Bf16Operands rounded;
+  rounded.in = kept_input(ctx, in, rows);
   ctx.matmul.backward(d_in, store_->grad(weight_), d_bias, d_out, in, store_->value(weight_), rows,
                       in_, out_, ctx.precision, rounded);
+}
+
+void Linear::backward_rounded(const LayerContext& ctx, float* d_in, const lattice::bf16* d_out16,
+                              const float* in, int64_t rows) {
+  check(ctx.precision == kernels::Precision::bf16,
+        "Linear::backward_rounded is for bf16 precision only (internal error)");
+  kernels::Bf16Operands rounded;
+  rounded.in = kept_input(ctx, in, rows);
+  rounded.d_out = d_out16;
+  ctx.matmul.backward(d_in, store_->grad(weight_), nullptr, nullptr, in, store_->value(weight_),
+                      rows, in_, out_, ctx.precision, rounded);
+}
+
+float* Linear::bias_grad() {
+  return bias_ >= 0 ? store_->grad(bias_) : nullptr;
 }
 
 void Linear::release_activations() {

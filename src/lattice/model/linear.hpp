@@ -31,6 +31,13 @@ class Linear {
   // (bit-identical); after forward_prepared, `in` is not read.
   void backward(const LayerContext& ctx, float* d_in, const float* d_out, const float* in,
                 int64_t rows);
+  // bf16 precision only: backward with d_out already rounded to bf16 by its producer (d_out16,
+  // [rows, out_features]), which also accumulated the bias gradient into bias_grad(); no fp32
+  // d_out is read. Same kept-input rules as backward.
+  void backward_rounded(const LayerContext& ctx, float* d_in, const lattice::bf16* d_out16,
+                        const float* in, int64_t rows);
+  // The bias gradient (null without a bias).
+  float* bias_grad();
   // Frees the bf16 input kept from forward.
   void release_activations();
 
@@ -47,6 +54,8 @@ class Linear {
   bool prepared_ = false;
   int64_t rounded_rows_ = -1;
   void keep_bf16(const LayerContext& ctx, int64_t rows, kernels::Bf16Operands& keep);
+  // The kept bf16 input for backward from `in` (null when not kept); checks forward_prepared's.
+  lattice::bf16* kept_input(const LayerContext& ctx, const float* in, int64_t rows);
 };
 
 }  // namespace lattice::model

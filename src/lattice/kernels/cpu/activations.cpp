@@ -3,10 +3,14 @@
 // 1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u)); exp comes from fast_exp so the loops vectorise.
 #include "lattice/kernels/cpu/activations.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/fast_exp.hpp"
+#include "lattice/kernels/cpu/thread_columns.hpp"
 
 namespace lattice::kernels {
 
@@ -21,6 +25,18 @@ constexpr int64_t kParallelThreshold = 32768;        // below this, threads cost
 inline float gelu_value(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
   return x / (1.0f + fast_exp(-2.0f * u));
+}
+
+// d/dx [x s] * dy with s = sigmoid(2u): s + x (1 - tanh^2(u)) / 2 * du/dx = s + 2 x s (1 - s)
+// du/dx. The one definition both GELU backwards use, so their fp32 values agree bit for bit.
+inline float gelu_grad(float x, float dy) {
+  const float x_squared = x * x;
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
+  const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x_squared);
+  const float e = fast_exp(-2.0f * u);
+  const float s = 1.0f / (1.0f + e);  // sigmoid(2u) = 0.5 (1 + tanh(u))
+  const float one_minus_s = e * s;    // 1 - sigmoid(2u), without cancellation
+  return dy * (s + 2.0f * x * s * one_minus_s * du_dx);
 }
 
 // Elements per block of the bf16 forward: the fp32 values of a block stay in L1 before rounding.
@@ -49,16 +65,36 @@ void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n) {
 
 void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n) {
 #pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = in[i];
-    const float x_squared = x * x;
-    const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
-    const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x_squared);
-    const float e = fast_exp(-2.0f * u);
-    const float s = 1.0f / (1.0f + e);  // sigmoid(2u) = 0.5 (1 + tanh(u))
-    const float one_minus_s = e * s;    // 1 - sigmoid(2u), without cancellation
-    // d/dx [x s] = s + x * (1 - tanh^2(u)) / 2 * du/dx = s + 2 x s (1 - s) du/dx.
-    d_in[i] = d_out[i] * (s + 2.0f * x * s * one_minus_s * du_dx);
+  for (int64_t i = 0; i < n; ++i) d_in[i] = gelu_grad(in[i], d_out[i]);
+}
+
+void gelu_backward_bf16(lattice::bf16* d_in16, float* d_bias, const float* d_out, const float* in,
+                        int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+    // Each thread owns a range of columns and walks the rows in order (thread_columns), so every
+    // column's sum is taken row by row as in the matmul pass, whatever the thread count.
+#pragma omp parallel if (rows * cols > kParallelThreshold)
+  {
+    const ColumnRange range = thread_columns(cols, omp_get_thread_num(), omp_get_num_threads());
+    const int64_t width = range.width();
+    if (width > 0) {
+      std::vector<float> values(static_cast<size_t>(width));
+      std::vector<double> sums(static_cast<size_t>(width), 0.0);
+      float* v = values.data();
+      double* sum = sums.data();
+      for (int64_t i = 0; i < rows; ++i) {
+        prefetch_next_row(in, i, rows, cols, range);
+        prefetch_next_row(d_out, i, rows, cols, range);
+        const float* x = in + i * cols + range.begin;
+        const float* dy = d_out + i * cols + range.begin;
+#pragma omp simd simdlen(16)
+        for (int64_t j = 0; j < width; ++j) v[j] = gelu_grad(x[j], dy[j]);
+        convert_to_bf16_on_this_thread(d_in16 + i * cols + range.begin, v, width);
+        for (int64_t j = 0; j < width; ++j) sum[j] += static_cast<double>(v[j]);
+      }
+      if (d_bias != nullptr)
+        for (int64_t j = 0; j < width; ++j) d_bias[range.begin + j] += static_cast<float>(sum[j]);
+    }
   }
 }
 

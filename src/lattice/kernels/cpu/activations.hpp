@@ -14,6 +14,12 @@ void gelu_forward(float* out, const float* in, int64_t n);
 void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n);
 void gelu_backward(float* d_in, const float* d_out, const float* in,
                    int64_t n);  // d_in overwritten
+// gelu_backward over [rows, cols] with d_in rounded to bf16 (bit for bit lattice::to_bf16 of
+// gelu_backward's; overwritten) and, when d_bias is not null, the column sums of the fp32 d_in
+// accumulated into d_bias[cols] exactly as MatmulEngine::backward's bias gradient: for the next
+// Linear's bf16 backward, without an fp32 d_in written and read back.
+void gelu_backward_bf16(lattice::bf16* d_in16, float* d_bias, const float* d_out, const float* in,
+                        int64_t rows, int64_t cols);
 
 // out = silu(gate) * up, silu(x) = x * sigmoid(x).
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);

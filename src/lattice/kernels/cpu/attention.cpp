@@ -385,6 +385,19 @@ inline void store_bf16(uint16_t* p, f32x16 x) {
   std::memcpy(p, &bits, sizeof bits);
 }
 
+// Rows this many ahead of the one being packed are prefetched: packed rows are strided (a head's
+// slice of a token row), which the hardware prefetchers do not follow across pages.
+constexpr int64_t kPrefetchRows = 8;
+
+// Prefetches the head_dim floats of the row `ahead` rows after `r` (when it exists) into cache.
+inline void prefetch_ahead(const float* src, int64_t src_stride, int64_t r, int64_t rows,
+                           int64_t head_dim) {
+  const int64_t ahead = r + kPrefetchRows;
+  if (ahead >= rows) return;
+  const float* row = src + ahead * src_stride;
+  for (int64_t d = 0; d < head_dim; d += 16) __builtin_prefetch(row + d);
+}
+
 // B operand "X^T" of a product that contracts over head_dim, from rows x head_dim of X (strided):
 // element (d, row) at dst[(d / 2) * 2 * ld + 2 * row + d % 2], i.e. X's bf16 pairs (d, d+1) are
 // 32-bit words laid out transposed. dst must be zeroed by the caller (padding stays zero).
@@ -392,6 +405,7 @@ void pack_pairs_transposed(uint16_t* dst, int64_t ld, const float* src, int64_t 
                            int64_t rows, int64_t head_dim) {
   const int64_t d_full = head_dim / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
+    prefetch_ahead(src, src_stride, r, rows, head_dim);
     const float* row = src + r * src_stride;
     uint16_t* column = dst + 2 * r;
     for (int64_t d = 0; d < d_full; d += kLanes) {
@@ -411,6 +425,8 @@ void pack_rows_interleaved(uint16_t* dst, int64_t padded_dim, const float* src, 
                            int64_t rows, int64_t head_dim) {
   const int64_t d_full = head_dim / kLanes * kLanes;
   for (int64_t r = 0; r < rows; r += 2) {
+    prefetch_ahead(src, src_stride, r, rows, head_dim);
+    prefetch_ahead(src, src_stride, r + 1, rows, head_dim);
     const float* row0 = src + r * src_stride;
     const float* row1 = r + 1 < rows ? row0 + src_stride : nullptr;
     uint16_t* pair = dst + r / 2 * 2 * padded_dim;
@@ -431,6 +447,7 @@ void pack_rows_bf16(uint16_t* tile, int64_t padded_dim, const float* src, int64_
                     int64_t rows, int64_t head_dim) {
   const int64_t full = head_dim / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
+    prefetch_ahead(src, src_stride, r, rows, head_dim);
     uint16_t* dst = tile + r * padded_dim;
     const float* row = src + r * src_stride;
     for (int64_t d = 0; d < full; d += kLanes) store_bf16(dst + d, load(row + d));

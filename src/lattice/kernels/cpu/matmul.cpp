@@ -27,6 +27,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
+#include "lattice/kernels/cpu/thread_columns.hpp"
 
 namespace lattice::kernels {
 namespace {
@@ -107,24 +108,27 @@ void check_dims(const char* what, int64_t M, int64_t K, int64_t N) {
 
 // d_bias[j] += sum_i d_out[i, j], summed in double row by row for each column, so the result does
 // not depend on the thread count. When d_out16 is not null the same pass also writes d_out rounded
-// to bf16 there (dense [M, N]), so the bf16 backward reads d_out from memory once. Columns go in
-// blocks of 128 (a block's row segments are converted and summed together), enough blocks for two
-// threads even at N = 256.
+// to bf16 there (dense [M, N]), so the bf16 backward reads d_out from memory once. Each thread owns
+// a contiguous range of columns and walks the rows (thread_columns): it streams through memory
+// instead of revisiting every row's page once per narrow column block.
 void accumulate_column_sums(float* d_bias, const float* d_out, int64_t M, int64_t N,
                             lattice::bf16* d_out16 = nullptr) {
-  constexpr int64_t kColumns = 128;
-  const int64_t blocks = (N + kColumns - 1) / kColumns;
-#pragma omp parallel for schedule(static) if (M * N > (1 << 15))
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kColumns;
-    const int64_t width = std::min(kColumns, N - begin);
-    double sums[kColumns] = {};
-    for (int64_t i = 0; i < M; ++i) {
-      const float* row = d_out + i * N + begin;
-      if (d_out16 != nullptr) convert_to_bf16_on_this_thread(d_out16 + i * N + begin, row, width);
-      for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<double>(row[j]);
+#pragma omp parallel if (M * N > (1 << 15))
+  {
+    const ColumnRange range = thread_columns(N, omp_get_thread_num(), omp_get_num_threads());
+    const int64_t width = range.width();
+    if (width > 0) {
+      std::vector<double> column_sums(static_cast<size_t>(width), 0.0);
+      double* sums = column_sums.data();
+      for (int64_t i = 0; i < M; ++i) {
+        prefetch_next_row(d_out, i, M, N, range);
+        const float* row = d_out + i * N + range.begin;
+        if (d_out16 != nullptr)
+          convert_to_bf16_on_this_thread(d_out16 + i * N + range.begin, row, width);
+        for (int64_t j = 0; j < width; ++j) sums[j] += static_cast<double>(row[j]);
+      }
+      for (int64_t j = 0; j < width; ++j) d_bias[range.begin + j] += static_cast<float>(sums[j]);
     }
-    for (int64_t j = 0; j < width; ++j) d_bias[begin + j] += static_cast<float>(sums[j]);
   }
 }
 
