@@ -38,8 +38,7 @@ static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, i
   return s;
 }
 
-void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                        int64_t T) {
+void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t T) {
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
   ensure_activation(ln1_, {rows, C_}, tr);
@@ -53,25 +52,28 @@ void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in
   ensure_activation(ln2_mean_, {rows}, tr);
   ensure_activation(ln2_rstd_, {rows}, tr);
   ensure_activation(fc_, {rows, F_}, tr);
-  // In bf16 the GELU output exists only as mlp_proj's bf16 input (see below).
-  const bool gelu_in_bf16 = ctx.precision == k::Precision::bf16;
-  if (gelu_in_bf16)
+  // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward).
+  if (ctx.precision == k::Precision::bf16)
     gelu_.reset();
   else
     ensure_activation(gelu_, {rows, F_}, tr);
+}
 
+void Gpt2Block::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows) {
   k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
                        store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
   c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
-  const float* qkv = qkv_.f32();
-  k::attention_forward(att_.f32(), lse_.f32(), qkv, qkv + C_, qkv + 2 * C_,
-                       packed_qkv_shape(B, T, heads_, C_), ctx.precision, ctx.matmul);
+}
+
+void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
+                                           int64_t rows) {
   attn_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
   k::add_inplace(x2_.f32(), x_in, rows * C_);
   k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
                        store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
   c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
-  if (gelu_in_bf16) {  // GELU writes mlp_proj's bf16 input directly (no fp32 output to round again)
+  if (ctx.precision == k::Precision::bf16) {
+    // GELU writes mlp_proj's bf16 input directly (no fp32 output to round again).
     k::gelu_forward_bf16(mlp_proj_.prepare_bf16_input(ctx, rows), fc_.f32(), rows * F_);
     mlp_proj_.forward_prepared(ctx, x_out, rows);
   } else {
@@ -79,6 +81,17 @@ void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in
     mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
   }
   k::add_inplace(x_out, x2_.f32(), rows * C_);
+}
+
+void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+                        int64_t T) {
+  const int64_t rows = B * T;
+  prepare_activations(ctx, B, T);
+  qkv_forward(ctx, x_in, rows);
+  const float* qkv = qkv_.f32();
+  k::attention_forward(att_.f32(), lse_.f32(), qkv, qkv + C_, qkv + 2 * C_,
+                       packed_qkv_shape(B, T, heads_, C_), ctx.precision, ctx.matmul);
+  projection_and_mlp_forward(ctx, x_out, x_in, rows);
 }
 
 void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out,
@@ -121,23 +134,8 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
 void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
                                int64_t n, KvCache& cache, int64_t cache_layer) {
   const int64_t rows = B * n;
-  auto* tr = ctx.tracker;
-  ensure_activation(ln1_, {rows, C_}, tr);
-  ensure_activation(ln1_mean_, {rows}, tr);
-  ensure_activation(ln1_rstd_, {rows}, tr);
-  ensure_activation(qkv_, {rows, 3 * C_}, tr);
-  ensure_activation(att_, {rows, C_}, tr);
-  ensure_activation(lse_, {B, heads_, n}, tr);
-  ensure_activation(x2_, {rows, C_}, tr);
-  ensure_activation(ln2_, {rows, C_}, tr);
-  ensure_activation(ln2_mean_, {rows}, tr);
-  ensure_activation(ln2_rstd_, {rows}, tr);
-  ensure_activation(fc_, {rows, F_}, tr);
-  ensure_activation(gelu_, {rows, F_}, tr);
-
-  k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
-                       store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
-  c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
+  prepare_activations(ctx, B, n);
+  qkv_forward(ctx, x_in, rows);
   const float* qkv = qkv_.f32();
   cache.write(cache_layer, qkv + C_, qkv + 2 * C_, 3 * C_, n);
   // The new queries sit at the end of the cached keys: positions [length, length + n).
@@ -147,14 +145,7 @@ void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const floa
   shape.kv_batch_stride = cache.batch_stride();
   k::attention_forward(att_.f32(), lse_.f32(), qkv, cache.keys(cache_layer),
                        cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
-  attn_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
-  k::add_inplace(x2_.f32(), x_in, rows * C_);
-  k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
-                       store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
-  c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
-  k::gelu_forward(gelu_.f32(), fc_.f32(), rows * F_);
-  mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
-  k::add_inplace(x_out, x2_.f32(), rows * C_);
+  projection_and_mlp_forward(ctx, x_out, x_in, rows);
 }
 
 void Gpt2Block::release_activations() {

@@ -36,8 +36,7 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
   down_proj_ = Linear(store, p + "mlp.down_proj", F_, C_, false, InitKind::normal_residual);
 }
 
-void LlamaBlock::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                         int64_t T) {
+void LlamaBlock::prepare_activations(const LayerContext& ctx, int64_t B, int64_t T) {
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
   ensure_activation(n1_, {rows, C_}, tr);
@@ -53,16 +52,17 @@ void LlamaBlock::forward(const LayerContext& ctx, float* x_out, const float* x_i
   ensure_activation(gate_, {rows, F_}, tr);
   ensure_activation(up_, {rows, F_}, tr);
   ensure_activation(h_, {rows, F_}, tr);
+}
 
+void LlamaBlock::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows) {
   k::rmsnorm_forward(n1_.f32(), rstd1_.f32(), x_in, store_.value(norm1_weight_), rows, C_, eps_);
   q_proj_.forward(ctx, q_.f32(), n1_.f32(), rows);
   k_proj_.forward(ctx, k_.f32(), n1_.f32(), rows);
   v_proj_.forward(ctx, v_.f32(), n1_.f32(), rows);
-  rope_.apply(q_.f32(), B, T, heads_, C_, T * C_, 0, false);
-  rope_.apply(k_.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
-  const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), k_.f32(), v_.f32(), shape, ctx.precision,
-                       ctx.matmul);
+}
+
+void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, float* x_out,
+                                            const float* x_in, int64_t rows) {
   o_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
   k::add_inplace(x2_.f32(), x_in, rows * C_);
   k::rmsnorm_forward(n2_.f32(), rstd2_.f32(), x2_.f32(), store_.value(norm2_weight_), rows, C_,
@@ -72,6 +72,19 @@ void LlamaBlock::forward(const LayerContext& ctx, float* x_out, const float* x_i
   k::swiglu_forward(h_.f32(), gate_.f32(), up_.f32(), rows * F_);
   down_proj_.forward(ctx, x_out, h_.f32(), rows);
   k::add_inplace(x_out, x2_.f32(), rows * C_);
+}
+
+void LlamaBlock::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+                         int64_t T) {
+  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
+  prepare_activations(ctx, B, T);
+  qkv_forward(ctx, x_in, rows);
+  rope_.apply(q_.f32(), B, T, heads_, C_, T * C_, 0, false);
+  rope_.apply(k_.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
+  const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
+  k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), k_.f32(), v_.f32(), shape, ctx.precision,
+                       ctx.matmul);
+  projection_and_mlp_forward(ctx, x_out, x_in, rows);
 }
 
 void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out,
@@ -119,25 +132,8 @@ void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d
 void LlamaBlock::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
                                 int64_t n, KvCache& cache, int64_t cache_layer) {
   const int64_t rows = B * n, kv = kv_heads_ * head_dim_, start = cache.length();
-  auto* tr = ctx.tracker;
-  ensure_activation(n1_, {rows, C_}, tr);
-  ensure_activation(rstd1_, {rows}, tr);
-  ensure_activation(q_, {rows, C_}, tr);
-  ensure_activation(k_, {rows, kv}, tr);
-  ensure_activation(v_, {rows, kv}, tr);
-  ensure_activation(att_, {rows, C_}, tr);
-  ensure_activation(lse_, {B, heads_, n}, tr);
-  ensure_activation(x2_, {rows, C_}, tr);
-  ensure_activation(n2_, {rows, C_}, tr);
-  ensure_activation(rstd2_, {rows}, tr);
-  ensure_activation(gate_, {rows, F_}, tr);
-  ensure_activation(up_, {rows, F_}, tr);
-  ensure_activation(h_, {rows, F_}, tr);
-
-  k::rmsnorm_forward(n1_.f32(), rstd1_.f32(), x_in, store_.value(norm1_weight_), rows, C_, eps_);
-  q_proj_.forward(ctx, q_.f32(), n1_.f32(), rows);
-  k_proj_.forward(ctx, k_.f32(), n1_.f32(), rows);
-  v_proj_.forward(ctx, v_.f32(), n1_.f32(), rows);
+  prepare_activations(ctx, B, n);
+  qkv_forward(ctx, x_in, rows);
   // RoPE at the absolute positions [start, start + n); cached keys are stored rotated.
   rope_.apply(q_.f32(), B, n, heads_, C_, n * C_, start, false);
   rope_.apply(k_.f32(), B, n, kv_heads_, kv, n * kv, start, false);
@@ -148,15 +144,7 @@ void LlamaBlock::forward_cached(const LayerContext& ctx, float* x_out, const flo
   shape.kv_batch_stride = cache.batch_stride();
   k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), cache.keys(cache_layer),
                        cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
-  o_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
-  k::add_inplace(x2_.f32(), x_in, rows * C_);
-  k::rmsnorm_forward(n2_.f32(), rstd2_.f32(), x2_.f32(), store_.value(norm2_weight_), rows, C_,
-                     eps_);
-  gate_proj_.forward(ctx, gate_.f32(), n2_.f32(), rows);
-  up_proj_.forward(ctx, up_.f32(), n2_.f32(), rows);
-  k::swiglu_forward(h_.f32(), gate_.f32(), up_.f32(), rows * F_);
-  down_proj_.forward(ctx, x_out, h_.f32(), rows);
-  k::add_inplace(x_out, x2_.f32(), rows * C_);
+  projection_and_mlp_forward(ctx, x_out, x_in, rows);
 }
 
 void LlamaBlock::release_activations() {

@@ -22,10 +22,18 @@ class LlamaBlock final : public Block {
   void backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out, const float* x_in,
                 int64_t B, int64_t T, BackwardScratch& scratch) override;
   void release_activations() override;
-  void forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B, int64_t n,
-                      KvCache& cache, int64_t cache_layer) override;
+  void forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
+                      int64_t n, KvCache& cache, int64_t cache_layer) override;
 
  private:
+  // The forward pieces shared by training and cached inference: activation buffers for B·T rows;
+  // RMSNorm 1 and the q/k/v projections (before RoPE); then, after attention has filled att_, the
+  // output projection, both residual adds, RMSNorm 2 and the SwiGLU MLP.
+  void prepare_activations(const LayerContext& ctx, int64_t B, int64_t T);
+  void qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows);
+  void projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
+                                  int64_t rows);
+
   ParameterStore& store_;
   const kernels::RopeTable& rope_;
   int64_t C_, F_, heads_, kv_heads_, head_dim_;
