@@ -66,11 +66,7 @@ std::vector<RankReport> run_ranks(const train::TrainConfig& config, int threads_
     r.optimizer = m.current(MemoryCategory::optimizer_state);
     r.peak = m.peak_total();
   };
-  if (config.dp == 1)
-    body(nullptr);
-  else
-    comm::run_local_ranks(static_cast<int>(config.dp),
-                          [&](comm::Communicator& group) { body(&group); });
+  comm::run_local_ranks_or_inline(static_cast<int>(config.dp), body);
   return reports;
 }
 

@@ -151,13 +151,10 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
         run_layout(config, ranks == 1 ? nullptr : group.get(), outcomes[i]);
       }
       world->barrier();
-    } else if (ranks == 1) {
-      omp_set_num_threads(total_threads);
-      run_layout(config, nullptr, outcomes[i]);
     } else {
-      comm::run_local_ranks(ranks, [&](comm::Communicator& group) {
+      comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {
         omp_set_num_threads(std::max(1, total_threads / ranks));
-        run_layout(config, &group, outcomes[i]);
+        run_layout(config, group, outcomes[i]);
       });
     }
   }

@@ -70,11 +70,7 @@ inline DpOutcome run_dp(const train::TrainConfig& config) {
     out.final_val_loss = result.final_val_loss;
     out.parameters.assign(params.values(), params.values() + params.size());
   };
-  if (config.dp == 1)
-    body(nullptr);
-  else
-    comm::run_local_ranks(static_cast<int>(config.dp),
-                          [&](comm::Communicator& group) { body(&group); });
+  comm::run_local_ranks_or_inline(static_cast<int>(config.dp), body);
   return out;
 }
 

@@ -305,18 +305,14 @@ TrainResult train_on_ranks(const TrainConfig& config) {
     world.reset();  // before the session finalizes MPI
     return result;
   }
-  if (config.dp == 1) {
-    Trainer trainer(config);
-    return trainer.run();
-  }
   const int ranks = static_cast<int>(config.dp);
   const int threads = threads_per_rank(config, ranks);
   TrainResult result;
-  comm::run_local_ranks(ranks, [&](comm::Communicator& group) {
+  comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {
     omp_set_num_threads(threads);
-    Trainer trainer(config, &group);
+    Trainer trainer(config, group);
     TrainResult mine = trainer.run();
-    if (group.rank() == 0) result = std::move(mine);
+    if (group == nullptr || group->rank() == 0) result = std::move(mine);
   });
   return result;
 }

@@ -69,4 +69,11 @@ void run_local_ranks(int size, const std::function<void(Communicator&)>& fn, Com
   world.run(fn);
 }
 
+void run_local_ranks_or_inline(int size, const std::function<void(Communicator*)>& fn,
+                               CommOptions options) {
+  if (size == 1) return fn(nullptr);
+  run_local_ranks(
+      size, [&](Communicator& communicator) { fn(&communicator); }, options);
+}
+
 }  // namespace lattice::comm

@@ -39,5 +39,9 @@ class LocalWorld {
 // Convenience: LocalWorld(size, options).run(fn).
 void run_local_ranks(int size, const std::function<void(Communicator&)>& fn,
                      CommOptions options = options_from_environment());
+// The same, except that size 1 runs fn(nullptr) on the calling thread: a single rank needs no
+// communicator (callers treat null as "no data parallelism").
+void run_local_ranks_or_inline(int size, const std::function<void(Communicator*)>& fn,
+                               CommOptions options = options_from_environment());
 
 }  // namespace lattice::comm
