@@ -11,8 +11,8 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/data/bpe_trainer.hpp"
-#include "lattice/data/tokenizer.hpp"
 #include "lattice/data/byte_corpus.hpp"
+#include "lattice/data/tokenizer.hpp"
 #include "lattice/data/tokenizer_files.hpp"
 #include "verbs.hpp"
 
@@ -48,7 +48,8 @@ void register_data_tokenizer(CLI::App& data) {
     const auto start = std::chrono::steady_clock::now();
     data::BpeTrainer trainer(o->trainer);
     std::vector<std::filesystem::path> files;
-    for (const auto& f : data::expand_file_patterns(o->inputs, o->exclude)) files.emplace_back(f);
+    for (const auto& f : data::expand_file_patterns(o->inputs, o->exclude, "--input"))
+      files.emplace_back(f);
     trainer.add_files(files);
     const bool terminal = ::isatty(STDERR_FILENO) != 0;
     const data::BpeModel model = trainer.train([terminal](int64_t done, int64_t wanted) {

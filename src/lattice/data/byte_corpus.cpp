@@ -14,8 +14,9 @@
 namespace lattice::data {
 
 std::vector<std::string> expand_file_patterns(const std::vector<std::string>& patterns,
-                                              const std::vector<std::string>& excludes) {
-  check(!patterns.empty(), "data.train_files is empty: list the corpus files (globs allowed)");
+                                              const std::vector<std::string>& excludes,
+                                              const std::string& setting) {
+  check(!patterns.empty(), setting + " is empty: list the corpus files (globs allowed)");
   std::vector<std::string> files;
   for (const auto& pattern : patterns) {
     glob_t matches{};
@@ -33,8 +34,9 @@ std::vector<std::string> expand_file_patterns(const std::vector<std::string>& pa
     }
     globfree(&matches);
     check(files.size() > before, "corpus file pattern '" + pattern +
-                                     "' matches no readable file: check data.train_files (the "
-                                     "demo's corpus comes from Debian's 'fortunes' package)");
+                                     "' matches no readable file: check " + setting +
+                                     " (the demo's corpus comes from Debian's 'fortunes' "
+                                     "package)");
   }
   std::sort(files.begin(), files.end());
   files.erase(std::unique(files.begin(), files.end()), files.end());

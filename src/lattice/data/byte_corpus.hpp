@@ -11,9 +11,11 @@
 namespace lattice::data {
 
 // Expands glob patterns to a sorted list of regular files, dropping those matching any exclude
-// pattern (fnmatch on the file name). Throws lattice::Error when a pattern matches no file.
+// pattern (fnmatch on the file name). Throws lattice::Error when a pattern matches no file (or
+// none is given), naming `setting`: the config key or flag the patterns came from.
 std::vector<std::string> expand_file_patterns(const std::vector<std::string>& patterns,
-                                              const std::vector<std::string>& excludes);
+                                              const std::vector<std::string>& excludes,
+                                              const std::string& setting);
 
 class ByteSpan final : public TokenSource {
  public:

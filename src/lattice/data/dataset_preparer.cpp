@@ -173,7 +173,7 @@ DatasetManifest prepare_dataset(const PrepareOptions& o, const PrepareProgress& 
           "--out " + o.out +
               " exists and is not a dataset made by `lattice data prepare`: choose another "
               "directory (it would be replaced)");
-  const auto files = expand_file_patterns(o.inputs, o.exclude);
+  const auto files = expand_file_patterns(o.inputs, o.exclude, "--input");
   const auto tokenizer = load_tokenizer(o.tokenizer);
   const int threads = o.threads > 0
                           ? o.threads

@@ -73,7 +73,7 @@ std::unique_ptr<TokenSource> open_split(const std::string& spec, TokenFormat for
   if (format == TokenFormat::megatron)
     return std::make_unique<MegatronDataset>(megatron_prefix(spec), vocab_size);
   std::vector<std::string> files;
-  for (const auto& f : expand_file_patterns({spec}, {})) {
+  for (const auto& f : expand_file_patterns({spec}, {}, "data.dataset")) {
     const bool is_val = fs::path(f).filename().string().find("val") != std::string::npos;
     if (is_val == validation_files) files.push_back(f);
   }
@@ -135,7 +135,8 @@ TokenDataset open_token_dataset(const std::string& spec, TokenFormat format, int
           format == TokenFormat::megatron ? format : detect_token_format(val_spec);
       d.validation = val_format == TokenFormat::megatron
                          ? open_split(val_spec, val_format, vocab_size, false)
-                         : open_llmc_files(expand_file_patterns({val_spec}, {}), vocab_size);
+                         : open_llmc_files(expand_file_patterns({val_spec}, {}, "data.val_dataset"),
+                                           vocab_size);
     } else if (format == TokenFormat::llmc) {
       d.validation = open_split(spec, format, vocab_size, true);
     }

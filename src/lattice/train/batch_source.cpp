@@ -28,7 +28,8 @@ BatchSource::BatchSource(const TrainConfig& config, int dp_rank, int dp_size)
         "no training data: set data.dataset (token files from `lattice data prepare`) or "
         "data.train_files (text read as bytes)");
   corpus_ = std::make_unique<data::ByteCorpus>(
-      data::expand_file_patterns(config.train_files, config.exclude), config.val_fraction);
+      data::expand_file_patterns(config.train_files, config.exclude, "data.train_files"),
+      config.val_fraction);
   check(corpus_->train().vocab_size() <= config.model.vocab_size,
         "the byte tokenizer needs model.vocab_size >= 256, got " +
             std::to_string(config.model.vocab_size));
