@@ -5,12 +5,15 @@
 // kernel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "gradcheck.hpp"
 #include "lattice/core/dtype.hpp"
+#include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
 #include "lattice/kernels/cpu/cross_entropy.hpp"
@@ -59,6 +62,91 @@ TEST(CrossEntropyBf16, GradientIsTheRoundedFp32GradientAndTheLossIsTheSame) {
       EXPECT_EQ(bits_of(bf16_grad), bf16_bits_of(fp32_grad)) << threads << " threads";
     }
   }
+}
+
+TEST(CrossEntropyBf16, RowChunksEqualTheWholeBatch) {
+  const int64_t rows = 9, V = 1000;
+  const auto logits = random_vector(rows * V, 12, 8.0f);
+  std::vector<int32_t> targets(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) targets[static_cast<size_t>(r)] = static_cast<int32_t>(r * 97);
+  targets[4] = -1;  // ignored row
+  std::vector<lattice::bf16> whole(logits.size());
+  const double whole_loss = cross_entropy_forward_backward_bf16(whole.data(), logits.data(),
+                                                                targets.data(), rows, V, 0.25f);
+  const double forward_loss = cross_entropy_forward(logits.data(), targets.data(), rows, V);
+  // Chunks of 4, 4 and 1 rows, the way a chunked head hands them over.
+  std::vector<lattice::bf16> chunked(logits.size(), lattice::bf16{0xffff});
+  std::vector<double> row_losses(static_cast<size_t>(rows), -1.0), forward_rows = row_losses;
+  std::vector<float> work(static_cast<size_t>(V));
+  for (int64_t begin = 0; begin < rows; begin += 4) {
+    const int64_t n = std::min<int64_t>(4, rows - begin);
+    cross_entropy_rows_bf16(chunked.data() + begin * V, row_losses.data() + begin,
+                            logits.data() + begin * V, targets.data() + begin, n, V, 0.25f,
+                            work.data());
+    cross_entropy_rows_bf16(nullptr, forward_rows.data() + begin, logits.data() + begin * V,
+                            targets.data() + begin, n, V, 0.0f, work.data());
+  }
+  double chunked_loss = 0.0, chunked_forward_loss = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    chunked_loss += row_losses[static_cast<size_t>(r)];
+    chunked_forward_loss += forward_rows[static_cast<size_t>(r)];
+  }
+  EXPECT_EQ(row_losses[4], 0.0);
+  EXPECT_EQ(chunked_loss, whole_loss);
+  EXPECT_EQ(chunked_forward_loss, forward_loss);
+  EXPECT_EQ(bits_of(chunked), bits_of(whole));
+}
+
+TEST(MatmulBf16RowChunks, EachChunkEqualsTheWholeForwardAndEveryRowIsConsumedOnce) {
+  struct Shape {
+    int64_t M, K, N, chunk;
+  };
+  // Chunks dividing M, a short tail, a single chunk larger than M, odd sizes.
+  for (const Shape s :
+       {Shape{64, 32, 96, 16}, Shape{70, 48, 130, 32}, Shape{5, 16, 40, 64}, Shape{33, 7, 3, 16}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "M=" << s.M << " K=" << s.K << " N=" << s.N << " chunk=" << s.chunk);
+    const auto in = random_vector(s.M * s.K, 21, 1.0f);
+    const auto weight = random_vector(s.N * s.K, 22, 0.5f);
+    std::vector<lattice::bf16> in16(in.size());
+    for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
+    for (int threads : {1, 2}) {
+      lattice::testing::ScopedOmpThreads scope(threads);
+      MatmulEngine engine;
+      std::vector<float> whole(static_cast<size_t>(s.M * s.N));
+      engine.forward(whole.data(), in.data(), weight.data(), nullptr, s.M, s.K, s.N,
+                     Precision::bf16);
+      std::vector<float> chunked(whole.size(), std::nanf(""));
+      std::vector<int> seen(static_cast<size_t>(s.M), 0);
+      engine.forward_in_row_chunks(in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
+                                   [&](int64_t begin, int64_t rows, const float* chunk) {
+                                     for (int64_t r = 0; r < rows; ++r) {
+                                       ++seen[static_cast<size_t>(begin + r)];
+                                       std::memcpy(chunked.data() + (begin + r) * s.N,
+                                                   chunk + r * s.N,
+                                                   sizeof(float) * static_cast<size_t>(s.N));
+                                     }
+                                   });
+      EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(s.M), 1)) << threads << " threads";
+      // Same operands, same K order: the chunked product is bit-identical to the whole one.
+      EXPECT_EQ(0, std::memcmp(chunked.data(), whole.data(), sizeof(float) * whole.size()))
+          << threads << " threads";
+    }
+  }
+}
+
+TEST(MatmulBf16RowChunks, AnExceptionInAChunkReachesTheCaller) {
+  const int64_t M = 64, K = 16, N = 32;
+  const auto in = random_vector(M * K, 23, 1.0f);
+  const auto weight = random_vector(N * K, 24, 1.0f);
+  std::vector<lattice::bf16> in16(in.size());
+  for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
+  MatmulEngine engine;
+  EXPECT_THROW(engine.forward_in_row_chunks(in16.data(), weight.data(), M, K, N, 16,
+                                            [](int64_t begin, int64_t, const float*) {
+                                              if (begin == 32) throw Error("chunk failed");
+                                            }),
+               Error);
 }
 
 TEST(GeluBf16, ForwardIsTheRoundedFp32Forward) {

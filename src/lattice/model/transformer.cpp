@@ -1,9 +1,14 @@
 // Transformer model: see transformer.hpp.
 #include "lattice/model/transformer.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/cross_entropy.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/embedding.hpp"
@@ -153,7 +158,6 @@ float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
     gradient_ready_ = loss_scale != 0.0f;
     return 0.0f;
   }
-  head_forward(ctx, B, T);
   const int64_t V = config_.vocab_size;
   int64_t counted = 0;
   for (int64_t i = 0; i < rows; ++i) {
@@ -163,31 +167,28 @@ float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
     counted += targets[i] >= 0;
   }
   check(counted > 0, "the batch has no target to train on (every target is ignored)");
+  const float grad_scale = loss_scale / static_cast<float>(counted);
   double loss_sum;
-  if (loss_scale != 0.0f) {
-    const float grad_scale = loss_scale / static_cast<float>(counted);
-    logits_grad_bf16_ = ctx.precision == k::Precision::bf16;
-    if (logits_grad_bf16_) {  // the head's bf16 backward GEMMs read the gradient rounded
-      ensure_bf16_activation(d_logits16_, {rows, V}, tracker_);
-      loss_sum = k::cross_entropy_forward_backward_bf16(
-          d_logits16_.data<lattice::bf16>(), logits_.f32(), targets, rows, V, grad_scale);
-    } else {
+  if (ctx.precision == k::Precision::bf16) {
+    loss_sum = head_loss_in_row_chunks(ctx, targets, rows, grad_scale);
+    logits_grad_bf16_ = loss_scale != 0.0f;
+  } else {
+    head_forward(ctx, B, T);
+    logits_grad_bf16_ = false;
+    if (loss_scale != 0.0f)
       loss_sum = k::cross_entropy_forward_backward(logits_.f32(), logits_.f32(), targets, rows, V,
                                                    grad_scale);
-    }
-    gradient_ready_ = true;
-  } else {
-    loss_sum = k::cross_entropy_forward(logits_.f32(), targets, rows, V);
+    else
+      loss_sum = k::cross_entropy_forward(logits_.f32(), targets, rows, V);
   }
+  gradient_ready_ = loss_scale != 0.0f;
   return static_cast<float>(loss_sum / static_cast<double>(counted));
 }
 
-void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
-  const int64_t rows = B * T, C = config_.d_model, V = config_.vocab_size;
-  hook_before_forward(ctx, head_unit_);
+void Transformer::head_norm_forward(const LayerContext& ctx, int64_t rows) {
+  const int64_t C = config_.d_model;
   ensure_activation(normed_, {rows, C}, tracker_);
   ensure_activation(norm_rstd_, {rows}, tracker_);
-  ensure_activation(logits_, {rows, V}, tracker_);
   const float* x = residual_.back().f32();
   if (config_.family == Family::gpt2) {
     ensure_activation(norm_mean_, {rows}, tracker_);
@@ -198,6 +199,48 @@ void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
     k::rmsnorm_forward(normed_.f32(), norm_rstd_.f32(), x, params_.value(final_norm_weight_), rows,
                        C, config_.norm_eps);
   }
+}
+
+double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32_t* targets,
+                                            int64_t rows, float grad_scale) {
+  const int64_t C = config_.d_model, V = config_.vocab_size;
+  hook_before_forward(ctx, head_unit_);
+  head_norm_forward(ctx, rows);
+  ensure_bf16_activation(normed16_, {rows, C}, tracker_);  // kept for the weight gradient
+  k::convert_to_bf16(normed16_.data<lattice::bf16>(), normed_.f32(), rows * C);
+  lattice::bf16* d_logits16 = nullptr;
+  if (grad_scale != 0.0f) {
+    ensure_bf16_activation(d_logits16_, {rows, V}, tracker_);
+    d_logits16 = d_logits16_.data<lattice::bf16>();
+  }
+  logits_.reset();  // the whole [rows, V] logits never exist here
+  std::vector<double> row_losses(static_cast<size_t>(rows), 0.0);
+  std::vector<std::vector<float>> work(static_cast<size_t>(omp_get_max_threads()));
+  // Rows per chunk: each chunk's GEMM reads the whole head weight again (V·C bf16) and saves
+  // writing and re-reading its rows' fp32 logits (8·V bytes per row), so chunks of at least C rows
+  // re-read less than they save; 256 was fastest on the small bench shape (L4 d256 V8192: 64, 128,
+  // 512 and 1024 rows were 2-8% slower), and chunks spread over the threads in turn.
+  const int64_t chunk_rows = std::max<int64_t>(256, (C + 15) / 16 * 16);
+  ctx.matmul.forward_in_row_chunks(
+      normed16_.data<lattice::bf16>(), params_.value(head_weight_), rows, C, V, chunk_rows,
+      [&](int64_t begin, int64_t n, const float* chunk) {
+        auto& row = work[static_cast<size_t>(omp_get_thread_num())];
+        if (row.empty()) row.resize(static_cast<size_t>(V));
+        k::cross_entropy_rows_bf16(d_logits16 != nullptr ? d_logits16 + begin * V : nullptr,
+                                   row_losses.data() + begin, chunk, targets + begin, n, V,
+                                   grad_scale, row.data());
+      });
+  hook_after_forward(ctx, head_unit_);
+  double total = 0.0;  // row order: independent of the thread count
+  for (double loss : row_losses) total += loss;
+  return total;
+}
+
+void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
+  const int64_t rows = B * T, C = config_.d_model, V = config_.vocab_size;
+  hook_before_forward(ctx, head_unit_);
+  head_norm_forward(ctx, rows);
+  ensure_activation(logits_, {rows, V}, tracker_);
   k::Bf16Operands keep;  // bf16: the rounded normed_ is kept for the weight gradient
   if (ctx.precision == k::Precision::bf16) {
     ensure_bf16_activation(normed16_, {rows, C}, tracker_);

@@ -96,7 +96,14 @@ class Transformer {
   // Embedding (or hidden_in) then this stage's blocks; leaves the output in residual_.back().
   void trunk_forward(const LayerContext& ctx, const int32_t* tokens, const float* hidden_in,
                      int64_t B, int64_t T);
+  // The final norm (normed_); head_forward adds the logits [B·T, vocab] in logits_.
+  void head_norm_forward(const LayerContext& ctx, int64_t rows);
   void head_forward(const LayerContext& ctx, int64_t B, int64_t T);
+  // bf16: the head's GEMM and the cross-entropy in row chunks that stay in cache (the logits are
+  // never stored); with grad_scale != 0 the rounded logits' gradient goes to d_logits16_. Returns
+  // the sum of the row losses.
+  double head_loss_in_row_chunks(const LayerContext& ctx, const int32_t* targets, int64_t rows,
+                                 float grad_scale);
   void head_backward(const LayerContext& ctx, int64_t rows);
 
   ModelConfig config_;

@@ -112,6 +112,36 @@ double cross_entropy_forward_backward(float* d_logits, const float* logits, cons
   return sum_in_row_order(row_losses);
 }
 
+void cross_entropy_rows_bf16(lattice::bf16* d_logits, double* row_losses, const float* logits,
+                             const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
+                             float* work) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t target = targets[r];
+    const float* x = logits + r * V;
+    lattice::bf16* d = d_logits != nullptr ? d_logits + r * V : nullptr;
+    if (target < 0) {
+      if (d != nullptr) std::fill(d, d + V, lattice::bf16{0});
+      row_losses[r] = 0.0;
+      continue;
+    }
+    const float max = row_max(x, V);
+    if (d == nullptr) {
+      const double total = sum_exp(nullptr, x, max, V);
+      row_losses[r] = static_cast<double>(max) + std::log(total) - static_cast<double>(x[target]);
+      continue;
+    }
+    // The fp32 gradient row is formed in `work`, which stays in cache, with the operations of
+    // cross_entropy_forward_backward, then rounded: the logits are only read.
+    const double total = sum_exp(work, x, max, V);
+    row_losses[r] = static_cast<double>(max) + std::log(total) - static_cast<double>(x[target]);
+    const float scale = static_cast<float>(static_cast<double>(grad_scale) / total);
+#pragma omp simd simdlen(16)
+    for (int64_t v = 0; v < V; ++v) work[v] *= scale;
+    work[target] -= grad_scale;
+    convert_to_bf16_on_this_thread(d, work, V);
+  }
+}
+
 double cross_entropy_forward_backward_bf16(lattice::bf16* d_logits, const float* logits,
                                            const int32_t* targets, int64_t rows, int64_t V,
                                            float grad_scale) {
@@ -119,28 +149,11 @@ double cross_entropy_forward_backward_bf16(lattice::bf16* d_logits, const float*
   std::vector<double> row_losses(static_cast<size_t>(rows), 0.0);
 #pragma omp parallel
   {
-    // The fp32 gradient row is formed in a per-thread row that stays in cache, with the operations
-    // of cross_entropy_forward_backward, then rounded: the logits are read once, never written.
-    std::vector<float> g(static_cast<size_t>(V));
+    std::vector<float> work(static_cast<size_t>(V));
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int32_t target = targets[r];
-      lattice::bf16* d = d_logits + r * V;
-      if (target < 0) {
-        std::fill(d, d + V, lattice::bf16{0});
-        continue;
-      }
-      const float* x = logits + r * V;
-      const float max = row_max(x, V);
-      const double total = sum_exp(g.data(), x, max, V);
-      row_losses[r] = static_cast<double>(max) + std::log(total) - static_cast<double>(x[target]);
-      const float scale = static_cast<float>(static_cast<double>(grad_scale) / total);
-      float* gr = g.data();
-#pragma omp simd simdlen(16)
-      for (int64_t v = 0; v < V; ++v) gr[v] *= scale;
-      gr[target] -= grad_scale;
-      convert_to_bf16_on_this_thread(d, gr, V);
-    }
+    for (int64_t r = 0; r < rows; ++r)
+      cross_entropy_rows_bf16(d_logits + r * V, &row_losses[static_cast<size_t>(r)], logits + r * V,
+                              targets + r, 1, V, grad_scale, work.data());
   }
   return sum_in_row_order(row_losses);
 }

@@ -18,8 +18,11 @@
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
+#include <map>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -163,6 +166,29 @@ void broadcast_rows(float* out, const float* bias, int64_t M, int64_t N) {
     std::memcpy(out + i * N, bias, static_cast<size_t>(N) * sizeof(float));
 }
 
+// A bf16 GEMM of one row chunk that runs on the calling thread inside a parallel region, reading
+// the weight in the layout oneDNN chose for it (packed once per call).
+struct ChunkGemm {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul primitive;
+  size_t scratchpad_bytes = 0;
+};
+
+// Sets this thread's OpenMP thread count for the guard's lifetime: oneDNN fixes a primitive's work
+// split when it is created, and a chunk's primitive must be built for the one thread that runs it.
+class ThreadCountGuard {
+ public:
+  explicit ThreadCountGuard(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~ThreadCountGuard() { omp_set_num_threads(saved_); }
+  ThreadCountGuard(const ThreadCountGuard&) = delete;
+  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
+
+ private:
+  int saved_;
+};
+
 }  // namespace
 
 struct MatmulEngine::Impl {
@@ -172,6 +198,35 @@ struct MatmulEngine::Impl {
   AlignedBuffer scratchpad;
   // bf16 copies of up to three fp32 operands of one call (in / weight / d_out, or A / B).
   std::array<AlignedBuffer, 3> bf16_operands;
+  // forward_in_row_chunks: single-thread primitives keyed by (rows, N, K), the packed weights (one
+  // per distinct packed layout) and each thread's output chunk and scratchpad.
+  std::map<std::array<int64_t, 3>, ChunkGemm> chunk_cache;
+  std::array<AlignedBuffer, 2> packed_weights;
+  std::vector<AlignedBuffer> thread_chunks, thread_scratchpads;
+
+  ChunkGemm& chunk_primitive_for(int64_t rows, int64_t N, int64_t K) {
+    const std::array<int64_t, 3> key{rows, N, K};
+    auto found = chunk_cache.find(key);
+    if (found != chunk_cache.end()) return found->second;
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a_md({rows, K}, dt::bf16, {K, 1});
+    const dnnl::memory::desc b_md({K, N}, dt::bf16, dnnl::memory::format_tag::any);
+    const dnnl::memory::desc c_md({rows, N}, dt::f32, {N, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    ChunkGemm g;
+    try {
+      const ThreadCountGuard one_thread(1);
+      g.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+      g.primitive = dnnl::matmul(g.pd);
+      g.scratchpad_bytes = g.pd.scratchpad_desc().get_size();
+    } catch (const dnnl::error& e) {
+      throw Error(
+          "matmul: oneDNN cannot build a single-thread bf16 GEMM for M=" + std::to_string(rows) +
+          " N=" + std::to_string(N) + " K=" + std::to_string(K) + ": " + e.what());
+    }
+    return chunk_cache.emplace(key, std::move(g)).first->second;
+  }
 
   bf16* to_bf16_buffer(int slot, const float* src, int64_t rows, int64_t cols, int64_t row_stride) {
     auto* dst = static_cast<bf16*>(bf16_operands[static_cast<size_t>(slot)].reserve(
@@ -266,6 +321,9 @@ MatmulEngine::~MatmulEngine() = default;
 int64_t MatmulEngine::scratch_bytes() const {
   size_t total = impl_->scratchpad.capacity();
   for (const auto& buffer : impl_->bf16_operands) total += buffer.capacity();
+  for (const auto& buffer : impl_->packed_weights) total += buffer.capacity();
+  for (const auto& buffer : impl_->thread_chunks) total += buffer.capacity();
+  for (const auto& buffer : impl_->thread_scratchpads) total += buffer.capacity();
   return static_cast<int64_t>(total);
 }
 
@@ -349,6 +407,88 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     const lattice::bf16* in16 = rounded.in ? rounded.in : impl_->to_bf16_buffer(2, in, M, K, K);
     impl_->run(s, d_out16, in16, nullptr, d_weight);
   }
+}
+
+void MatmulEngine::forward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M,
+                                         int64_t K, int64_t N, int64_t chunk_rows,
+                                         const ChunkConsumer& consume) {
+  check_dims("forward_in_row_chunks", M, K, N);
+  check(chunk_rows > 0, "matmul forward_in_row_chunks: chunk_rows must be positive");
+  check(K > 0, "matmul forward_in_row_chunks: K must be positive");
+  if (M == 0 || N == 0) return;
+  chunk_rows = std::min(chunk_rows, M);
+  const int64_t chunks = (M + chunk_rows - 1) / chunk_rows;
+  const int64_t tail_rows = M - (chunks - 1) * chunk_rows;
+  // The weight rounded as forward() rounds it, then reordered into each primitive's packed layout.
+  const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);
+  const dnnl::memory::desc plain_md({K, N}, dnnl::memory::data_type::bf16, {1, K});
+  dnnl::memory plain(plain_md, impl_->engine, const_cast<lattice::bf16*>(weight16));
+  ChunkGemm* gemms[2] = {&impl_->chunk_primitive_for(chunk_rows, N, K),
+                         &impl_->chunk_primitive_for(tail_rows, N, K)};
+  void* packed[2] = {nullptr, nullptr};
+  for (int i = 0; i < 2; ++i) {
+    const dnnl::memory::desc md = gemms[i]->pd.weights_desc();
+    if (i == 1 && md == gemms[0]->pd.weights_desc()) {
+      packed[1] = packed[0];
+      continue;
+    }
+    packed[i] = impl_->packed_weights[static_cast<size_t>(i)].reserve(md.get_size());
+    dnnl::memory dst(md, impl_->engine, packed[i]);
+    dnnl::reorder(plain, dst).execute(impl_->stream, plain, dst);
+    impl_->stream.wait();
+  }
+  const int threads = omp_get_max_threads();
+  impl_->thread_chunks.resize(static_cast<size_t>(threads));
+  impl_->thread_scratchpads.resize(static_cast<size_t>(threads));
+  const size_t scratch_bytes = std::max(gemms[0]->scratchpad_bytes, gemms[1]->scratchpad_bytes);
+  for (int t = 0; t < threads; ++t) {
+    impl_->thread_chunks[static_cast<size_t>(t)].reserve(static_cast<size_t>(chunk_rows * N) *
+                                                         sizeof(float));
+    if (scratch_bytes > 0) impl_->thread_scratchpads[static_cast<size_t>(t)].reserve(scratch_bytes);
+  }
+  // An exception may not leave a parallel region or skip its loop's barrier: the first one is kept
+  // and the remaining chunks are skipped.
+  std::exception_ptr failure;
+  bool failed = false;
+#pragma omp parallel num_threads(threads)
+  {
+    const auto t = static_cast<size_t>(omp_get_thread_num());
+    float* out = static_cast<float*>(impl_->thread_chunks[t].reserve(0));
+    void* scratch = scratch_bytes > 0 ? impl_->thread_scratchpads[t].reserve(0) : nullptr;
+    std::optional<dnnl::stream> stream;
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      bool skip;
+#pragma omp atomic read
+      skip = failed;
+      if (skip) continue;
+      try {
+        if (!stream) stream.emplace(impl_->engine);
+        const int which = c + 1 == chunks ? 1 : 0;
+        const ChunkGemm& g = *gemms[which];
+        const int64_t row_begin = c * chunk_rows;
+        const int64_t rows = which == 1 ? tail_rows : chunk_rows;
+        dnnl::memory a(g.pd.src_desc(), impl_->engine,
+                       const_cast<lattice::bf16*>(in16 + row_begin * K));
+        dnnl::memory b(g.pd.weights_desc(), impl_->engine, packed[which]);
+        dnnl::memory dst(g.pd.dst_desc(), impl_->engine, out);
+        std::unordered_map<int, dnnl::memory> args{
+            {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}};
+        if (g.scratchpad_bytes > 0)
+          args.emplace(DNNL_ARG_SCRATCHPAD,
+                       dnnl::memory(g.pd.scratchpad_desc(), impl_->engine, scratch));
+        g.primitive.execute(*stream, args);
+        stream->wait();
+        consume(row_begin, rows, out);
+      } catch (...) {
+#pragma omp critical(lattice_matmul_chunk_failure)
+        if (!failure) failure = std::current_exception();
+#pragma omp atomic write
+        failed = true;
+      }
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 void MatmulEngine::gemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,

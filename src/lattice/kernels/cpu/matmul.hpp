@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "lattice/core/dtype.hpp"
@@ -42,6 +43,16 @@ class MatmulEngine {
   void backward(float* d_in, float* d_weight, float* d_bias, const float* d_out, const float* in,
                 const float* weight, int64_t M, int64_t K, int64_t N, Precision precision,
                 const Bf16Operands& rounded = {});
+
+  // bf16 only: out[M,N] = in16[M,K] · weight[N,K]^T computed in chunks of `chunk_rows` rows spread
+  // over the threads of one OpenMP region. Each chunk's GEMM runs on one thread into that thread's
+  // buffer [rows, N], and `consume(row_begin, rows, chunk)` runs right after on the same thread,
+  // while the chunk is still in cache: the whole [M, N] output is never written to memory (the LM
+  // head and its cross-entropy). The weight is rounded and packed for AMX once per call. Each
+  // element equals forward()'s (same K order).
+  using ChunkConsumer = std::function<void(int64_t row_begin, int64_t rows, const float* chunk)>;
+  void forward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M, int64_t K,
+                             int64_t N, int64_t chunk_rows, const ChunkConsumer& consume);
 
   // General row-major GEMM: C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when the flag
   // is set. A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K] transposed), leading dimensions
