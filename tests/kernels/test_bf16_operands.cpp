@@ -97,7 +97,25 @@ TEST(CrossEntropyBf16, RowChunksEqualTheWholeBatch) {
   EXPECT_EQ(bits_of(chunked), bits_of(whole));
 }
 
-TEST(MatmulBf16RowChunks, EachChunkEqualsTheWholeForwardAndEveryRowIsConsumedOnce) {
+// The product of multiply_in_row_chunks, gathered from its chunks; checks every row comes once.
+std::vector<float> gathered_chunks(MatmulEngine& engine, const std::vector<lattice::bf16>& in16,
+                                   const std::vector<float>& weight, bool transposed, int64_t M,
+                                   int64_t K, int64_t N, int64_t chunk_rows) {
+  std::vector<float> out(static_cast<size_t>(M * N), std::nanf(""));
+  std::vector<int> seen(static_cast<size_t>(M), 0);
+  engine.multiply_in_row_chunks(in16.data(), weight.data(), transposed, M, K, N, chunk_rows,
+                                [&](int64_t begin, int64_t rows, const float* chunk) {
+                                  for (int64_t r = 0; r < rows; ++r) {
+                                    ++seen[static_cast<size_t>(begin + r)];
+                                    std::memcpy(out.data() + (begin + r) * N, chunk + r * N,
+                                                sizeof(float) * static_cast<size_t>(N));
+                                  }
+                                });
+  EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(M), 1));
+  return out;
+}
+
+TEST(MatmulBf16RowChunks, ChunksEqualTheWholeForwardAndInputGradientAndEveryRowComesOnce) {
   struct Shape {
     int64_t M, K, N, chunk;
   };
@@ -107,30 +125,30 @@ TEST(MatmulBf16RowChunks, EachChunkEqualsTheWholeForwardAndEveryRowIsConsumedOnc
     SCOPED_TRACE(::testing::Message()
                  << "M=" << s.M << " K=" << s.K << " N=" << s.N << " chunk=" << s.chunk);
     const auto in = random_vector(s.M * s.K, 21, 1.0f);
-    const auto weight = random_vector(s.N * s.K, 22, 0.5f);
+    const auto weight = random_vector(s.N * s.K, 22, 0.5f);  // a Linear's [N out, K in]
     std::vector<lattice::bf16> in16(in.size());
     for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
+    // As a Linear's input gradient: d_in[M,N'] = d_out[M,K'] · W[K',N'] with the weight read as
+    // [K'=N out, N'=K in] -- here `in` plays d_out, so use a weight of [K out, N in].
+    const auto weight_kn = random_vector(s.K * s.N, 23, 0.5f);
     for (int threads : {1, 2}) {
       lattice::testing::ScopedOmpThreads scope(threads);
       MatmulEngine engine;
       std::vector<float> whole(static_cast<size_t>(s.M * s.N));
       engine.forward(whole.data(), in.data(), weight.data(), nullptr, s.M, s.K, s.N,
                      Precision::bf16);
-      std::vector<float> chunked(whole.size(), std::nanf(""));
-      std::vector<int> seen(static_cast<size_t>(s.M), 0);
-      engine.forward_in_row_chunks(in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
-                                   [&](int64_t begin, int64_t rows, const float* chunk) {
-                                     for (int64_t r = 0; r < rows; ++r) {
-                                       ++seen[static_cast<size_t>(begin + r)];
-                                       std::memcpy(chunked.data() + (begin + r) * s.N,
-                                                   chunk + r * s.N,
-                                                   sizeof(float) * static_cast<size_t>(s.N));
-                                     }
-                                   });
-      EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(s.M), 1)) << threads << " threads";
+      const auto chunked = gathered_chunks(engine, in16, weight, true, s.M, s.K, s.N, s.chunk);
       // Same operands, same K order: the chunked product is bit-identical to the whole one.
       EXPECT_EQ(0, std::memcmp(chunked.data(), whole.data(), sizeof(float) * whole.size()))
-          << threads << " threads";
+          << threads << " threads, forward";
+      // backward's d_in = d_out[M, K] · weight[K, N] for a Linear with K outputs and N inputs.
+      std::vector<float> d_in(static_cast<size_t>(s.M * s.N));
+      engine.backward(d_in.data(), nullptr, nullptr, in.data(), nullptr, weight_kn.data(), s.M, s.N,
+                      s.K, Precision::bf16);
+      const auto chunked_d_in =
+          gathered_chunks(engine, in16, weight_kn, false, s.M, s.K, s.N, s.chunk);
+      EXPECT_EQ(0, std::memcmp(chunked_d_in.data(), d_in.data(), sizeof(float) * d_in.size()))
+          << threads << " threads, input gradient";
     }
   }
 }
@@ -142,10 +160,10 @@ TEST(MatmulBf16RowChunks, AnExceptionInAChunkReachesTheCaller) {
   std::vector<lattice::bf16> in16(in.size());
   for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
   MatmulEngine engine;
-  EXPECT_THROW(engine.forward_in_row_chunks(in16.data(), weight.data(), M, K, N, 16,
-                                            [](int64_t begin, int64_t, const float*) {
-                                              if (begin == 32) throw Error("chunk failed");
-                                            }),
+  EXPECT_THROW(engine.multiply_in_row_chunks(in16.data(), weight.data(), true, M, K, N, 16,
+                                             [](int64_t begin, int64_t, const float*) {
+                                               if (begin == 32) throw Error("chunk failed");
+                                             }),
                Error);
 }
 

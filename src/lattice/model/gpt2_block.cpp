@@ -6,6 +6,7 @@
 #include "lattice/kernels/cpu/attention.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
+#include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
@@ -98,7 +99,10 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
                          const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch) {
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
-  float* d_gelu = scratch.get(0, rows * F_, tr);
+  // d gelu output: fp32 [rows, F]; in bf16 only c_proj's rounded d_out [rows, C] (d_gelu stays
+  // in per-chunk buffers, see mlp_backward_bf16).
+  const bool bf16 = ctx.precision == k::Precision::bf16;
+  float* d_gelu = scratch.get(0, bf16 ? (rows * C_ + 1) / 2 : rows * F_, tr);
   float* d_fc = scratch.get(5, rows * F_, tr);  // fp32, or bf16 in its first half (bf16 precision)
   float* d_ln = scratch.get(1, rows * C_, tr);  // d of a LayerNorm output
   float* d_x2 = scratch.get(2, rows * C_, tr);  // d residual after attention
@@ -106,12 +110,10 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
   float* d_att = scratch.get(4, rows * C_, tr);
 
   // MLP branch: x_out = x2 + c_proj(gelu(c_fc(ln2(x2)))).
-  mlp_proj_.backward(ctx, d_gelu, d_x_out, gelu_.f32(), rows);
-  if (ctx.precision == k::Precision::bf16) {  // GELU writes c_fc's bf16 d_out and bias gradient
-    auto* d_fc16 = reinterpret_cast<lattice::bf16*>(d_fc);
-    k::gelu_backward_bf16(d_fc16, c_fc_.bias_grad(), d_gelu, fc_.f32(), rows, F_);
-    c_fc_.backward_rounded(ctx, d_ln, d_fc16, ln2_.f32(), rows);
+  if (bf16) {
+    mlp_backward_bf16(ctx, d_ln, d_x_out, d_fc, d_gelu, rows);
   } else {
+    mlp_proj_.backward(ctx, d_gelu, d_x_out, gelu_.f32(), rows);
     k::gelu_backward(d_fc, d_gelu, fc_.f32(), rows * F_);
     c_fc_.backward(ctx, d_ln, d_fc, ln2_.f32(), rows);
   }
@@ -129,6 +131,39 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
   k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
                         store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_);
   k::add_inplace(d_x_in, d_x2, rows * C_);
+}
+
+void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_x_out,
+                                  float* d_fc_buffer, float* d_y_buffer, int64_t rows) {
+  // c_proj's d_out rounded once (with its bias gradient) for its weight gradient and for d_gelu.
+  auto* d_y16 = reinterpret_cast<lattice::bf16*>(d_y_buffer);
+  k::round_to_bf16_with_column_sums(d_y16, mlp_proj_.bias_grad(), d_x_out, rows, C_);
+  mlp_proj_.backward_rounded(ctx, nullptr, d_y16, nullptr, rows);
+  // d_gelu = d_y · W_proj in row chunks; each chunk goes through the GELU backward on the thread
+  // that computed it, while in cache, and becomes c_fc's bf16 d_out: the fp32 d_gelu is never
+  // stored. c_fc's bias gradient: per-chunk column sums (double, row by row), added in chunk
+  // order, so the result does not depend on the thread count.
+  auto* d_fc16 = reinterpret_cast<lattice::bf16*>(d_fc_buffer);
+  const int64_t chunk_rows = kMlpChunkRows;
+  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  float* fc_bias_grad = c_fc_.bias_grad();
+  chunk_column_sums_.assign(fc_bias_grad != nullptr ? static_cast<size_t>(chunks * F_) : 0, 0.0);
+  const float* fc = fc_.f32();
+  mlp_proj_.backward_input_in_row_chunks(
+      ctx, d_y16, rows, chunk_rows, [&](int64_t begin, int64_t n, const float* d_gelu) {
+        double* sums =
+            fc_bias_grad != nullptr ? chunk_column_sums_.data() + begin / chunk_rows * F_ : nullptr;
+        k::gelu_backward_bf16_rows(d_fc16 + begin * F_, sums, d_gelu, fc + begin * F_, n, F_);
+      });
+  if (fc_bias_grad != nullptr) {
+    for (int64_t j = 0; j < F_; ++j) {
+      double total = 0.0;
+      for (int64_t c = 0; c < chunks; ++c)
+        total += chunk_column_sums_[static_cast<size_t>(c * F_ + j)];
+      fc_bias_grad[j] += static_cast<float>(total);
+    }
+  }
+  c_fc_.backward_rounded(ctx, d_ln, d_fc16, ln2_.f32(), rows);
 }
 
 void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "lattice/model/block.hpp"
 #include "lattice/model/linear.hpp"
@@ -33,6 +34,13 @@ class Gpt2Block final : public Block {
   void qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows);
   void projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
                                   int64_t rows);
+  // bf16 backward of the MLP from d_x_out to d_ln (LayerNorm 2's output gradient), with c_proj's
+  // input gradient and the GELU backward fused in row chunks; d_fc_buffer holds c_fc's bf16 d_out
+  // [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
+  void mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_x_out,
+                         float* d_fc_buffer, float* d_y_buffer, int64_t rows);
+  // Rows per chunk of the fused MLP backward: a chunk's fp32 d_gelu (rows x F) stays in cache.
+  static constexpr int64_t kMlpChunkRows = 256;
 
   ParameterStore& store_;
   int64_t C_, F_, heads_;
@@ -41,6 +49,8 @@ class Gpt2Block final : public Block {
   Linear c_attn_, attn_proj_, c_fc_, mlp_proj_;
   // Saved activations.
   Tensor ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, lse_, x2_, ln2_, ln2_mean_, ln2_rstd_, fc_, gelu_;
+  // mlp_backward_bf16's per-chunk column sums of c_fc's d_out (its bias gradient).
+  std::vector<double> chunk_column_sums_;
 };
 
 }  // namespace lattice::model

@@ -95,6 +95,16 @@ void Linear::backward_rounded(const LayerContext& ctx, float* d_in, const lattic
                       rows, in_, out_, ctx.precision, rounded);
 }
 
+void Linear::backward_input_in_row_chunks(const LayerContext& ctx, const lattice::bf16* d_out16,
+                                          int64_t rows, int64_t chunk_rows,
+                                          const kernels::MatmulEngine::ChunkConsumer& consume) {
+  check(ctx.precision == kernels::Precision::bf16,
+        "Linear::backward_input_in_row_chunks is for bf16 precision only (internal error)");
+  // d_in[rows, in] = d_out16[rows, out] · W[out, in]: W read as stored (not transposed).
+  ctx.matmul.multiply_in_row_chunks(d_out16, store_->value(weight_), /*weight_transposed=*/false,
+                                    rows, out_, in_, chunk_rows, consume);
+}
+
 float* Linear::bias_grad() {
   return bias_ >= 0 ? store_->grad(bias_) : nullptr;
 }

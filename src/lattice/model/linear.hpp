@@ -36,6 +36,14 @@ class Linear {
   // d_out is read. Same kept-input rules as backward.
   void backward_rounded(const LayerContext& ctx, float* d_in, const lattice::bf16* d_out16,
                         const float* in, int64_t rows);
+  // bf16 precision only: this layer's input gradient d_in = d_out16 · W computed in row chunks,
+  // each handed to consume(row_begin, rows, chunk) on the thread that computed it while it is in
+  // cache (kernels::MatmulEngine::multiply_in_row_chunks), e.g. to fuse the previous activation's
+  // backward; d_in is never stored whole. Weight and bias gradients are not touched: call
+  // backward_rounded with a null d_in for them.
+  void backward_input_in_row_chunks(const LayerContext& ctx, const lattice::bf16* d_out16,
+                                    int64_t rows, int64_t chunk_rows,
+                                    const kernels::MatmulEngine::ChunkConsumer& consume);
   // The bias gradient (null without a bias).
   float* bias_grad();
   // Frees the bf16 input kept from forward.

@@ -221,9 +221,9 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
   // re-read less than they save; 256 was fastest on the small bench shape (L4 d256 V8192: 64, 128,
   // 512 and 1024 rows were 2-8% slower), and chunks spread over the threads in turn.
   const int64_t chunk_rows = std::max<int64_t>(256, (C + 15) / 16 * 16);
-  ctx.matmul.forward_in_row_chunks(
-      normed16_.data<lattice::bf16>(), params_.value(head_weight_), rows, C, V, chunk_rows,
-      [&](int64_t begin, int64_t n, const float* chunk) {
+  ctx.matmul.multiply_in_row_chunks(
+      normed16_.data<lattice::bf16>(), params_.value(head_weight_), /*weight_transposed=*/true,
+      rows, C, V, chunk_rows, [&](int64_t begin, int64_t n, const float* chunk) {
         auto& row = work[static_cast<size_t>(omp_get_thread_num())];
         if (row.empty()) row.resize(static_cast<size_t>(V));
         k::cross_entropy_rows_bf16(d_logits16 != nullptr ? d_logits16 + begin * V : nullptr,

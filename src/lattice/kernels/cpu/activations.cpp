@@ -98,6 +98,26 @@ void gelu_backward_bf16(lattice::bf16* d_in16, float* d_bias, const float* d_out
   }
 }
 
+void gelu_backward_bf16_rows(lattice::bf16* d_in16, double* column_sums, const float* d_out,
+                             const float* in, int64_t rows, int64_t cols) {
+  alignas(64) float values[kBf16Block];
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t begin = 0; begin < cols; begin += kBf16Block) {
+      const int64_t width = std::min(kBf16Block, cols - begin);
+      const float* x = in + i * cols + begin;
+      const float* dy = d_out + i * cols + begin;
+#pragma omp simd simdlen(16)
+      for (int64_t j = 0; j < width; ++j) values[j] = gelu_grad(x[j], dy[j]);
+      convert_to_bf16_on_this_thread(d_in16 + i * cols + begin, values, width);
+      if (column_sums != nullptr) {
+        double* sum = column_sums + begin;
+#pragma omp simd simdlen(8)
+        for (int64_t j = 0; j < width; ++j) sum[j] += static_cast<double>(values[j]);
+      }
+    }
+  }
+}
+
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
 #pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) {

@@ -20,6 +20,11 @@ void gelu_backward(float* d_in, const float* d_out, const float* in,
 // Linear's bf16 backward, without an fp32 d_in written and read back.
 void gelu_backward_bf16(lattice::bf16* d_in16, float* d_bias, const float* d_out, const float* in,
                         int64_t rows, int64_t cols);
+// gelu_backward_bf16 for rows [0, rows) on the calling thread, for a caller that produces d_out a
+// chunk of rows at a time (MatmulEngine::multiply_in_row_chunks): d_in16 as above, and, when
+// column_sums is not null, column_sums[j] += the fp32 d_in's column j summed row by row in double.
+void gelu_backward_bf16_rows(lattice::bf16* d_in16, double* column_sums, const float* d_out,
+                             const float* in, int64_t rows, int64_t cols);
 
 // out = silu(gate) * up, silu(x) = x * sigmoid(x).
 void swiglu_forward(float* out, const float* gate, const float* up, int64_t n);

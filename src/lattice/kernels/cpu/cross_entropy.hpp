@@ -25,7 +25,7 @@ double cross_entropy_forward_backward_bf16(lattice::bf16* d_logits, const float*
 
 // Rows [0, rows) of cross_entropy_forward_backward_bf16 (or, with d_logits null, of
 // cross_entropy_forward) on the calling thread, for callers that produce the logits a chunk at a
-// time (the LM head, see MatmulEngine::forward_in_row_chunks): row_losses[r] receives row r's loss
+// time (the LM head, see MatmulEngine::multiply_in_row_chunks): row_losses[r] receives row r's loss
 // (0 for an ignored row), bit for bit what the whole-batch functions compute for it. `work` is a
 // scratch row of V floats. Targets must already be checked to lie below V.
 void cross_entropy_rows_bf16(lattice::bf16* d_logits, double* row_losses, const float* logits,

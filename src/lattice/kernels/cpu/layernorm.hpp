@@ -9,7 +9,8 @@ namespace lattice::kernels {
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
                        const float* bias, int64_t rows, int64_t C, float eps);
 
-// d_in overwritten; d_weight and d_bias accumulated (+=). Bit-identical for any OpenMP thread count.
+// d_in overwritten; d_weight and d_bias accumulated (+=). Bit-identical for any OpenMP thread
+// count.
 void layernorm_backward(float* d_in, float* d_weight, float* d_bias, const float* d_out,
                         const float* in, const float* weight, const float* mean, const float* rstd,
                         int64_t rows, int64_t C);

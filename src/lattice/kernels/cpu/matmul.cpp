@@ -409,19 +409,30 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
   }
 }
 
-void MatmulEngine::forward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M,
-                                         int64_t K, int64_t N, int64_t chunk_rows,
-                                         const ChunkConsumer& consume) {
-  check_dims("forward_in_row_chunks", M, K, N);
-  check(chunk_rows > 0, "matmul forward_in_row_chunks: chunk_rows must be positive");
-  check(K > 0, "matmul forward_in_row_chunks: K must be positive");
+void round_to_bf16_with_column_sums(lattice::bf16* d_out16, float* d_bias, const float* d_out,
+                                    int64_t M, int64_t N) {
+  if (M <= 0 || N <= 0) return;
+  if (d_bias == nullptr) return convert_to_bf16(d_out16, d_out, M * N);
+  accumulate_column_sums(d_bias, d_out, M, N, d_out16);
+}
+
+void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
+                                          bool weight_transposed, int64_t M, int64_t K, int64_t N,
+                                          int64_t chunk_rows, const ChunkConsumer& consume) {
+  check_dims("multiply_in_row_chunks", M, K, N);
+  check(chunk_rows > 0, "matmul multiply_in_row_chunks: chunk_rows must be positive");
+  check(K > 0, "matmul multiply_in_row_chunks: K must be positive");
   if (M == 0 || N == 0) return;
   chunk_rows = std::min(chunk_rows, M);
   const int64_t chunks = (M + chunk_rows - 1) / chunk_rows;
   const int64_t tail_rows = M - (chunks - 1) * chunk_rows;
-  // The weight rounded as forward() rounds it, then reordered into each primitive's packed layout.
-  const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);
-  const dnnl::memory::desc plain_md({K, N}, dnnl::memory::data_type::bf16, {1, K});
+  // The weight rounded as forward() and backward() round it, then reordered into each primitive's
+  // packed layout.
+  const lattice::bf16* weight16 = weight_transposed ? impl_->to_bf16_buffer(1, weight, N, K, K)
+                                                    : impl_->to_bf16_buffer(1, weight, K, N, N);
+  const dnnl::memory::desc plain_md(
+      {K, N}, dnnl::memory::data_type::bf16,
+      weight_transposed ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
   dnnl::memory plain(plain_md, impl_->engine, const_cast<lattice::bf16*>(weight16));
   ChunkGemm* gemms[2] = {&impl_->chunk_primitive_for(chunk_rows, N, K),
                          &impl_->chunk_primitive_for(tail_rows, N, K)};

@@ -23,6 +23,12 @@ struct Bf16Operands {
   const lattice::bf16* d_out = nullptr;  // backward only
 };
 
+// d_out[M,N] rounded to bf16 into d_out16 (dense [M,N]) and, in the same pass, d_bias[j] += the
+// column sums of d_out (in double, row by row: independent of the thread count; skipped when
+// d_bias is null). The pass a bf16 Linear backward makes over its fp32 d_out.
+void round_to_bf16_with_column_sums(lattice::bf16* d_out16, float* d_bias, const float* d_out,
+                                    int64_t M, int64_t N);
+
 class MatmulEngine {
  public:
   MatmulEngine();
@@ -44,15 +50,18 @@ class MatmulEngine {
                 const float* weight, int64_t M, int64_t K, int64_t N, Precision precision,
                 const Bf16Operands& rounded = {});
 
-  // bf16 only: out[M,N] = in16[M,K] · weight[N,K]^T computed in chunks of `chunk_rows` rows spread
-  // over the threads of one OpenMP region. Each chunk's GEMM runs on one thread into that thread's
-  // buffer [rows, N], and `consume(row_begin, rows, chunk)` runs right after on the same thread,
-  // while the chunk is still in cache: the whole [M, N] output is never written to memory (the LM
-  // head and its cross-entropy). The weight is rounded and packed for AMX once per call. Each
-  // element equals forward()'s (same K order).
+  // bf16 only: out[M,N] = in16[M,K] · op(weight) computed in chunks of `chunk_rows` rows spread
+  // over the threads of one OpenMP region, op(weight) = weight[N,K]^T when weight_transposed (a
+  // Linear's forward) else weight[K,N] (a Linear's input gradient, d_out · W). Each chunk's GEMM
+  // runs on one thread into that thread's buffer [rows, N], and `consume(row_begin, rows, chunk)`
+  // runs right after on the same thread, while the chunk is still in cache: the whole [M, N]
+  // output is never written to memory (the LM head and its cross-entropy, a GELU backward). The
+  // weight is rounded and packed for AMX once per call. Each element equals forward()'s and
+  // backward()'s (same K order).
   using ChunkConsumer = std::function<void(int64_t row_begin, int64_t rows, const float* chunk)>;
-  void forward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M, int64_t K,
-                             int64_t N, int64_t chunk_rows, const ChunkConsumer& consume);
+  void multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
+                              bool weight_transposed, int64_t M, int64_t K, int64_t N,
+                              int64_t chunk_rows, const ChunkConsumer& consume);
 
   // General row-major GEMM: C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when the flag
   // is set. A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K] transposed), leading dimensions
