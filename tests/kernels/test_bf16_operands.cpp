@@ -17,6 +17,7 @@
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
 #include "lattice/kernels/cpu/cross_entropy.hpp"
+#include "lattice/kernels/cpu/layernorm.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "omp_thread_count.hpp"
 
@@ -165,6 +166,28 @@ TEST(MatmulBf16RowChunks, AnExceptionInAChunkReachesTheCaller) {
                                                if (begin == 32) throw Error("chunk failed");
                                              }),
                Error);
+}
+
+TEST(LayerNormBf16, ForwardIsTheRoundedFp32ForwardWithTheSameStatistics) {
+  for (const int64_t C : {int64_t{1}, int64_t{17}, int64_t{256}, int64_t{1000}}) {
+    SCOPED_TRACE(::testing::Message() << "C=" << C);
+    const int64_t rows = 37;
+    const auto in = random_vector(rows * C, 31, 3.0f);
+    const auto weight = random_vector(C, 32, 1.0f);
+    const auto bias = random_vector(C, 33, 0.5f);
+    for (int threads : {1, 2}) {
+      lattice::testing::ScopedOmpThreads scope(threads);
+      std::vector<float> out(in.size()), mean(rows), rstd(rows), mean16(rows), rstd16(rows);
+      layernorm_forward(out.data(), mean.data(), rstd.data(), in.data(), weight.data(),
+                        bias.data(), rows, C, 1e-5f);
+      std::vector<lattice::bf16> out16(in.size());
+      layernorm_forward_bf16(out16.data(), mean16.data(), rstd16.data(), in.data(), weight.data(),
+                             bias.data(), rows, C, 1e-5f);
+      EXPECT_EQ(bits_of(out16), bf16_bits_of(out)) << threads << " threads";
+      EXPECT_EQ(mean16, mean);
+      EXPECT_EQ(rstd16, rstd);
+    }
+  }
 }
 
 TEST(GeluBf16, ForwardIsTheRoundedFp32Forward) {

@@ -42,25 +42,40 @@ static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, i
 void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t T) {
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
-  ensure_activation(ln1_, {rows, C_}, tr);
+  // In bf16 the LayerNorm outputs exist only as the next Linear's bf16 input (see qkv_forward).
+  const bool bf16 = ctx.precision == k::Precision::bf16;
+  if (bf16)
+    ln1_.reset();
+  else
+    ensure_activation(ln1_, {rows, C_}, tr);
   ensure_activation(ln1_mean_, {rows}, tr);
   ensure_activation(ln1_rstd_, {rows}, tr);
   ensure_activation(qkv_, {rows, 3 * C_}, tr);
   ensure_activation(att_, {rows, C_}, tr);
   ensure_activation(lse_, {B, heads_, T}, tr);
   ensure_activation(x2_, {rows, C_}, tr);
-  ensure_activation(ln2_, {rows, C_}, tr);
+  if (bf16)
+    ln2_.reset();
+  else
+    ensure_activation(ln2_, {rows, C_}, tr);
   ensure_activation(ln2_mean_, {rows}, tr);
   ensure_activation(ln2_rstd_, {rows}, tr);
   ensure_activation(fc_, {rows, F_}, tr);
   // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward).
-  if (ctx.precision == k::Precision::bf16)
+  if (bf16)
     gelu_.reset();
   else
     ensure_activation(gelu_, {rows, F_}, tr);
 }
 
 void Gpt2Block::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows) {
+  if (ctx.precision == k::Precision::bf16) {  // LayerNorm writes c_attn's bf16 input directly
+    k::layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, rows), ln1_mean_.f32(),
+                              ln1_rstd_.f32(), x_in, store_.value(ln1_weight_),
+                              store_.value(ln1_bias_), rows, C_, eps_);
+    c_attn_.forward_prepared(ctx, qkv_.f32(), rows);
+    return;
+  }
   k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
                        store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
   c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
@@ -70,9 +85,16 @@ void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, float* x_out
                                            int64_t rows) {
   attn_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
   k::add_inplace(x2_.f32(), x_in, rows * C_);
-  k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
-                       store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
-  c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
+  if (ctx.precision == k::Precision::bf16) {  // LayerNorm writes c_fc's bf16 input directly
+    k::layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, rows), ln2_mean_.f32(),
+                              ln2_rstd_.f32(), x2_.f32(), store_.value(ln2_weight_),
+                              store_.value(ln2_bias_), rows, C_, eps_);
+    c_fc_.forward_prepared(ctx, fc_.f32(), rows);
+  } else {
+    k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
+                         store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
+    c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
+  }
   if (ctx.precision == k::Precision::bf16) {
     // GELU writes mlp_proj's bf16 input directly (no fp32 output to round again).
     k::gelu_forward_bf16(mlp_proj_.prepare_bf16_input(ctx, rows), fc_.f32(), rows * F_);

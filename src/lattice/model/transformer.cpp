@@ -205,9 +205,18 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
                                             int64_t rows, float grad_scale) {
   const int64_t C = config_.d_model, V = config_.vocab_size;
   hook_before_forward(ctx, head_unit_);
-  head_norm_forward(ctx, rows);
   ensure_bf16_activation(normed16_, {rows, C}, tracker_);  // kept for the weight gradient
-  k::convert_to_bf16(normed16_.data<lattice::bf16>(), normed_.f32(), rows * C);
+  if (config_.family == Family::gpt2) {  // the LayerNorm writes the GEMM's bf16 input directly
+    ensure_activation(norm_mean_, {rows}, tracker_);
+    ensure_activation(norm_rstd_, {rows}, tracker_);
+    normed_.reset();
+    k::layernorm_forward_bf16(normed16_.data<lattice::bf16>(), norm_mean_.f32(), norm_rstd_.f32(),
+                              residual_.back().f32(), params_.value(final_norm_weight_),
+                              params_.value(final_norm_bias_), rows, C, config_.norm_eps);
+  } else {
+    head_norm_forward(ctx, rows);
+    k::convert_to_bf16(normed16_.data<lattice::bf16>(), normed_.f32(), rows * C);
+  }
   lattice::bf16* d_logits16 = nullptr;
   if (grad_scale != 0.0f) {
     ensure_bf16_activation(d_logits16_, {rows, V}, tracker_);

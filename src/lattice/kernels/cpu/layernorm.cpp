@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/row_chunks.hpp"
 
 namespace lattice::kernels {
@@ -22,30 +23,54 @@ void check_shape(const char* op, int64_t rows, int64_t C) {
 
 }  // namespace
 
+namespace {
+
+// One row of the forward: y = (x - mean) * rstd * weight + bias; the one definition both forwards
+// use, so the bf16 output is exactly the rounded fp32 one.
+inline void layernorm_row(float* y, float& mean, float& rstd, const float* x, const float* weight,
+                          const float* bias, int64_t C, float inv_C, float eps) {
+  float sum = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : sum)
+  for (int64_t c = 0; c < C; ++c) sum += x[c];
+  const float m = sum * inv_C;
+  // Two-pass variance about the mean: no cancellation when |mean| >> std.
+  float squares = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : squares)
+  for (int64_t c = 0; c < C; ++c) {
+    const float d = x[c] - m;
+    squares += d * d;
+  }
+  const float s = 1.0f / std::sqrt(squares * inv_C + eps);
+#pragma omp simd simdlen(16)
+  for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+  mean = m;
+  rstd = s;
+}
+
+}  // namespace
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* in, const float* weight,
                        const float* bias, int64_t rows, int64_t C, float eps) {
   check_shape("layernorm_forward", rows, C);
   const float inv_C = 1.0f / static_cast<float>(C);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = in + r * C;
-    float* y = out + r * C;
-    float sum = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : sum)
-    for (int64_t c = 0; c < C; ++c) sum += x[c];
-    const float m = sum * inv_C;
-    // Two-pass variance about the mean: no cancellation when |mean| >> std.
-    float squares = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : squares)
-    for (int64_t c = 0; c < C; ++c) {
-      const float d = x[c] - m;
-      squares += d * d;
+  for (int64_t r = 0; r < rows; ++r)
+    layernorm_row(out + r * C, mean[r], rstd[r], in + r * C, weight, bias, C, inv_C, eps);
+}
+
+void layernorm_forward_bf16(lattice::bf16* out, float* mean, float* rstd, const float* in,
+                            const float* weight, const float* bias, int64_t rows, int64_t C,
+                            float eps) {
+  check_shape("layernorm_forward_bf16", rows, C);
+  const float inv_C = 1.0f / static_cast<float>(C);
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(C));  // one fp32 row, in L1, rounded as it leaves
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      layernorm_row(row.data(), mean[r], rstd[r], in + r * C, weight, bias, C, inv_C, eps);
+      convert_to_bf16_on_this_thread(out + r * C, row.data(), C);
     }
-    const float s = 1.0f / std::sqrt(squares * inv_C + eps);
-#pragma omp simd simdlen(16)
-    for (int64_t c = 0; c < C; ++c) y[c] = (x[c] - m) * s * weight[c] + bias[c];
-    mean[r] = m;
-    rstd[r] = s;
   }
 }
 
