@@ -154,6 +154,26 @@ TEST(MatmulBf16RowChunks, ChunksEqualTheWholeForwardAndInputGradientAndEveryRowC
   }
 }
 
+TEST(MatmulBf16RowChunks, TheBiasIsAddedAsTheWholeForwardAddsIt) {
+  const int64_t M = 40, K = 24, N = 80, chunk = 16;
+  const auto in = random_vector(M * K, 25, 1.0f);
+  const auto weight = random_vector(N * K, 26, 0.5f);
+  const auto bias = random_vector(N, 27, 2.0f);
+  std::vector<lattice::bf16> in16(in.size());
+  for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
+  MatmulEngine engine;
+  std::vector<float> whole(static_cast<size_t>(M * N));
+  engine.forward(whole.data(), in.data(), weight.data(), bias.data(), M, K, N, Precision::bf16);
+  std::vector<float> chunked(whole.size(), std::nanf(""));
+  engine.multiply_in_row_chunks(
+      in16.data(), weight.data(), true, M, K, N, chunk,
+      [&](int64_t begin, int64_t rows, const float* out) {
+        std::memcpy(chunked.data() + begin * N, out, sizeof(float) * static_cast<size_t>(rows * N));
+      },
+      bias.data());
+  EXPECT_EQ(0, std::memcmp(chunked.data(), whole.data(), sizeof(float) * whole.size()));
+}
+
 TEST(MatmulBf16RowChunks, AnExceptionInAChunkReachesTheCaller) {
   const int64_t M = 64, K = 16, N = 32;
   const auto in = random_vector(M * K, 23, 1.0f);
@@ -178,8 +198,8 @@ TEST(LayerNormBf16, ForwardIsTheRoundedFp32ForwardWithTheSameStatistics) {
     for (int threads : {1, 2}) {
       lattice::testing::ScopedOmpThreads scope(threads);
       std::vector<float> out(in.size()), mean(rows), rstd(rows), mean16(rows), rstd16(rows);
-      layernorm_forward(out.data(), mean.data(), rstd.data(), in.data(), weight.data(),
-                        bias.data(), rows, C, 1e-5f);
+      layernorm_forward(out.data(), mean.data(), rstd.data(), in.data(), weight.data(), bias.data(),
+                        rows, C, 1e-5f);
       std::vector<lattice::bf16> out16(in.size());
       layernorm_forward_bf16(out16.data(), mean16.data(), rstd16.data(), in.data(), weight.data(),
                              bias.data(), rows, C, 1e-5f);

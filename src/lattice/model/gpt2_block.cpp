@@ -1,6 +1,8 @@
 // GPT-2 transformer block: see gpt2_block.hpp.
 #include "lattice/model/gpt2_block.hpp"
 
+#include <cstring>
+
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
 #include "lattice/kernels/cpu/attention.hpp"
@@ -85,25 +87,38 @@ void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, float* x_out
                                            int64_t rows) {
   attn_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
   k::add_inplace(x2_.f32(), x_in, rows * C_);
-  if (ctx.precision == k::Precision::bf16) {  // LayerNorm writes c_fc's bf16 input directly
-    k::layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, rows), ln2_mean_.f32(),
-                              ln2_rstd_.f32(), x2_.f32(), store_.value(ln2_weight_),
-                              store_.value(ln2_bias_), rows, C_, eps_);
-    c_fc_.forward_prepared(ctx, fc_.f32(), rows);
+  if (ctx.precision == k::Precision::bf16) {
+    mlp_forward_bf16(ctx, x_out, rows);
   } else {
     k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
                          store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
     c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
-  }
-  if (ctx.precision == k::Precision::bf16) {
-    // GELU writes mlp_proj's bf16 input directly (no fp32 output to round again).
-    k::gelu_forward_bf16(mlp_proj_.prepare_bf16_input(ctx, rows), fc_.f32(), rows * F_);
-    mlp_proj_.forward_prepared(ctx, x_out, rows);
-  } else {
     k::gelu_forward(gelu_.f32(), fc_.f32(), rows * F_);
     mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
   }
   k::add_inplace(x_out, x2_.f32(), rows * C_);
+}
+
+void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t rows) {
+  // LayerNorm 2 writes c_fc's bf16 input and the GELU mlp_proj's: no fp32 copy of either exists.
+  k::layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, rows), ln2_mean_.f32(), ln2_rstd_.f32(),
+                            x2_.f32(), store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_,
+                            eps_);
+  float* fc = fc_.f32();
+  lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, rows);
+  if (rows >= kMlpChunkRows) {
+    // c_fc in row chunks: each chunk's pre-activation is stored for backward and goes through the
+    // GELU while it is in cache.
+    c_fc_.forward_prepared_in_row_chunks(
+        ctx, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
+          std::memcpy(fc + begin * F_, chunk, sizeof(float) * static_cast<size_t>(n * F_));
+          k::gelu_forward_bf16_on_this_thread(gelu16 + begin * F_, chunk, n * F_);
+        });
+  } else {  // a few rows (cached inference): one multi-threaded GEMM
+    c_fc_.forward_prepared(ctx, fc, rows);
+    k::gelu_forward_bf16(gelu16, fc, rows * F_);
+  }
+  mlp_proj_.forward_prepared(ctx, x_out, rows);
 }
 
 void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,

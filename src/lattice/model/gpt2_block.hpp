@@ -34,12 +34,16 @@ class Gpt2Block final : public Block {
   void qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows);
   void projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
                                   int64_t rows);
+  // bf16 forward of LayerNorm 2 and the MLP from x2_ to x_out (before the residual add), with
+  // c_fc's GEMM and the GELU fused in row chunks.
+  void mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t rows);
   // bf16 backward of the MLP from d_x_out to d_ln (LayerNorm 2's output gradient), with c_proj's
   // input gradient and the GELU backward fused in row chunks; d_fc_buffer holds c_fc's bf16 d_out
   // [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
   void mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_x_out,
                          float* d_fc_buffer, float* d_y_buffer, int64_t rows);
-  // Rows per chunk of the fused MLP backward: a chunk's fp32 d_gelu (rows x F) stays in cache.
+  // Rows per chunk of the fused MLP forward and backward: a chunk's fp32 pre-activation or d_gelu
+  // (rows x F) stays in cache.
   static constexpr int64_t kMlpChunkRows = 256;
 
   ParameterStore& store_;

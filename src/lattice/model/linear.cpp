@@ -63,6 +63,21 @@ void Linear::forward_prepared(const LayerContext& ctx, float* out, int64_t rows)
                      keep);
 }
 
+void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, int64_t rows,
+                                            int64_t chunk_rows,
+                                            const kernels::MatmulEngine::ChunkConsumer& consume) {
+  check(ctx.precision == kernels::Precision::bf16 && in16_.shape() == Shape{rows, in_},
+        "Linear::forward_prepared_in_row_chunks without prepare_bf16_input for " +
+            std::to_string(rows) + " rows in bf16 (internal error)");
+  rounded_rows_ = rows;
+  rounded_from_ = nullptr;
+  prepared_ = true;
+  const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
+  ctx.matmul.multiply_in_row_chunks(in16_.data<lattice::bf16>(), store_->value(weight_),
+                                    /*weight_transposed=*/true, rows, in_, out_, chunk_rows,
+                                    consume, bias);
+}
+
 lattice::bf16* Linear::kept_input(const LayerContext& ctx, const float* in, int64_t rows) {
   lattice::bf16* kept_in = nullptr;
   const bool kept = prepared_ || (rounded_from_ != nullptr && rounded_from_ == in);

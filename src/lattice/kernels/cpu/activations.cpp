@@ -63,6 +63,17 @@ void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n) {
   }
 }
 
+void gelu_forward_bf16_on_this_thread(lattice::bf16* out, const float* in, int64_t n) {
+  alignas(64) float values[kBf16Block];
+  for (int64_t begin = 0; begin < n; begin += kBf16Block) {
+    const int64_t count = std::min(kBf16Block, n - begin);
+    const float* x = in + begin;
+#pragma omp simd simdlen(16)
+    for (int64_t i = 0; i < count; ++i) values[i] = gelu_value(x[i]);
+    convert_to_bf16_on_this_thread(out + begin, values, count);
+  }
+}
+
 void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n) {
 #pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) d_in[i] = gelu_grad(in[i], d_out[i]);

@@ -12,6 +12,8 @@ void gelu_forward(float* out, const float* in, int64_t n);
 // gelu_forward with its output rounded to bf16 (bit for bit lattice::to_bf16 of gelu_forward's),
 // for a bf16 GEMM that reads it: no fp32 output is written or read back.
 void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n);
+// gelu_forward_bf16 on the calling thread only (a chunk of a larger batch).
+void gelu_forward_bf16_on_this_thread(lattice::bf16* out, const float* in, int64_t n);
 void gelu_backward(float* d_in, const float* d_out, const float* in,
                    int64_t n);  // d_in overwritten
 // gelu_backward over [rows, cols] with d_in rounded to bf16 (bit for bit lattice::to_bf16 of

@@ -208,6 +208,7 @@ struct MatmulEngine::Impl {
     const std::array<int64_t, 3> key{rows, N, K};
     auto found = chunk_cache.find(key);
     if (found != chunk_cache.end()) return found->second;
+    if (chunk_cache.size() >= kMaxCachedPrimitives) chunk_cache.clear();
     using dt = dnnl::memory::data_type;
     const dnnl::memory::desc a_md({rows, K}, dt::bf16, {K, 1});
     const dnnl::memory::desc b_md({K, N}, dt::bf16, dnnl::memory::format_tag::any);
@@ -418,7 +419,8 @@ void round_to_bf16_with_column_sums(lattice::bf16* d_out16, float* d_bias, const
 
 void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
                                           bool weight_transposed, int64_t M, int64_t K, int64_t N,
-                                          int64_t chunk_rows, const ChunkConsumer& consume) {
+                                          int64_t chunk_rows, const ChunkConsumer& consume,
+                                          const float* bias) {
   check_dims("multiply_in_row_chunks", M, K, N);
   check(chunk_rows > 0, "matmul multiply_in_row_chunks: chunk_rows must be positive");
   check(K > 0, "matmul multiply_in_row_chunks: K must be positive");
@@ -490,6 +492,13 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
                        dnnl::memory(g.pd.scratchpad_desc(), impl_->engine, scratch));
         g.primitive.execute(*stream, args);
         stream->wait();
+        if (bias != nullptr) {
+          for (int64_t r = 0; r < rows; ++r) {
+            float* row = out + r * N;
+#pragma omp simd simdlen(16)
+            for (int64_t j = 0; j < N; ++j) row[j] += bias[j];
+          }
+        }
         consume(row_begin, rows, out);
       } catch (...) {
 #pragma omp critical(lattice_matmul_chunk_failure)
