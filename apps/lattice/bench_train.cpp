@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,13 @@ std::vector<train::BenchmarkCase> cases(const std::string& which) {
   throw Error("unknown benchmark shape '" + which + "': use small, gpt2-124m or all");
 }
 
+// The median (the mean of the middle two for an even count).
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 }  // namespace
 
 void register_bench_train(CLI::App& bench) {
@@ -41,7 +49,7 @@ void register_bench_train(CLI::App& bench) {
       "train", "Training tokens/s and MFU against PyTorch (same model, batch)");
   struct Options {
     std::string shape = "all", python = "/usr/bin/python3", script;
-    int64_t steps = 3, warmup = 1;
+    int64_t steps = 3, warmup = 1, rounds = 1;
     bool skip_pytorch = false;
     std::vector<std::string> precisions = {"fp32", "bf16"};
   };
@@ -49,6 +57,12 @@ void register_bench_train(CLI::App& bench) {
   target->add_option("--shape", o->shape, "small, gpt2-124m or all")->capture_default_str();
   target->add_option("--steps", o->steps, "timed steps per run")->capture_default_str();
   target->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
+  target
+      ->add_option("--rounds", o->rounds,
+                   "alternate Lattice and PyTorch this many times per case and report the "
+                   "medians (steadier on a shared machine)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100}))
+      ->capture_default_str();
   target->add_option("--precision", o->precisions, "fp32 and/or bf16")->capture_default_str();
   target->add_option("--python", o->python, "python with torch")->capture_default_str();
   target->add_option("--script", o->script, "PyTorch side (default: bench/pytorch_train.py)");
@@ -82,13 +96,25 @@ void register_bench_train(CLI::App& bench) {
       std::map<std::string, double> lattice_rate, torch_rate;
       for (const auto& name : o->precisions) {
         const auto precision = kernels::parse_precision(name);
-        auto mine = train::benchmark_lattice_training(c, precision, o->steps, o->warmup);
-        lattice_rate[name] = mine.tokens_per_second;
+        // Rounds alternate the two sides, so load changes on a shared machine reach both.
+        std::vector<double> mine_rates, their_rates;
         std::string why;
+        for (int64_t round = 0; round < o->rounds; ++round) {
+          mine_rates.push_back(train::benchmark_lattice_training(c, precision, o->steps, o->warmup)
+                                   .tokens_per_second);
+          if (o->skip_pytorch || !why.empty()) continue;
+          auto theirs = train::benchmark_pytorch_training(c, precision, o->steps, o->warmup,
+                                                          threads, o->python, script, why);
+          if (theirs) their_rates.push_back(theirs->tokens_per_second);
+        }
+        train::ThroughputResult mine;
+        mine.tokens_per_second = median(mine_rates);
+        lattice_rate[name] = mine.tokens_per_second;
         std::optional<train::ThroughputResult> theirs;
-        if (!o->skip_pytorch)
-          theirs = train::benchmark_pytorch_training(c, precision, o->steps, o->warmup, threads,
-                                                     o->python, script, why);
+        if (!their_rates.empty()) {
+          theirs.emplace();
+          theirs->tokens_per_second = median(their_rates);
+        }
         const double tflops = mine.tokens_per_second * flops_per_token / 1e12;
         std::printf("%-44s %-5s %12.0f %9.3f %6.1f%%", c.label.c_str(), name.c_str(),
                     mine.tokens_per_second, tflops, 100.0 * tflops * 1e12 / peak[name]);
@@ -98,6 +124,15 @@ void register_bench_train(CLI::App& bench) {
                       mine.tokens_per_second / theirs->tokens_per_second);
         } else {
           std::printf(" %12s %9s%s%s\n", "-", "-", why.empty() ? "" : "  ", why.c_str());
+        }
+        if (o->rounds > 1) {
+          std::printf("    %lld rounds, medians above; lattice", static_cast<long long>(o->rounds));
+          for (double r : mine_rates) std::printf(" %.0f", r);
+          if (!their_rates.empty()) {
+            std::printf("; pytorch");
+            for (double r : their_rates) std::printf(" %.0f", r);
+          }
+          std::printf(" tok/s\n");
         }
         std::fflush(stdout);
       }
