@@ -154,7 +154,7 @@ TEST(MatmulBf16RowChunks, ChunksEqualTheWholeForwardAndInputGradientAndEveryRowC
   }
 }
 
-TEST(MatmulBf16RowChunks, TheBiasIsAddedAsTheWholeForwardAddsIt) {
+TEST(MatmulBf16RowChunks, TheBiasIsAddedAsTheWholeForwardAddsItAndADestinationKeepsTheRows) {
   const int64_t M = 40, K = 24, N = 80, chunk = 16;
   const auto in = random_vector(M * K, 25, 1.0f);
   const auto weight = random_vector(N * K, 26, 0.5f);
@@ -172,6 +172,17 @@ TEST(MatmulBf16RowChunks, TheBiasIsAddedAsTheWholeForwardAddsIt) {
       },
       bias.data());
   EXPECT_EQ(0, std::memcmp(chunked.data(), whole.data(), sizeof(float) * whole.size()));
+  // With a destination the chunks land in its rows and consume sees them there.
+  std::vector<float> kept(whole.size(), std::nanf(""));
+  int64_t handed_in_place = 0;
+  engine.multiply_in_row_chunks(
+      in16.data(), weight.data(), true, M, K, N, chunk,
+      [&](int64_t begin, int64_t rows, const float* out) {
+        if (out == kept.data() + begin * N) handed_in_place += rows;
+      },
+      bias.data(), kept.data());
+  EXPECT_EQ(handed_in_place, M);
+  EXPECT_EQ(0, std::memcmp(kept.data(), whole.data(), sizeof(float) * whole.size()));
 }
 
 TEST(MatmulBf16RowChunks, AnExceptionInAChunkReachesTheCaller) {

@@ -1,8 +1,6 @@
 // GPT-2 transformer block: see gpt2_block.hpp.
 #include "lattice/model/gpt2_block.hpp"
 
-#include <cstring>
-
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
 #include "lattice/kernels/cpu/attention.hpp"
@@ -107,11 +105,10 @@ void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t 
   float* fc = fc_.f32();
   lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, rows);
   if (rows >= kMlpChunkRows) {
-    // c_fc in row chunks: each chunk's pre-activation is stored for backward and goes through the
+    // c_fc in row chunks: each chunk of the pre-activation (kept for backward) goes through the
     // GELU while it is in cache.
     c_fc_.forward_prepared_in_row_chunks(
-        ctx, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
-          std::memcpy(fc + begin * F_, chunk, sizeof(float) * static_cast<size_t>(n * F_));
+        ctx, fc, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
           k::gelu_forward_bf16_on_this_thread(gelu16 + begin * F_, chunk, n * F_);
         });
   } else {  // a few rows (cached inference): one multi-threaded GEMM

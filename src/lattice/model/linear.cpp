@@ -63,7 +63,7 @@ void Linear::forward_prepared(const LayerContext& ctx, float* out, int64_t rows)
                      keep);
 }
 
-void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, int64_t rows,
+void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, float* out, int64_t rows,
                                             int64_t chunk_rows,
                                             const kernels::MatmulEngine::ChunkConsumer& consume) {
   check(ctx.precision == kernels::Precision::bf16 && in16_.shape() == Shape{rows, in_},
@@ -75,7 +75,7 @@ void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, int64_t row
   const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
   ctx.matmul.multiply_in_row_chunks(in16_.data<lattice::bf16>(), store_->value(weight_),
                                     /*weight_transposed=*/true, rows, in_, out_, chunk_rows,
-                                    consume, bias);
+                                    consume, bias, out);
 }
 
 lattice::bf16* Linear::kept_input(const LayerContext& ctx, const float* in, int64_t rows) {

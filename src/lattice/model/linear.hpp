@@ -26,10 +26,11 @@ class Linear {
   // the fp32 input never exists, and backward uses the bf16 one.
   lattice::bf16* prepare_bf16_input(const LayerContext& ctx, int64_t rows);
   void forward_prepared(const LayerContext& ctx, float* out, int64_t rows);
-  // forward_prepared with the output (bias included) computed in row chunks, each handed to
-  // consume(row_begin, rows, chunk) on the thread that computed it while it is in cache
-  // (kernels::MatmulEngine::multiply_in_row_chunks): the caller stores what it needs of it.
-  void forward_prepared_in_row_chunks(const LayerContext& ctx, int64_t rows, int64_t chunk_rows,
+  // forward_prepared with the output (bias included) computed in row chunks into out [rows,
+  // out_features], each chunk handed to consume(row_begin, rows, chunk) on the thread that computed
+  // it while it is in cache (kernels::MatmulEngine::multiply_in_row_chunks).
+  void forward_prepared_in_row_chunks(const LayerContext& ctx, float* out, int64_t rows,
+                                      int64_t chunk_rows,
                                       const kernels::MatmulEngine::ChunkConsumer& consume);
   // d_in overwritten (skipped when null); weight and bias gradients accumulate. In bf16, when the
   // last forward saw this same `in` (or was forward_prepared) and row count, its bf16 input is used

@@ -420,7 +420,7 @@ void round_to_bf16_with_column_sums(lattice::bf16* d_out16, float* d_bias, const
 void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
                                           bool weight_transposed, int64_t M, int64_t K, int64_t N,
                                           int64_t chunk_rows, const ChunkConsumer& consume,
-                                          const float* bias) {
+                                          const float* bias, float* destination) {
   check_dims("multiply_in_row_chunks", M, K, N);
   check(chunk_rows > 0, "matmul multiply_in_row_chunks: chunk_rows must be positive");
   check(K > 0, "matmul multiply_in_row_chunks: K must be positive");
@@ -466,7 +466,7 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
 #pragma omp parallel num_threads(threads)
   {
     const auto t = static_cast<size_t>(omp_get_thread_num());
-    float* out = static_cast<float*>(impl_->thread_chunks[t].reserve(0));
+    float* thread_chunk = static_cast<float*>(impl_->thread_chunks[t].reserve(0));
     void* scratch = scratch_bytes > 0 ? impl_->thread_scratchpads[t].reserve(0) : nullptr;
     std::optional<dnnl::stream> stream;
 #pragma omp for schedule(static)
@@ -484,6 +484,7 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
         dnnl::memory a(g.pd.src_desc(), impl_->engine,
                        const_cast<lattice::bf16*>(in16 + row_begin * K));
         dnnl::memory b(g.pd.weights_desc(), impl_->engine, packed[which]);
+        float* out = destination != nullptr ? destination + row_begin * N : thread_chunk;
         dnnl::memory dst(g.pd.dst_desc(), impl_->engine, out);
         std::unordered_map<int, dnnl::memory> args{
             {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}};

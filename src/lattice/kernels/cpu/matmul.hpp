@@ -55,14 +55,16 @@ class MatmulEngine {
   // Linear's forward) else weight[K,N] (a Linear's input gradient, d_out · W). Each chunk's GEMM
   // runs on one thread into that thread's buffer [rows, N], and `consume(row_begin, rows, chunk)`
   // runs right after on the same thread, while the chunk is still in cache: the whole [M, N]
-  // output is never written to memory (the LM head and its cross-entropy, a GELU backward). When
-  // bias[N] is given it is added to every row first. The weight is rounded and packed for AMX once
+  // output is never written to memory (the LM head and its cross-entropy, a GELU backward), unless
+  // `destination` [M, N] is given: then each chunk is written to its rows there (and handed to
+  // consume from there), for an output that must be kept. When bias[N] is given it is added to
+  // every row first. The weight is rounded and packed for AMX once
   // per call. Each element equals forward()'s and backward()'s (same K order, same bias add).
   using ChunkConsumer = std::function<void(int64_t row_begin, int64_t rows, const float* chunk)>;
   void multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
                               bool weight_transposed, int64_t M, int64_t K, int64_t N,
                               int64_t chunk_rows, const ChunkConsumer& consume,
-                              const float* bias = nullptr);
+                              const float* bias = nullptr, float* destination = nullptr);
 
   // General row-major GEMM: C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when the flag
   // is set. A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K] transposed), leading dimensions
