@@ -134,11 +134,15 @@ PeerTimes run_openmpi_peer(int ranks, const std::string& op, const std::vector<i
 
 void print_header(const std::string& title) {
   std::printf("%s\n", title.c_str());
-  std::printf("%-15s %-17s %9s %9s %11s %10s %10s %10s %8s\n", "op", "algorithm", "bytes", "iters",
-              "time(us)", "algbw GB/s", "busbw GB/s", "ompi busbw", "ratio");
+  std::printf("%-15s %-17s %9s %9s %11s %10s %10s %10s %8s %10s %8s\n", "op", "algorithm", "bytes",
+              "iters", "time(us)", "algbw GB/s", "busbw GB/s", "ompi busbw", "ratio", "copy(us)",
+              "max x");
 }
 
-void print_row(const comm::BenchResult& result, int ranks, const PeerTimes& peer) {
+// copy_seconds: the memory-copy bound (comm::time_output_copy), 0 when the op has none; "max x"
+// is Open MPI's time over it, the most any implementation that writes its output once could gain.
+void print_row(const comm::BenchResult& result, int ranks, const PeerTimes& peer,
+               double copy_seconds = 0.0) {
   double busbw = result.algbw() * comm::bus_factor(result.op, ranks) / 1e9;
   std::string op(comm::collective_op_name(result.op));
   auto it = peer.find({op, result.bytes});
@@ -149,10 +153,16 @@ void print_row(const comm::BenchResult& result, int ranks, const PeerTimes& peer
     std::snprintf(reference, sizeof(reference), "%.3f", peer_busbw);
     std::snprintf(ratio, sizeof(ratio), "%.2fx", it->second / result.seconds);
   }
-  std::printf("%-15s %-17s %9s %9d %11.2f %10.3f %10.3f %10s %8s\n", op.c_str(),
+  char copy[32] = "-", most[32] = "-";
+  if (copy_seconds > 0) {
+    std::snprintf(copy, sizeof(copy), "%.2f", copy_seconds * 1e6);
+    if (it != peer.end() && it->second > 0)
+      std::snprintf(most, sizeof(most), "%.2fx", it->second / copy_seconds);
+  }
+  std::printf("%-15s %-17s %9s %9d %11.2f %10.3f %10.3f %10s %8s %10s %8s\n", op.c_str(),
               std::string(comm::algorithm_name(result.algorithm)).c_str(),
               format_bytes(result.bytes).c_str(), result.iterations, result.seconds * 1e6,
-              result.algbw() / 1e9, busbw, reference, ratio);
+              result.algbw() / 1e9, busbw, reference, ratio, copy, most);
   std::fflush(stdout);
 }
 
@@ -185,13 +195,17 @@ void bench_local(const BenchCommOptions& options) {
     }
     comm::LocalWorld world(options.ranks, comm_options);
     world.run([&](comm::Communicator& communicator) {
+      // The memory-copy bound of the data-moving ops, measured on the same ranks first.
+      std::map<int64_t, double> copy_bound;
+      for (int64_t bytes : sizes)
+        copy_bound[bytes] = comm::time_output_copy(communicator, op, bytes, options.seconds);
       for (Algorithm algorithm : algorithms) {
         if (!algorithm_applies(algorithm, op, true, false)) continue;
         communicator.set_algorithm(op, algorithm);
         for (int64_t bytes : sizes) {
           comm::BenchResult result =
               comm::time_collective(communicator, op, bytes, options.seconds);
-          if (communicator.rank() == 0) print_row(result, options.ranks, peer);
+          if (communicator.rank() == 0) print_row(result, options.ranks, peer, copy_bound[bytes]);
         }
       }
     });

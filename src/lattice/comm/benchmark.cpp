@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <vector>
 
+#include "lattice/comm/reduce_kernels.hpp"
 #include "lattice/core/error.hpp"
 
 namespace lattice::comm {
@@ -97,6 +99,55 @@ BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes,
   result.iterations = static_cast<int>(iterations);
   result.algorithm = comm.algorithm_for(op, result.bytes);
   return result;
+}
+
+double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds) {
+  const int n = comm.size();
+  const int64_t elements = std::max<int64_t>(1, bytes / 4);
+  const int64_t block = std::max<int64_t>(1, elements / n);
+  int64_t output_elements = 0;
+  switch (op) {  // what time_collective's call writes into this rank's output
+    case CollectiveOp::all_gather:
+    case CollectiveOp::all_to_all:
+      output_elements = block * n;
+      break;
+    case CollectiveOp::broadcast:
+      output_elements = comm.rank() == 0 ? 0 : elements;
+      break;
+    default:
+      return 0.0;
+  }
+  std::vector<float> source(static_cast<size_t>(std::max<int64_t>(1, output_elements)), 1.0f);
+  std::vector<float> target(source.size(), 0.0f);
+  const size_t copy = static_cast<size_t>(output_elements) * sizeof(float);
+  double best = 0.0;
+  for (int routine = 0; routine < 2; ++routine) {
+    auto once = [&] {
+      if (routine == 0)
+        copy_bytes(target.data(), source.data(), copy);
+      else
+        std::memcpy(target.data(), source.data(), copy);
+    };
+    once();
+    once();
+    comm.barrier();
+    double start = now_seconds();
+    once();
+    double single = now_seconds() - start;
+    comm.allreduce(&single, 1, DType::i64, ReduceOp::max);
+    int64_t iterations = static_cast<int64_t>(
+        std::min(100000.0, std::max(3.0, min_seconds / std::max(single, 1e-7))));
+    comm.broadcast(&iterations, 1, DType::i64, 0);
+    comm.barrier();
+    start = now_seconds();
+    for (int64_t i = 0; i < iterations; ++i) once();
+    double seconds = (now_seconds() - start) / static_cast<double>(iterations);
+    // The slowest rank decides (its copies overlap everyone's); positive doubles order like
+    // their bit patterns read as int64.
+    comm.allreduce(&seconds, 1, DType::i64, ReduceOp::max);
+    best = routine == 0 ? seconds : std::min(best, seconds);
+  }
+  return best;
 }
 
 }  // namespace lattice::comm

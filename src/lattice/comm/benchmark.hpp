@@ -29,4 +29,12 @@ CollectiveOp parse_collective_op(const std::string& name);
 // after two warm-up calls, for about `min_seconds` (at least 3 calls). Every rank returns the same.
 BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds);
 
+// The memory-copy bound of a data-moving collective (all_gather, all_to_all, broadcast): every
+// rank copies, at the same time as the others, as many bytes as `op` on `bytes` must write into
+// its output, from one private buffer to another (the faster of comm's copy_bytes and memcpy),
+// timed as time_collective times `op`. No implementation that writes its output once can beat
+// it. Returns seconds per call (the slowest rank; every rank returns the same), or 0 for an op
+// without such a bound.
+double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds);
+
 }  // namespace lattice::comm

@@ -1,0 +1,36 @@
+// The collective benchmark's helpers (lattice bench comm): every rank agrees on each timing, and
+// the memory-copy bound exists exactly for the ops that only move data. These check behaviour,
+// not speed.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "lattice/comm/backends/local.hpp"
+#include "lattice/comm/benchmark.hpp"
+
+namespace lattice::comm {
+namespace {
+
+TEST(CommBenchmark, EveryRankReportsTheSameTimesAndTheCopyBoundOnlyForDataMovingOps) {
+  const int n = 3;
+  std::vector<double> collective(n), gather_copy(n), allreduce_copy(n), broadcast_copy(n);
+  run_local_ranks(n, [&](Communicator& comm) {
+    const auto r = static_cast<size_t>(comm.rank());
+    collective[r] = time_collective(comm, CollectiveOp::all_gather, 96 * 1024, 0.001).seconds;
+    gather_copy[r] = time_output_copy(comm, CollectiveOp::all_gather, 96 * 1024, 0.001);
+    broadcast_copy[r] = time_output_copy(comm, CollectiveOp::broadcast, 96 * 1024, 0.001);
+    allreduce_copy[r] = time_output_copy(comm, CollectiveOp::allreduce, 96 * 1024, 0.001);
+  });
+  for (int r = 1; r < n; ++r) {
+    EXPECT_EQ(collective[r], collective[0]);
+    EXPECT_EQ(gather_copy[r], gather_copy[0]);
+    EXPECT_EQ(broadcast_copy[r], broadcast_copy[0]);
+  }
+  EXPECT_GT(collective[0], 0.0);
+  EXPECT_GT(gather_copy[0], 0.0);
+  EXPECT_GT(broadcast_copy[0], 0.0);  // the root copies nothing, the others a whole buffer
+  EXPECT_EQ(allreduce_copy[0], 0.0);  // a reduction has no pure-copy bound
+}
+
+}  // namespace
+}  // namespace lattice::comm
