@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
@@ -193,12 +194,21 @@ void bench_local(const BenchCommOptions& options) {
       peer = run_openmpi_peer(options.ranks, op_name, sizes, options.seconds, note);
       if (!note.empty()) std::printf("# %s\n", note.c_str());
     }
+    // All-gather and broadcast ranks all read the same inputs: their copy bound reads one
+    // buffer shared by the rank threads (all-to-all ranks read distinct pieces: private ones).
+    const bool shared_inputs = op == CollectiveOp::all_gather || op == CollectiveOp::broadcast;
+    std::vector<float> shared_source(
+        shared_inputs ? static_cast<size_t>(*std::max_element(sizes.begin(), sizes.end()) / 4 + 1)
+                      : 0,
+        1.0f);
     comm::LocalWorld world(options.ranks, comm_options);
     world.run([&](comm::Communicator& communicator) {
       // The memory-copy bound of the data-moving ops, measured on the same ranks first.
       std::map<int64_t, double> copy_bound;
       for (int64_t bytes : sizes)
-        copy_bound[bytes] = comm::time_output_copy(communicator, op, bytes, options.seconds);
+        copy_bound[bytes] = comm::time_output_copy(
+            communicator, op, bytes, options.seconds,
+            shared_inputs ? static_cast<const void*>(shared_source.data()) : nullptr);
       for (Algorithm algorithm : algorithms) {
         if (!algorithm_applies(algorithm, op, true, false)) continue;
         communicator.set_algorithm(op, algorithm);

@@ -13,13 +13,16 @@ namespace {
 
 TEST(CommBenchmark, EveryRankReportsTheSameTimesAndTheCopyBoundOnlyForDataMovingOps) {
   const int n = 3;
+  const int64_t bytes = 96 * 1024;
   std::vector<double> collective(n), gather_copy(n), allreduce_copy(n), broadcast_copy(n);
+  const std::vector<float> shared_source(bytes / 4, 1.0f);  // read by every rank thread
   run_local_ranks(n, [&](Communicator& comm) {
     const auto r = static_cast<size_t>(comm.rank());
-    collective[r] = time_collective(comm, CollectiveOp::all_gather, 96 * 1024, 0.001).seconds;
-    gather_copy[r] = time_output_copy(comm, CollectiveOp::all_gather, 96 * 1024, 0.001);
-    broadcast_copy[r] = time_output_copy(comm, CollectiveOp::broadcast, 96 * 1024, 0.001);
-    allreduce_copy[r] = time_output_copy(comm, CollectiveOp::allreduce, 96 * 1024, 0.001);
+    collective[r] = time_collective(comm, CollectiveOp::all_gather, bytes, 0.001).seconds;
+    gather_copy[r] =
+        time_output_copy(comm, CollectiveOp::all_gather, bytes, 0.001, shared_source.data());
+    broadcast_copy[r] = time_output_copy(comm, CollectiveOp::broadcast, bytes, 0.001);
+    allreduce_copy[r] = time_output_copy(comm, CollectiveOp::allreduce, bytes, 0.001);
   });
   for (int r = 1; r < n; ++r) {
     EXPECT_EQ(collective[r], collective[0]);

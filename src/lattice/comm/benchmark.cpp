@@ -101,7 +101,8 @@ BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes,
   return result;
 }
 
-double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds) {
+double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds,
+                        const void* shared_source) {
   const int n = comm.size();
   const int64_t elements = std::max<int64_t>(1, bytes / 4);
   const int64_t block = std::max<int64_t>(1, elements / n);
@@ -117,16 +118,18 @@ double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, doub
     default:
       return 0.0;
   }
-  std::vector<float> source(static_cast<size_t>(std::max<int64_t>(1, output_elements)), 1.0f);
-  std::vector<float> target(source.size(), 0.0f);
+  const auto buffer_elements = static_cast<size_t>(std::max<int64_t>(1, output_elements));
+  std::vector<float> private_source(shared_source != nullptr ? 0 : buffer_elements, 1.0f);
+  const void* source = shared_source != nullptr ? shared_source : private_source.data();
+  std::vector<float> target(buffer_elements, 0.0f);
   const size_t copy = static_cast<size_t>(output_elements) * sizeof(float);
   double best = 0.0;
   for (int routine = 0; routine < 2; ++routine) {
     auto once = [&] {
       if (routine == 0)
-        copy_bytes(target.data(), source.data(), copy);
+        copy_bytes(target.data(), source, copy);
       else
-        std::memcpy(target.data(), source.data(), copy);
+        std::memcpy(target.data(), source, copy);
     };
     once();
     once();

@@ -31,10 +31,13 @@ BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes, 
 
 // The memory-copy bound of a data-moving collective (all_gather, all_to_all, broadcast): every
 // rank copies, at the same time as the others, as many bytes as `op` on `bytes` must write into
-// its output, from one private buffer to another (the faster of comm's copy_bytes and memcpy),
-// timed as time_collective times `op`. No implementation that writes its output once can beat
-// it. Returns seconds per call (the slowest rank; every rank returns the same), or 0 for an op
-// without such a bound.
-double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds);
+// its output, to a private buffer (the faster of comm's copy_bytes and memcpy), timed as
+// time_collective times `op`. The sources are private too, unless `shared_source` (holding at
+// least the output's bytes) is given: then every rank reads it, as every rank reads the same
+// inputs in an all_gather or a broadcast among ranks that share an address space. No
+// implementation that writes its output once can beat it. Returns seconds per call (the slowest
+// rank; every rank returns the same), or 0 for an op without such a bound.
+double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds,
+                        const void* shared_source = nullptr);
 
 }  // namespace lattice::comm

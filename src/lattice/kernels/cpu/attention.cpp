@@ -574,6 +574,43 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
   }
 }
 
+// dst[d * ld + t] = src[t * src_ld + d] for t < rows, d < cols (bf16 bits; rows a multiple of 16,
+// src_ld even): 16 tokens at a time, each lane gathering the 32-bit word that holds its element.
+void transpose_bf16(uint16_t* dst, int64_t ld, const uint16_t* src, int64_t src_ld, int64_t rows,
+                    int64_t cols) {
+  const __m512i token_words =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(src_ld / 2)));
+  for (int64_t d = 0; d < cols; ++d) {
+    for (int64_t t0 = 0; t0 < rows; t0 += kLanes) {
+      const auto* words = reinterpret_cast<const int*>(src + t0 * src_ld) + d / 2;
+      __m512i values = _mm512_i32gather_epi32(token_words, words, 4);
+      if (d % 2 == 1) values = _mm512_srli_epi32(values, 16);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d * ld + t0),
+                          _mm512_cvtepi32_epi16(values));
+    }
+  }
+}
+
+// rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
+// dV rows from their transposed accumulator, 16 head-dim lanes at a time gathered down a column
+// (a scalar loop here cost a third of the backward: every element a strided load).
+void write_transposed(float* rows, int64_t row_stride, const float* transposed, int64_t cols,
+                      int64_t D) {
+  const __m512i column =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(kBlockK)));
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
+      const __mmask16 lanes =
+          D - d0 >= kLanes ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (D - d0)) - 1);
+      const __m512 values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, column,
+                                                     transposed + d0 * kBlockK + c, 4);
+      _mm512_mask_storeu_ps(rows + c * row_stride + d0, lanes, values);
+    }
+  }
+}
+
 // Causal backward with bf16 q, k, v, dO, P and dS on AMX (FlashAttention-2 order, fp32 softmax
 // statistics). Per task (batch, kv head): Q and dO of the group as bf16 rows and transposed, dQ
 // accumulators; per key block: K^T, V^T and K as B operands, dK^T and dV^T accumulators.
@@ -626,13 +663,8 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
         pack_rows_bf16(dob, Dp, d_out + b * T * out_row + h * D, out_row, T, D);
         std::fill(qb + T * Dp, qb + Tp * Dp, uint16_t{0});
         std::fill(dob + T * Dp, dob + Tp * Dp, uint16_t{0});
-        // Transposes in blocks of 32 tokens, so each output row segment is one cache line.
-        for (int64_t t0 = 0; t0 < Tp; t0 += 32)
-          for (int64_t d = 0; d < Dp; ++d)
-            for (int64_t t = t0; t < t0 + 32; ++t) {
-              qt[d * Tp + t] = qb[t * Dp + d];
-              dot[d * Tp + t] = dob[t * Dp + d];
-            }
+        transpose_bf16(qt, Tp, qb, Dp, Tp, Dp);
+        transpose_bf16(dot, Tp, dob, Dp, Tp, Dp);
         for (int64_t t = 0; t < T; ++t) {
           const float* o_row = out + (b * T + t) * out_row + h * D;
           const float* do_row = d_out + (b * T + t) * out_row + h * D;
@@ -704,11 +736,8 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
         }
         float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
         float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
-        for (int64_t c = 0; c < cols; ++c)
-          for (int64_t d = 0; d < D; ++d) {
-            dk_rows[c * shape.k_row_stride + d] = dkt_acc[d * kBlockK + c];
-            dv_rows[c * shape.v_row_stride + d] = dvt_acc[d * kBlockK + c];
-          }
+        write_transposed(dk_rows, shape.k_row_stride, dkt_acc, cols, D);
+        write_transposed(dv_rows, shape.v_row_stride, dvt_acc, cols, D);
       }
       for (int64_t g = 0; g < group; ++g) {
         float* dq_rows = dq + b * shape.q_batch_stride + (kvh * group + g) * D;
