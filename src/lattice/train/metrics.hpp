@@ -25,8 +25,8 @@ struct StepMetrics {
   std::optional<double> exposed_comm_seconds, comm_seconds, scaling_efficiency;
 };
 
-// Model FLOP/s of a square GEMM at the given precision, best of a few repetitions (the measured
-// peak).
+// Model FLOP/s of a square GEMM at the given precision, the best of at least 8 runs over at least
+// 0.2 s (the measured peak).
 double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision);
 
 class MetricsLogger {
