@@ -17,8 +17,8 @@ LocalCommunicator::LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank
       group_(group),
       transport_(group, rank, watchdog()) {
   unsigned cores = std::thread::hardware_concurrency();
-  bool core_each = cores == 0 || group_->size <= static_cast<int>(cores);
-  watchdog().set_spin_iterations(core_each ? 200 : 50);
+  core_each_ = cores == 0 || group_->size <= static_cast<int>(cores);
+  watchdog().set_spin_iterations(core_each_ ? 200 : 50);
 }
 
 LocalCommunicator::~LocalCommunicator() {
