@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "lattice/comm/reduce_kernels.hpp"
@@ -15,6 +16,41 @@ namespace {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct TimedCalls {
+  double seconds = 0;  // per call
+  int64_t iterations = 0;
+};
+
+// Times `once` on every rank: two warm-up calls, one call that sizes the run (the slowest rank's
+// time decides), then enough calls for about min_seconds (at least 3) started together after a
+// barrier. A collective is timed on rank 0's clock up to a closing barrier; independent work (the
+// copy bound) by the slowest rank's own clock. Every rank returns the same.
+TimedCalls time_calls(Communicator& comm, double min_seconds, const std::function<void()>& once,
+                      bool independent_work) {
+  once();
+  once();
+  comm.barrier();
+  double start = now_seconds();
+  once();
+  double single = now_seconds() - start;
+  // Positive doubles order like their bit patterns read as int64.
+  comm.allreduce(&single, 1, DType::i64, ReduceOp::max);
+  TimedCalls timed;
+  timed.iterations =
+      static_cast<int64_t>(std::min(100000.0, std::max(3.0, min_seconds / std::max(single, 1e-7))));
+  comm.broadcast(&timed.iterations, 1, DType::i64, 0);
+  comm.barrier();
+  start = now_seconds();
+  for (int64_t i = 0; i < timed.iterations; ++i) once();
+  if (!independent_work) comm.barrier();
+  timed.seconds = (now_seconds() - start) / static_cast<double>(timed.iterations);
+  if (independent_work)
+    comm.allreduce(&timed.seconds, 1, DType::i64, ReduceOp::max);
+  else
+    comm.broadcast(&timed.seconds, 1, DType::i64, 0);
+  return timed;
 }
 
 }  // namespace
@@ -75,28 +111,12 @@ BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes,
         throw Error("bench comm: " + std::string(collective_op_name(op)) + " is not benchmarked");
     }
   };
-  once();
-  once();
-  comm.barrier();
-  double start = now_seconds();
-  once();
-  double single = now_seconds() - start;
-  // The slowest rank decides; positive doubles order like their bit patterns read as int64.
-  comm.allreduce(&single, 1, DType::i64, ReduceOp::max);
-  int64_t iterations =
-      static_cast<int64_t>(std::min(100000.0, std::max(3.0, min_seconds / std::max(single, 1e-7))));
-  comm.broadcast(&iterations, 1, DType::i64, 0);
-  comm.barrier();
-  start = now_seconds();
-  for (int64_t i = 0; i < iterations; ++i) once();
-  comm.barrier();
-  double seconds = (now_seconds() - start) / static_cast<double>(iterations);
-  comm.broadcast(&seconds, 1, DType::i64, 0);
+  const TimedCalls timed = time_calls(comm, min_seconds, once, /*independent_work=*/false);
   BenchResult result;
   result.op = op;
   result.bytes = elements * 4;
-  result.seconds = seconds;
-  result.iterations = static_cast<int>(iterations);
+  result.seconds = timed.seconds;
+  result.iterations = static_cast<int>(timed.iterations);
   result.algorithm = comm.algorithm_for(op, result.bytes);
   return result;
 }
@@ -131,23 +151,7 @@ double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, doub
       else
         std::memcpy(target.data(), source, copy);
     };
-    once();
-    once();
-    comm.barrier();
-    double start = now_seconds();
-    once();
-    double single = now_seconds() - start;
-    comm.allreduce(&single, 1, DType::i64, ReduceOp::max);
-    int64_t iterations = static_cast<int64_t>(
-        std::min(100000.0, std::max(3.0, min_seconds / std::max(single, 1e-7))));
-    comm.broadcast(&iterations, 1, DType::i64, 0);
-    comm.barrier();
-    start = now_seconds();
-    for (int64_t i = 0; i < iterations; ++i) once();
-    double seconds = (now_seconds() - start) / static_cast<double>(iterations);
-    // The slowest rank decides (its copies overlap everyone's); positive doubles order like
-    // their bit patterns read as int64.
-    comm.allreduce(&seconds, 1, DType::i64, ReduceOp::max);
+    const double seconds = time_calls(comm, min_seconds, once, /*independent_work=*/true).seconds;
     best = routine == 0 ? seconds : std::min(best, seconds);
   }
   return best;

@@ -30,6 +30,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
+#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/kernels/cpu/thread_columns.hpp"
 
 namespace lattice::kernels {
@@ -174,21 +175,6 @@ struct ChunkGemm {
   size_t scratchpad_bytes = 0;
 };
 
-// Sets this thread's OpenMP thread count for the guard's lifetime: oneDNN fixes a primitive's work
-// split when it is created, and a chunk's primitive must be built for the one thread that runs it.
-class ThreadCountGuard {
- public:
-  explicit ThreadCountGuard(int threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~ThreadCountGuard() { omp_set_num_threads(saved_); }
-  ThreadCountGuard(const ThreadCountGuard&) = delete;
-  ThreadCountGuard& operator=(const ThreadCountGuard&) = delete;
-
- private:
-  int saved_;
-};
-
 }  // namespace
 
 struct MatmulEngine::Impl {
@@ -217,7 +203,9 @@ struct MatmulEngine::Impl {
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     ChunkGemm g;
     try {
-      const ThreadCountGuard one_thread(1);
+      // oneDNN fixes a primitive's work split when it is created: build it for the one thread
+      // that runs it.
+      const ScopedOmpThreads one_thread(1);
       g.pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
       g.primitive = dnnl::matmul(g.pd);
       g.scratchpad_bytes = g.pd.scratchpad_desc().get_size();
