@@ -228,7 +228,7 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
   // Rows per chunk: each chunk's GEMM reads the whole head weight again (V·C bf16) and saves
   // writing and re-reading its rows' fp32 logits (8·V bytes per row), so chunks of at least C rows
   // re-read less than they save; 256 was fastest on the small bench shape (L4 d256 V8192: 64, 128,
-  // 512 and 1024 rows were 2-8% slower), and chunks spread over the threads in turn.
+  // 512 and 1024 rows were 2-8% slower); the chunks are split evenly between the threads.
   const int64_t chunk_rows = std::max<int64_t>(256, (C + 15) / 16 * 16);
   ctx.matmul.multiply_in_row_chunks(
       normed16_.data<lattice::bf16>(), params_.value(head_weight_), /*weight_transposed=*/true,

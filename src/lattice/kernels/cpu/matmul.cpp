@@ -184,8 +184,9 @@ struct MatmulEngine::Impl {
   AlignedBuffer scratchpad;
   // bf16 copies of up to three fp32 operands of one call (in / weight / d_out, or A / B).
   std::array<AlignedBuffer, 3> bf16_operands;
-  // forward_in_row_chunks: single-thread primitives keyed by (rows, N, K), the packed weights (one
-  // per distinct packed layout) and each thread's output chunk and scratchpad.
+  // multiply_in_row_chunks: single-thread primitives keyed by (rows, N, K) (references stay valid
+  // until the map is cleared), the packed weights (one per distinct packed layout) and each
+  // thread's output chunk and scratchpad.
   std::map<std::array<int64_t, 3>, ChunkGemm> chunk_cache;
   std::array<AlignedBuffer, 2> packed_weights;
   std::vector<AlignedBuffer> thread_chunks, thread_scratchpads;
@@ -194,7 +195,6 @@ struct MatmulEngine::Impl {
     const std::array<int64_t, 3> key{rows, N, K};
     auto found = chunk_cache.find(key);
     if (found != chunk_cache.end()) return found->second;
-    if (chunk_cache.size() >= kMaxCachedPrimitives) chunk_cache.clear();
     using dt = dnnl::memory::data_type;
     const dnnl::memory::desc a_md({rows, K}, dt::bf16, {K, 1});
     const dnnl::memory::desc b_md({K, N}, dt::bf16, dnnl::memory::format_tag::any);
@@ -424,6 +424,9 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
       {K, N}, dnnl::memory::data_type::bf16,
       weight_transposed ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
   dnnl::memory plain(plain_md, impl_->engine, const_cast<lattice::bf16*>(weight16));
+  // Shapes churn (e.g. varying batch tails): start over before the cache grows past its bound, not
+  // between the two lookups below.
+  if (impl_->chunk_cache.size() + 2 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
   ChunkGemm* gemms[2] = {&impl_->chunk_primitive_for(chunk_rows, N, K),
                          &impl_->chunk_primitive_for(tail_rows, N, K)};
   void* packed[2] = {nullptr, nullptr};
@@ -443,8 +446,9 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
   impl_->thread_scratchpads.resize(static_cast<size_t>(threads));
   const size_t scratch_bytes = std::max(gemms[0]->scratchpad_bytes, gemms[1]->scratchpad_bytes);
   for (int t = 0; t < threads; ++t) {
-    impl_->thread_chunks[static_cast<size_t>(t)].reserve(static_cast<size_t>(chunk_rows * N) *
-                                                         sizeof(float));
+    if (destination == nullptr)
+      impl_->thread_chunks[static_cast<size_t>(t)].reserve(static_cast<size_t>(chunk_rows * N) *
+                                                           sizeof(float));
     if (scratch_bytes > 0) impl_->thread_scratchpads[static_cast<size_t>(t)].reserve(scratch_bytes);
   }
   // An exception may not leave a parallel region or skip its loop's barrier: the first one is kept
