@@ -1,14 +1,19 @@
-// Test helper: runs the `lattice` binary with arguments, capturing exit status, stdout and stderr.
+// Test helpers for the `lattice` CLI: run the binary with arguments (exit status, stdout, stderr),
+// read a metrics JSONL file, and expect the one-line error that bad input must produce.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace lattice::testing {
 
@@ -24,18 +29,42 @@ inline std::string slurp(const std::filesystem::path& path) {
   return s.str();
 }
 
-// Runs LATTICE_BINARY with `args` (a shell-quoted string) inside `workdir`.
-inline CliResult run_lattice(const std::string& args, const std::filesystem::path& workdir) {
+// Runs LATTICE_BINARY with `args` (a shell-quoted string) inside `workdir`, with stdin read from
+// `stdin_file` (a path relative to workdir).
+inline CliResult run_lattice(const std::string& args, const std::filesystem::path& workdir,
+                             const std::string& stdin_file = "/dev/null") {
   const auto out = workdir / "cli.out", err = workdir / "cli.err";
   const std::string command = "cd '" + workdir.string() + "' && '" + std::string(LATTICE_BINARY) +
                               "' " + args + " > '" + out.string() + "' 2> '" + err.string() +
-                              "' < /dev/null";
+                              "' < '" + stdin_file + "'";
   int raw = std::system(command.c_str());
   CliResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+// The records of a JSONL file (the run directory's metrics.jsonl).
+inline std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+inline int count_lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+// Bad input's contract: exit status 2 and exactly one "error: ..." line containing `needle`.
+inline void expect_one_error_line(const CliResult& r, const std::string& needle) {
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
 }
 
 // A fresh empty directory under the system temp folder.

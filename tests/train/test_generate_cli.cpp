@@ -150,25 +150,6 @@ INSTANTIATE_TEST_SUITE_P(Families, Generator,
 
 namespace {
 
-int count_lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
-}
-
-// Like run_lattice, with stdin read from `stdin_file` (a path relative to workdir).
-CliResult run_lattice_with_stdin(const std::string& args, const std::string& stdin_file,
-                                 const fs::path& workdir) {
-  const auto out = workdir / "cli.out", err = workdir / "cli.err";
-  const std::string command = "cd '" + workdir.string() + "' && '" + std::string(LATTICE_BINARY) +
-                              "' " + args + " > '" + out.string() + "' 2> '" + err.string() +
-                              "' < '" + stdin_file + "'";
-  const int raw = std::system(command.c_str());
-  CliResult r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
 // A byte-level BPE tokenizer of 259 ids: the 256 bytes, "th" (256), "the" (257) and <|endoftext|>
 // (258), written as a Hugging Face tokenizer.json.
 void write_small_bpe_tokenizer(const fs::path& path) {
@@ -229,13 +210,8 @@ class GenerateCli : public ::testing::Test {
     ASSERT_EQ(r.status, 0) << r.out << r.err;
   }
 
-  // Expects exit status 2 and exactly one "error: ..." line containing `needle`.
   void expect_error(const std::string& args, const std::string& needle) {
-    const CliResult r = run_lattice(args, dir_);
-    EXPECT_EQ(r.status, 2) << r.out << r.err;
-    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
-    EXPECT_EQ(count_lines(r.err), 1) << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+    expect_one_error_line(run_lattice(args, dir_), needle);
   }
 
   fs::path dir_;
@@ -260,7 +236,7 @@ TEST_F(GenerateCli, PromptFromTheArgumentOrStdinPrintsPromptAndTokensAndReportsT
 
   std::ofstream(dir_ / "prompt.txt") << "The quick";
   const CliResult from_stdin =
-      run_lattice_with_stdin("generate --checkpoint run" + sampling, "prompt.txt", dir_);
+      run_lattice("generate --checkpoint run" + sampling, dir_, "prompt.txt");
   ASSERT_EQ(from_stdin.status, 0) << from_stdin.err;
   EXPECT_EQ(from_stdin.out, from_argument.out);
 }

@@ -35,21 +35,6 @@ std::string tiny_run(const std::string& run_dir) {
          " --metrics.log_freq=1 --metrics.peak_tflops=1";
 }
 
-std::vector<nlohmann::json> read_jsonl(const fs::path& path) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) records.push_back(nlohmann::json::parse(line));
-  return records;
-}
-
-int count_lines(const std::string& s) {
-  int n = 0;
-  for (char c : s) n += c == '\n';
-  return n;
-}
-
 class TrainCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -57,13 +42,8 @@ class TrainCli : public ::testing::Test {
     write_corpus(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
-  // Expects exit status 2 and exactly one "error: ..." line containing `needle`.
   void expect_error(const std::string& args, const std::string& needle) {
-    CliResult r = run_lattice(args, dir_);
-    EXPECT_EQ(r.status, 2) << r.out << r.err;
-    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
-    EXPECT_EQ(count_lines(r.err), 1) << r.err;
-    EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+    expect_one_error_line(run_lattice(args, dir_), needle);
   }
   fs::path dir_;
 };
