@@ -56,8 +56,9 @@ class TempDir {
 };
 
 // A model-like store: odd sizes, decayed matrices and undecayed vectors interleaved, one parameter
-// large enough for the AdamW kernel's parallel path (> 16384 elements).
-void declare_parameters(model::ParameterStore& store) {
+// large enough for the AdamW kernel's parallel path (> 16384 elements); declared and allocated,
+// not initialized.
+void allocate_test_parameters(model::ParameterStore& store) {
   store.declare("wte", {37, 13}, model::InitKind::normal, true);
   store.declare("ln.weight", {13}, model::InitKind::ones, false);
   store.declare("ln.bias", {13}, model::InitKind::zeros, false);
@@ -65,6 +66,7 @@ void declare_parameters(model::ParameterStore& store) {
   store.declare("fc.bias", {1}, model::InitKind::zeros, false);
   store.declare("big.weight", {171, 101}, model::InitKind::normal, true);
   store.declare("big.bias", {101}, model::InitKind::zeros, false);
+  store.allocate(nullptr);
 }
 
 // Deterministic gradients for step `step`, varying in sign and magnitude.
@@ -119,10 +121,8 @@ TEST_P(OffloadMatchesInMemory, BitForBitOverSeveralSteps) {
   const OffloadCase c = GetParam();
   TempDir dir;
   model::ParameterStore reference, offloaded;
-  declare_parameters(reference);
-  declare_parameters(offloaded);
-  reference.allocate(nullptr);
-  offloaded.allocate(nullptr);
+  allocate_test_parameters(reference);
+  allocate_test_parameters(offloaded);
   reference.initialize(7, 0.02f, 2);
   offloaded.initialize(7, 0.02f, 2);
   const int64_t n = reference.size();
@@ -232,10 +232,8 @@ TEST(OffloadedAdamWState, MasterOffloadHandsEachUpdatedChunkToTheSink) {
 TEST(OffloadedAdamWState, CheckpointRoundTripContinuesBitForBit) {
   TempDir dir;
   model::ParameterStore reference, restored;
-  declare_parameters(reference);
-  declare_parameters(restored);
-  reference.allocate(nullptr);
-  restored.allocate(nullptr);
+  allocate_test_parameters(reference);
+  allocate_test_parameters(restored);
   reference.initialize(3, 0.02f, 2);
   const int64_t n = reference.size();
   AdamWSettings settings;
