@@ -161,9 +161,9 @@ float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
   const int64_t V = config_.vocab_size;
   int64_t counted = 0;
   for (int64_t i = 0; i < rows; ++i) {
-    check(targets[i] < V, "target id " + std::to_string(targets[i]) +
-                              " is outside the vocabulary [0, " + std::to_string(V) +
-                              "): the data does not match model.vocab_size");
+    if (targets[i] >= V)  // the message is built only on failure: this loop runs every step
+      throw Error("target id " + std::to_string(targets[i]) + " is outside the vocabulary [0, " +
+                  std::to_string(V) + "): the data does not match model.vocab_size");
     counted += targets[i] >= 0;
   }
   check(counted > 0, "the batch has no target to train on (every target is ignored)");

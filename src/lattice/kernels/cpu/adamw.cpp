@@ -113,8 +113,9 @@ __attribute__((optimize("fp-contract=off"))) void adamw_range(float* p, const fl
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWHyper& hyper, int64_t step, float grad_scale) {
-  check(step >= 1, "adamw_update: step must be 1-based (got " + std::to_string(step) +
-                       "); pass the number of updates including this one");
+  if (step < 1)  // the message is built only on failure: this runs per parameter every step
+    throw Error("adamw_update: step must be 1-based (got " + std::to_string(step) +
+                "); pass the number of updates including this one");
   if (n <= 0) return;
   const AdamWScalars scalars = make_scalars(hyper, step, grad_scale);
   const int64_t chunks = (n + kChunk - 1) / kChunk;
