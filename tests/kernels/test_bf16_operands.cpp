@@ -238,6 +238,26 @@ TEST(GeluBf16, ForwardIsTheRoundedFp32Forward) {
   }
 }
 
+TEST(GeluBf16, BackwardRowsAreTheRoundedFp32BackwardAndSumTheColumns) {
+  for (const int64_t cols : {int64_t{1}, int64_t{37}, int64_t{1024}, int64_t{1500}}) {
+    SCOPED_TRACE(::testing::Message() << "cols=" << cols);
+    const int64_t rows = 9;
+    const auto in = random_vector(rows * cols, 41, 4.0f);
+    const auto d_out = random_vector(rows * cols, 42, 1.0f);
+    std::vector<float> fp32(in.size());
+    gelu_backward(fp32.data(), d_out.data(), in.data(), rows * cols);
+    std::vector<lattice::bf16> d_in16(in.size());
+    std::vector<double> sums(static_cast<size_t>(cols), 0.5);  // accumulated into
+    gelu_backward_bf16_rows(d_in16.data(), sums.data(), d_out.data(), in.data(), rows, cols);
+    EXPECT_EQ(bits_of(d_in16), bf16_bits_of(fp32));
+    for (int64_t j = 0; j < cols; ++j) {
+      double want = 0.5;
+      for (int64_t i = 0; i < rows; ++i) want += static_cast<double>(fp32[i * cols + j]);
+      EXPECT_EQ(sums[static_cast<size_t>(j)], want) << "column " << j;
+    }
+  }
+}
+
 TEST(MatmulBf16Operands, KeptForwardCopiesAndPreRoundedBackwardAreBitIdentical) {
   struct Shape {
     int64_t M, K, N;

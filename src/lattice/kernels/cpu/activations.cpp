@@ -3,14 +3,10 @@
 // 1 - tanh(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u)); exp comes from fast_exp so the loops vectorise.
 #include "lattice/kernels/cpu/activations.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <vector>
 
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/fast_exp.hpp"
-#include "lattice/kernels/cpu/thread_columns.hpp"
 
 namespace lattice::kernels {
 
@@ -49,20 +45,6 @@ void gelu_forward(float* out, const float* in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gelu_value(in[i]);
 }
 
-void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n) {
-  const int64_t blocks = (n + kBf16Block - 1) / kBf16Block;
-#pragma omp parallel for schedule(static) if (n > kParallelThreshold)
-  for (int64_t b = 0; b < blocks; ++b) {
-    alignas(64) float values[kBf16Block];
-    const int64_t begin = b * kBf16Block;
-    const int64_t count = std::min(kBf16Block, n - begin);
-    const float* x = in + begin;
-#pragma omp simd simdlen(16)
-    for (int64_t i = 0; i < count; ++i) values[i] = gelu_value(x[i]);
-    convert_to_bf16_on_this_thread(out + begin, values, count);
-  }
-}
-
 void gelu_forward_bf16_on_this_thread(lattice::bf16* out, const float* in, int64_t n) {
   alignas(64) float values[kBf16Block];
   for (int64_t begin = 0; begin < n; begin += kBf16Block) {
@@ -74,39 +56,18 @@ void gelu_forward_bf16_on_this_thread(lattice::bf16* out, const float* in, int64
   }
 }
 
+void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n) {
+  const int64_t blocks = (n + kBf16Block - 1) / kBf16Block;
+#pragma omp parallel for schedule(static) if (n > kParallelThreshold)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBf16Block;
+    gelu_forward_bf16_on_this_thread(out + begin, in + begin, std::min(kBf16Block, n - begin));
+  }
+}
+
 void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n) {
 #pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) d_in[i] = gelu_grad(in[i], d_out[i]);
-}
-
-void gelu_backward_bf16(lattice::bf16* d_in16, float* d_bias, const float* d_out, const float* in,
-                        int64_t rows, int64_t cols) {
-  if (rows <= 0 || cols <= 0) return;
-    // Each thread owns a range of columns and walks the rows in order (thread_columns), so every
-    // column's sum is taken row by row as in the matmul pass, whatever the thread count.
-#pragma omp parallel if (rows * cols > kParallelThreshold)
-  {
-    const ColumnRange range = thread_columns(cols, omp_get_thread_num(), omp_get_num_threads());
-    const int64_t width = range.width();
-    if (width > 0) {
-      std::vector<float> values(static_cast<size_t>(width));
-      std::vector<double> sums(static_cast<size_t>(width), 0.0);
-      float* v = values.data();
-      double* sum = sums.data();
-      for (int64_t i = 0; i < rows; ++i) {
-        prefetch_next_row(in, i, rows, cols, range);
-        prefetch_next_row(d_out, i, rows, cols, range);
-        const float* x = in + i * cols + range.begin;
-        const float* dy = d_out + i * cols + range.begin;
-#pragma omp simd simdlen(16)
-        for (int64_t j = 0; j < width; ++j) v[j] = gelu_grad(x[j], dy[j]);
-        convert_to_bf16_on_this_thread(d_in16 + i * cols + range.begin, v, width);
-        for (int64_t j = 0; j < width; ++j) sum[j] += static_cast<double>(v[j]);
-      }
-      if (d_bias != nullptr)
-        for (int64_t j = 0; j < width; ++j) d_bias[range.begin + j] += static_cast<float>(sum[j]);
-    }
-  }
 }
 
 void gelu_backward_bf16_rows(lattice::bf16* d_in16, double* column_sums, const float* d_out,

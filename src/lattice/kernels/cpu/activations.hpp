@@ -16,15 +16,11 @@ void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n);
 void gelu_forward_bf16_on_this_thread(lattice::bf16* out, const float* in, int64_t n);
 void gelu_backward(float* d_in, const float* d_out, const float* in,
                    int64_t n);  // d_in overwritten
-// gelu_backward over [rows, cols] with d_in rounded to bf16 (bit for bit lattice::to_bf16 of
-// gelu_backward's; overwritten) and, when d_bias is not null, the column sums of the fp32 d_in
-// accumulated into d_bias[cols] exactly as MatmulEngine::backward's bias gradient: for the next
-// Linear's bf16 backward, without an fp32 d_in written and read back.
-void gelu_backward_bf16(lattice::bf16* d_in16, float* d_bias, const float* d_out, const float* in,
-                        int64_t rows, int64_t cols);
-// gelu_backward_bf16 for rows [0, rows) on the calling thread, for a caller that produces d_out a
-// chunk of rows at a time (MatmulEngine::multiply_in_row_chunks): d_in16 as above, and, when
-// column_sums is not null, column_sums[j] += the fp32 d_in's column j summed row by row in double.
+// gelu_backward over rows [0, rows) of [rows, cols] on the calling thread, for a caller that
+// produces d_out a chunk of rows at a time (MatmulEngine::multiply_in_row_chunks): d_in16 is
+// gelu_backward's d_in rounded to bf16 (bit for bit lattice::to_bf16 of it; overwritten), for the
+// next Linear's bf16 backward; when column_sums is not null, column_sums[j] += the fp32 d_in's
+// column j summed row by row in double (the chunk's share of that Linear's bias gradient).
 void gelu_backward_bf16_rows(lattice::bf16* d_in16, double* column_sums, const float* d_out,
                              const float* in, int64_t rows, int64_t cols);
 
