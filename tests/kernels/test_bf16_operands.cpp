@@ -2,7 +2,8 @@
 // the cross-entropy's bf16 logits gradient, the Linear forward's kept bf16 input and weight, and a
 // backward fed with pre-rounded operands. Each must equal, bit for bit, the path that rounds fp32
 // values (lattice::to_bf16 of the fp32 results) -- the reference is the existing fp32-output
-// kernel.
+// kernel. The one-pass forward and backward (forward_backward_in_row_chunks) is checked against
+// forward() then backward() the same way, its weight gradient within the bound of its sum order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "lattice/kernels/cpu/cross_entropy.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/row_chunks.hpp"
 #include "omp_thread_count.hpp"
 
 namespace lattice::kernels {
@@ -121,8 +123,8 @@ TEST(MatmulBf16RowChunks, ChunksEqualTheWholeForwardAndInputGradientAndEveryRowC
     int64_t M, K, N, chunk;
   };
   // Chunks dividing M, a short tail, a single chunk larger than M, odd sizes.
-  for (const Shape s :
-       {Shape{64, 32, 96, 16}, Shape{70, 48, 130, 32}, Shape{5, 16, 40, 64}, Shape{33, 7, 3, 16}}) {
+  for (const Shape s : {Shape{64, 32, 96, 16}, Shape{70, 48, 130, 32}, Shape{5, 16, 40, 64},
+                        Shape{64, 32, 72, 8}}) {
     SCOPED_TRACE(::testing::Message()
                  << "M=" << s.M << " K=" << s.K << " N=" << s.N << " chunk=" << s.chunk);
     const auto in = random_vector(s.M * s.K, 21, 1.0f);
@@ -183,6 +185,123 @@ TEST(MatmulBf16RowChunks, TheBiasIsAddedAsTheWholeForwardAddsItAndADestinationKe
       bias.data(), kept.data());
   EXPECT_EQ(handed_in_place, M);
   EXPECT_EQ(0, std::memcmp(kept.data(), whole.data(), sizeof(float) * whole.size()));
+}
+
+// forward_backward_in_row_chunks against forward() then backward() on the same operands. The
+// weight gradient is the same fp32 sum of exact bf16 products in another order (per chunk, then
+// per lane), so each element may differ by the rounding of two M-term fp32 sums: at most
+// 2 (M - 1) · 2^-24 · sum |terms| (Higham's bound for recursive summation). The logits handed to
+// the consumer and d_in come from the same operands in the same K order and are bit-identical on
+// shapes like the models' (inputs and outputs at least 40 wide); for a d_in narrower than that
+// (d_model 16-32), oneDNN picks another kernel for the whole product than for a chunk, and d_in
+// then meets the same summation bound instead (the existing multiply_in_row_chunks does the same).
+TEST(MatmulBf16RowChunks, ForwardAndBackwardInOnePassEqualForwardThenBackward) {
+  struct Shape {
+    int64_t M, K, N, chunk;
+    bool d_in_bit_identical;
+  };
+  for (const Shape s :
+       {Shape{64, 64, 96, 16, true}, Shape{70, 48, 130, 32, true}, Shape{300, 64, 200, 64, true},
+        Shape{5, 40, 40, 64, true}, Shape{100, 24, 72, 8, false}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "M=" << s.M << " K=" << s.K << " N=" << s.N << " chunk=" << s.chunk);
+    const auto in = random_vector(s.M * s.K, 31, 1.0f);
+    const auto weight = random_vector(s.N * s.K, 32, 0.5f);  // [N out, K in]
+    std::vector<lattice::bf16> in16(in.size()), d_out16(static_cast<size_t>(s.M * s.N));
+    for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
+    const auto d_out = random_vector(s.M * s.N, 33, 1.0f);
+    for (size_t i = 0; i < d_out.size(); ++i) d_out16[i] = lattice::to_bf16(d_out[i]);
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads");
+      lattice::testing::ScopedOmpThreads scope(threads);
+      MatmulEngine engine;
+      std::vector<float> logits(static_cast<size_t>(s.M * s.N));
+      engine.forward(logits.data(), in.data(), weight.data(), nullptr, s.M, s.K, s.N,
+                     Precision::bf16);
+      std::vector<float> d_in(static_cast<size_t>(s.M * s.K));
+      std::vector<float> d_weight(static_cast<size_t>(s.N * s.K), 0.0f);
+      Bf16Operands rounded;
+      rounded.d_out = d_out16.data();
+      rounded.in = in16.data();
+      engine.backward(d_in.data(), d_weight.data(), nullptr, nullptr, nullptr, weight.data(), s.M,
+                      s.K, s.N, Precision::bf16, rounded);
+
+      const int lanes = MatmulEngine::gradient_lanes(s.M, s.chunk);
+      const int64_t chunks = (s.M + std::min(s.chunk, s.M) - 1) / std::min(s.chunk, s.M);
+      EXPECT_EQ(lanes, std::min<int64_t>(threads, chunks));
+      std::vector<float> seen_logits(logits.size(), std::nanf(""));
+      std::vector<int> seen(static_cast<size_t>(s.M), 0);
+      std::vector<float> fused_d_in(d_in.size(), std::nanf(""));
+      std::vector<float> partials(static_cast<size_t>(lanes * s.N * s.K), std::nanf(""));
+      engine.forward_backward_in_row_chunks(
+          in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
+          [&](int64_t begin, int64_t rows, const float* out, lattice::bf16* d_chunk16) {
+            for (int64_t r = 0; r < rows; ++r) ++seen[static_cast<size_t>(begin + r)];
+            std::memcpy(seen_logits.data() + begin * s.N, out,
+                        sizeof(float) * static_cast<size_t>(rows * s.N));
+            std::memcpy(d_chunk16, d_out16.data() + begin * s.N,
+                        sizeof(lattice::bf16) * static_cast<size_t>(rows * s.N));
+          },
+          fused_d_in.data(), partials.data(), lanes);
+      EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(s.M), 1));
+      EXPECT_EQ(0, std::memcmp(seen_logits.data(), logits.data(), sizeof(float) * logits.size()));
+      if (s.d_in_bit_identical) {
+        EXPECT_EQ(0, std::memcmp(fused_d_in.data(), d_in.data(), sizeof(float) * d_in.size()));
+      } else {
+        for (int64_t m = 0; m < s.M; ++m) {
+          for (int64_t k = 0; k < s.K; ++k) {
+            double magnitude = 0.0;
+            for (int64_t n = 0; n < s.N; ++n)
+              magnitude += std::fabs(static_cast<double>(lattice::to_float(d_out16[m * s.N + n])) *
+                                     lattice::to_float(lattice::to_bf16(weight[n * s.K + k])));
+            const size_t i = static_cast<size_t>(m * s.K + k);
+            ASSERT_LE(std::fabs(static_cast<double>(fused_d_in[i]) - d_in[i]),
+                      2.0 * static_cast<double>(s.N) * std::ldexp(1.0, -24) * magnitude + 1e-30)
+                << "d_in[" << m << ", " << k << "]";
+          }
+        }
+      }
+      std::vector<float> fused_d_weight(d_weight.size(), 0.0f);
+      add_chunk_partials(fused_d_weight.data(), partials.data(), lanes, s.N * s.K, s.N * s.K);
+      for (int64_t n = 0; n < s.N; ++n) {
+        for (int64_t k = 0; k < s.K; ++k) {
+          double magnitude = 0.0;
+          for (int64_t m = 0; m < s.M; ++m)
+            magnitude += std::fabs(static_cast<double>(lattice::to_float(d_out16[m * s.N + n])) *
+                                   lattice::to_float(in16[m * s.K + k]));
+          const size_t i = static_cast<size_t>(n * s.K + k);
+          ASSERT_LE(std::fabs(static_cast<double>(fused_d_weight[i]) - d_weight[i]),
+                    2.0 * static_cast<double>(s.M) * std::ldexp(1.0, -24) * magnitude + 1e-30)
+              << "d_weight[" << n << ", " << k << "]";
+        }
+      }
+      // Lanes other than gradient_lanes() are refused: the partials buffer is sized for them.
+      EXPECT_THROW(engine.forward_backward_in_row_chunks(
+                       in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
+                       [](int64_t, int64_t, const float*, lattice::bf16*) {}, fused_d_in.data(),
+                       partials.data(), lanes + 1),
+                   Error);
+    }
+  }
+}
+
+TEST(MatmulBf16RowChunks, AnExceptionInAForwardBackwardChunkReachesTheCaller) {
+  const int64_t M = 64, K = 16, N = 32, chunk = 16;
+  const auto in = random_vector(M * K, 34, 1.0f);
+  const auto weight = random_vector(N * K, 35, 1.0f);
+  std::vector<lattice::bf16> in16(in.size());
+  for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
+  MatmulEngine engine;
+  const int lanes = MatmulEngine::gradient_lanes(M, chunk);
+  std::vector<float> d_in(static_cast<size_t>(M * K));
+  std::vector<float> partials(static_cast<size_t>(lanes * N * K));
+  EXPECT_THROW(engine.forward_backward_in_row_chunks(
+                   in16.data(), weight.data(), M, K, N, chunk,
+                   [](int64_t begin, int64_t, const float*, lattice::bf16*) {
+                     if (begin == 32) throw Error("chunk failed");
+                   },
+                   d_in.data(), partials.data(), lanes),
+               Error);
 }
 
 TEST(MatmulBf16RowChunks, AnExceptionInAChunkReachesTheCaller) {

@@ -1,5 +1,6 @@
 // Tests of the model: parameter names and counts, whole-model finite-difference gradients for GPT-2
-// and Llama, pipeline-stage seams equal to the whole model, and gradient accumulation.
+// and Llama, pipeline-stage seams equal to the whole model, gradient accumulation, and the bf16 LM
+// head's backward inside its forward against the separate one.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,6 +9,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/model/transformer.hpp"
 
 using namespace lattice;
@@ -190,6 +192,57 @@ TEST(Transformer, GradientAccumulationEqualsOneLargeBatch) {
   // Only the order of fp32 sums differs (per-row gradient scale and weight-gradient GEMM sums).
   EXPECT_LT(max_diff / max_ref, 1e-5);
 }
+
+// bf16: the LM head's backward run inside its forward (HeadFusion::always, one pass over row
+// chunks) against the separate backward from the stored logits gradient (HeadFusion::never). The
+// forward is the same chunked GEMM and cross-entropy, so the losses are bit-identical; the head's
+// weight gradient is the same fp32 sum in another order (per chunk and lane instead of one GEMM)
+// and d_normed comes from a chunk GEMM instead of the whole one (same sum order at the models'
+// widths, not always at d_model 32: see MatmulBf16RowChunks), so every gradient agrees to fp32
+// rounding carried through the backward (1e-5 of each parameter's largest gradient). 640 rows
+// make three head chunks (256, 256 and a 128-row tail) over two lanes.
+class HeadFusionParity : public ::testing::TestWithParam<Family> {};
+
+TEST_P(HeadFusionParity, Bf16HeadBackwardInsideTheForwardEqualsTheSeparateBackward) {
+  const ModelConfig config = tiny(GetParam());
+  kernels::ScopedOmpThreads two_threads(2);
+  kernels::MatmulEngine matmul;
+  LayerContext ctx{matmul, kernels::Precision::bf16, nullptr};
+  const int64_t B = 20, T = 32;
+  const Batch batch = random_batch(B, T, config.vocab_size, 13);
+  Transformer fused(config, nullptr), separate(config, nullptr);
+  fused.set_head_fusion(HeadFusion::always);
+  separate.set_head_fusion(HeadFusion::never);
+  for (Transformer* model : {&fused, &separate}) {
+    model->initialize(3);
+    model->parameters().zero_grads();
+  }
+  // Two micro-batches: the fused partials must add to what the first one left.
+  for (float scale : {0.5f, 0.5f}) {
+    const float fused_loss =
+        fused.forward(ctx, batch.tokens.data(), batch.targets.data(), B, T, scale);
+    const float separate_loss =
+        separate.forward(ctx, batch.tokens.data(), batch.targets.data(), B, T, scale);
+    EXPECT_EQ(fused_loss, separate_loss);
+    fused.backward(ctx);
+    separate.backward(ctx);
+  }
+  const ParameterStore& a = fused.parameters();
+  const ParameterStore& b = separate.parameters();
+  for (const auto& p : a.parameters()) {
+    double max_diff = 0.0, max_ref = 0.0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const float x = a.grads()[p.offset + i], y = b.grads()[p.offset + i];
+      max_diff = std::fmax(max_diff, std::fabs(static_cast<double>(x) - y));
+      max_ref = std::fmax(max_ref, std::fabs(static_cast<double>(y)));
+    }
+    EXPECT_GT(max_ref, 0.0) << p.name;
+    EXPECT_LE(max_diff, 1e-5 * max_ref) << p.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HeadFusionParity,
+                         ::testing::Values(Family::gpt2, Family::llama));
 
 TEST(Transformer, RefusesTokensOutsideTheVocabulary) {
   const ModelConfig config = model_preset("gpt2-tiny");

@@ -14,6 +14,7 @@
 #include "lattice/kernels/cpu/embedding.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
 #include "lattice/kernels/cpu/rmsnorm.hpp"
+#include "lattice/kernels/cpu/row_chunks.hpp"
 #include "lattice/model/gpt2_block.hpp"
 #include "lattice/model/llama_block.hpp"
 
@@ -175,6 +176,7 @@ float Transformer::forward_stage(const LayerContext& ctx, const int32_t* tokens,
   } else {
     head_forward(ctx, B, T);
     logits_grad_bf16_ = false;
+    head_backward_in_forward_ = false;
     if (loss_scale != 0.0f)
       loss_sum = k::cross_entropy_forward_backward(logits_.f32(), logits_.f32(), targets, rows, V,
                                                    grad_scale);
@@ -217,28 +219,53 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
     head_norm_forward(ctx, rows);
     k::convert_to_bf16(normed16_.data<lattice::bf16>(), normed_.f32(), rows * C);
   }
-  lattice::bf16* d_logits16 = nullptr;
-  if (grad_scale != 0.0f) {
-    ensure_bf16_activation(d_logits16_, {rows, V}, tracker_);
-    d_logits16 = d_logits16_.data<lattice::bf16>();
-  }
   logits_.reset();  // the whole [rows, V] logits never exist here
   std::vector<double> row_losses(static_cast<size_t>(rows), 0.0);
   std::vector<std::vector<float>> work(static_cast<size_t>(omp_get_max_threads()));
+  auto row_work = [&]() -> float* {
+    auto& row = work[static_cast<size_t>(omp_get_thread_num())];
+    if (row.empty()) row.resize(static_cast<size_t>(V));
+    return row.data();
+  };
   // Rows per chunk: each chunk's GEMM reads the whole head weight again (V·C bf16) and saves
   // writing and re-reading its rows' fp32 logits (8·V bytes per row), so chunks of at least C rows
   // re-read less than they save; 256 was fastest on the small bench shape (L4 d256 V8192: 64, 128,
   // 512 and 1024 rows were 2-8% slower); the chunks are split evenly between the threads.
   const int64_t chunk_rows = std::max<int64_t>(256, (C + 15) / 16 * 16);
-  ctx.matmul.multiply_in_row_chunks(
-      normed16_.data<lattice::bf16>(), params_.value(head_weight_), /*weight_transposed=*/true,
-      rows, C, V, chunk_rows, [&](int64_t begin, int64_t n, const float* chunk) {
-        auto& row = work[static_cast<size_t>(omp_get_thread_num())];
-        if (row.empty()) row.resize(static_cast<size_t>(V));
-        k::cross_entropy_rows_bf16(d_logits16 != nullptr ? d_logits16 + begin * V : nullptr,
-                                   row_losses.data() + begin, chunk, targets + begin, n, V,
-                                   grad_scale, row.data());
-      });
+  const int lanes = k::MatmulEngine::gradient_lanes(rows, chunk_rows);
+  head_backward_in_forward_ =
+      grad_scale != 0.0f &&
+      (head_fusion_ == HeadFusion::always ||
+       (head_fusion_ == HeadFusion::when_smaller && lanes * V * C * 4 <= rows * V * 2));
+  if (head_backward_in_forward_) {
+    // The head's whole backward runs chunk by chunk inside the forward: d_normed_ and the weight
+    // gradient's per-lane partials (added to the parameter gradient in head_backward) come out
+    // while each chunk's logits gradient is in cache, and that gradient is never stored.
+    d_logits16_.reset();
+    ensure_activation(d_normed_, {rows, C}, tracker_);
+    ensure_activation(head_grad_partials_, {lanes, V, C}, tracker_);
+    ctx.matmul.forward_backward_in_row_chunks(
+        normed16_.data<lattice::bf16>(), params_.value(head_weight_), rows, C, V, chunk_rows,
+        [&](int64_t begin, int64_t n, const float* chunk, lattice::bf16* d_chunk16) {
+          k::cross_entropy_rows_bf16(d_chunk16, row_losses.data() + begin, chunk, targets + begin,
+                                     n, V, grad_scale, row_work());
+        },
+        d_normed_.f32(), head_grad_partials_.f32(), lanes);
+  } else {
+    head_grad_partials_.reset();
+    lattice::bf16* d_logits16 = nullptr;
+    if (grad_scale != 0.0f) {
+      ensure_bf16_activation(d_logits16_, {rows, V}, tracker_);
+      d_logits16 = d_logits16_.data<lattice::bf16>();
+    }
+    ctx.matmul.multiply_in_row_chunks(
+        normed16_.data<lattice::bf16>(), params_.value(head_weight_), /*weight_transposed=*/true,
+        rows, C, V, chunk_rows, [&](int64_t begin, int64_t n, const float* chunk) {
+          k::cross_entropy_rows_bf16(d_logits16 != nullptr ? d_logits16 + begin * V : nullptr,
+                                     row_losses.data() + begin, chunk, targets + begin, n, V,
+                                     grad_scale, row_work());
+        });
+  }
   hook_after_forward(ctx, head_unit_);
   double total = 0.0;  // row order: independent of the thread count
   for (double loss : row_losses) total += loss;
@@ -263,6 +290,19 @@ void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
 void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
   const int64_t C = config_.d_model, V = config_.vocab_size;
   hook_before_backward(ctx, head_unit_);
+  if (head_backward_in_forward_) {  // d_normed_ is there; the weight gradient is in lanes
+    const int64_t lanes = head_grad_partials_.shape()[0];
+    k::add_chunk_partials(params_.grad(head_weight_), head_grad_partials_.f32(), lanes, V * C,
+                          V * C);
+  } else {
+    head_backward_gemm(ctx, rows);
+  }
+  final_norm_backward(rows);
+  hook_after_backward(ctx, head_unit_);
+}
+
+void Transformer::head_backward_gemm(const LayerContext& ctx, int64_t rows) {
+  const int64_t C = config_.d_model, V = config_.vocab_size;
   ensure_activation(d_normed_, {rows, C}, tracker_);
   k::Bf16Operands rounded;  // bf16: the gradient and input rounded in forward_stage / head_forward
   const float* d_logits = logits_.f32();
@@ -274,6 +314,10 @@ void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
   }
   ctx.matmul.backward(d_normed_.f32(), params_.grad(head_weight_), nullptr, d_logits, normed_.f32(),
                       params_.value(head_weight_), rows, C, V, ctx.precision, rounded);
+}
+
+void Transformer::final_norm_backward(int64_t rows) {
+  const int64_t C = config_.d_model;
   const float* x = residual_.back().f32();
   if (config_.family == Family::gpt2) {
     k::layernorm_backward(d_residual_.f32(), params_.grad(final_norm_weight_),
@@ -284,7 +328,6 @@ void Transformer::head_backward(const LayerContext& ctx, int64_t rows) {
     k::rmsnorm_backward(d_residual_.f32(), params_.grad(final_norm_weight_), d_normed_.f32(), x,
                         params_.value(final_norm_weight_), norm_rstd_.f32(), rows, C);
   }
-  hook_after_backward(ctx, head_unit_);
 }
 
 void Transformer::backward_stage(const LayerContext& ctx, const float* d_hidden_out) {
@@ -347,7 +390,7 @@ void Transformer::release_activations() {
   for (auto& b : blocks_) b->release_activations();
   residual_.clear();
   for (Tensor* t : {&normed_, &norm_mean_, &norm_rstd_, &logits_, &d_residual_, &d_normed_,
-                    &normed16_, &d_logits16_})
+                    &normed16_, &d_logits16_, &head_grad_partials_})
     t->reset();
 }
 

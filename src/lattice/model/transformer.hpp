@@ -30,6 +30,12 @@ struct ParameterUnit {
   bool outer = false;  // the embedding or the head
 };
 
+// bf16 training: when the LM head's backward runs inside its forward, chunk by chunk, so that
+// the logits' gradient [B·T, vocab] is never stored (MatmulEngine::forward_backward_in_row_chunks)
+// at the cost of one weight-gradient partial [vocab, d_model] fp32 per thread. when_smaller (the
+// default): when those partials take no more memory than the bf16 logits gradient they replace.
+enum class HeadFusion { when_smaller, always, never };
+
 class Transformer {
  public:
   Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range = {},
@@ -48,6 +54,8 @@ class Transformer {
   const std::vector<ParameterUnit>& units() const { return units_; }
   // True when the head reads the embedding's weight (tied embeddings in one store).
   bool head_uses_embedding() const { return has_head() && head_weight_ == token_embedding_; }
+
+  void set_head_fusion(HeadFusion fusion) { head_fusion_ = fusion; }
 
   // Draws initial weights from `seed` (per-parameter generators: independent of the stage layout).
   void initialize(uint64_t seed);
@@ -100,11 +108,16 @@ class Transformer {
   void head_norm_forward(const LayerContext& ctx, int64_t rows);
   void head_forward(const LayerContext& ctx, int64_t B, int64_t T);
   // bf16: the head's GEMM and the cross-entropy in row chunks that stay in cache (the logits are
-  // never stored); with grad_scale != 0 the rounded logits' gradient goes to d_logits16_. Returns
-  // the sum of the row losses.
+  // never stored). With grad_scale != 0 the head's backward either runs inside the same chunks
+  // (head_fusion_, see HeadFusion) or reads the rounded logits' gradient from d_logits16_ later.
+  // Returns the sum of the row losses.
   double head_loss_in_row_chunks(const LayerContext& ctx, const int32_t* targets, int64_t rows,
                                  float grad_scale);
   void head_backward(const LayerContext& ctx, int64_t rows);
+  // The head's GEMM backward from the stored logits gradient: d_normed_ and the weight gradient.
+  void head_backward_gemm(const LayerContext& ctx, int64_t rows);
+  // d_residual_ from d_normed_ through the final norm, and the norm's parameter gradients.
+  void final_norm_backward(int64_t rows);
 
   ModelConfig config_;
   StageRange range_;
@@ -122,6 +135,12 @@ class Transformer {
   // bf16 precision: the head's input and the logits' gradient, rounded once for its GEMMs.
   Tensor normed16_, d_logits16_;
   bool logits_grad_bf16_ = false;
+  // bf16 training forward: whether the head's backward ran inside it
+  // (MatmulEngine::forward_backward_in_row_chunks), leaving d_normed_ and the head weight
+  // gradient's per-lane partials [lanes, V, C] for head_backward to add.
+  HeadFusion head_fusion_ = HeadFusion::when_smaller;
+  bool head_backward_in_forward_ = false;
+  Tensor head_grad_partials_;
   Tensor tokens_;  // copy of the last forward's tokens (embedding backward needs them)
   bool gradient_ready_ = false;
   BackwardScratch scratch_;

@@ -167,12 +167,80 @@ void broadcast_rows(float* out, const float* bias, int64_t M, int64_t N) {
     std::memcpy(out + i * N, bias, static_cast<size_t>(N) * sizeof(float));
 }
 
-// A bf16 GEMM of one row chunk that runs on the calling thread inside a parallel region, reading
-// the weight in the layout oneDNN chose for it (packed once per call).
+// A bf16 GEMM of one row chunk that runs on the calling thread inside a parallel region.
 struct ChunkGemm {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul primitive;
   size_t scratchpad_bytes = 0;
+};
+
+// What a ChunkGemm computes for a chunk of `rows` rows:
+//   weight / weight_transposed: C[rows, N] = A[rows, K] · B[K, N], A and C dense, B read in place
+//                   from the bf16 weight, [K, N] row-major or (transposed) [N, K] row-major;
+//   weight_gradient(_accumulate): C[rows, N] (+)= A^T · B with A stored [K, rows] (a chunk of
+//                   d_out, read transposed) and B[K, N] dense (the chunk's input rows): one
+//                   chunk's contribution to a weight gradient, here `rows` is the weight's N.
+// B is read in its plain layout: oneDNN 2.6's single-thread brgemm ran these shapes about twice as
+// fast from a plain B (which it copies in blocks) as from B reordered once into the layout it
+// proposes for format_tag::any (measured: 256x256x1024 0.64 vs 0.32 TFLOP/s, 256x256x8192 0.43
+// vs 0.28).
+enum class ChunkGemmKind : int64_t {
+  weight,
+  weight_transposed,
+  weight_gradient,
+  weight_gradient_accumulate
+};
+
+// Runs a chunk GEMM on the calling thread with `scratch` as its scratchpad.
+void run_chunk_gemm(const ChunkGemm& g, const dnnl::engine& engine, dnnl::stream& stream,
+                    const void* A, const void* B, float* C, void* scratch) {
+  dnnl::memory a(g.pd.src_desc(), engine, const_cast<void*>(A));
+  dnnl::memory b(g.pd.weights_desc(), engine, const_cast<void*>(B));
+  dnnl::memory c(g.pd.dst_desc(), engine, C);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  if (g.scratchpad_bytes > 0)
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(g.pd.scratchpad_desc(), engine, scratch));
+  g.primitive.execute(stream, args);
+  stream.wait();
+}
+
+// out[rows, N] += bias[N] on every row.
+void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t N) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = out + r * N;
+#pragma omp simd simdlen(16)
+    for (int64_t j = 0; j < N; ++j) row[j] += bias[j];
+  }
+}
+
+// Runs body(chunk) for each chunk of a parallel region's loop, keeping the first exception (an
+// exception may not leave a parallel region or skip its loop's barrier) and skipping the chunks
+// after it; the caller rethrows it after the region.
+class ChunkFailure {
+ public:
+  template <typename Body>
+  void run(Body&& body) {
+    bool skip;
+#pragma omp atomic read
+    skip = failed_;
+    if (skip) return;
+    try {
+      body();
+    } catch (...) {
+#pragma omp critical(lattice_matmul_chunk_failure)
+      if (!failure_) failure_ = std::current_exception();
+#pragma omp atomic write
+      failed_ = true;
+    }
+  }
+  void rethrow() const {
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+ private:
+  std::exception_ptr failure_;
+  bool failed_ = false;
 };
 
 }  // namespace
@@ -184,23 +252,32 @@ struct MatmulEngine::Impl {
   AlignedBuffer scratchpad;
   // bf16 copies of up to three fp32 operands of one call (in / weight / d_out, or A / B).
   std::array<AlignedBuffer, 3> bf16_operands;
-  // multiply_in_row_chunks: single-thread primitives keyed by (rows, N, K) (references stay valid
-  // until the map is cleared), the packed weights (one per distinct packed layout) and each
-  // thread's output chunk and scratchpad.
-  std::map<std::array<int64_t, 3>, ChunkGemm> chunk_cache;
-  std::array<AlignedBuffer, 2> packed_weights;
-  std::vector<AlignedBuffer> thread_chunks, thread_scratchpads;
+  // Row-chunk GEMMs: single-thread primitives keyed by (rows, N, K, kind) (references stay valid
+  // until the map is cleared) and each thread's output chunk, gradient chunk and scratchpad.
+  std::map<std::array<int64_t, 4>, ChunkGemm> chunk_cache;
+  std::vector<AlignedBuffer> thread_chunks, thread_gradient_chunks, thread_scratchpads;
 
-  ChunkGemm& chunk_primitive_for(int64_t rows, int64_t N, int64_t K) {
-    const std::array<int64_t, 3> key{rows, N, K};
+  ChunkGemm& chunk_primitive_for(int64_t rows, int64_t N, int64_t K, ChunkGemmKind kind) {
+    const std::array<int64_t, 4> key{rows, N, K, static_cast<int64_t>(kind)};
     auto found = chunk_cache.find(key);
     if (found != chunk_cache.end()) return found->second;
     using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a_md({rows, K}, dt::bf16, {K, 1});
-    const dnnl::memory::desc b_md({K, N}, dt::bf16, dnnl::memory::format_tag::any);
+    const bool gradient =
+        kind == ChunkGemmKind::weight_gradient || kind == ChunkGemmKind::weight_gradient_accumulate;
+    const dnnl::memory::desc a_md(
+        {rows, K}, dt::bf16, gradient ? dnnl::memory::dims{1, rows} : dnnl::memory::dims{K, 1});
+    const dnnl::memory::desc b_md({K, N}, dt::bf16,
+                                  kind == ChunkGemmKind::weight_transposed
+                                      ? dnnl::memory::dims{1, K}
+                                      : dnnl::memory::dims{N, 1});
     const dnnl::memory::desc c_md({rows, N}, dt::f32, {N, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (kind == ChunkGemmKind::weight_gradient_accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
     ChunkGemm g;
     try {
       // oneDNN fixes a primitive's work split when it is created: build it for the one thread
@@ -215,6 +292,37 @@ struct MatmulEngine::Impl {
           " N=" + std::to_string(N) + " K=" + std::to_string(K) + ": " + e.what());
     }
     return chunk_cache.emplace(key, std::move(g)).first->second;
+  }
+
+  // The chunk and tail GEMMs of C[M, N] = A[M, K] · B[K, N] over chunks of `chunk_rows` rows, B
+  // (bf16) [N, K] row-major when b_transposed, else [K, N].
+  struct ChunkGemmPair {
+    const ChunkGemm* gemm[2];  // [0]: full chunks, [1]: the last chunk
+    const ChunkGemm& for_chunk(bool last) const { return *gemm[last ? 1 : 0]; }
+    size_t scratchpad_bytes() const {
+      return std::max(gemm[0]->scratchpad_bytes, gemm[1]->scratchpad_bytes);
+    }
+  };
+  ChunkGemmPair chunk_gemms(bool b_transposed, int64_t K, int64_t N, int64_t chunk_rows,
+                            int64_t tail_rows) {
+    const ChunkGemmKind kind =
+        b_transposed ? ChunkGemmKind::weight_transposed : ChunkGemmKind::weight;
+    return {{&chunk_primitive_for(chunk_rows, N, K, kind),
+             &chunk_primitive_for(tail_rows, N, K, kind)}};
+  }
+
+  // Each of `threads` threads' buffers: `chunk_bytes` of output (when non-zero), `gradient_bytes`
+  // of gradient chunk (when non-zero) and `scratch_bytes` of scratchpad.
+  void reserve_thread_buffers(int threads, size_t chunk_bytes, size_t gradient_bytes,
+                              size_t scratch_bytes) {
+    thread_chunks.resize(static_cast<size_t>(threads));
+    thread_gradient_chunks.resize(static_cast<size_t>(threads));
+    thread_scratchpads.resize(static_cast<size_t>(threads));
+    for (size_t t = 0; t < static_cast<size_t>(threads); ++t) {
+      if (chunk_bytes > 0) thread_chunks[t].reserve(chunk_bytes);
+      if (gradient_bytes > 0) thread_gradient_chunks[t].reserve(gradient_bytes);
+      if (scratch_bytes > 0) thread_scratchpads[t].reserve(scratch_bytes);
+    }
   }
 
   bf16* to_bf16_buffer(int slot, const float* src, int64_t rows, int64_t cols, int64_t row_stride) {
@@ -310,8 +418,8 @@ MatmulEngine::~MatmulEngine() = default;
 int64_t MatmulEngine::scratch_bytes() const {
   size_t total = impl_->scratchpad.capacity();
   for (const auto& buffer : impl_->bf16_operands) total += buffer.capacity();
-  for (const auto& buffer : impl_->packed_weights) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_chunks) total += buffer.capacity();
+  for (const auto& buffer : impl_->thread_gradient_chunks) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_scratchpads) total += buffer.capacity();
   return static_cast<int64_t>(total);
 }
@@ -416,45 +524,20 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
   chunk_rows = std::min(chunk_rows, M);
   const int64_t chunks = (M + chunk_rows - 1) / chunk_rows;
   const int64_t tail_rows = M - (chunks - 1) * chunk_rows;
-  // The weight rounded as forward() and backward() round it, then reordered into each primitive's
-  // packed layout.
+  // The weight rounded as forward() and backward() round it; the GEMMs read it in place.
   const lattice::bf16* weight16 = weight_transposed ? impl_->to_bf16_buffer(1, weight, N, K, K)
                                                     : impl_->to_bf16_buffer(1, weight, K, N, N);
-  const dnnl::memory::desc plain_md(
-      {K, N}, dnnl::memory::data_type::bf16,
-      weight_transposed ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
-  dnnl::memory plain(plain_md, impl_->engine, const_cast<lattice::bf16*>(weight16));
   // Shapes churn (e.g. varying batch tails): start over before the cache grows past its bound, not
-  // between the two lookups below.
+  // between the lookups below.
   if (impl_->chunk_cache.size() + 2 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
-  ChunkGemm* gemms[2] = {&impl_->chunk_primitive_for(chunk_rows, N, K),
-                         &impl_->chunk_primitive_for(tail_rows, N, K)};
-  void* packed[2] = {nullptr, nullptr};
-  for (int i = 0; i < 2; ++i) {
-    const dnnl::memory::desc md = gemms[i]->pd.weights_desc();
-    if (i == 1 && md == gemms[0]->pd.weights_desc()) {
-      packed[1] = packed[0];
-      continue;
-    }
-    packed[i] = impl_->packed_weights[static_cast<size_t>(i)].reserve(md.get_size());
-    dnnl::memory dst(md, impl_->engine, packed[i]);
-    dnnl::reorder(plain, dst).execute(impl_->stream, plain, dst);
-    impl_->stream.wait();
-  }
+  const Impl::ChunkGemmPair gemms =
+      impl_->chunk_gemms(weight_transposed, K, N, chunk_rows, tail_rows);
   const int threads = omp_get_max_threads();
-  impl_->thread_chunks.resize(static_cast<size_t>(threads));
-  impl_->thread_scratchpads.resize(static_cast<size_t>(threads));
-  const size_t scratch_bytes = std::max(gemms[0]->scratchpad_bytes, gemms[1]->scratchpad_bytes);
-  for (int t = 0; t < threads; ++t) {
-    if (destination == nullptr)
-      impl_->thread_chunks[static_cast<size_t>(t)].reserve(static_cast<size_t>(chunk_rows * N) *
-                                                           sizeof(float));
-    if (scratch_bytes > 0) impl_->thread_scratchpads[static_cast<size_t>(t)].reserve(scratch_bytes);
-  }
-  // An exception may not leave a parallel region or skip its loop's barrier: the first one is kept
-  // and the remaining chunks are skipped.
-  std::exception_ptr failure;
-  bool failed = false;
+  const size_t scratch_bytes = gemms.scratchpad_bytes();
+  impl_->reserve_thread_buffers(
+      threads, destination == nullptr ? static_cast<size_t>(chunk_rows * N) * sizeof(float) : 0, 0,
+      scratch_bytes);
+  ChunkFailure failure;
 #pragma omp parallel num_threads(threads)
   {
     const auto t = static_cast<size_t>(omp_get_thread_num());
@@ -463,45 +546,102 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
     std::optional<dnnl::stream> stream;
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c) {
-      bool skip;
-#pragma omp atomic read
-      skip = failed;
-      if (skip) continue;
-      try {
+      failure.run([&] {
         if (!stream) stream.emplace(impl_->engine);
-        const int which = c + 1 == chunks ? 1 : 0;
-        const ChunkGemm& g = *gemms[which];
+        const bool last = c + 1 == chunks;
         const int64_t row_begin = c * chunk_rows;
-        const int64_t rows = which == 1 ? tail_rows : chunk_rows;
-        dnnl::memory a(g.pd.src_desc(), impl_->engine,
-                       const_cast<lattice::bf16*>(in16 + row_begin * K));
-        dnnl::memory b(g.pd.weights_desc(), impl_->engine, packed[which]);
+        const int64_t rows = last ? tail_rows : chunk_rows;
         float* out = destination != nullptr ? destination + row_begin * N : thread_chunk;
-        dnnl::memory dst(g.pd.dst_desc(), impl_->engine, out);
-        std::unordered_map<int, dnnl::memory> args{
-            {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, dst}};
-        if (g.scratchpad_bytes > 0)
-          args.emplace(DNNL_ARG_SCRATCHPAD,
-                       dnnl::memory(g.pd.scratchpad_desc(), impl_->engine, scratch));
-        g.primitive.execute(*stream, args);
-        stream->wait();
-        if (bias != nullptr) {
-          for (int64_t r = 0; r < rows; ++r) {
-            float* row = out + r * N;
-#pragma omp simd simdlen(16)
-            for (int64_t j = 0; j < N; ++j) row[j] += bias[j];
-          }
-        }
+        run_chunk_gemm(gemms.for_chunk(last), impl_->engine, *stream, in16 + row_begin * K,
+                       weight16, out, scratch);
+        if (bias != nullptr) add_bias_rows(out, bias, rows, N);
         consume(row_begin, rows, out);
-      } catch (...) {
-#pragma omp critical(lattice_matmul_chunk_failure)
-        if (!failure) failure = std::current_exception();
-#pragma omp atomic write
-        failed = true;
+      });
+    }
+  }
+  failure.rethrow();
+}
+
+int MatmulEngine::gradient_lanes(int64_t M, int64_t chunk_rows) {
+  if (M <= 0 || chunk_rows <= 0) return 1;
+  const int64_t chunks = (M + std::min(chunk_rows, M) - 1) / std::min(chunk_rows, M);
+  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks));
+}
+
+void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight,
+                                                  int64_t M, int64_t K, int64_t N,
+                                                  int64_t chunk_rows,
+                                                  const GradientChunkConsumer& consume, float* d_in,
+                                                  float* weight_grad_partials, int lanes) {
+  check_dims("forward_backward_in_row_chunks", M, K, N);
+  check(chunk_rows > 0, "matmul forward_backward_in_row_chunks: chunk_rows must be positive");
+  check(K > 0 && N > 0 && M > 0,
+        "matmul forward_backward_in_row_chunks: M, K and N must be positive");
+  check(lanes == gradient_lanes(M, chunk_rows),
+        "matmul forward_backward_in_row_chunks: lanes must be gradient_lanes(M, chunk_rows) (" +
+            std::to_string(gradient_lanes(M, chunk_rows)) + "), got " + std::to_string(lanes));
+  chunk_rows = std::min(chunk_rows, M);
+  const int64_t chunks = (M + chunk_rows - 1) / chunk_rows;
+  const int64_t tail_rows = M - (chunks - 1) * chunk_rows;
+  const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);  // rounded once
+  if (impl_->chunk_cache.size() + 8 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
+  // out = in16 · weight^T reads the weight [N, K] transposed; d_in = d_out16 · weight reads it as
+  // [K'=N, N'=K].
+  const Impl::ChunkGemmPair forward_gemms =
+      impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunk_rows, tail_rows);
+  const Impl::ChunkGemmPair input_gemms =
+      impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunk_rows, tail_rows);
+  // partial[N, K] (+)= d_out16^T · in16: the chunk's rows are the reduction.
+  const ChunkGemm* gradient_gemms[2][2];  // [last chunk][accumulate]
+  for (int last = 0; last < 2; ++last) {
+    const int64_t rows = last ? tail_rows : chunk_rows;
+    gradient_gemms[last][0] =
+        &impl_->chunk_primitive_for(N, K, rows, ChunkGemmKind::weight_gradient);
+    gradient_gemms[last][1] =
+        &impl_->chunk_primitive_for(N, K, rows, ChunkGemmKind::weight_gradient_accumulate);
+  }
+  size_t scratch_bytes = 0;
+  for (int last = 0; last < 2; ++last) {
+    scratch_bytes = std::max(
+        {scratch_bytes, forward_gemms.scratchpad_bytes(), input_gemms.scratchpad_bytes(),
+         gradient_gemms[last][0]->scratchpad_bytes, gradient_gemms[last][1]->scratchpad_bytes});
+  }
+  impl_->reserve_thread_buffers(lanes, static_cast<size_t>(chunk_rows * N) * sizeof(float),
+                                static_cast<size_t>(chunk_rows * N) * sizeof(lattice::bf16),
+                                scratch_bytes);
+  ChunkFailure failure;
+#pragma omp parallel num_threads(lanes)
+  {
+    // Lane l takes the chunks [l·chunks/lanes, (l+1)·chunks/lanes) in order (at least one: lanes
+    // never exceed chunks), so its partial's sum order is fixed by `lanes` alone; a thread runs
+    // more than one lane only if the runtime gave the region fewer threads than asked.
+    const auto t = static_cast<size_t>(omp_get_thread_num());
+    float* out = static_cast<float*>(impl_->thread_chunks[t].reserve(0));
+    auto* d_out16 = static_cast<lattice::bf16*>(impl_->thread_gradient_chunks[t].reserve(0));
+    void* scratch = scratch_bytes > 0 ? impl_->thread_scratchpads[t].reserve(0) : nullptr;
+    std::optional<dnnl::stream> stream;
+    for (int lane = omp_get_thread_num(); lane < lanes; lane += omp_get_num_threads()) {
+      const int64_t first = lane * chunks / lanes, stop = (lane + 1) * chunks / lanes;
+      float* partial = weight_grad_partials + static_cast<int64_t>(lane) * N * K;
+      for (int64_t c = first; c < stop; ++c) {
+        failure.run([&] {
+          if (!stream) stream.emplace(impl_->engine);
+          const bool last = c + 1 == chunks;
+          const int64_t row_begin = c * chunk_rows;
+          const int64_t rows = last ? tail_rows : chunk_rows;
+          const lattice::bf16* in_rows = in16 + row_begin * K;
+          run_chunk_gemm(forward_gemms.for_chunk(last), impl_->engine, *stream, in_rows, weight16,
+                         out, scratch);
+          consume(row_begin, rows, out, d_out16);
+          run_chunk_gemm(input_gemms.for_chunk(last), impl_->engine, *stream, d_out16, weight16,
+                         d_in + row_begin * K, scratch);
+          run_chunk_gemm(*gradient_gemms[last ? 1 : 0][c == first ? 0 : 1], impl_->engine, *stream,
+                         d_out16, in_rows, partial, scratch);
+        });
       }
     }
   }
-  if (failure) std::rethrow_exception(failure);
+  failure.rethrow();
 }
 
 void MatmulEngine::gemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,

@@ -66,6 +66,29 @@ class MatmulEngine {
                               int64_t chunk_rows, const ChunkConsumer& consume,
                               const float* bias = nullptr, float* destination = nullptr);
 
+  // bf16 only: a Linear's forward and backward in one pass over row chunks, for an output that is
+  // consumed at once and whose gradient the consumer computes from it (the LM head and its
+  // cross-entropy, as Liger-Kernel's fused linear cross-entropy: neither the logits nor their
+  // gradient is ever stored whole). Each chunk of `chunk_rows` rows runs on one thread:
+  //   out[rows, N] = in16 · weight^T                (fp32, the thread's buffer)
+  //   consume(row_begin, rows, out, d_out16)        must write d_out16 [rows, N] (bf16)
+  //   d_in[rows, K] = d_out16 · weight              (d_in [M, K]; overwritten)
+  //   partial[N, K] (+)= d_out16^T · in16 rows      (the first chunk of a lane overwrites)
+  // Lane l of `lanes` (= gradient_lanes(M, chunk_rows), one thread each) takes a contiguous run of
+  // chunks in order and sums their weight gradients into weight_grad_partials + l·N·K; add the
+  // lanes in order (add_chunk_partials) to get the weight gradient. `out` and d_in equal
+  // forward()'s and backward()'s rows bit for bit; the weight gradient is the same sum in another
+  // order (per chunk, then per lane), fixed by the thread count.
+  using GradientChunkConsumer = std::function<void(int64_t row_begin, int64_t rows,
+                                                   const float* out, lattice::bf16* d_out16)>;
+  void forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M,
+                                      int64_t K, int64_t N, int64_t chunk_rows,
+                                      const GradientChunkConsumer& consume, float* d_in,
+                                      float* weight_grad_partials, int lanes);
+  // The number of weight-gradient partials forward_backward_in_row_chunks needs: one per thread,
+  // at most one per chunk.
+  static int gradient_lanes(int64_t M, int64_t chunk_rows);
+
   // General row-major GEMM: C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when the flag
   // is set. A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K] transposed), leading dimensions
   // are the row strides. Used by attention and anything else that is not a Linear layer.
