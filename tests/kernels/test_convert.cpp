@@ -92,6 +92,26 @@ TEST(Convert, SweepOfBitPatternsMatchesScalarRounding) {
   EXPECT_EQ(mismatches_against_to_bf16(from_bits(bits)), 0);
 }
 
+// The scaled form rounds the fp32 product in[i] * scale exactly as to_bf16 does, on the same
+// sweep (products reach denormals, infinities and NaNs) and with a 16-lane tail.
+TEST(Convert, ScaledConversionRoundsTheFp32Product) {
+  std::vector<float> in;
+  for (uint64_t bits = 0; bits < (1ull << 32); bits += 0x10001ull * 7)
+    in.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+  in.resize(in.size() / 16 * 16 + 5);
+  for (float scale : {1.0f, 0.37f, -3.0e-6f, 1.0e30f, 0.0f}) {
+    std::vector<bf16> out(in.size());
+    convert_scaled_to_bf16_on_this_thread(out.data(), in.data(), scale,
+                                          static_cast<int64_t>(in.size()));
+    int64_t wrong = 0;
+    for (size_t i = 0; i < in.size(); ++i) {
+      const volatile float product = in[i] * scale;  // rounded to fp32, as the kernel does
+      wrong += out[i].bits != to_bf16(product).bits;
+    }
+    EXPECT_EQ(wrong, 0) << "scale " << scale;
+  }
+}
+
 TEST(Convert, RandomValuesMatchAcrossThreadCounts) {
   // More than one parallel chunk and not a multiple of the vector width.
   const int64_t n = 3 * (1 << 16) + 13;

@@ -32,13 +32,17 @@ inline __m256i to_bf16_bits(__m512i u) {
 }
 #endif
 
-void to_bf16_serial(bf16* out, const float* in, int64_t n) {
+// out[i] = to_bf16(in[i]) or, with Scaled, to_bf16(in[i] * scale) (one fp32 multiply).
+template <bool Scaled>
+void to_bf16_serial_impl(bf16* out, const float* in, int64_t n, float scale) {
   int64_t i = 0;
 #if defined(__AVX512BF16__)
   const __m512i exponent_mask = _mm512_set1_epi32(0x7f800000);
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512 scale_v = _mm512_set1_ps(scale);
   for (; i + 16 <= n; i += 16) {
-    const __m512 x = _mm512_loadu_ps(in + i);
+    __m512 x = _mm512_loadu_ps(in + i);
+    if constexpr (Scaled) x = _mm512_mul_ps(x, scale_v);
     const __m512i u = _mm512_castps_si512(x);
     // Denormal lanes: exponent bits all zero, magnitude not zero.
     const __mmask16 denormal =
@@ -48,11 +52,18 @@ void to_bf16_serial(bf16* out, const float* in, int64_t n) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bits);
   }
 #elif defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                        to_bf16_bits(_mm512_loadu_si512(in + i)));
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (; i + 16 <= n; i += 16) {
+    __m512 x = _mm512_loadu_ps(in + i);
+    if constexpr (Scaled) x = _mm512_mul_ps(x, scale_v);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_bits(_mm512_castps_si512(x)));
+  }
 #endif
-  for (; i < n; ++i) out[i] = to_bf16(in[i]);
+  for (; i < n; ++i) out[i] = to_bf16(Scaled ? in[i] * scale : in[i]);
+}
+
+void to_bf16_serial(bf16* out, const float* in, int64_t n) {
+  to_bf16_serial_impl<false>(out, in, n, 1.0f);
 }
 
 void to_f32_serial(float* out, const bf16* in, int64_t n) {
@@ -81,6 +92,10 @@ void convert_to_bf16(bf16* out, const float* in, int64_t n) {
 
 void convert_to_bf16_on_this_thread(bf16* out, const float* in, int64_t n) {
   if (n > 0) to_bf16_serial(out, in, n);
+}
+
+void convert_scaled_to_bf16_on_this_thread(bf16* out, const float* in, float scale, int64_t n) {
+  if (n > 0) to_bf16_serial_impl<true>(out, in, n, scale);
 }
 
 void convert_to_f32(float* out, const bf16* in, int64_t n) {

@@ -134,11 +134,13 @@ void cross_entropy_rows_bf16(lattice::bf16* d_logits, double* row_losses, const 
     // cross_entropy_forward_backward, then rounded: the logits are only read.
     const double total = sum_exp(work, x, max, V);
     row_losses[r] = static_cast<double>(max) + std::log(total) - static_cast<double>(x[target]);
+    // d = bf16(exp · scale), and at the target bf16(exp · scale - grad_scale): the fp32 values of
+    // cross_entropy_forward_backward, scaled and rounded in one pass.
     const float scale = static_cast<float>(static_cast<double>(grad_scale) / total);
-#pragma omp simd simdlen(16)
-    for (int64_t v = 0; v < V; ++v) work[v] *= scale;
-    work[target] -= grad_scale;
-    convert_to_bf16_on_this_thread(d, work, V);
+    // volatile: the product is rounded to fp32 before the subtraction (never contracted to an FMA).
+    const volatile float scaled = work[target] * scale;
+    convert_scaled_to_bf16_on_this_thread(d, work, scale, V);
+    d[target] = lattice::to_bf16(scaled - grad_scale);
   }
 }
 
