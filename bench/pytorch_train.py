@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch side of `lattice bench train`: trains the same model on the same batch shape with
-torch.optim.AdamW (fp32, or bf16 autocast) and prints one JSON line with its throughput.
+torch.optim.AdamW (fp32, or bf16 autocast) and prints one JSON line with its throughput. With
+--ranks N > 1 it runs DistributedDataParallel over gloo in N processes of threads / N threads each,
+each with batch / N sequences (rendezvous through a file in a temporary directory; no network).
 
 Uses the PyTorch twins of Lattice's models in tests/reference/lattice_torch.py. Run with Debian's
 python3 (python3-torch): /usr/bin/python3 bench/pytorch_train.py --family gpt2 --layers 4 ...
@@ -10,9 +12,12 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
 import lattice_torch  # noqa: E402
@@ -32,10 +37,31 @@ def main():
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="threads in all (0: torch's default)")
+    parser.add_argument("--ranks", type=int, default=1, help="DDP processes (1: no DDP)")
     args = parser.parse_args()
+    if args.ranks < 1 or args.batch % args.ranks != 0:
+        sys.exit(f"--ranks {args.ranks} must be >= 1 and divide --batch {args.batch}")
+    if args.ranks == 1:
+        result = train(0, args, None)
+    else:
+        with tempfile.TemporaryDirectory() as directory:
+            results = mp.get_context("spawn").SimpleQueue()
+            mp.spawn(train, args=(args, (os.path.join(directory, "rendezvous"), results)),
+                     nprocs=args.ranks, join=True)
+            result = results.get()
+    print(json.dumps(result))
+
+
+def train(rank, args, distributed):
+    """Trains on this rank's share of the batch. Without DDP returns the result (the throughput of
+    the whole batch); under DDP rank 0 puts it on the results queue."""
+    if distributed is not None:
+        rendezvous, results = distributed
+        dist.init_process_group("gloo", init_method="file://" + rendezvous, rank=rank,
+                                world_size=args.ranks)
     if args.threads > 0:
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(max(1, args.threads // args.ranks))
     config = {
         "family": args.family,
         "vocab_size": args.vocab,
@@ -52,19 +78,21 @@ def main():
     }
     torch.manual_seed(0)
     model = lattice_torch.init_like_lattice(lattice_torch.build_model(config), seed=0)
+    forward = model if distributed is None else torch.nn.parallel.DistributedDataParallel(model)
     optimizer = lattice_torch.make_adamw(model, lr=3e-4)
-    generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=generator)
+    generator = torch.Generator().manual_seed(1 + rank)
+    batch = args.batch // args.ranks
+    tokens = torch.randint(0, args.vocab, (batch, args.seq + 1), generator=generator)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
     def step():
         optimizer.zero_grad(set_to_none=True)
         if args.precision == "bf16":
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(inputs)
+                logits = forward(inputs)
                 loss = lattice_torch.cross_entropy(logits, targets)
         else:
-            logits = model(inputs)
+            logits = forward(inputs)
             loss = lattice_torch.cross_entropy(logits, targets)
         loss.backward()
         lattice_torch.clip_gradients(model, 1.0)
@@ -73,19 +101,31 @@ def main():
 
     for _ in range(args.warmup):
         step()
+    if distributed is not None:
+        dist.barrier()  # the ranks start the timed steps together and the time ends with the last
+    start_all = time.perf_counter()
     times = []
     for _ in range(args.steps):
         start = time.perf_counter()
         loss = step()
         times.append(time.perf_counter() - start)
-    tokens_per_step = args.batch * args.seq
-    print(json.dumps({
-        "tokens_per_second": tokens_per_step * len(times) / sum(times),
+    if distributed is not None:
+        dist.barrier()
+    elapsed = time.perf_counter() - start_all
+    result = {
+        "tokens_per_second": args.batch * args.seq * args.steps / elapsed,
         "step_seconds": times,
         "loss": loss,
         "threads": torch.get_num_threads(),
+        "ranks": args.ranks,
         "torch": torch.__version__,
-    }))
+    }
+    if distributed is None:
+        return result
+    if rank == 0:
+        results.put(result)
+    dist.destroy_process_group()
+    return None
 
 
 if __name__ == "__main__":

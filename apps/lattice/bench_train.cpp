@@ -1,6 +1,7 @@
 // The `lattice bench train` target: Lattice's training throughput and MFU against PyTorch on the
-// same model and batch, in fp32 and bf16, measured in one invocation; prints a table and the
-// ratios.
+// same model and batch, in fp32 and bf16, on one rank with every thread and data-parallel over
+// ranks of fewer threads each (PyTorch under DDP), measured in one invocation; prints a table and
+// the ratio of each side's best mode.
 #include <omp.h>
 
 #include <algorithm>
@@ -52,6 +53,7 @@ void register_bench_train(CLI::App& bench) {
     int64_t steps = 3, warmup = 1, rounds = 1;
     bool skip_pytorch = false;
     std::vector<std::string> precisions = {"fp32", "bf16"};
+    std::vector<int> ranks = {1, 2};
   };
   auto o = std::make_shared<Options>();
   target->add_option("--shape", o->shape, "small, gpt2-124m or all")->capture_default_str();
@@ -64,6 +66,14 @@ void register_bench_train(CLI::App& bench) {
       ->check(CLI::Range(int64_t{1}, int64_t{100}))
       ->capture_default_str();
   target->add_option("--precision", o->precisions, "fp32 and/or bf16")->capture_default_str();
+  target
+      ->add_option("--ranks", o->ranks,
+                   "layouts: 1 = one rank with every thread; N = N data-parallel ranks of "
+                   "threads/N threads (Lattice's local backend, PyTorch DDP over gloo); layouts "
+                   "with more ranks than threads are skipped")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   target->add_option("--python", o->python, "python with torch")->capture_default_str();
   target->add_option("--script", o->script, "PyTorch side (default: bench/pytorch_train.py)");
   target->add_flag("--skip-pytorch", o->skip_pytorch, "measure Lattice only");
@@ -89,65 +99,66 @@ void register_bench_train(CLI::App& bench) {
     for (const auto& [name, flops] : peak)
       std::printf(" %s %.3f TFLOP/s", name.c_str(), flops / 1e12);
     std::printf(" (1024^3 oneDNN GEMM)\n\n");
-    std::printf("%-44s %-5s %12s %9s %7s %12s %9s\n", "model", "prec", "lattice tok/s", "TFLOP/s",
-                "MFU", "pytorch tok/s", "ratio");
+    std::printf("%-44s %-5s %-6s %12s %9s %7s %12s %9s\n", "model", "prec", "layout",
+                "lattice tok/s", "TFLOP/s", "MFU", "pytorch tok/s", "ratio");
     for (const auto& c : cases(o->shape)) {
       const double flops_per_token = c.model.flops_per_token(c.seq_len);
-      std::map<std::string, double> lattice_rate, torch_rate;
+      // Best tokens/s of each side over its modes (precision and layout), with the mode's name.
+      std::pair<double, std::string> best_mine{0, ""}, best_torch{0, ""};
       for (const auto& name : o->precisions) {
         const auto precision = kernels::parse_precision(name);
-        // Rounds alternate the two sides, so load changes on a shared machine reach both.
-        std::vector<double> mine_rates, their_rates;
-        std::string why;
-        for (int64_t round = 0; round < o->rounds; ++round) {
-          mine_rates.push_back(train::benchmark_lattice_training(c, precision, o->steps, o->warmup)
-                                   .tokens_per_second);
-          if (o->skip_pytorch || !why.empty()) continue;
-          auto theirs = train::benchmark_pytorch_training(c, precision, o->steps, o->warmup,
-                                                          threads, o->python, script, why);
-          if (theirs) their_rates.push_back(theirs->tokens_per_second);
-        }
-        train::ThroughputResult mine;
-        mine.tokens_per_second = median(mine_rates);
-        lattice_rate[name] = mine.tokens_per_second;
-        std::optional<train::ThroughputResult> theirs;
-        if (!their_rates.empty()) {
-          theirs.emplace();
-          theirs->tokens_per_second = median(their_rates);
-        }
-        const double tflops = mine.tokens_per_second * flops_per_token / 1e12;
-        std::printf("%-44s %-5s %12.0f %9.3f %6.1f%%", c.label.c_str(), name.c_str(),
-                    mine.tokens_per_second, tflops, 100.0 * tflops * 1e12 / peak[name]);
-        if (theirs) {
-          torch_rate[name] = theirs->tokens_per_second;
-          std::printf(" %12.0f %8.2fx\n", theirs->tokens_per_second,
-                      mine.tokens_per_second / theirs->tokens_per_second);
-        } else {
-          std::printf(" %12s %9s%s%s\n", "-", "-", why.empty() ? "" : "  ", why.c_str());
-        }
-        if (o->rounds > 1) {
-          std::printf("    %lld rounds, medians above; lattice", static_cast<long long>(o->rounds));
-          for (double r : mine_rates) std::printf(" %.0f", r);
-          if (!their_rates.empty()) {
-            std::printf("; pytorch");
-            for (double r : their_rates) std::printf(" %.0f", r);
+        for (int ranks : o->ranks) {
+          if (ranks > threads || c.batch % ranks != 0) continue;
+          const std::string layout =
+              std::to_string(ranks) + "x" + std::to_string(std::max(1, threads / ranks));
+          // Rounds alternate the two sides, so load changes on a shared machine reach both.
+          std::vector<double> mine_rates, their_rates;
+          std::string why;
+          for (int64_t round = 0; round < o->rounds; ++round) {
+            mine_rates.push_back(
+                train::benchmark_lattice_training(c, precision, o->steps, o->warmup, ranks)
+                    .tokens_per_second);
+            if (o->skip_pytorch || !why.empty()) continue;
+            auto theirs = train::benchmark_pytorch_training(c, precision, o->steps, o->warmup,
+                                                            threads, o->python, script, why, ranks);
+            if (theirs) their_rates.push_back(theirs->tokens_per_second);
           }
-          std::printf(" tok/s\n");
+          const double mine = median(mine_rates);
+          const std::string mode = name + " " + layout;
+          if (mine > best_mine.first) best_mine = {mine, mode};
+          const double tflops = mine * flops_per_token / 1e12;
+          std::printf("%-44s %-5s %-6s %12.0f %9.3f %6.1f%%", c.label.c_str(), name.c_str(),
+                      layout.c_str(), mine, tflops, 100.0 * tflops * 1e12 / peak[name]);
+          if (!their_rates.empty()) {
+            const double theirs = median(their_rates);
+            if (theirs > best_torch.first) best_torch = {theirs, mode};
+            std::printf(" %12.0f %8.2fx\n", theirs, mine / theirs);
+          } else {
+            std::printf(" %12s %9s%s%s\n", "-", "-", why.empty() ? "" : "  ", why.c_str());
+          }
+          if (o->rounds > 1) {
+            std::printf("    %lld rounds, medians above; lattice",
+                        static_cast<long long>(o->rounds));
+            for (double r : mine_rates) std::printf(" %.0f", r);
+            if (!their_rates.empty()) {
+              std::printf("; pytorch");
+              for (double r : their_rates) std::printf(" %.0f", r);
+            }
+            std::printf(" tok/s\n");
+          }
+          std::fflush(stdout);
         }
-        std::fflush(stdout);
       }
-      if (!torch_rate.empty()) {
-        auto best_torch = std::max_element(torch_rate.begin(), torch_rate.end(),
-                                           [](auto& a, auto& b) { return a.second < b.second; });
-        auto best_mine = std::max_element(lattice_rate.begin(), lattice_rate.end(),
-                                          [](auto& a, auto& b) { return a.second < b.second; });
-        std::printf("  -> best Lattice (%s) / best PyTorch (%s): %.2fx\n", best_mine->first.c_str(),
-                    best_torch->first.c_str(), best_mine->second / best_torch->second);
+      if (best_torch.first > 0) {
+        std::printf("  -> best Lattice (%s) / best PyTorch (%s): %.2fx\n", best_mine.second.c_str(),
+                    best_torch.second.c_str(), best_mine.first / best_torch.first);
       }
     }
     std::printf(
         "\nFLOPs per token = 6N + 12·L·T·d (N without position embeddings); MFU against the "
-        "measured GEMM peak above.\n");
+        "measured GEMM peak above (all threads).\n"
+        "layout RxT: R ranks of T threads each (R > 1: Lattice data parallelism on the local "
+        "backend, PyTorch DistributedDataParallel over gloo).\n");
   });
 }
 

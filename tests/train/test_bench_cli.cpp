@@ -1,8 +1,12 @@
 // `lattice bench train` through the CLI: --rounds alternates the measurements and reports the
-// median of the rounds it prints; bad values are refused. Speed itself is not asserted.
+// median of the rounds it prints; --ranks adds data-parallel layouts (Lattice's local backend and,
+// when python3-torch is installed, PyTorch DDP) and the best-mode ratio covers them; bad values are
+// refused. Speed itself is not asserted.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,24 +16,48 @@
 namespace lattice::testing {
 namespace {
 
+// A case row: "small (L4 d256 h4 V8192 T256 B8)  bf16  1x2  <lattice tok/s> <TFLOP/s> <MFU>%
+// <pytorch tok/s or -> <ratio or ->".
+struct CaseRow {
+  std::string precision, layout, pytorch, ratio;
+  double lattice = -1;
+};
+
+std::vector<CaseRow> case_rows(const std::string& out) {
+  std::vector<CaseRow> rows;
+  std::istringstream lines(out);
+  std::string line, tflops, mfu;
+  while (std::getline(lines, line)) {
+    if (line.rfind("small (", 0) != 0) continue;
+    std::istringstream fields(line.substr(line.find(')') + 1));
+    CaseRow row;
+    fields >> row.precision >> row.layout >> row.lattice >> tflops >> mfu >> row.pytorch >>
+        row.ratio;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+bool python_has_torch() {
+  return std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") == 0;
+}
+
 TEST(BenchTrainCli, RoundsReportTheMedianOfEveryRound) {
   const auto dir = fresh_directory("bench-train-rounds");
   const CliResult r = run_lattice(
-      "bench train --shape small --precision bf16 --steps 1 --warmup 0 --rounds 3 --skip-pytorch",
+      "bench train --shape small --precision bf16 --ranks 1 --steps 1 --warmup 0 --rounds 3 "
+      "--skip-pytorch",
       dir);
   ASSERT_EQ(r.status, 0) << r.err;
-  // The case row: "small (L4 d256 h4 V8192 T256 B8)  bf16  <tok/s> ..."; then the rounds line.
+  const std::vector<CaseRow> rows = case_rows(r.out);
+  ASSERT_EQ(rows.size(), 1u) << r.out;
+  EXPECT_EQ(rows[0].precision, "bf16");
+  const double reported = rows[0].lattice;
+  // Then the rounds line.
   std::istringstream lines(r.out);
   std::string line;
-  double reported = -1;
   std::vector<double> rounds;
   while (std::getline(lines, line)) {
-    if (line.rfind("small (", 0) == 0) {
-      std::istringstream fields(line.substr(line.find(')') + 1));
-      std::string precision;
-      fields >> precision >> reported;
-      EXPECT_EQ(precision, "bf16");
-    }
     const auto at = line.find("3 rounds, medians above; lattice");
     if (at != std::string::npos) {
       std::istringstream values(
@@ -43,6 +71,56 @@ TEST(BenchTrainCli, RoundsReportTheMedianOfEveryRound) {
   EXPECT_GT(rounds[0], 0.0);
   // Printed with %.0f on both lines: the row is the middle round.
   EXPECT_EQ(reported, rounds[1]) << r.out;
+}
+
+// One rank of every thread (T) and two data-parallel ranks of T/2 threads each, both timed on the
+// same whole batch (the child inherits this process's OpenMP settings, hence the same T).
+TEST(BenchTrainCli, RanksAddADataParallelLayout) {
+  const int threads = omp_get_max_threads();
+  if (threads < 2) GTEST_SKIP() << "a 2-rank layout needs 2 threads";
+  const auto dir = fresh_directory("bench-train-ranks");
+  const CliResult r = run_lattice(
+      "bench train --shape small --precision bf16 --ranks 1,2 --steps 1 --warmup 0 "
+      "--skip-pytorch",
+      dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::vector<CaseRow> rows = case_rows(r.out);
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  EXPECT_EQ(rows[0].layout, "1x" + std::to_string(threads));
+  EXPECT_EQ(rows[1].layout, "2x" + std::to_string(threads / 2));
+  for (const CaseRow& row : rows) {
+    EXPECT_GT(row.lattice, 0.0) << row.layout;
+    EXPECT_EQ(row.pytorch, "-") << row.layout;
+  }
+}
+
+// With python3-torch, PyTorch runs each layout too (2x1 under DistributedDataParallel over gloo)
+// and the closing line divides the best mode of each side.
+TEST(BenchTrainCli, PytorchRunsEveryLayoutAndTheBestModesAreCompared) {
+  if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
+  if (omp_get_max_threads() < 2) GTEST_SKIP() << "a 2-rank layout needs 2 threads";
+  const auto dir = fresh_directory("bench-train-ddp");
+  const CliResult r = run_lattice(
+      "bench train --shape small --precision bf16 --ranks 1,2 "
+      "--steps 1 --warmup 0 --script '" LATTICE_SOURCE_DIR "/bench/pytorch_train.py'",
+      dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::vector<CaseRow> rows = case_rows(r.out);
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  double best_lattice = 0, best_pytorch = 0;
+  for (const CaseRow& row : rows) {
+    const double pytorch = std::stod(row.pytorch);
+    EXPECT_GT(pytorch, 0.0) << row.layout;
+    EXPECT_EQ(row.ratio.back(), 'x') << row.layout;
+    best_lattice = std::max(best_lattice, row.lattice);
+    best_pytorch = std::max(best_pytorch, pytorch);
+  }
+  const auto at = r.out.find("-> best Lattice (");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const std::string best_line = r.out.substr(at, r.out.find('\n', at) - at);
+  const double ratio = std::stod(best_line.substr(best_line.rfind(": ") + 2));
+  // The rows print %.0f tokens/s and the ratio %.2f: compare to within that rounding.
+  EXPECT_NEAR(ratio, best_lattice / best_pytorch, 0.01 + 1.0 / best_pytorch) << best_line;
 }
 
 TEST(BenchTrainCli, ImpossibleRoundsAreRefused) {

@@ -1,70 +1,118 @@
 // Training benchmark: see train_benchmark.hpp.
 #include "lattice/train/train_benchmark.hpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
+#include "lattice/parallel/data_parallel.hpp"
 
 namespace lattice::train {
 
-ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
-                                            int64_t steps, int64_t warmup) {
-  check(steps > 0, "the benchmark needs at least one timed step");
-  MemoryTracker tracker;
-  kernels::MatmulEngine matmul;
-  model::Transformer model(c.model, &tracker);
-  model.initialize(0);
-  optim::AdamWOptimizer optimizer(model.parameters(), optim::AdamWSettings{}, &tracker);
-  model::LayerContext ctx{matmul, precision, &tracker};
-  Rng rng(1);
-  const int64_t n = c.batch * c.seq_len;
-  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(tokens.size());
-  for (int64_t i = 0; i < n; ++i) {
-    tokens[static_cast<size_t>(i)] =
-        static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size)));
-    targets[static_cast<size_t>(i)] =
-        static_cast<int32_t>(rng.below(static_cast<uint64_t>(c.model.vocab_size)));
-  }
-  auto step = [&] {
-    model.parameters().zero_grads();
-    model.forward(ctx, tokens.data(), targets.data(), c.batch, c.seq_len, 1.0f);
-    model.backward(ctx);
-    optimizer.step(3e-4f);
-  };
+namespace {
+
+// `n` random token ids below `vocab` from `seed`.
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+  return tokens;
+}
+
+// Times `steps` calls of step() after `warmup` untimed ones.
+template <typename Step>
+double seconds_for(int64_t steps, int64_t warmup, Step&& step) {
   for (int64_t i = 0; i < warmup; ++i) step();
-  auto start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) step();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
+                                            int64_t steps, int64_t warmup, int ranks) {
+  check(steps > 0, "the benchmark needs at least one timed step");
+  check(ranks >= 1 && c.batch % ranks == 0,
+        "the benchmark batch of " + std::to_string(c.batch) + " sequences does not split over " +
+            std::to_string(ranks) + " ranks: use a rank count that divides it");
+  const int64_t batch = c.batch / ranks, n = batch * c.seq_len;
+  const int threads = std::max(1, omp_get_max_threads() / ranks);
+  double seconds = 0;
+  comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {
+    const int rank = group != nullptr ? group->rank() : 0;
+    const kernels::ScopedOmpThreads kernel_threads(threads);
+    MemoryTracker tracker;
+    kernels::MatmulEngine matmul;
+    model::Transformer model(c.model, &tracker);
+    model.initialize(0);
+    const auto tokens = random_tokens(n, c.model.vocab_size, 1 + 2 * static_cast<uint64_t>(rank));
+    const auto targets = random_tokens(n, c.model.vocab_size, 2 + 2 * static_cast<uint64_t>(rank));
+    if (group == nullptr) {
+      optim::AdamWOptimizer optimizer(model.parameters(), optim::AdamWSettings{}, &tracker);
+      model::LayerContext ctx{matmul, precision, &tracker};
+      seconds = seconds_for(steps, warmup, [&] {
+        model.parameters().zero_grads();
+        model.forward(ctx, tokens.data(), targets.data(), batch, c.seq_len, 1.0f);
+        model.backward(ctx);
+        optimizer.step(3e-4f);  // clips to norm 1 first
+      });
+      return;
+    }
+    // Data parallelism over the local backend: each rank a thread with its share of the batch,
+    // gradients averaged by the bucketed allreduce overlapping the backward.
+    parallel::DataParallel dp(model, *group, parallel::DataParallelSettings{},
+                              optim::AdamWSettings{}, &tracker);
+    model::LayerContext ctx{matmul, precision, &tracker, &dp};
+    auto step = [&] {
+      dp.begin_micro_batch(true, true);
+      model.forward(ctx, tokens.data(), targets.data(), batch, c.seq_len, 1.0f);
+      model.backward(ctx);
+      dp.update(3e-4f, dp.finish_gradients());  // clips to norm 1 first
+    };
+    for (int64_t i = 0; i < warmup; ++i) step();
+    group->barrier();
+    const double elapsed = seconds_for(steps, 0, step);
+    dp.settle_parameters();
+    group->barrier();
+    if (rank == 0) seconds = elapsed;
+  });
   ThroughputResult r;
   r.seconds_per_step = seconds / static_cast<double>(steps);
-  r.tokens_per_second = static_cast<double>(n) / r.seconds_per_step;
+  r.tokens_per_second = static_cast<double>(c.batch * c.seq_len) / r.seconds_per_step;
   return r;
 }
 
-std::optional<ThroughputResult> benchmark_pytorch_training(
-    const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
-    int threads, const std::string& python, const std::string& script, std::string& why) {
+std::optional<ThroughputResult> benchmark_pytorch_training(const BenchmarkCase& c,
+                                                           kernels::Precision precision,
+                                                           int64_t steps, int64_t warmup,
+                                                           int threads, const std::string& python,
+                                                           const std::string& script,
+                                                           std::string& why, int ranks) {
   const auto& m = c.model;
   char command[1024];
   std::snprintf(command, sizeof command,
                 "'%s' '%s' --family %s --layers %lld --d-model %lld --heads %lld --kv-heads %lld "
                 "--ffn %lld --vocab %lld --seq %lld --batch %lld --precision %s --steps %lld "
-                "--warmup %lld --threads %d 2>&1",
+                "--warmup %lld --threads %d --ranks %d 2>&1",
                 python.c_str(), script.c_str(), model::family_name(m.family).c_str(),
                 static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model),
                 static_cast<long long>(m.n_heads), static_cast<long long>(m.n_kv_heads),
                 static_cast<long long>(m.ffn_hidden), static_cast<long long>(m.vocab_size),
                 static_cast<long long>(c.seq_len), static_cast<long long>(c.batch),
                 std::string(kernels::precision_name(precision)).c_str(),
-                static_cast<long long>(steps), static_cast<long long>(warmup), threads);
+                static_cast<long long>(steps), static_cast<long long>(warmup), threads, ranks);
   FILE* pipe = popen(command, "r");
   if (!pipe) {
     why = "cannot start " + python;

@@ -1,6 +1,7 @@
-// Training benchmark: times Lattice's single-rank training step (forward, backward, clipping,
-// AdamW) on a fixed random batch, and runs the PyTorch peer (bench/pytorch_train.py) on the same
-// model and batch so the two are measured side by side in one invocation.
+// Training benchmark: times Lattice's training step (forward, backward, clipping, AdamW) on a fixed
+// random batch, on one rank or data-parallel over local ranks, and runs the PyTorch peer
+// (bench/pytorch_train.py, alone or under DDP) on the same model and batch so the two are measured
+// side by side in one invocation.
 #pragma once
 
 #include <cstdint>
@@ -23,14 +24,20 @@ struct ThroughputResult {
   double seconds_per_step = 0;
 };
 
-// Lattice: `warmup` untimed steps, then `steps` timed ones.
+// Lattice: `warmup` untimed steps, then `steps` timed ones. With ranks > 1, data parallelism over
+// the local backend (ranks as threads, each with 1/ranks of the batch and of the OpenMP threads);
+// tokens/s are of the whole batch.
 ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
-                                            int64_t steps, int64_t warmup);
+                                            int64_t steps, int64_t warmup, int ranks = 1);
 
-// PyTorch peer through `python` running `script`; nullopt (with the reason in `why`) when PyTorch
-// cannot run here.
-std::optional<ThroughputResult> benchmark_pytorch_training(
-    const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
-    int threads, const std::string& python, const std::string& script, std::string& why);
+// PyTorch peer through `python` running `script` with `threads` threads in all; with ranks > 1,
+// DistributedDataParallel over gloo in `ranks` processes of threads / ranks threads each. nullopt
+// (with the reason in `why`) when PyTorch cannot run here.
+std::optional<ThroughputResult> benchmark_pytorch_training(const BenchmarkCase& c,
+                                                           kernels::Precision precision,
+                                                           int64_t steps, int64_t warmup,
+                                                           int threads, const std::string& python,
+                                                           const std::string& script,
+                                                           std::string& why, int ranks = 1);
 
 }  // namespace lattice::train
