@@ -38,21 +38,33 @@ std::vector<CaseRow> case_rows(const std::string& out) {
   return rows;
 }
 
+struct BenchRun {
+  CliResult result;
+  std::vector<CaseRow> rows;
+};
+
+// `lattice bench train --shape small --precision bf16 --steps 1 --warmup 0 <args>` in a fresh
+// directory, with its case rows.
+BenchRun run_bench_train(const std::string& args, const std::string& directory) {
+  BenchRun run;
+  run.result =
+      run_lattice("bench train --shape small --precision bf16 --steps 1 --warmup 0 " + args,
+                  fresh_directory(directory));
+  run.rows = case_rows(run.result.out);
+  return run;
+}
+
 bool python_has_torch() {
   return std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") == 0;
 }
 
 TEST(BenchTrainCli, RoundsReportTheMedianOfEveryRound) {
-  const auto dir = fresh_directory("bench-train-rounds");
-  const CliResult r = run_lattice(
-      "bench train --shape small --precision bf16 --ranks 1 --steps 1 --warmup 0 --rounds 3 "
-      "--skip-pytorch",
-      dir);
+  const BenchRun run = run_bench_train("--ranks 1 --rounds 3 --skip-pytorch", "bench-train-rounds");
+  const CliResult& r = run.result;
   ASSERT_EQ(r.status, 0) << r.err;
-  const std::vector<CaseRow> rows = case_rows(r.out);
-  ASSERT_EQ(rows.size(), 1u) << r.out;
-  EXPECT_EQ(rows[0].precision, "bf16");
-  const double reported = rows[0].lattice;
+  ASSERT_EQ(run.rows.size(), 1u) << r.out;
+  EXPECT_EQ(run.rows[0].precision, "bf16");
+  const double reported = run.rows[0].lattice;
   // Then the rounds line.
   std::istringstream lines(r.out);
   std::string line;
@@ -78,14 +90,10 @@ TEST(BenchTrainCli, RoundsReportTheMedianOfEveryRound) {
 TEST(BenchTrainCli, RanksAddADataParallelLayout) {
   const int threads = omp_get_max_threads();
   if (threads < 2) GTEST_SKIP() << "a 2-rank layout needs 2 threads";
-  const auto dir = fresh_directory("bench-train-ranks");
-  const CliResult r = run_lattice(
-      "bench train --shape small --precision bf16 --ranks 1,2 --steps 1 --warmup 0 "
-      "--skip-pytorch",
-      dir);
-  ASSERT_EQ(r.status, 0) << r.err;
-  const std::vector<CaseRow> rows = case_rows(r.out);
-  ASSERT_EQ(rows.size(), 2u) << r.out;
+  const BenchRun run = run_bench_train("--ranks 1,2 --skip-pytorch", "bench-train-ranks");
+  ASSERT_EQ(run.result.status, 0) << run.result.err;
+  const std::vector<CaseRow>& rows = run.rows;
+  ASSERT_EQ(rows.size(), 2u) << run.result.out;
   EXPECT_EQ(rows[0].layout, "1x" + std::to_string(threads));
   EXPECT_EQ(rows[1].layout, "2x" + std::to_string(threads / 2));
   for (const CaseRow& row : rows) {
@@ -99,13 +107,11 @@ TEST(BenchTrainCli, RanksAddADataParallelLayout) {
 TEST(BenchTrainCli, PytorchRunsEveryLayoutAndTheBestModesAreCompared) {
   if (!python_has_torch()) GTEST_SKIP() << "/usr/bin/python3 cannot import torch";
   if (omp_get_max_threads() < 2) GTEST_SKIP() << "a 2-rank layout needs 2 threads";
-  const auto dir = fresh_directory("bench-train-ddp");
-  const CliResult r = run_lattice(
-      "bench train --shape small --precision bf16 --ranks 1,2 "
-      "--steps 1 --warmup 0 --script '" LATTICE_SOURCE_DIR "/bench/pytorch_train.py'",
-      dir);
+  const BenchRun run = run_bench_train(
+      "--ranks 1,2 --script '" LATTICE_SOURCE_DIR "/bench/pytorch_train.py'", "bench-train-ddp");
+  const CliResult& r = run.result;
   ASSERT_EQ(r.status, 0) << r.err;
-  const std::vector<CaseRow> rows = case_rows(r.out);
+  const std::vector<CaseRow>& rows = run.rows;
   ASSERT_EQ(rows.size(), 2u) << r.out;
   double best_lattice = 0, best_pytorch = 0;
   for (const CaseRow& row : rows) {
