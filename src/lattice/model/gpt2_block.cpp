@@ -7,6 +7,7 @@
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/row_chunks.hpp"
 #include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
@@ -178,21 +179,22 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const fl
   // stored. c_fc's bias gradient: per-chunk column sums (double, row by row), added in chunk
   // order, so the result does not depend on the thread count.
   auto* d_fc16 = reinterpret_cast<lattice::bf16*>(d_fc_buffer);
-  const int64_t chunk_rows = kMlpChunkRows;
-  const int64_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+  const k::RowChunks chunks = k::row_chunks_of(rows, kMlpChunkRows);  // the GEMM's chunks
   float* fc_bias_grad = c_fc_.bias_grad();
-  chunk_column_sums_.assign(fc_bias_grad != nullptr ? static_cast<size_t>(chunks * F_) : 0, 0.0);
+  chunk_column_sums_.assign(fc_bias_grad != nullptr ? static_cast<size_t>(chunks.count * F_) : 0,
+                            0.0);
   const float* fc = fc_.f32();
   mlp_proj_.backward_input_in_row_chunks(
-      ctx, d_y16, rows, chunk_rows, [&](int64_t begin, int64_t n, const float* d_gelu) {
-        double* sums =
-            fc_bias_grad != nullptr ? chunk_column_sums_.data() + begin / chunk_rows * F_ : nullptr;
+      ctx, d_y16, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* d_gelu) {
+        double* sums = fc_bias_grad != nullptr
+                           ? chunk_column_sums_.data() + begin / chunks.rows_per_chunk * F_
+                           : nullptr;
         k::gelu_backward_bf16_rows(d_fc16 + begin * F_, sums, d_gelu, fc + begin * F_, n, F_);
       });
   if (fc_bias_grad != nullptr) {
     for (int64_t j = 0; j < F_; ++j) {
       double total = 0.0;
-      for (int64_t c = 0; c < chunks; ++c)
+      for (int64_t c = 0; c < chunks.count; ++c)
         total += chunk_column_sums_[static_cast<size_t>(c * F_ + j)];
       fc_bias_grad[j] += static_cast<float>(total);
     }

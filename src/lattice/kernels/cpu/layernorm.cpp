@@ -21,10 +21,6 @@ void check_shape(const char* op, int64_t rows, int64_t C) {
                                 std::to_string(rows) + " C=" + std::to_string(C));
 }
 
-}  // namespace
-
-namespace {
-
 // One row of the forward: y = (x - mean) * rstd * weight + bias; the one definition both forwards
 // use, so the bf16 output is exactly the rounded fp32 one.
 inline void layernorm_row(float* y, float& mean, float& rstd, const float* x, const float* weight,

@@ -30,6 +30,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
+#include "lattice/kernels/cpu/row_chunks.hpp"
 #include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/kernels/cpu/thread_columns.hpp"
 
@@ -243,6 +244,11 @@ class ChunkFailure {
   bool failed_ = false;
 };
 
+// Rows in the last of `chunks` over M rows.
+int64_t tail_rows(const RowChunks& chunks, int64_t M) {
+  return chunks.end(chunks.count - 1, M) - chunks.begin(chunks.count - 1);
+}
+
 }  // namespace
 
 struct MatmulEngine::Impl {
@@ -303,12 +309,12 @@ struct MatmulEngine::Impl {
       return std::max(gemm[0]->scratchpad_bytes, gemm[1]->scratchpad_bytes);
     }
   };
-  ChunkGemmPair chunk_gemms(bool b_transposed, int64_t K, int64_t N, int64_t chunk_rows,
-                            int64_t tail_rows) {
+  ChunkGemmPair chunk_gemms(bool b_transposed, int64_t K, int64_t N, const RowChunks& chunks,
+                            int64_t M) {
     const ChunkGemmKind kind =
         b_transposed ? ChunkGemmKind::weight_transposed : ChunkGemmKind::weight;
-    return {{&chunk_primitive_for(chunk_rows, N, K, kind),
-             &chunk_primitive_for(tail_rows, N, K, kind)}};
+    return {{&chunk_primitive_for(chunks.rows_per_chunk, N, K, kind),
+             &chunk_primitive_for(tail_rows(chunks, M), N, K, kind)}};
   }
 
   // Each of `threads` threads' buffers: `chunk_bytes` of output (when non-zero), `gradient_bytes`
@@ -521,22 +527,20 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
   check(chunk_rows > 0, "matmul multiply_in_row_chunks: chunk_rows must be positive");
   check(K > 0, "matmul multiply_in_row_chunks: K must be positive");
   if (M == 0 || N == 0) return;
-  chunk_rows = std::min(chunk_rows, M);
-  const int64_t chunks = (M + chunk_rows - 1) / chunk_rows;
-  const int64_t tail_rows = M - (chunks - 1) * chunk_rows;
+  const RowChunks chunks = row_chunks_of(M, chunk_rows);
   // The weight rounded as forward() and backward() round it; the GEMMs read it in place.
   const lattice::bf16* weight16 = weight_transposed ? impl_->to_bf16_buffer(1, weight, N, K, K)
                                                     : impl_->to_bf16_buffer(1, weight, K, N, N);
   // Shapes churn (e.g. varying batch tails): start over before the cache grows past its bound, not
   // between the lookups below.
   if (impl_->chunk_cache.size() + 2 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
-  const Impl::ChunkGemmPair gemms =
-      impl_->chunk_gemms(weight_transposed, K, N, chunk_rows, tail_rows);
+  const Impl::ChunkGemmPair gemms = impl_->chunk_gemms(weight_transposed, K, N, chunks, M);
   const int threads = omp_get_max_threads();
   const size_t scratch_bytes = gemms.scratchpad_bytes();
   impl_->reserve_thread_buffers(
-      threads, destination == nullptr ? static_cast<size_t>(chunk_rows * N) * sizeof(float) : 0, 0,
-      scratch_bytes);
+      threads,
+      destination == nullptr ? static_cast<size_t>(chunks.rows_per_chunk * N) * sizeof(float) : 0,
+      0, scratch_bytes);
   ChunkFailure failure;
 #pragma omp parallel num_threads(threads)
   {
@@ -545,12 +549,12 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
     void* scratch = scratch_bytes > 0 ? impl_->thread_scratchpads[t].reserve(0) : nullptr;
     std::optional<dnnl::stream> stream;
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t c = 0; c < chunks.count; ++c) {
       failure.run([&] {
         if (!stream) stream.emplace(impl_->engine);
-        const bool last = c + 1 == chunks;
-        const int64_t row_begin = c * chunk_rows;
-        const int64_t rows = last ? tail_rows : chunk_rows;
+        const bool last = c + 1 == chunks.count;
+        const int64_t row_begin = chunks.begin(c);
+        const int64_t rows = chunks.end(c, M) - row_begin;
         float* out = destination != nullptr ? destination + row_begin * N : thread_chunk;
         run_chunk_gemm(gemms.for_chunk(last), impl_->engine, *stream, in16 + row_begin * K,
                        weight16, out, scratch);
@@ -564,8 +568,8 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
 
 int MatmulEngine::gradient_lanes(int64_t M, int64_t chunk_rows) {
   if (M <= 0 || chunk_rows <= 0) return 1;
-  const int64_t chunks = (M + std::min(chunk_rows, M) - 1) / std::min(chunk_rows, M);
-  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), chunks));
+  return static_cast<int>(
+      std::min<int64_t>(omp_get_max_threads(), row_chunks_of(M, chunk_rows).count));
 }
 
 void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight,
@@ -580,35 +584,30 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
   check(lanes == gradient_lanes(M, chunk_rows),
         "matmul forward_backward_in_row_chunks: lanes must be gradient_lanes(M, chunk_rows) (" +
             std::to_string(gradient_lanes(M, chunk_rows)) + "), got " + std::to_string(lanes));
-  chunk_rows = std::min(chunk_rows, M);
-  const int64_t chunks = (M + chunk_rows - 1) / chunk_rows;
-  const int64_t tail_rows = M - (chunks - 1) * chunk_rows;
+  const RowChunks chunks = row_chunks_of(M, chunk_rows);
   const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);  // rounded once
   if (impl_->chunk_cache.size() + 8 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
   // out = in16 · weight^T reads the weight [N, K] transposed; d_in = d_out16 · weight reads it as
   // [K'=N, N'=K].
   const Impl::ChunkGemmPair forward_gemms =
-      impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunk_rows, tail_rows);
+      impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunks, M);
   const Impl::ChunkGemmPair input_gemms =
-      impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunk_rows, tail_rows);
-  // partial[N, K] (+)= d_out16^T · in16: the chunk's rows are the reduction.
-  const ChunkGemm* gradient_gemms[2][2];  // [last chunk][accumulate]
-  for (int last = 0; last < 2; ++last) {
-    const int64_t rows = last ? tail_rows : chunk_rows;
-    gradient_gemms[last][0] =
-        &impl_->chunk_primitive_for(N, K, rows, ChunkGemmKind::weight_gradient);
-    gradient_gemms[last][1] =
-        &impl_->chunk_primitive_for(N, K, rows, ChunkGemmKind::weight_gradient_accumulate);
+      impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunks, M);
+  // partial[N, K] (+)= d_out16^T · in16: the chunk's rows are the reduction. [accumulate][last]
+  const ChunkGemm* gradient_gemms[2][2];
+  size_t scratch_bytes = std::max(forward_gemms.scratchpad_bytes(), input_gemms.scratchpad_bytes());
+  for (int accumulate = 0; accumulate < 2; ++accumulate) {
+    const ChunkGemmKind kind =
+        accumulate ? ChunkGemmKind::weight_gradient_accumulate : ChunkGemmKind::weight_gradient;
+    for (int last = 0; last < 2; ++last) {
+      const int64_t rows = last ? tail_rows(chunks, M) : chunks.rows_per_chunk;
+      gradient_gemms[accumulate][last] = &impl_->chunk_primitive_for(N, K, rows, kind);
+      scratch_bytes = std::max(scratch_bytes, gradient_gemms[accumulate][last]->scratchpad_bytes);
+    }
   }
-  size_t scratch_bytes = 0;
-  for (int last = 0; last < 2; ++last) {
-    scratch_bytes = std::max(
-        {scratch_bytes, forward_gemms.scratchpad_bytes(), input_gemms.scratchpad_bytes(),
-         gradient_gemms[last][0]->scratchpad_bytes, gradient_gemms[last][1]->scratchpad_bytes});
-  }
-  impl_->reserve_thread_buffers(lanes, static_cast<size_t>(chunk_rows * N) * sizeof(float),
-                                static_cast<size_t>(chunk_rows * N) * sizeof(lattice::bf16),
-                                scratch_bytes);
+  const auto chunk_elements = static_cast<size_t>(chunks.rows_per_chunk * N);
+  impl_->reserve_thread_buffers(lanes, chunk_elements * sizeof(float),
+                                chunk_elements * sizeof(lattice::bf16), scratch_bytes);
   ChunkFailure failure;
 #pragma omp parallel num_threads(lanes)
   {
@@ -621,21 +620,21 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
     void* scratch = scratch_bytes > 0 ? impl_->thread_scratchpads[t].reserve(0) : nullptr;
     std::optional<dnnl::stream> stream;
     for (int lane = omp_get_thread_num(); lane < lanes; lane += omp_get_num_threads()) {
-      const int64_t first = lane * chunks / lanes, stop = (lane + 1) * chunks / lanes;
+      const int64_t first = lane * chunks.count / lanes, stop = (lane + 1) * chunks.count / lanes;
       float* partial = weight_grad_partials + static_cast<int64_t>(lane) * N * K;
       for (int64_t c = first; c < stop; ++c) {
         failure.run([&] {
           if (!stream) stream.emplace(impl_->engine);
-          const bool last = c + 1 == chunks;
-          const int64_t row_begin = c * chunk_rows;
-          const int64_t rows = last ? tail_rows : chunk_rows;
+          const bool last = c + 1 == chunks.count;
+          const int64_t row_begin = chunks.begin(c);
+          const int64_t rows = chunks.end(c, M) - row_begin;
           const lattice::bf16* in_rows = in16 + row_begin * K;
           run_chunk_gemm(forward_gemms.for_chunk(last), impl_->engine, *stream, in_rows, weight16,
                          out, scratch);
           consume(row_begin, rows, out, d_out16);
           run_chunk_gemm(input_gemms.for_chunk(last), impl_->engine, *stream, d_out16, weight16,
                          d_in + row_begin * K, scratch);
-          run_chunk_gemm(*gradient_gemms[last ? 1 : 0][c == first ? 0 : 1], impl_->engine, *stream,
+          run_chunk_gemm(*gradient_gemms[c == first ? 0 : 1][last ? 1 : 0], impl_->engine, *stream,
                          d_out16, in_rows, partial, scratch);
         });
       }

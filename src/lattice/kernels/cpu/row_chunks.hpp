@@ -1,7 +1,7 @@
-// Fixed partition of rows into chunks for deterministic parameter-gradient reductions: each chunk
-// sums its rows into its own partial, and partials are reduced in chunk order afterwards. The
-// partition depends only on the row count, so results are bit-identical for any OpenMP thread
-// count.
+// Partitions of rows into chunks. fixed_row_chunks: for deterministic parameter-gradient
+// reductions, each chunk sums its rows into its own partial, and partials are reduced in chunk
+// order afterwards; the partition depends only on the row count, so results are bit-identical for
+// any OpenMP thread count. row_chunks_of: chunks of a given size (the row-chunk GEMMs).
 #pragma once
 
 #include <algorithm>
@@ -18,6 +18,15 @@ struct RowChunks {
     return std::min(rows, (chunk + 1) * rows_per_chunk);
   }
 };
+
+// Chunks of `rows_per_chunk` rows (all of them in one chunk when fewer), the last one shorter when
+// they do not divide: the row-chunk GEMMs' partition (MatmulEngine::multiply_in_row_chunks).
+inline RowChunks row_chunks_of(int64_t rows, int64_t rows_per_chunk) {
+  RowChunks chunks;
+  chunks.rows_per_chunk = std::max<int64_t>(1, std::min(rows_per_chunk, rows));
+  chunks.count = (rows + chunks.rows_per_chunk - 1) / chunks.rows_per_chunk;
+  return chunks;
+}
 
 // At most 128 chunks (bounded scratch) of at least 8 rows (partials cost little next to the rows).
 inline RowChunks fixed_row_chunks(int64_t rows) {
