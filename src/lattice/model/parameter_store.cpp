@@ -5,6 +5,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/elementwise.hpp"
 
 namespace lattice::model {
 
@@ -30,6 +31,10 @@ int ParameterStore::declare(std::string name, Shape shape, InitKind init, bool w
 void ParameterStore::allocate(MemoryTracker* tracker) {
   values_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::parameters);
   grads_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::gradients);
+}
+
+void ParameterStore::zero_grads() {
+  if (!grads_.empty()) kernels::zero_in_parallel(grads_.f32(), grads_.numel());
 }
 
 static uint64_t fnv1a(const std::string& s, uint64_t seed) {

@@ -55,7 +55,7 @@ class ParameterStore {
   float* value(int index) { return values() + info(index).offset; }
   const float* value(int index) const { return values() + info(index).offset; }
   float* grad(int index) { return grads() + info(index).offset; }
-  void zero_grads() { grads_.zero(); }
+  void zero_grads();
 
  private:
   std::vector<ParameterInfo> params_;
