@@ -6,6 +6,7 @@
 #include <new>
 #include <utility>
 
+#include "lattice/core/aligned_allocation.hpp"
 #include "lattice/core/error.hpp"
 
 namespace lattice {
@@ -31,7 +32,7 @@ Tensor::Tensor(Shape shape, DType dtype, MemoryTracker* tracker, MemoryCategory 
   size_t bytes = nbytes();
   if (bytes == 0) return;
   size_t padded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, padded);
+  data_ = allocate_aligned(padded);
   if (!data_) throw std::bad_alloc();
   std::memset(data_, 0, padded);
   if (tracker_) tracker_->add(category_, static_cast<int64_t>(bytes));
@@ -67,7 +68,7 @@ Tensor Tensor::clone() const {
 void Tensor::reset() {
   if (data_) {
     if (tracker_) tracker_->remove(category_, static_cast<int64_t>(nbytes()));
-    std::free(data_);
+    free_aligned(data_);
   }
   data_ = nullptr;
   numel_ = 0;

@@ -27,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lattice/core/aligned_allocation.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
@@ -76,13 +77,13 @@ struct CachedGemm {
   size_t scratchpad_bytes = 0;
 };
 
-// A grow-only, 64-byte-aligned byte buffer.
+// A grow-only, 64-byte-aligned byte buffer (huge pages when large: aligned_allocation.hpp).
 class AlignedBuffer {
  public:
   void* reserve(size_t bytes) {
     if (bytes > capacity_) {
       const size_t rounded = (bytes + 63) / 64 * 64;
-      void* fresh = std::aligned_alloc(64, rounded);
+      void* fresh = allocate_aligned(rounded);
       if (fresh == nullptr)
         throw Error("matmul: out of memory allocating " + std::to_string(rounded) +
                     " bytes of scratch");
@@ -95,7 +96,7 @@ class AlignedBuffer {
 
  private:
   struct Free {
-    void operator()(void* p) const { std::free(p); }
+    void operator()(void* p) const { free_aligned(p); }
   };
   std::unique_ptr<void, Free> data_;
   size_t capacity_ = 0;

@@ -1,0 +1,21 @@
+// Aligned heap blocks for tensors and kernel scratch: 64-byte aligned (a cache line, an AVX-512
+// vector, an AMX tile row), and for large blocks 2 MiB aligned and marked for transparent huge
+// pages (madvise), which Linux here grants only on request. With 4 KiB pages, kernels that stride
+// across rows of wide matrices (an LM head's [rows, vocabulary] logits, written 32 KiB apart per
+// row) spend their time on TLB misses.
+#pragma once
+
+#include <cstddef>
+
+namespace lattice {
+
+// Blocks of at least this many bytes are 2 MiB aligned and asked to use huge pages.
+inline constexpr size_t kHugePageThresholdBytes = size_t{2} << 20;
+
+// A block of at least `bytes` bytes (rounded up to 64), 64-byte aligned, and 2 MiB aligned with
+// huge pages advised from kHugePageThresholdBytes up; nullptr when out of memory. Free it with
+// free_aligned. The contents are not initialised.
+void* allocate_aligned(size_t bytes);
+void free_aligned(void* block) noexcept;
+
+}  // namespace lattice
