@@ -164,7 +164,12 @@ void DataParallel::launch_reduction(int b) {
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (s.reducing) return;
   const int64_t padded = bucket.shard * shard_ranks();
-  s.grad_staging = Tensor({padded}, DType::f32, tracker_, MemoryCategory::other);
+  // Stage 0 keeps its reduction buffers from step to step (as DDP keeps its buckets): allocating
+  // them anew each step cost a zeroing pass and, for blocks of 2 MiB and more, fresh page faults.
+  // Stages 1-3 free them after each reduction (their point is memory). The padding past the
+  // bucket's end is zero from allocation and stays zero (the all-gather returns sums of zeros).
+  if (settings_.zero_stage != 0 || s.grad_staging.numel() != padded)
+    s.grad_staging = Tensor({padded}, DType::f32, tracker_, MemoryCategory::other);
   // Averaging: every rank scales by 1/N before the sum (exact for powers of two).
   const float scale = 1.0f / static_cast<float>(ranks());
   float* grads = model_.parameters().grads() + bucket.begin;
@@ -177,7 +182,8 @@ void DataParallel::launch_reduction(int b) {
     s.grads_resident = false;
   }
   if (settings_.zero_stage == 0) {
-    s.reduced = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
+    if (s.reduced.numel() != bucket.shard)
+      s.reduced = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
     shard_->reduce_scatter_async(staging, s.reduced.f32(), bucket.shard, DType::f32,
                                  comm::ReduceOp::sum);
     s.reduction = shard_->all_gather_async(s.reduced.f32(), staging, bucket.shard, DType::f32);
@@ -198,9 +204,9 @@ double DataParallel::finish_gradients() {
       const Bucket& bucket = layout_.buckets()[b];
       std::copy(s.grad_staging.f32(), s.grad_staging.f32() + bucket.size(),
                 model_.parameters().grads() + bucket.begin);
-      s.reduced.reset();
+    } else {
+      s.grad_staging.reset();
     }
-    s.grad_staging.reset();
     // HSDP: the groups' shards are summed across the replicas.
     if (replicate_)
       s.reduction =

@@ -102,7 +102,12 @@ std::optional<ThroughputResult> benchmark_pytorch_training(const BenchmarkCase& 
                                                            std::string& why, int ranks) {
   const auto& m = c.model;
   char command[1024];
+  // PyTorch 1.13 has no huge-page option of its own (2.3 added THP_MEM_ALLOC_ENABLE); glibc's
+  // tunable makes its allocations advise transparent huge pages as Lattice's do
+  // (core/aligned_allocation.hpp), so both sides run on the same page size: measured here, it
+  // made PyTorch 3-12% faster.
   std::snprintf(command, sizeof command,
+                "GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1 "
                 "'%s' '%s' --family %s --layers %lld --d-model %lld --heads %lld --kv-heads %lld "
                 "--ffn %lld --vocab %lld --seq %lld --batch %lld --precision %s --steps %lld "
                 "--warmup %lld --threads %d --ranks %d 2>&1",
