@@ -1,6 +1,7 @@
 // Tests of aligned_allocation: 64-byte alignment for small blocks, 2 MiB alignment with the
 // huge-page advice recorded by Linux (the "hg" VmFlag of the block's mapping) for large ones, the
-// whole block writable, and nullptr (no crash) when the request cannot be met.
+// whole block writable, freed mapped blocks reused, and nullptr (no crash) when the request cannot
+// be met.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -59,6 +60,24 @@ TEST(AlignedAllocation, LargeBlocksAreHugePageAlignedAndAdvised) {
     EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
   }
   free_aligned(block);
+}
+
+TEST(AlignedAllocation, FreedLargeBlocksAreReusedForTheSameSize) {
+  const size_t bytes = (size_t{40} << 20) + 100;  // above the 32 MiB mapping threshold
+  auto* first = static_cast<unsigned char*>(allocate_aligned(bytes));
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % kHugePageThresholdBytes, 0u);
+  std::memset(first, 0x33, bytes);
+  free_aligned(first);
+  auto* second = static_cast<unsigned char*>(allocate_aligned(bytes));
+  EXPECT_EQ(second, first);  // the cached mapping, not a fresh one
+  auto* other = static_cast<unsigned char*>(allocate_aligned(bytes));  // the first is taken
+  ASSERT_NE(other, nullptr);
+  EXPECT_NE(other, second);
+  std::memset(other, 0x44, bytes);
+  EXPECT_EQ(second[bytes - 1], 0x33);  // distinct blocks
+  free_aligned(second);
+  free_aligned(other);
 }
 
 TEST(AlignedAllocation, ImpossibleRequestReturnsNull) {
