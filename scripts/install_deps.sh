@@ -8,6 +8,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
   libopenblas0-pthread  # PyTorch's fp32 BLAS: without it Debian's torch falls back to reference BLAS
+  libjemalloc2  # `bench train` runs PyTorch on jemalloc, its fastest allocator setup here
   fortunes
   clang libclang-rt-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
   libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)

@@ -49,7 +49,7 @@ void register_bench_train(CLI::App& bench) {
   CLI::App* target = bench.add_subcommand(
       "train", "Training tokens/s and MFU against PyTorch (same model, batch)");
   struct Options {
-    std::string shape = "all", python = "/usr/bin/python3", script;
+    std::string shape = "all", python = "/usr/bin/python3", script, pytorch_allocator = "auto";
     int64_t steps = 3, warmup = 1, rounds = 1;
     bool skip_pytorch = false;
     std::vector<std::string> precisions = {"fp32", "bf16"};
@@ -77,7 +77,13 @@ void register_bench_train(CLI::App& bench) {
   target->add_option("--python", o->python, "python with torch")->capture_default_str();
   target->add_option("--script", o->script, "PyTorch side (default: bench/pytorch_train.py)");
   target->add_flag("--skip-pytorch", o->skip_pytorch, "measure Lattice only");
+  target
+      ->add_option("--pytorch-allocator", o->pytorch_allocator,
+                   "PyTorch's malloc: auto (jemalloc if installed, else glibc-thp), jemalloc "
+                   "(Intel's tuning-guide settings), glibc-thp (huge pages advised) or glibc")
+      ->capture_default_str();
   target->callback([o] {
+    const auto allocator = train::parse_pytorch_allocator(o->pytorch_allocator);
     std::string script = o->script;
     if (script.empty()) {
       for (auto dir = std::filesystem::current_path(); !dir.empty(); dir = dir.parent_path()) {
@@ -98,7 +104,10 @@ void register_bench_train(CLI::App& bench) {
     std::printf("threads %d; measured GEMM peak:", threads);
     for (const auto& [name, flops] : peak)
       std::printf(" %s %.3f TFLOP/s", name.c_str(), flops / 1e12);
-    std::printf(" (1024^3 oneDNN GEMM)\n\n");
+    std::printf(" (1024^3 oneDNN GEMM)\n");
+    if (!o->skip_pytorch)
+      std::printf("PyTorch allocator: %s\n", train::pytorch_allocator_name(allocator).c_str());
+    std::printf("\n");
     std::printf("%-44s %-5s %-6s %12s %9s %7s %12s %9s\n", "model", "prec", "layout",
                 "lattice tok/s", "TFLOP/s", "MFU", "pytorch tok/s", "ratio");
     for (const auto& c : cases(o->shape)) {
@@ -119,8 +128,9 @@ void register_bench_train(CLI::App& bench) {
                 train::benchmark_lattice_training(c, precision, o->steps, o->warmup, ranks)
                     .tokens_per_second);
             if (o->skip_pytorch || !why.empty()) continue;
-            auto theirs = train::benchmark_pytorch_training(c, precision, o->steps, o->warmup,
-                                                            threads, o->python, script, why, ranks);
+            auto theirs =
+                train::benchmark_pytorch_training(c, precision, o->steps, o->warmup, threads,
+                                                  o->python, script, why, ranks, allocator);
             if (theirs) their_rates.push_back(theirs->tokens_per_second);
           }
           const double mine = median(mine_rates);

@@ -1,12 +1,13 @@
 // `lattice bench train` through the CLI: --rounds alternates the measurements and reports the
 // median of the rounds it prints; --ranks adds data-parallel layouts (Lattice's local backend and,
-// when python3-torch is installed, PyTorch DDP) and the best-mode ratio covers them; bad values are
-// refused. Speed itself is not asserted.
+// when python3-torch is installed, PyTorch DDP, on the allocator it names) and the best-mode ratio
+// covers them; bad values are refused. Speed itself is not asserted.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -121,6 +122,14 @@ TEST(BenchTrainCli, PytorchRunsEveryLayoutAndTheBestModesAreCompared) {
     best_lattice = std::max(best_lattice, row.lattice);
     best_pytorch = std::max(best_pytorch, pytorch);
   }
+  // The allocator PyTorch ran on is named; "auto" picks jemalloc where Debian's libjemalloc2 is.
+  const bool have_jemalloc =
+      std::filesystem::exists("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2") ||
+      std::filesystem::exists("/usr/lib/aarch64-linux-gnu/libjemalloc.so.2");
+  EXPECT_NE(r.out.find(have_jemalloc ? "PyTorch allocator: jemalloc ("
+                                     : "PyTorch allocator: glibc malloc with GLIBC_TUNABLES"),
+            std::string::npos)
+      << r.out;
   const auto at = r.out.find("-> best Lattice (");
   ASSERT_NE(at, std::string::npos) << r.out;
   const std::string best_line = r.out.substr(at, r.out.find('\n', at) - at);
@@ -134,6 +143,15 @@ TEST(BenchTrainCli, ImpossibleRoundsAreRefused) {
   const CliResult r = run_lattice("bench train --shape small --rounds 0 --skip-pytorch", dir);
   EXPECT_NE(r.status, 0);
   EXPECT_NE((r.out + r.err).find("--rounds"), std::string::npos) << r.out << r.err;
+}
+
+TEST(BenchTrainCli, UnknownPytorchAllocatorIsRefused) {
+  const auto dir = fresh_directory("bench-train-bad-allocator");
+  const CliResult r = run_lattice("bench train --shape small --pytorch-allocator tcmalloc", dir);
+  EXPECT_NE(r.status, 0);
+  const std::string said = r.out + r.err;
+  EXPECT_NE(said.find("--pytorch-allocator 'tcmalloc'"), std::string::npos) << said;
+  EXPECT_NE(said.find("auto, jemalloc, glibc-thp or glibc"), std::string::npos) << said;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -94,28 +95,74 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
   return r;
 }
 
-std::optional<ThroughputResult> benchmark_pytorch_training(const BenchmarkCase& c,
-                                                           kernels::Precision precision,
-                                                           int64_t steps, int64_t warmup,
-                                                           int threads, const std::string& python,
-                                                           const std::string& script,
-                                                           std::string& why, int ranks) {
+namespace {
+
+// libjemalloc.so.2 as Debian's libjemalloc2 installs it ("" when absent).
+std::string jemalloc_library() {
+  for (const char* path :
+       {"/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib64/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2"}) {
+    if (std::filesystem::exists(path)) return path;
+  }
+  return "";
+}
+
+}  // namespace
+
+PytorchAllocator parse_pytorch_allocator(const std::string& name) {
+  if (name == "auto")
+    return jemalloc_library().empty() ? PytorchAllocator::glibc_thp : PytorchAllocator::jemalloc;
+  if (name == "jemalloc") {
+    check(!jemalloc_library().empty(),
+          "--pytorch-allocator jemalloc: libjemalloc.so.2 not found; install Debian's libjemalloc2 "
+          "(scripts/install_deps.sh does) or choose glibc-thp");
+    return PytorchAllocator::jemalloc;
+  }
+  if (name == "glibc-thp") return PytorchAllocator::glibc_thp;
+  if (name == "glibc") return PytorchAllocator::glibc;
+  throw Error("unknown --pytorch-allocator '" + name + "': use auto, jemalloc, glibc-thp or glibc");
+}
+
+std::string pytorch_allocator_name(PytorchAllocator allocator) {
+  switch (allocator) {
+    case PytorchAllocator::jemalloc:
+      return "jemalloc (" + jemalloc_library() + ", MALLOC_CONF=" + kPytorchJemallocConf + ")";
+    case PytorchAllocator::glibc_thp:
+      return "glibc malloc with GLIBC_TUNABLES=glibc.malloc.hugetlb=1";
+    case PytorchAllocator::glibc:
+      return "glibc malloc (PyTorch's default)";
+  }
+  return "";
+}
+
+std::string pytorch_allocator_environment(PytorchAllocator allocator) {
+  switch (allocator) {
+    case PytorchAllocator::jemalloc:
+      return "LD_PRELOAD='" + jemalloc_library() + "' MALLOC_CONF='" + kPytorchJemallocConf + "' ";
+    case PytorchAllocator::glibc_thp:
+      return "GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1 ";
+    case PytorchAllocator::glibc:
+      return "";
+  }
+  return "";
+}
+
+std::optional<ThroughputResult> benchmark_pytorch_training(
+    const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
+    int threads, const std::string& python, const std::string& script, std::string& why, int ranks,
+    PytorchAllocator allocator) {
   const auto& m = c.model;
   char command[1024];
-  // PyTorch 1.13 has no huge-page option of its own (2.3 added THP_MEM_ALLOC_ENABLE); glibc's
-  // tunable makes its allocations advise transparent huge pages as Lattice's do
-  // (core/aligned_allocation.hpp), so both sides run on the same page size: measured here, it
-  // made PyTorch 3-12% faster.
   std::snprintf(command, sizeof command,
-                "GLIBC_TUNABLES=${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.hugetlb=1 "
-                "'%s' '%s' --family %s --layers %lld --d-model %lld --heads %lld --kv-heads %lld "
+                "%s'%s' '%s' --family %s --layers %lld --d-model %lld --heads %lld --kv-heads %lld "
                 "--ffn %lld --vocab %lld --seq %lld --batch %lld --precision %s --steps %lld "
                 "--warmup %lld --threads %d --ranks %d 2>&1",
-                python.c_str(), script.c_str(), model::family_name(m.family).c_str(),
-                static_cast<long long>(m.n_layers), static_cast<long long>(m.d_model),
-                static_cast<long long>(m.n_heads), static_cast<long long>(m.n_kv_heads),
-                static_cast<long long>(m.ffn_hidden), static_cast<long long>(m.vocab_size),
-                static_cast<long long>(c.seq_len), static_cast<long long>(c.batch),
+                pytorch_allocator_environment(allocator).c_str(), python.c_str(), script.c_str(),
+                model::family_name(m.family).c_str(), static_cast<long long>(m.n_layers),
+                static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),
+                static_cast<long long>(m.n_kv_heads), static_cast<long long>(m.ffn_hidden),
+                static_cast<long long>(m.vocab_size), static_cast<long long>(c.seq_len),
+                static_cast<long long>(c.batch),
                 std::string(kernels::precision_name(precision)).c_str(),
                 static_cast<long long>(steps), static_cast<long long>(warmup), threads, ranks);
   FILE* pipe = popen(command, "r");
