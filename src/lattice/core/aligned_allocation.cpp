@@ -96,7 +96,7 @@ void* allocate_aligned(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded < kHugePageThresholdBytes) return std::aligned_alloc(64, rounded);
   if (rounded >= kMappedThresholdBytes) {
-    if (rounded > SIZE_MAX - kHugePageThresholdBytes) return nullptr;
+    if (rounded > SIZE_MAX / 4) return nullptr;  // no machine has it; keeps the sums below exact
     const size_t pages =
         (rounded + kHugePageThresholdBytes - 1) / kHugePageThresholdBytes * kHugePageThresholdBytes;
     return mapped_blocks().take(pages);

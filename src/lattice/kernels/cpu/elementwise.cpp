@@ -30,8 +30,8 @@ void copy(float* out, const float* in, int64_t n) {
 void zero_in_parallel(float* x, int64_t n) {
   if (n <= 0) return;
   constexpr int64_t kSerialBelow = 1 << 18;  // 1 MiB: below this a thread team costs more
-  const int64_t threads = n < kSerialBelow ? 1 : omp_get_max_threads();
-#pragma omp parallel num_threads(static_cast <int>(threads))
+  const int threads = n < kSerialBelow ? 1 : omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
   {
     const int64_t team = omp_get_num_threads(), t = omp_get_thread_num();
     // Slices of whole cache lines (16 floats), the last one taking the remainder.
