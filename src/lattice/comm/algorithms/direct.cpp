@@ -3,6 +3,7 @@
 #include "lattice/comm/algorithms/direct.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -12,6 +13,24 @@
 
 namespace lattice::comm {
 namespace {
+
+// One pointer per rank for a call: on the stack for groups of up to 16 ranks (the small collectives
+// allocate nothing), on the heap beyond.
+template <class T>
+class PerRank {
+ public:
+  explicit PerRank(int n) {
+    if (n > static_cast<int>(local_.size())) heap_.resize(static_cast<size_t>(n));
+    data_ = heap_.empty() ? local_.data() : heap_.data();
+  }
+  T* data() { return data_; }
+  T& operator[](int r) { return data_[r]; }
+
+ private:
+  std::array<T, 16> local_{};
+  std::vector<T> heap_;
+  T* data_ = nullptr;
+};
 
 struct Slice {
   int64_t begin = 0;
@@ -42,18 +61,19 @@ void direct_allreduce(SharedAddressSpace& space, const CollectiveCall& call, boo
   Slice slice = slice_of(call.count(), space.rank(), n, call.dtype());
   int64_t length = slice.end - slice.begin;
   if (length > 0) {
-    std::vector<const void*> sources(static_cast<size_t>(n));
-    std::vector<void*> targets;
+    PerRank<const void*> sources(n);
+    PerRank<void*> targets(n);
+    int target_count = 0;
     for (int r = 0; r < n; ++r) sources[r] = offset(space.peer(r).in, slice.begin, element);
     if (to_root_only) {
-      targets.push_back(offset(space.peer(call.descriptor.root).out, slice.begin, element));
+      targets[target_count++] = offset(space.peer(call.descriptor.root).out, slice.begin, element);
     } else {
       for (int r = 0; r < n; ++r)
-        targets.push_back(offset(space.peer(r).out, slice.begin, element));
+        targets[target_count++] = offset(space.peer(r).out, slice.begin, element);
     }
     int divisor = call.descriptor.reduce_op == ReduceOp::avg ? n : 0;
-    reduce_into_targets(sources.data(), n, targets.data(), static_cast<int>(targets.size()), length,
-                        call.dtype(), call.descriptor.reduce_op, divisor);
+    reduce_into_targets(sources.data(), n, targets.data(), target_count, length, call.dtype(),
+                        call.descriptor.reduce_op, divisor);
   }
 }
 
@@ -61,7 +81,7 @@ void direct_reduce_scatter(SharedAddressSpace& space, const CollectiveCall& call
   const int n = space.size();
   const int rank = space.rank();
   const size_t element = dtype_size(call.dtype());
-  std::vector<const void*> sources(static_cast<size_t>(n));
+  PerRank<const void*> sources(n);
   for (int r = 0; r < n; ++r) sources[r] = offset(space.peer(r).in, call.count() * rank, element);
   void* targets[1] = {call.out};
   int divisor = call.descriptor.reduce_op == ReduceOp::avg ? n : 0;
@@ -153,7 +173,7 @@ bool run_staged(SharedAddressSpace& space, const CollectiveCall& call) {
     return static_cast<const char*>(space.peer_staged(r)) + offset;
   };
   if (count_bytes == 0) return true;
-  std::vector<const void*> sources(static_cast<size_t>(n));
+  PerRank<const void*> sources(n);
   switch (d.op) {
     case CollectiveOp::allreduce:
     case CollectiveOp::reduce: {

@@ -46,6 +46,12 @@ void LocalCommunicator::arrive_and_check(const void* data, size_t bytes) {
   if (bytes > 0) std::memcpy(staged.data, data, bytes);
   slot.epoch.store(++epoch_, std::memory_order_release);
   await_epoch(epoch_);
+  check_staged_descriptors();
+}
+
+void LocalCommunicator::check_staged_descriptors() {
+  const CollectiveRecord& current = watchdog().current();
+  const size_t parity = current.seq & 1;
   for (int r = 0; r < group_->size; ++r) {
     const LocalGroup::Staged& other = group_->slots[static_cast<size_t>(r)].staged[parity];
     if (other.seq != current.seq || !other.descriptor.agrees_with(current.descriptor)) {
@@ -61,8 +67,28 @@ void LocalCommunicator::arrive_and_check(const void* data, size_t bytes) {
 }
 
 void LocalCommunicator::exchange(const DirectBuffers& mine) {
-  group_->slots[static_cast<size_t>(Communicator::rank())].buffers = mine;
-  arrive_and_check(nullptr, 0);
+  LocalGroup::RankSlot& slot = group_->slots[static_cast<size_t>(Communicator::rank())];
+  const CollectiveRecord& current = watchdog().current();
+  slot.published.seq = current.seq;
+  slot.published.descriptor = current.descriptor;
+  slot.published.buffers = mine;
+  // Also where a peer on the staged path looks, so a mismatch between the paths is reported with
+  // both descriptions.
+  LocalGroup::Staged& staged = slot.staged[current.seq & 1];
+  staged.seq = current.seq;
+  staged.descriptor = current.descriptor;
+  slot.epoch.store(++epoch_, std::memory_order_release);
+  await_epoch(epoch_);
+  for (int r = 0; r < group_->size; ++r) {
+    const LocalGroup::Published& other = group_->slots[static_cast<size_t>(r)].published;
+    if (other.seq == current.seq && other.descriptor.agrees_with(current.descriptor)) continue;
+    check_staged_descriptors();  // names both collectives when the peer is in another one
+    throw Error("comm (local) collective mismatch at #" + std::to_string(current.seq) + ": rank " +
+                std::to_string(Communicator::rank()) + " entered " + current.descriptor.describe() +
+                " but rank " + std::to_string(r) +
+                " was in a different collective; every rank must call the same collectives in "
+                "the same order with the same count, type and reduction");
+  }
 }
 
 void LocalCommunicator::exchange_staged(const void* data, size_t bytes) {
@@ -75,7 +101,7 @@ const void* LocalCommunicator::peer_staged(int rank) const {
 }
 
 const DirectBuffers& LocalCommunicator::peer(int rank) const {
-  return group_->slots[static_cast<size_t>(rank)].buffers;
+  return group_->slots[static_cast<size_t>(rank)].published.buffers;
 }
 
 void LocalCommunicator::sync() {
