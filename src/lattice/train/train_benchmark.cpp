@@ -40,6 +40,16 @@ double seconds_for(int64_t steps, int64_t warmup, Step&& step) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// libjemalloc.so.2 as Debian's libjemalloc2 installs it ("" when absent).
+std::string jemalloc_library() {
+  for (const char* path :
+       {"/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib64/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2"}) {
+    if (std::filesystem::exists(path)) return path;
+  }
+  return "";
+}
+
 }  // namespace
 
 ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
@@ -94,20 +104,6 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
   r.tokens_per_second = static_cast<double>(c.batch * c.seq_len) / r.seconds_per_step;
   return r;
 }
-
-namespace {
-
-// libjemalloc.so.2 as Debian's libjemalloc2 installs it ("" when absent).
-std::string jemalloc_library() {
-  for (const char* path :
-       {"/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
-        "/usr/lib64/libjemalloc.so.2", "/usr/lib/libjemalloc.so.2"}) {
-    if (std::filesystem::exists(path)) return path;
-  }
-  return "";
-}
-
-}  // namespace
 
 PytorchAllocator parse_pytorch_allocator(const std::string& name) {
   if (name == "auto")

@@ -54,7 +54,7 @@ std::string pytorch_allocator_environment(PytorchAllocator allocator);
 // (with the reason in `why`) when PyTorch cannot run here.
 std::optional<ThroughputResult> benchmark_pytorch_training(
     const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
-    int threads, const std::string& python, const std::string& script, std::string& why,
-    int ranks = 1, PytorchAllocator allocator = PytorchAllocator::glibc_thp);
+    int threads, const std::string& python, const std::string& script, std::string& why, int ranks,
+    PytorchAllocator allocator);
 
 }  // namespace lattice::train
