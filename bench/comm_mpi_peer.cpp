@@ -1,8 +1,8 @@
 // The Open MPI side of `lattice bench comm`: times MPI's own collectives (MPI_Allreduce,
 // MPI_Reduce_scatter_block, MPI_Allgather, MPI_Alltoall, MPI_Bcast, MPI_Reduce on floats) with the
-// same sizes and timing rule as Lattice's side, and prints one "RESULT <op> <bytes> <seconds>
-// <iterations>" line per case from rank 0.
-//   mpirun -n <ranks> lattice_comm_mpi_peer <ops,...> <bytes,...> <min_seconds>
+// same sizes and timing rule as Lattice's side (the median of `trials` timed runs), and prints one
+// "RESULT <op> <bytes> <seconds> <iterations>" line per case from rank 0.
+//   mpirun -n <ranks> lattice_comm_mpi_peer <ops,...> <bytes,...> <min_seconds> [trials]
 #include <mpi.h>
 
 #include <algorithm>
@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   if (argc < 4) {
     if (rank == 0)
-      std::fprintf(stderr, "usage: lattice_comm_mpi_peer <ops> <bytes> <min_seconds>\n");
+      std::fprintf(stderr, "usage: lattice_comm_mpi_peer <ops> <bytes> <min_seconds> [trials]\n");
     MPI_Finalize();
     return 2;
   }
@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   std::vector<long long> sizes;
   for (const auto& s : split_list(argv[2])) sizes.push_back(std::atoll(s.c_str()));
   double min_seconds = std::atof(argv[3]);
+  const int trials = argc > 4 ? std::max(1, std::atoi(argv[4])) : 1;
   for (const auto& op : ops) {
     for (long long bytes : sizes) {
       Case c{op, bytes};
@@ -78,11 +79,18 @@ int main(int argc, char** argv) {
       MPI_Allreduce(MPI_IN_PLACE, &once, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       int iterations =
           static_cast<int>(std::min(100000.0, std::max(3.0, min_seconds / std::max(once, 1e-7))));
-      MPI_Barrier(MPI_COMM_WORLD);
-      start = MPI_Wtime();
-      for (int i = 0; i < iterations; ++i) run_once(c, in, out, n);
-      MPI_Barrier(MPI_COMM_WORLD);
-      double seconds = (MPI_Wtime() - start) / iterations;
+      std::vector<double> per_call;
+      for (int trial = 0; trial < trials; ++trial) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        start = MPI_Wtime();
+        for (int i = 0; i < iterations; ++i) run_once(c, in, out, n);
+        MPI_Barrier(MPI_COMM_WORLD);
+        per_call.push_back((MPI_Wtime() - start) / iterations);
+      }
+      std::sort(per_call.begin(), per_call.end());  // the median run, as Lattice's side reports
+      const size_t middle = per_call.size() / 2;
+      double seconds = per_call.size() % 2 == 1 ? per_call[middle]
+                                                : 0.5 * (per_call[middle - 1] + per_call[middle]);
       if (rank == 0) {
         std::printf("RESULT %s %lld %.9g %d\n", op.c_str(), bytes, seconds, iterations);
         std::fflush(stdout);

@@ -37,6 +37,7 @@ struct BenchCommOptions {
   std::string min_bytes = "1K";
   std::string max_bytes = "256M";
   double seconds = 0.2;
+  int trials = 3;
   bool openmpi = true;
   int ranks_per_node = 0;
 };
@@ -95,7 +96,7 @@ std::filesystem::path peer_program() {
 
 // Runs lattice_comm_mpi_peer under mpirun on `ranks` processes; empty on failure (with a note).
 PeerTimes run_openmpi_peer(int ranks, const std::string& op, const std::vector<int64_t>& sizes,
-                           double seconds, std::string& note) {
+                           double seconds, int trials, std::string& note) {
   PeerTimes times;
   std::filesystem::path peer = peer_program();
   if (!std::filesystem::exists(peer)) {
@@ -108,7 +109,7 @@ PeerTimes run_openmpi_peer(int ranks, const std::string& op, const std::vector<i
       "env OMPI_MCA_rmaps_base_oversubscribe=1 mpirun --allow-run-as-root "
       "--oversubscribe -n " +
       std::to_string(ranks) + " '" + peer.string() + "' " + op + " " + size_list + " " +
-      std::to_string(seconds) + " 2>&1";
+      std::to_string(seconds) + " " + std::to_string(trials) + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) {
     note = "could not start mpirun";
@@ -182,7 +183,8 @@ void bench_local(const BenchCommOptions& options) {
   comm::CommOptions comm_options = comm::options_from_environment();
   comm_options.ranks_per_node = options.ranks_per_node;
   print_header("lattice bench comm: local backend, " + std::to_string(options.ranks) +
-               " thread ranks, f32; Open MPI " +
+               " thread ranks, f32, median of " + std::to_string(options.trials) +
+               " timed runs per case; Open MPI " +
                (options.openmpi ? "(mpirun -n " + std::to_string(options.ranks) +
                                       ", its default transport) timed in the same run"
                                 : "comparison off"));
@@ -191,7 +193,7 @@ void bench_local(const BenchCommOptions& options) {
     PeerTimes peer;
     if (options.openmpi) {
       std::string note;
-      peer = run_openmpi_peer(options.ranks, op_name, sizes, options.seconds, note);
+      peer = run_openmpi_peer(options.ranks, op_name, sizes, options.seconds, options.trials, note);
       if (!note.empty()) std::printf("# %s\n", note.c_str());
     }
     // All-gather and broadcast ranks all read the same inputs: their copy bound reads one
@@ -207,14 +209,14 @@ void bench_local(const BenchCommOptions& options) {
       std::map<int64_t, double> copy_bound;
       for (int64_t bytes : sizes)
         copy_bound[bytes] = comm::time_output_copy(
-            communicator, op, bytes, options.seconds,
+            communicator, op, bytes, options.seconds, options.trials,
             shared_inputs ? static_cast<const void*>(shared_source.data()) : nullptr);
       for (Algorithm algorithm : algorithms) {
         if (!algorithm_applies(algorithm, op, true, false)) continue;
         communicator.set_algorithm(op, algorithm);
         for (int64_t bytes : sizes) {
           comm::BenchResult result =
-              comm::time_collective(communicator, op, bytes, options.seconds);
+              comm::time_collective(communicator, op, bytes, options.seconds, options.trials);
           if (communicator.rank() == 0) print_row(result, options.ranks, peer, copy_bound[bytes]);
         }
       }
@@ -238,14 +240,16 @@ void bench_mpi(const BenchCommOptions& options) {
     const int n = communicator->size();
     if (communicator->rank() == 0) {
       print_header("lattice bench comm: mpi backend, " + std::to_string(n) +
-                   " processes, f32; Open MPI's own collectives timed in the same run");
+                   " processes, f32, median of " + std::to_string(options.trials) +
+                   " timed runs per case; Open MPI's own collectives timed in the same run");
     }
     for (const auto& op_name : split_list(options.ops)) {
       CollectiveOp op = comm::parse_collective_op(op_name);
       reference->set_algorithm(op, Algorithm::native);
       PeerTimes peer;
       for (int64_t bytes : sizes) {
-        comm::BenchResult base = comm::time_collective(*reference, op, bytes, options.seconds);
+        comm::BenchResult base =
+            comm::time_collective(*reference, op, bytes, options.seconds, options.trials);
         peer[{op_name, base.bytes}] = base.seconds;
       }
       for (Algorithm algorithm : algorithms) {
@@ -253,7 +257,7 @@ void bench_mpi(const BenchCommOptions& options) {
         communicator->set_algorithm(op, algorithm);
         for (int64_t bytes : sizes) {
           comm::BenchResult result =
-              comm::time_collective(*communicator, op, bytes, options.seconds);
+              comm::time_collective(*communicator, op, bytes, options.seconds, options.trials);
           if (communicator->rank() == 0) print_row(result, n, peer);
         }
       }
@@ -279,7 +283,12 @@ void register_bench_comm(CLI::App& bench) {
                      "auto,ring,tree,halving_doubling,direct,pairwise,hierarchical,native");
   target->add_option("--min-bytes", options->min_bytes, "Smallest size (e.g. 1K)");
   target->add_option("--max-bytes", options->max_bytes, "Largest size (e.g. 256M)");
-  target->add_option("--seconds", options->seconds, "Time per case")->check(CLI::PositiveNumber);
+  target->add_option("--seconds", options->seconds, "Time per timed run")
+      ->check(CLI::PositiveNumber);
+  target
+      ->add_option("--trials", options->trials,
+                   "Timed runs per case, each side (Lattice and Open MPI); the median is printed")
+      ->check(CLI::Range(1, 101));
   target->add_flag("!--no-openmpi", options->openmpi, "Skip the Open MPI comparison");
   target->add_option("--ranks-per-node", options->ranks_per_node,
                      "Emulate nodes of this many ranks (hierarchical allreduce)");

@@ -1,11 +1,12 @@
 // Collective benchmark: buffers per case, calibration on one call, iterations agreed through a
-// broadcast, timing between barriers on rank 0's clock.
+// broadcast, timed runs between barriers on rank 0's clock, the median run reported.
 #include "lattice/comm/benchmark.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "lattice/comm/reduce_kernels.hpp"
@@ -23,12 +24,21 @@ struct TimedCalls {
   int64_t iterations = 0;
 };
 
+// The median of `values` (the mean of the middle two for an even count).
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 // Times `once` on every rank: two warm-up calls, one call that sizes the run (the slowest rank's
-// time decides), then enough calls for about min_seconds (at least 3) started together after a
-// barrier. A collective is timed on rank 0's clock up to a closing barrier; independent work (the
-// copy bound) by the slowest rank's own clock. Every rank returns the same.
-TimedCalls time_calls(Communicator& comm, double min_seconds, const std::function<void()>& once,
-                      bool independent_work) {
+// time decides), then `trials` runs of enough calls for about min_seconds each (at least 3), each
+// started together after a barrier; the result is the median run's time per call. A collective
+// is timed on rank 0's clock up to a closing barrier; independent work (the copy bound) by the
+// slowest rank's own clock. Every rank returns the same.
+TimedCalls time_calls(Communicator& comm, double min_seconds, int trials,
+                      const std::function<void()>& once, bool independent_work) {
+  check(trials >= 1, "bench comm: trials must be at least 1, got " + std::to_string(trials));
   once();
   once();
   comm.barrier();
@@ -41,11 +51,15 @@ TimedCalls time_calls(Communicator& comm, double min_seconds, const std::functio
   timed.iterations =
       static_cast<int64_t>(std::min(100000.0, std::max(3.0, min_seconds / std::max(single, 1e-7))));
   comm.broadcast(&timed.iterations, 1, DType::i64, 0);
-  comm.barrier();
-  start = now_seconds();
-  for (int64_t i = 0; i < timed.iterations; ++i) once();
-  if (!independent_work) comm.barrier();
-  timed.seconds = (now_seconds() - start) / static_cast<double>(timed.iterations);
+  std::vector<double> per_call(static_cast<size_t>(trials));
+  for (double& seconds : per_call) {
+    comm.barrier();
+    start = now_seconds();
+    for (int64_t i = 0; i < timed.iterations; ++i) once();
+    if (!independent_work) comm.barrier();
+    seconds = (now_seconds() - start) / static_cast<double>(timed.iterations);
+  }
+  timed.seconds = median_of(per_call);
   if (independent_work)
     comm.allreduce(&timed.seconds, 1, DType::i64, ReduceOp::max);
   else
@@ -80,8 +94,8 @@ CollectiveOp parse_collective_op(const std::string& name) {
               "'; use allreduce, reduce_scatter, all_gather, all_to_all, broadcast or reduce");
 }
 
-BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes,
-                            double min_seconds) {
+BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds,
+                            int trials) {
   const int n = comm.size();
   const int64_t elements = std::max<int64_t>(1, bytes / 4);
   const int64_t block = std::max<int64_t>(1, elements / n);  // per-rank block of the split ops
@@ -111,18 +125,19 @@ BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes,
         throw Error("bench comm: " + std::string(collective_op_name(op)) + " is not benchmarked");
     }
   };
-  const TimedCalls timed = time_calls(comm, min_seconds, once, /*independent_work=*/false);
+  const TimedCalls timed = time_calls(comm, min_seconds, trials, once, /*independent_work=*/false);
   BenchResult result;
   result.op = op;
   result.bytes = elements * 4;
   result.seconds = timed.seconds;
   result.iterations = static_cast<int>(timed.iterations);
+  result.trials = trials;
   result.algorithm = comm.algorithm_for(op, result.bytes);
   return result;
 }
 
 double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds,
-                        const void* shared_source) {
+                        int trials, const void* shared_source) {
   const int n = comm.size();
   const int64_t elements = std::max<int64_t>(1, bytes / 4);
   const int64_t block = std::max<int64_t>(1, elements / n);
@@ -151,7 +166,8 @@ double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, doub
       else
         std::memcpy(target.data(), source, copy);
     };
-    const double seconds = time_calls(comm, min_seconds, once, /*independent_work=*/true).seconds;
+    const double seconds =
+        time_calls(comm, min_seconds, trials, once, /*independent_work=*/true).seconds;
     best = routine == 0 ? seconds : std::min(best, seconds);
   }
   return best;

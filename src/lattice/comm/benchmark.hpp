@@ -17,7 +17,8 @@ struct BenchResult {
   Algorithm algorithm = Algorithm::automatic;  // as resolved for this size
   int64_t bytes = 0;
   double seconds = 0;  // per call
-  int iterations = 0;
+  int iterations = 0;  // calls per timed run
+  int trials = 1;      // timed runs; `seconds` is the median run's
   double algbw() const { return seconds > 0 ? static_cast<double>(bytes) / seconds : 0; }
 };
 
@@ -26,8 +27,11 @@ double bus_factor(CollectiveOp op, int ranks);
 CollectiveOp parse_collective_op(const std::string& name);
 
 // Collective over `comm`: times `op` on `bytes` of fp32 (rounded down to whole elements per rank),
-// after two warm-up calls, for about `min_seconds` (at least 3 calls). Every rank returns the same.
-BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds);
+// after two warm-up calls, in `trials` runs of about `min_seconds` each (at least 3 calls), and
+// reports the median run (one descheduled rank spoils a run of sub-microsecond calls, not the
+// result). Every rank returns the same.
+BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds,
+                            int trials = 1);
 
 // The memory-copy bound of a data-moving collective (all_gather, all_to_all, broadcast): every
 // rank copies, at the same time as the others, as many bytes as `op` on `bytes` must write into
@@ -38,6 +42,6 @@ BenchResult time_collective(Communicator& comm, CollectiveOp op, int64_t bytes, 
 // implementation that writes its output once can beat it. Returns seconds per call (the slowest
 // rank; every rank returns the same), or 0 for an op without such a bound.
 double time_output_copy(Communicator& comm, CollectiveOp op, int64_t bytes, double min_seconds,
-                        const void* shared_source = nullptr);
+                        int trials = 1, const void* shared_source = nullptr);
 
 }  // namespace lattice::comm

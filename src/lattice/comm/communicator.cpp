@@ -99,16 +99,17 @@ void Communicator::check_peer(const char* what, int peer) const {
 
 CollectiveCall Communicator::make_call(CollectiveOp op, const void* in, void* out, int64_t count,
                                        DType dtype, ReduceOp reduce_op, int root) const {
-  const std::string name(collective_op_name(op));
+  // Names are built on the error paths only (this runs on every collective).
+  auto name = [op] { return std::string(collective_op_name(op)); };
   if (count < 0) {
-    throw Error(name + ": negative count " + std::to_string(count) + " on rank " +
+    throw Error(name() + ": negative count " + std::to_string(count) + " on rank " +
                 std::to_string(rank_));
   }
   if (!is_collective_dtype(dtype)) {
-    throw Error(name + ": element type " + std::string(dtype_name(dtype)) +
+    throw Error(name() + ": element type " + std::string(dtype_name(dtype)) +
                 " is not supported; use f32, bf16, f16, i32 or i64");
   }
-  if (op == CollectiveOp::broadcast || op == CollectiveOp::reduce) check_peer(name.c_str(), root);
+  if (op == CollectiveOp::broadcast || op == CollectiveOp::reduce) check_peer(name().c_str(), root);
   CollectiveCall call;
   call.descriptor.op = op;
   call.descriptor.dtype = dtype;
@@ -281,17 +282,17 @@ CommHandle Communicator::submit(CollectiveCall call, bool asynchronous) {
     bytes *= size_;
   if (op == CollectiveOp::all_gather_v) bytes = sum_counts(call.counts) * dtype_size(call.dtype());
   call.algorithm = algorithm_for(op, bytes);
-  const std::string name(collective_op_name(op));
+  auto name = [op] { return std::string(collective_op_name(op)); };  // error paths only
   if (!algorithm_supports(call.algorithm, op)) {
-    throw Error(name + ": algorithm " + std::string(algorithm_name(call.algorithm)) +
+    throw Error(name() + ": algorithm " + std::string(algorithm_name(call.algorithm)) +
                 " does not implement it; choose another or auto");
   }
   if (call.algorithm == Algorithm::direct && !shared_address_space()) {
-    throw Error(name + ": the direct algorithm needs ranks that share an address space; the " +
+    throw Error(name() + ": the direct algorithm needs ranks that share an address space; the " +
                 std::string(backend()) + " backend has none");
   }
   if (call.algorithm == Algorithm::native && !has_native()) {
-    throw Error(name + ": the " + std::string(backend()) +
+    throw Error(name() + ": the " + std::string(backend()) +
                 " backend has no native collectives; choose ring, tree, ... or auto");
   }
   if (call.algorithm == Algorithm::hierarchical && !hierarchy_ready_) prepare_hierarchy();

@@ -25,17 +25,11 @@ InProcessStatusBoard::InProcessStatusBoard(int size, std::shared_ptr<FailureFlag
     : slots_(static_cast<size_t>(size)), failure_flag_(std::move(failure_flag)) {}
 
 void InProcessStatusBoard::publish(int rank, const CollectiveRecord& record) {
-  Slot& slot = slots_[static_cast<size_t>(rank)];
-  std::lock_guard lock(slot.mutex);
-  slot.record = record;
-  slot.has_record = true;
+  slots_[static_cast<size_t>(rank)].record.store(record);
 }
 
 std::optional<CollectiveRecord> InProcessStatusBoard::last(int rank) const {
-  const Slot& slot = slots_[static_cast<size_t>(rank)];
-  std::lock_guard lock(slot.mutex);
-  if (!slot.has_record) return std::nullopt;
-  return slot.record;
+  return slots_[static_cast<size_t>(rank)].record.load();
 }
 
 std::string InProcessStatusBoard::failure() const {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "lattice/comm/published_record.hpp"
 #include "lattice/comm/trace.hpp"
 
 namespace lattice::comm {
@@ -53,10 +54,9 @@ class InProcessStatusBoard : public StatusBoard {
   std::string failure() const override;
 
  private:
+  // One per rank, written only by that rank (every collective, twice), without a lock.
   struct alignas(64) Slot {
-    mutable std::mutex mutex;
-    bool has_record = false;
-    CollectiveRecord record;
+    PublishedRecord record;
   };
   std::vector<Slot> slots_;
   std::shared_ptr<FailureFlag> failure_flag_;

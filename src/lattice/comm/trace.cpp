@@ -1,6 +1,7 @@
-// CollectiveTrace: fixed-capacity ring buffer guarded by a mutex (uncontended except during
-// reports).
+// CollectiveTrace: fixed-capacity ring buffer of lock-free published records (one writer).
 #include "lattice/comm/trace.hpp"
+
+#include "lattice/comm/published_record.hpp"
 
 #include "lattice/core/error.hpp"
 
@@ -32,33 +33,36 @@ std::string describe_record(const CollectiveRecord& record) {
   return text;
 }
 
-CollectiveTrace::CollectiveTrace(size_t capacity) : ring_(capacity == 0 ? 1 : capacity) {}
+CollectiveTrace::CollectiveTrace(size_t capacity)
+    : capacity_(capacity == 0 ? 1 : capacity), ring_(new PublishedRecord[capacity_]) {}
+
+CollectiveTrace::~CollectiveTrace() = default;
 
 void CollectiveTrace::record(const CollectiveRecord& record) {
-  std::lock_guard lock(mutex_);
-  if (written_ > 0) {
-    CollectiveRecord& newest = ring_[(written_ - 1) % ring_.size()];
-    if (newest.seq == record.seq) {
-      newest = record;
-      return;
-    }
+  const uint64_t written = written_.load(std::memory_order_relaxed);
+  if (written > 0 && newest_seq_ == record.seq) {
+    ring_[(written - 1) % capacity_].store(record);
+    return;
   }
-  ring_[written_ % ring_.size()] = record;
-  ++written_;
+  ring_[written % capacity_].store(record);
+  newest_seq_ = record.seq;
+  written_.store(written + 1, std::memory_order_release);
 }
 
 std::vector<CollectiveRecord> CollectiveTrace::recent() const {
-  std::lock_guard lock(mutex_);
+  const uint64_t written = written_.load(std::memory_order_acquire);
   std::vector<CollectiveRecord> out;
-  uint64_t first = written_ > ring_.size() ? written_ - ring_.size() : 0;
-  for (uint64_t i = first; i < written_; ++i) out.push_back(ring_[i % ring_.size()]);
+  const uint64_t first = written > capacity_ ? written - capacity_ : 0;
+  for (uint64_t i = first; i < written; ++i) {
+    if (auto record = ring_[i % capacity_].load()) out.push_back(*record);
+  }
   return out;
 }
 
 std::optional<CollectiveRecord> CollectiveTrace::last() const {
-  std::lock_guard lock(mutex_);
-  if (written_ == 0) return std::nullopt;
-  return ring_[(written_ - 1) % ring_.size()];
+  const uint64_t written = written_.load(std::memory_order_acquire);
+  if (written == 0) return std::nullopt;
+  return ring_[(written - 1) % capacity_].load();
 }
 
 }  // namespace lattice::comm

@@ -2,8 +2,9 @@
 // bytes, algorithm, state, times), readable from other threads for hang and mismatch reports.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,20 +31,26 @@ struct CollectiveRecord {
 // e.g. "#12 allreduce(f32 x 1024, sum) [ring, 4 ranks, 4096 B] entered".
 std::string describe_record(const CollectiveRecord& record);
 
+class PublishedRecord;
+
+// Written by the rank's own thread only (no lock: every collective records twice); read from any
+// thread. A reader racing the writer may see a slot already reused for a newer record.
 class CollectiveTrace {
  public:
   explicit CollectiveTrace(size_t capacity = 64);
+  ~CollectiveTrace();
   // Appends a record, or updates the newest one when it has the same sequence number.
   void record(const CollectiveRecord& record);
   // Up to `capacity` records, oldest first.
   std::vector<CollectiveRecord> recent() const;
   std::optional<CollectiveRecord> last() const;
-  size_t capacity() const { return ring_.size(); }
+  size_t capacity() const { return capacity_; }
 
  private:
-  mutable std::mutex mutex_;
-  std::vector<CollectiveRecord> ring_;
-  uint64_t written_ = 0;
+  size_t capacity_;
+  std::unique_ptr<PublishedRecord[]> ring_;
+  std::atomic<uint64_t> written_{0};
+  uint64_t newest_seq_ = 0;  // the writer's own copy of the newest record's sequence number
 };
 
 }  // namespace lattice::comm

@@ -25,9 +25,7 @@ MpiStatusBoard::MpiStatusBoard(MPI_Comm comm) {
   MPI_Win_allocate_shared(static_cast<MPI_Aint>(sizeof(Slot)), 1, MPI_INFO_NULL, node_comm_, &mine,
                           &window_);
   new (mine) Slot{};
-  mine->version.store(0);
   mine->pid.store(static_cast<int64_t>(getpid()));
-  mine->has_record = false;
   // Which communicator rank each node-local rank is, and each rank's node key (the communicator
   // rank of its node's first rank).
   std::vector<int> node_members(static_cast<size_t>(node_size));
@@ -68,30 +66,13 @@ MpiStatusBoard::Slot* MpiStatusBoard::slot_of(int rank) const {
 
 void MpiStatusBoard::publish(int rank, const CollectiveRecord& record) {
   Slot* slot = slot_of(rank);
-  if (!slot) return;
-  uint64_t version = slot->version.load(std::memory_order_relaxed);
-  slot->version.store(version + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  slot->record = record;
-  slot->has_record = true;
-  slot->version.store(version + 2, std::memory_order_release);
+  if (slot) slot->record.store(record);
 }
 
 std::optional<CollectiveRecord> MpiStatusBoard::last(int rank) const {
   Slot* slot = slot_of(rank);
   if (!slot) return std::nullopt;
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    uint64_t before = slot->version.load(std::memory_order_acquire);
-    if (before & 1) continue;
-    CollectiveRecord copy = slot->record;
-    bool has = slot->has_record;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (slot->version.load(std::memory_order_relaxed) == before) {
-      if (!has) return std::nullopt;
-      return copy;
-    }
-  }
-  return std::nullopt;
+  return slot->record.load();
 }
 
 bool MpiStatusBoard::visible(int rank) const {

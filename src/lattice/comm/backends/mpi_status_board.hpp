@@ -31,10 +31,8 @@ class MpiStatusBoard : public StatusBoard {
 
  private:
   struct Slot {
-    std::atomic<uint64_t> version;  // odd while being written (seqlock)
     std::atomic<int64_t> pid;
-    CollectiveRecord record;
-    bool has_record;
+    PublishedRecord record;
   };
   Slot* slot_of(int rank) const;
 
