@@ -50,7 +50,7 @@ void validate(const DataParallelSettings& settings) {
 // What is in flight for one bucket.
 struct DataParallel::BucketState {
   Tensor grad_staging;  // N·shard: the pre-scaled local gradients being reduced
-  Tensor reduced;       // stage 0: this rank's reduced shard before the all-gather
+  Tensor reduced;       // stage 0: this rank's reduced shard, gathered into the gradients
   comm::CommHandle reduction;
   bool reducing = false;
   Tensor gather_in, gather_out;  // parameter all-gather: this rank's shard, then N·shard
@@ -186,7 +186,13 @@ void DataParallel::launch_reduction(int b) {
       s.reduced = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
     shard_->reduce_scatter_async(staging, s.reduced.f32(), bucket.shard, DType::f32,
                                  comm::ReduceOp::sum);
-    s.reduction = shard_->all_gather_async(s.reduced.f32(), staging, bucket.shard, DType::f32);
+    // The reduced shards are gathered straight into the gradients (no copy back from staging):
+    // each rank contributes the real elements of its shard, the padding past the bucket's end
+    // stays behind.
+    std::vector<int64_t> counts(static_cast<size_t>(shard_ranks()));
+    for (int r = 0; r < shard_ranks(); ++r)
+      counts[static_cast<size_t>(r)] = bucket.shard_end(r) - bucket.shard_begin(r);
+    s.reduction = shard_->all_gather_v_async(s.reduced.f32(), grads, counts, DType::f32);
   } else {
     s.reduction = shard_->reduce_scatter_async(staging, shard_grads_.f32() + bucket.shard_offset,
                                                bucket.shard, DType::f32, comm::ReduceOp::sum);
@@ -200,13 +206,7 @@ double DataParallel::finish_gradients() {
     BucketState& s = *state_[b];
     wait(s.reduction);
     s.reducing = false;
-    if (settings_.zero_stage == 0) {
-      const Bucket& bucket = layout_.buckets()[b];
-      std::copy(s.grad_staging.f32(), s.grad_staging.f32() + bucket.size(),
-                model_.parameters().grads() + bucket.begin);
-    } else {
-      s.grad_staging.reset();
-    }
+    if (settings_.zero_stage != 0) s.grad_staging.reset();  // stage 0 keeps it for the next step
     // HSDP: the groups' shards are summed across the replicas.
     if (replicate_)
       s.reduction =
