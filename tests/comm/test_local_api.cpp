@@ -156,6 +156,36 @@ TEST(LocalBadInput, ErrorsNameTheOpAndRank) {
   });
 }
 
+// Variable counts that disagree between ranks (the descriptors of the _v forms agree on op and type
+// only): the direct algorithm names the rank that expects and the rank that sends, also when a rank
+// disagrees with itself in an all_to_all_v, and the other ranks stop instead of hanging.
+TEST(LocalBadInput, DisagreeingVariableCountsNameBothRanks) {
+  std::string gather = error_of(2, [](Communicator& comm) {
+    comm.set_algorithm(CollectiveOp::all_gather_v, Algorithm::direct);
+    std::vector<float> in(2, 1.0f), out(3);
+    // Rank 0 expects two elements from rank 1, which contributes one.
+    std::vector<int64_t> counts =
+        comm.rank() == 0 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1, 1};
+    comm.all_gather_v(in.data(), out.data(), counts, DType::f32);
+  });
+  EXPECT_NE(gather.find("all_gather_v: rank 0 expects 2 elements from rank 1 but rank 1 "
+                        "contributes 1"),
+            std::string::npos)
+      << gather;
+  std::string self = error_of(2, [](Communicator& comm) {
+    comm.set_algorithm(CollectiveOp::all_to_all_v, Algorithm::direct);
+    std::vector<float> in(2, 1.0f), out(3);
+    const std::vector<int64_t> send{1, 1};
+    // Rank 1 sends itself one element but expects two from itself.
+    const std::vector<int64_t> receive =
+        comm.rank() == 1 ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1, 1};
+    comm.all_to_all_v(in.data(), send, out.data(), receive, DType::f32);
+  });
+  EXPECT_NE(self.find("all_to_all_v: rank 1 expects 2 elements from rank 1 but rank 1 sends it 1"),
+            std::string::npos)
+      << self;
+}
+
 // The watchdog turns a rank that never arrives into an error naming it and what each rank entered.
 TEST(LocalWatchdog, MissingRankIsNamedInsteadOfHanging) {
   std::string error = error_of(

@@ -23,9 +23,15 @@ class SharedAddressSpace {
   virtual ~SharedAddressSpace() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  // Publishes this rank's buffers and returns once every rank has published its own; then checks
-  // that all ranks entered the same collective.
-  virtual void exchange(const DirectBuffers& mine) = 0;
+  // Publishes this rank's buffers (returns at once: work that needs no peer can run while the
+  // publication travels), then await_published() returns once every rank has published its own
+  // and checks that all ranks entered the same collective. exchange() does both.
+  virtual void publish(const DirectBuffers& mine) = 0;
+  virtual void await_published() = 0;
+  void exchange(const DirectBuffers& mine) {
+    publish(mine);
+    await_published();
+  }
   virtual const DirectBuffers& peer(int rank) const = 0;
   // Returns once every rank has reached this point (peers' buffers may not be touched after it).
   virtual void sync() = 0;

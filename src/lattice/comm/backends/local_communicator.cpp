@@ -66,7 +66,7 @@ void LocalCommunicator::check_staged_descriptors() {
   }
 }
 
-void LocalCommunicator::exchange(const DirectBuffers& mine) {
+void LocalCommunicator::publish(const DirectBuffers& mine) {
   LocalGroup::RankSlot& slot = group_->slots[static_cast<size_t>(Communicator::rank())];
   const CollectiveRecord& current = watchdog().current();
   slot.published.seq = current.seq;
@@ -78,6 +78,10 @@ void LocalCommunicator::exchange(const DirectBuffers& mine) {
   staged.seq = current.seq;
   staged.descriptor = current.descriptor;
   slot.epoch.store(++epoch_, std::memory_order_release);
+}
+
+void LocalCommunicator::await_published() {
+  const CollectiveRecord& current = watchdog().current();
   await_epoch(epoch_);
   for (int r = 0; r < group_->size; ++r) {
     const LocalGroup::Published& other = group_->slots[static_cast<size_t>(r)].published;

@@ -32,7 +32,8 @@ class LocalCommunicator : public Communicator, private SharedAddressSpace {
   // SharedAddressSpace
   int rank() const override { return Communicator::rank(); }
   int size() const override { return Communicator::size(); }
-  void exchange(const DirectBuffers& mine) override;
+  void publish(const DirectBuffers& mine) override;
+  void await_published() override;
   const DirectBuffers& peer(int rank) const override;
   void sync() override;
   // Staging saves the direct algorithms' closing sync at the price of a copy: it pays only when the
