@@ -117,6 +117,28 @@ TEST(LocalTrace, RecordsRecentCollectivesInOrder) {
   });
 }
 
+// Every path records the same way: the direct algorithm (and its staged form), and the ring over
+// the transport; each record ends completed with its two times in order.
+TEST(LocalTrace, RecordsAreCompletedWithOrderedTimesOnEveryPath) {
+  run_local_ranks(2, [](Communicator& comm) {
+    std::vector<float> x(1000, 1.0f);
+    comm.allreduce(x.data(), 1000, DType::f32, ReduceOp::sum);  // direct
+    comm.barrier();  // direct, staged when oversubscribed
+    comm.set_algorithm(CollectiveOp::allreduce, Algorithm::ring);
+    comm.allreduce(x.data(), 1000, DType::f32, ReduceOp::sum);  // ring over the transport
+    const auto records = comm.trace().recent();
+    ASSERT_EQ(records.size(), 3u);
+    EXPECT_EQ(records[0].algorithm, Algorithm::direct);
+    EXPECT_EQ(records[2].algorithm, Algorithm::ring);
+    for (const CollectiveRecord& r : records) {
+      EXPECT_EQ(r.state, RecordState::completed) << describe_record(r);
+      EXPECT_GT(r.entered_ns, 0) << describe_record(r);
+      EXPECT_LE(r.entered_ns, r.finished_ns) << describe_record(r);
+    }
+    EXPECT_EQ(x[0], 4.0f);  // summed twice over two ranks
+  });
+}
+
 TEST(LocalBadInput, ErrorsNameTheOpAndRank) {
   run_local_ranks(2, [](Communicator& comm) {
     float x = 0;
