@@ -3,8 +3,11 @@
 // explains them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "lattice/comm/backends/local.hpp"
@@ -272,6 +275,32 @@ TEST(LocalWatchdog, MismatchedCountTypeOrOpIsReported) {
   });
   EXPECT_NE(op_error.find("allreduce(f32 x 2, sum)"), std::string::npos) << op_error;
   EXPECT_NE(op_error.find("broadcast(f32 x 2, root 0)"), std::string::npos) << op_error;
+}
+
+// With more ranks than cores, a small collective takes the staged path and a large one the direct
+// path: ranks that disagree on the size at the same sequence number end up on different paths, and
+// the report still gives both descriptions (the staged rank reads the direct rank's published line,
+// the direct rank the staged rank's staging header).
+TEST(LocalWatchdog, MismatchAcrossTheStagedAndDirectPathsGivesBothDescriptions) {
+  const int ranks = static_cast<int>(std::max(2u, std::thread::hardware_concurrency())) + 1;
+  std::string staged_rank_error;  // rank 0's own report: it arrives last, so it checks at once
+  std::string error = error_of(ranks, [&](Communicator& comm) {
+    if (comm.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const int64_t count = comm.rank() == 0 ? 1 : 8192;  // 4 B per rank staged, 32 KiB direct
+    std::vector<float> in(static_cast<size_t>(count), 1.0f);
+    std::vector<float> out(static_cast<size_t>(count * comm.size()));
+    try {
+      comm.all_gather(in.data(), out.data(), count, DType::f32);
+    } catch (const Error& e) {
+      if (comm.rank() == 0) staged_rank_error = e.what();
+      throw;
+    }
+  });
+  for (const std::string& report : {error, staged_rank_error}) {
+    EXPECT_NE(report.find("mismatch at #1"), std::string::npos) << report;
+    EXPECT_NE(report.find("all_gather(f32 x 1)"), std::string::npos) << report;
+    EXPECT_NE(report.find("all_gather(f32 x 8192)"), std::string::npos) << report;
+  }
 }
 
 // A rank that fails makes the others stop with an error that names it, long before the timeout.

@@ -53,16 +53,22 @@ void LocalCommunicator::check_staged_descriptors() {
   const CollectiveRecord& current = watchdog().current();
   const size_t parity = current.seq & 1;
   for (int r = 0; r < group_->size; ++r) {
-    const LocalGroup::Staged& other = group_->slots[static_cast<size_t>(r)].staged[parity];
-    if (other.seq != current.seq || !other.descriptor.agrees_with(current.descriptor)) {
-      throw Error("comm (local) collective mismatch at #" + std::to_string(current.seq) +
-                  ": rank " + std::to_string(Communicator::rank()) + " entered " +
-                  current.descriptor.describe() + " but rank " + std::to_string(r) +
-                  (other.seq == current.seq ? " entered " + other.descriptor.describe()
-                                            : " was in a different collective") +
-                  "; every rank must call the same collectives in the same order with the same "
-                  "count, type and reduction");
-    }
+    // What rank r entered at this sequence number: its staged descriptor (staged path) or its
+    // published one (direct path, which writes only its epoch's line).
+    const LocalGroup::RankSlot& other = group_->slots[static_cast<size_t>(r)];
+    const CollectiveDescriptor* entered = nullptr;
+    if (other.staged[parity].seq == current.seq)
+      entered = &other.staged[parity].descriptor;
+    else if (other.published.seq == current.seq)
+      entered = &other.published.descriptor;
+    if (entered != nullptr && entered->agrees_with(current.descriptor)) continue;
+    throw Error("comm (local) collective mismatch at #" + std::to_string(current.seq) + ": rank " +
+                std::to_string(Communicator::rank()) + " entered " + current.descriptor.describe() +
+                " but rank " + std::to_string(r) +
+                (entered != nullptr ? " entered " + entered->describe()
+                                    : " was in a different collective") +
+                "; every rank must call the same collectives in the same order with the same "
+                "count, type and reduction");
   }
 }
 
@@ -72,11 +78,8 @@ void LocalCommunicator::publish(const DirectBuffers& mine) {
   slot.published.seq = current.seq;
   slot.published.descriptor = current.descriptor;
   slot.published.buffers = mine;
-  // Also where a peer on the staged path looks, so a mismatch between the paths is reported with
-  // both descriptions.
-  LocalGroup::Staged& staged = slot.staged[current.seq & 1];
-  staged.seq = current.seq;
-  staged.descriptor = current.descriptor;
+  // Only this line: a peer on the staged path finds the descriptor here too
+  // (check_staged_descriptors).
   slot.epoch.store(++epoch_, std::memory_order_release);
 }
 

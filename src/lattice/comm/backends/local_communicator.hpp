@@ -47,8 +47,9 @@ class LocalCommunicator : public Communicator, private SharedAddressSpace {
   // Publishes this rank's descriptor (and staged data) for the current collective, arrives, waits
   // for every rank and checks that all entered the same collective.
   void arrive_and_check(const void* data, size_t bytes);
-  // Throws the mismatch report when a rank's staged descriptor differs from this rank's current
-  // collective (or it is at another sequence number).
+  // Throws the mismatch report when what a rank entered at this sequence number (its staged
+  // descriptor, or its published one if it took the direct path) differs from this rank's current
+  // collective, or it is at another sequence number.
   void check_staged_descriptors();
   void await_epoch(uint64_t epoch);
 

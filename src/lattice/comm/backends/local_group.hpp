@@ -26,7 +26,7 @@ struct LocalGroup {
   static constexpr size_t kStagingBytes = 16 << 10;
   struct alignas(64) Staged {
     uint64_t seq = 0;
-    CollectiveDescriptor descriptor;  // what this rank entered at seq (every direct collective)
+    CollectiveDescriptor descriptor;  // what this rank entered at seq (staged collectives)
     alignas(64) unsigned char data[kStagingBytes];
   };
   // What a direct (non-staged) collective publishes: read by every peer right after it sees this
