@@ -98,6 +98,15 @@ int64_t gather_position(const CollectiveCall& call, int r) {
   return position;
 }
 
+// An all_to_all_v's receive count from `sender` as `receiver` declared it against what `sender`
+// declared it sends.
+void check_sent_matches_expected(int receiver, int sender, int64_t expected, int64_t sent) {
+  if (sent == expected) return;
+  throw Error("all_to_all_v: rank " + std::to_string(receiver) + " expects " +
+              std::to_string(expected) + " elements from rank " + std::to_string(sender) +
+              " but rank " + std::to_string(sender) + " sends it " + std::to_string(sent));
+}
+
 // The part of an all-gather's or all-to-all's output that comes from this rank's own input: copied
 // between publishing and awaiting the peers, while the publication travels (at 64 KiB the copy
 // hides most of a cross-core handoff).
@@ -120,11 +129,7 @@ void copy_own_block(int rank, const CollectiveCall& call) {
     sent = call.counts[rank];
     expected = call.recv_counts[rank];
   }
-  if (sent != expected) {
-    throw Error("all_to_all_v: rank " + std::to_string(rank) + " expects " +
-                std::to_string(expected) + " elements from rank " + std::to_string(rank) +
-                " but rank " + std::to_string(rank) + " sends it " + std::to_string(sent));
-  }
+  check_sent_matches_expected(rank, rank, expected, sent);
   copy_bytes(offset(call.out, receive_offset, element), offset(call.in, send_offset, element),
              static_cast<size_t>(expected) * element);
 }
@@ -167,11 +172,7 @@ void direct_all_to_all(SharedAddressSpace& space, const CollectiveCall& call) {
       peer_offset = call.count() * rank;
     }
     if (r != rank) {
-      if (sent != expected) {
-        throw Error("all_to_all_v: rank " + std::to_string(rank) + " expects " +
-                    std::to_string(expected) + " elements from rank " + std::to_string(r) +
-                    " but rank " + std::to_string(r) + " sends it " + std::to_string(sent));
-      }
+      check_sent_matches_expected(rank, r, expected, sent);
       copy_bytes(offset(call.out, position, element), offset(peer.in, peer_offset, element),
                  static_cast<size_t>(expected) * element);
     }
