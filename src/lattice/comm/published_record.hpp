@@ -1,8 +1,9 @@
 // PublishedRecord: a CollectiveRecord written by one thread (the rank it describes) on every
 // collective and read by others only for hang and mismatch reports. A sequence lock over atomic
 // words: the writer never waits and takes no lock (a rank's own bookkeeping never contends with a
-// reporting peer); a reader retries while a write is in flight. Address-free, so it also lives in memory that processes share (a writer that dies in
-// mid-write leaves the record unreadable, not its readers stuck).
+// reporting peer); a reader retries while a write is in flight. Address-free, so it also lives in
+// memory that processes share (a writer that dies in mid-write leaves the record unreadable, not
+// its readers stuck).
 #pragma once
 
 #include <atomic>

@@ -33,8 +33,9 @@ std::string describe_record(const CollectiveRecord& record);
 
 class PublishedRecord;
 
-// Written by the rank's own thread only (no lock: every collective records twice); read from any
-// thread. A reader racing the writer may see a slot already reused for a newer record.
+// Written by one thread at a time without a lock (every collective records twice): the rank's
+// thread, or its asynchronous executor, which a blocking collective drains first. Read from any
+// thread; a reader racing the writer may see a slot already reused for a newer record.
 class CollectiveTrace {
  public:
   explicit CollectiveTrace(size_t capacity = 64);
