@@ -167,7 +167,7 @@ void DataParallel::launch_reduction(int b) {
   // Stage 0 keeps its reduction buffers from step to step (as DDP keeps its buckets): allocating
   // them anew each step cost a zeroing pass and, for blocks of 2 MiB and more, fresh page faults.
   // Stages 1-3 free them after each reduction (their point is memory). The padding past the
-  // bucket's end is zero from allocation and stays zero (the all-gather returns sums of zeros).
+  // bucket's end is zero from allocation and nothing writes it.
   if (settings_.zero_stage != 0 || s.grad_staging.numel() != padded)
     s.grad_staging = Tensor({padded}, DType::f32, tracker_, MemoryCategory::other);
   // Averaging: every rank scales by 1/N before the sum (exact for powers of two).

@@ -62,14 +62,19 @@ void LocalCommunicator::check_staged_descriptors() {
     else if (other.published.seq == current.seq)
       entered = &other.published.descriptor;
     if (entered != nullptr && entered->agrees_with(current.descriptor)) continue;
-    throw Error("comm (local) collective mismatch at #" + std::to_string(current.seq) + ": rank " +
-                std::to_string(Communicator::rank()) + " entered " + current.descriptor.describe() +
-                " but rank " + std::to_string(r) +
-                (entered != nullptr ? " entered " + entered->describe()
-                                    : " was in a different collective") +
-                "; every rank must call the same collectives in the same order with the same "
-                "count, type and reduction");
+    throw_mismatch(r, entered);
   }
+}
+
+void LocalCommunicator::throw_mismatch(int r, const CollectiveDescriptor* entered) {
+  const CollectiveRecord& current = watchdog().current();
+  throw Error(
+      "comm (local) collective mismatch at #" + std::to_string(current.seq) + ": rank " +
+      std::to_string(Communicator::rank()) + " entered " + current.descriptor.describe() +
+      " but rank " + std::to_string(r) +
+      (entered != nullptr ? " entered " + entered->describe() : " was in a different collective") +
+      "; every rank must call the same collectives in the same order with the same "
+      "count, type and reduction");
 }
 
 void LocalCommunicator::publish(const DirectBuffers& mine) {
@@ -90,11 +95,7 @@ void LocalCommunicator::await_published() {
     const LocalGroup::Published& other = group_->slots[static_cast<size_t>(r)].published;
     if (other.seq == current.seq && other.descriptor.agrees_with(current.descriptor)) continue;
     check_staged_descriptors();  // names both collectives when the peer is in another one
-    throw Error("comm (local) collective mismatch at #" + std::to_string(current.seq) + ": rank " +
-                std::to_string(Communicator::rank()) + " entered " + current.descriptor.describe() +
-                " but rank " + std::to_string(r) +
-                " was in a different collective; every rank must call the same collectives in "
-                "the same order with the same count, type and reduction");
+    throw_mismatch(r, nullptr);
   }
 }
 

@@ -51,6 +51,8 @@ class LocalCommunicator : public Communicator, private SharedAddressSpace {
   // descriptor, or its published one if it took the direct path) differs from this rank's current
   // collective, or it is at another sequence number.
   void check_staged_descriptors();
+  // Throws the mismatch report against rank r, which entered `entered` (nullptr: unknown).
+  [[noreturn]] void throw_mismatch(int r, const CollectiveDescriptor* entered);
   void await_epoch(uint64_t epoch);
 
   // Takes the first message from `peer` with `tag` into data; false when there is none yet.
