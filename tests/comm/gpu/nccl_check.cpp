@@ -1,6 +1,7 @@
 // GPU check of the nccl backend (run by run_nccl_check.sh where a GPU is lent): the collective
 // suite on one rank per visible GPU, with managed memory, bootstrapped over a local world and
-// through a file; under mpirun (one process per GPU) bootstrapped over MPI. Prints "nccl check ok".
+// through a file; under mpirun (one process per GPU) bootstrapped over MPI; then a split
+// communicator and asynchronous allreduces in flight together. Prints "nccl check ok".
 #include <cuda_runtime.h>
 
 #include <unistd.h>
@@ -36,7 +37,31 @@ int check(Communicator& nccl, const char* how) {
   testing::run_collective_suite(nccl, {0, 1, 7, 1023, 1000003}, testing::all_dtypes(), failures,
                                 memory);
   for (const auto& line : failures.lines) std::printf("FAIL (%s) %s\n", how, line.c_str());
-  return failures.ok() ? 0 : 1;
+  int status = failures.ok() ? 0 : 1;
+  // Two asynchronous allreduces in flight at once on this communicator (in flight together on two
+  // communicators they could deadlock across GPUs, as NCCL warns), then one on a communicator split
+  // from it with the ranks in reverse order: every element must be the sum over ranks of rank + 1.
+  auto reversed = nccl.split(0, nccl.size() - nccl.rank());
+  constexpr int64_t kCount = 1 << 20;
+  testing::Buffer first(kCount, DType::f32, memory), second(kCount, DType::f32, memory);
+  auto* a = static_cast<float*>(first.data());
+  auto* b = static_cast<float*>(second.data());
+  for (int64_t i = 0; i < kCount; ++i) a[i] = b[i] = static_cast<float>(nccl.rank() + 1);
+  CommHandle on_first = nccl.allreduce_async(a, kCount, DType::f32, ReduceOp::sum);
+  CommHandle on_second = nccl.allreduce_async(b, kCount / 2, DType::f32, ReduceOp::sum);
+  on_first.wait();
+  on_second.wait();
+  reversed->allreduce_async(b + kCount / 2, kCount - kCount / 2, DType::f32, ReduceOp::sum).wait();
+  const float expected = static_cast<float>(nccl.size() * (nccl.size() + 1) / 2);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < kCount; ++i) wrong += (a[i] != expected) + (b[i] != expected);
+  if (reversed->size() != nccl.size() || reversed->rank() != nccl.size() - 1 - nccl.rank() ||
+      wrong != 0) {
+    std::printf("FAIL (%s) split/async: split rank %d of %d, %lld wrong elements\n", how,
+                reversed->rank(), reversed->size(), static_cast<long long>(wrong));
+    status = 1;
+  }
+  return status;
 }
 
 int run() {
