@@ -56,7 +56,11 @@ ncclDataType_t nccl_type(DType dtype) {
   return ncclFloat32;
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// On one rank every reduction is a copy, and `avg` is sent as `sum`: NCCL before 2.29.7 leaves the
+// last count % 32 elements of a one-rank avg unwritten when count / blocks is a whole number of
+// 16-byte packs (NVIDIA/nccl#1950; our GPU check caught it on 2.28.9 with 131,075 fp32 elements).
+ncclRedOp_t nccl_op(ReduceOp op, int ranks) {
+  if (op == ReduceOp::avg && ranks == 1) return ncclSum;
   switch (op) {
     case ReduceOp::sum:
       return ncclSum;
@@ -143,13 +147,13 @@ class NcclCommunicator : public Communicator {
     switch (d.op) {
       case CollectiveOp::allreduce:
         check_nccl(
-            ncclAllReduce(call.in, call.out, count, type, nccl_op(d.reduce_op), comm_, stream_),
+            ncclAllReduce(call.in, call.out, count, type, nccl_op(d.reduce_op, n), comm_, stream_),
             "ncclAllReduce");
         break;
       case CollectiveOp::reduce_scatter:
-        check_nccl(
-            ncclReduceScatter(call.in, call.out, count, type, nccl_op(d.reduce_op), comm_, stream_),
-            "ncclReduceScatter");
+        check_nccl(ncclReduceScatter(call.in, call.out, count, type, nccl_op(d.reduce_op, n), comm_,
+                                     stream_),
+                   "ncclReduceScatter");
         break;
       case CollectiveOp::all_gather:
         check_nccl(ncclAllGather(call.in, call.out, count, type, comm_, stream_), "ncclAllGather");
@@ -193,8 +197,8 @@ class NcclCommunicator : public Communicator {
                    "ncclBroadcast");
         break;
       case CollectiveOp::reduce:
-        check_nccl(ncclReduce(call.in, call.out, count, type, nccl_op(d.reduce_op), d.root, comm_,
-                              stream_),
+        check_nccl(ncclReduce(call.in, call.out, count, type, nccl_op(d.reduce_op, n), d.root,
+                              comm_, stream_),
                    "ncclReduce");
         break;
       case CollectiveOp::barrier:
