@@ -47,6 +47,15 @@ void LocalCommunicator::arrive_and_check(const void* data, size_t bytes) {
   slot.epoch.store(++epoch_, std::memory_order_release);
   await_epoch(epoch_);
   check_staged_descriptors();
+  // Every peer has arrived at this collective, so each has finished reading the other area (the
+  // previous collective's): take its lines for writing now (prefetchw), assuming the next
+  // collective is as large as this one. Otherwise the next one's first stores wait on the peers'
+  // copies being invalidated (2 ranks forced onto this path: 1 KiB calls 0.73-0.94 -> 0.55-0.74 us,
+  // 4 KiB 1.0-1.8 -> 0.85-1.7 us).
+  LocalGroup::Staged& next = slot.staged[parity ^ 1];
+  __builtin_prefetch(&next, 1, 3);
+  for (size_t offset = 0; offset < bytes; offset += 64)
+    __builtin_prefetch(next.data + offset, 1, 3);
 }
 
 void LocalCommunicator::check_staged_descriptors() {
