@@ -22,14 +22,20 @@ int FailureFlag::rank() const {
 }
 
 InProcessStatusBoard::InProcessStatusBoard(int size, std::shared_ptr<FailureFlag> failure_flag)
-    : slots_(static_cast<size_t>(size)), failure_flag_(std::move(failure_flag)) {}
+    : failure_flag_(std::move(failure_flag)) {
+  for (int r = 0; r < size; ++r) traces_.push_back(std::make_unique<CollectiveTrace>());
+}
 
 void InProcessStatusBoard::publish(int rank, const CollectiveRecord& record) {
-  slots_[static_cast<size_t>(rank)].record.store(record);
+  traces_[static_cast<size_t>(rank)]->record(record);
 }
 
 std::optional<CollectiveRecord> InProcessStatusBoard::last(int rank) const {
-  return slots_[static_cast<size_t>(rank)].record.load();
+  return traces_[static_cast<size_t>(rank)]->last();
+}
+
+CollectiveTrace* InProcessStatusBoard::rank_trace(int rank) {
+  return traces_[static_cast<size_t>(rank)].get();
 }
 
 std::string InProcessStatusBoard::failure() const {

@@ -36,6 +36,10 @@ class StatusBoard {
   virtual ~StatusBoard() = default;
   virtual int size() const = 0;
   virtual void publish(int rank, const CollectiveRecord& record) = 0;
+  // The ring of `rank`'s records when this board shows each rank the newest record of a trace it
+  // keeps for it (ranks in one address space): that rank's watchdog records there once instead of
+  // into a trace of its own and then here. nullptr: records are published here one by one.
+  virtual CollectiveTrace* rank_trace(int rank) { return nullptr; }
   // The newest record of `rank`; nullopt when it has entered none or is not visible from here.
   virtual std::optional<CollectiveRecord> last(int rank) const = 0;
   // False when `rank`'s state cannot be seen from this process (e.g. it runs on another node).
@@ -44,21 +48,20 @@ class StatusBoard {
   virtual std::string failure() const = 0;
 };
 
-// The board of ranks that are threads of one process.
+// The board of ranks that are threads of one process: each rank's trace lives here, and a peer
+// reads its newest record.
 class InProcessStatusBoard : public StatusBoard {
  public:
   InProcessStatusBoard(int size, std::shared_ptr<FailureFlag> failure_flag);
-  int size() const override { return static_cast<int>(slots_.size()); }
+  int size() const override { return static_cast<int>(traces_.size()); }
   void publish(int rank, const CollectiveRecord& record) override;
   std::optional<CollectiveRecord> last(int rank) const override;
   std::string failure() const override;
+  CollectiveTrace* rank_trace(int rank) override;
 
  private:
   // One per rank, written only by that rank (every collective, twice), without a lock.
-  struct alignas(64) Slot {
-    PublishedRecord record;
-  };
-  std::vector<Slot> slots_;
+  std::vector<std::unique_ptr<CollectiveTrace>> traces_;
   std::shared_ptr<FailureFlag> failure_flag_;
 };
 

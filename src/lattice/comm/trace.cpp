@@ -41,10 +41,12 @@ CollectiveTrace::~CollectiveTrace() = default;
 void CollectiveTrace::record(const CollectiveRecord& record) {
   const uint64_t written = written_.load(std::memory_order_relaxed);
   if (written > 0 && newest_seq_ == record.seq) {
-    ring_[(written - 1) % capacity_].store(record);
+    ring_[newest_slot_].store(record);
     return;
   }
-  ring_[written % capacity_].store(record);
+  const size_t slot = written == 0 ? 0 : (newest_slot_ + 1 == capacity_ ? 0 : newest_slot_ + 1);
+  ring_[slot].store(record);
+  newest_slot_ = slot;
   newest_seq_ = record.seq;
   written_.store(written + 1, std::memory_order_release);
 }

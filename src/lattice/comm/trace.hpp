@@ -24,7 +24,7 @@ struct CollectiveRecord {
   RecordState state = RecordState::entered;
   int32_t group_size = 0;
   int64_t bytes = 0;       // bytes this rank contributes
-  int64_t entered_ns = 0;  // steady-clock times
+  int64_t entered_ns = 0;  // record-clock times (record_clock.hpp)
   int64_t finished_ns = 0;
 };
 
@@ -52,6 +52,7 @@ class CollectiveTrace {
   std::unique_ptr<PublishedRecord[]> ring_;
   std::atomic<uint64_t> written_{0};
   uint64_t newest_seq_ = 0;  // the writer's own copy of the newest record's sequence number
+  size_t newest_slot_ = 0;   // the writer's: where the newest record is (no division per record)
 };
 
 }  // namespace lattice::comm

@@ -12,15 +12,16 @@
 
 namespace lattice::comm {
 
-int64_t steady_nanoseconds() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 Watchdog::Watchdog(std::shared_ptr<StatusBoard> board, int rank, std::chrono::milliseconds timeout,
                    std::string label)
-    : board_(std::move(board)), rank_(rank), timeout_(timeout), label_(std::move(label)) {}
+    : board_(std::move(board)),
+      rank_(rank),
+      timeout_(timeout),
+      label_(std::move(label)),
+      trace_(board_->rank_trace(rank)),
+      publish_to_board_(trace_ == nullptr) {
+  if (trace_ == nullptr) trace_ = &own_trace_;
+}
 
 void Watchdog::relax() {
 #if defined(__SSE2__)
@@ -45,18 +46,18 @@ void Watchdog::begin(uint64_t seq, const CollectiveDescriptor& descriptor, Algor
   current_.state = RecordState::entered;
   current_.group_size = board_->size();
   current_.bytes = bytes;
-  current_.entered_ns = steady_nanoseconds();
+  current_.entered_ns = clock_.now();
   in_collective_ = true;
-  trace_.record(current_);
-  board_->publish(rank_, current_);
+  trace_->record(current_);
+  if (publish_to_board_) board_->publish(rank_, current_);
 }
 
 void Watchdog::end(bool succeeded) {
   current_.state = succeeded ? RecordState::completed : RecordState::failed;
-  current_.finished_ns = steady_nanoseconds();
+  current_.finished_ns = clock_.now();
   in_collective_ = false;
-  trace_.record(current_);
-  board_->publish(rank_, current_);
+  trace_->record(current_);
+  if (publish_to_board_) board_->publish(rank_, current_);
 }
 
 void Watchdog::check_peers() const {

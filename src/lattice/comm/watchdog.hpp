@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "lattice/comm/record_clock.hpp"
 #include "lattice/comm/status_board.hpp"
 #include "lattice/comm/trace.hpp"
 
@@ -56,7 +57,7 @@ class Watchdog {
   // The report a timeout produces (exposed for tests and for error messages of other waits).
   std::string hang_report(const char* what) const;
 
-  const CollectiveTrace& trace() const { return trace_; }
+  const CollectiveTrace& trace() const { return *trace_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   StatusBoard& board() const { return *board_; }
@@ -74,13 +75,13 @@ class Watchdog {
   int rank_;
   std::chrono::milliseconds timeout_;
   std::string label_;
-  CollectiveTrace trace_;
+  CollectiveTrace own_trace_;
+  CollectiveTrace* trace_;  // the board's ring for this rank, or own_trace_
+  bool publish_to_board_;   // false when the board reads trace_ itself
+  RecordClock clock_;
   CollectiveRecord current_;
   bool in_collective_ = false;
   int spin_iterations_ = 4000;
 };
-
-// Steady-clock nanoseconds (for records).
-int64_t steady_nanoseconds();
 
 }  // namespace lattice::comm
