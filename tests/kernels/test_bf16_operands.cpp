@@ -340,38 +340,51 @@ TEST(LayerNormBf16, ForwardIsTheRoundedFp32ForwardWithTheSameStatistics) {
   }
 }
 
-TEST(GeluBf16, ForwardIsTheRoundedFp32Forward) {
-  // Inputs across GELU's regimes: large negative (output ~ -0, denormal), around 0, large positive;
-  // n not a multiple of the block or vector size, and above the threading threshold.
+TEST(GeluBf16, ForwardWithSlopeKeepsTheRoundedFp32SlopeAndTheSameOutput) {
   for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{70001}}) {
-    auto x = random_vector(n, 9, 12.0f);
+    auto x = random_vector(n, 19, 12.0f);
     if (n > 3) x[0] = -88.0f, x[1] = 0.0f, x[2] = 1e-39f;
-    std::vector<float> fp32(static_cast<size_t>(n));
-    gelu_forward(fp32.data(), x.data(), n);
+    std::vector<float> value(static_cast<size_t>(n)), slope(static_cast<size_t>(n));
+    gelu_forward(value.data(), x.data(), n);
+    const std::vector<float> ones(static_cast<size_t>(n), 1.0f);
+    gelu_backward(slope.data(), ones.data(), x.data(), n);  // the slope: d_in for d_out = 1
     for (int threads : {1, 2}) {
       lattice::testing::ScopedOmpThreads scope(threads);
-      std::vector<lattice::bf16> out(static_cast<size_t>(n));
-      gelu_forward_bf16(out.data(), x.data(), n);
-      EXPECT_EQ(bits_of(out), bf16_bits_of(fp32)) << "n=" << n << ", " << threads << " threads";
+      std::vector<lattice::bf16> out(static_cast<size_t>(n)), slope16(static_cast<size_t>(n));
+      gelu_forward_bf16_with_slope(out.data(), slope16.data(), x.data(), n);
+      EXPECT_EQ(bits_of(out), bf16_bits_of(value)) << "n=" << n << ", " << threads << " threads";
+      EXPECT_EQ(bits_of(slope16), bf16_bits_of(slope)) << "n=" << n << ", " << threads << " threads";
     }
   }
 }
 
-TEST(GeluBf16, BackwardRowsAreTheRoundedFp32BackwardAndSumTheColumns) {
+TEST(GeluBf16, BackwardFromTheSlopeIsTheRoundedProductAndNearTheFp32Backward) {
   for (const int64_t cols : {int64_t{1}, int64_t{37}, int64_t{1024}, int64_t{1500}}) {
     SCOPED_TRACE(::testing::Message() << "cols=" << cols);
     const int64_t rows = 9;
-    const auto in = random_vector(rows * cols, 41, 4.0f);
-    const auto d_out = random_vector(rows * cols, 42, 1.0f);
-    std::vector<float> fp32(in.size());
-    gelu_backward(fp32.data(), d_out.data(), in.data(), rows * cols);
+    const auto in = random_vector(rows * cols, 51, 4.0f);
+    const auto d_out = random_vector(rows * cols, 52, 1.0f);
+    std::vector<lattice::bf16> gelu16(in.size()), slope16(in.size());
+    gelu_forward_bf16_with_slope(gelu16.data(), slope16.data(), in.data(), rows * cols);
     std::vector<lattice::bf16> d_in16(in.size());
     std::vector<double> sums(static_cast<size_t>(cols), 0.5);  // accumulated into
-    gelu_backward_bf16_rows(d_in16.data(), sums.data(), d_out.data(), in.data(), rows, cols);
-    EXPECT_EQ(bits_of(d_in16), bf16_bits_of(fp32));
+    gelu_backward_from_slope_bf16_rows(d_in16.data(), sums.data(), d_out.data(), slope16.data(),
+                                       rows, cols);
+    std::vector<float> exact(in.size());
+    gelu_backward(exact.data(), d_out.data(), in.data(), rows * cols);
+    double max_exact = 0.0;
+    for (float v : exact) max_exact = std::max(max_exact, std::fabs(static_cast<double>(v)));
     for (int64_t j = 0; j < cols; ++j) {
       double want = 0.5;
-      for (int64_t i = 0; i < rows; ++i) want += static_cast<double>(fp32[i * cols + j]);
+      for (int64_t i = 0; i < rows; ++i) {
+        const size_t e = static_cast<size_t>(i * cols + j);
+        const float product = d_out[e] * lattice::to_float(slope16[e]);
+        want += static_cast<double>(product);
+        EXPECT_EQ(d_in16[e].bits, lattice::to_bf16(product).bits) << "element " << e;
+        // Two bf16 roundings (the slope's and the result's), each within 2^-9 relative: the
+        // result stays within 2^-7 of the largest fp32 gradient of the exact backward.
+        EXPECT_NEAR(lattice::to_float(d_in16[e]), exact[e], max_exact * 0x1p-7) << "element " << e;
+      }
       EXPECT_EQ(sums[static_cast<size_t>(j)], want) << "column " << j;
     }
   }

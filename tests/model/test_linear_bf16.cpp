@@ -71,7 +71,9 @@ TEST(LinearBf16, KeptAndPreparedInputsGiveTheEngineResultsBitForBit) {
             ref.d_weight);
 
   // 2. the input written directly in bf16 by the fused GELU; backward is given no fp32 input.
-  kernels::gelu_forward_bf16(layer.prepare_bf16_input(ctx, rows), pre_activation.data(), rows * in);
+  std::vector<lattice::bf16> slope(static_cast<size_t>(rows * in));  // not used here
+  kernels::gelu_forward_bf16_with_slope(layer.prepare_bf16_input(ctx, rows), slope.data(),
+                                        pre_activation.data(), rows * in);
   std::fill(y.begin(), y.end(), 0.0f);
   layer.forward_prepared(ctx, y.data(), rows);
   EXPECT_EQ(y, ref_out);

@@ -127,11 +127,35 @@ class _RoundedBf16Attention(torch.autograd.Function):
         return dq, dk, dv
 
 
-class Ops:
-    """The two product kinds a model uses: linear(x, weight, bias) and causal attention(q, k, v)."""
+class _SlopeRoundedGelu(torch.autograd.Function):
+    """GELU (tanh) as Lattice's Precision::bf16 keeps it for backward: y = gelu(x) in fp32, and the
+    slope gelu'(x) rounded to bf16 is kept instead of x; dx = dy * bf16(gelu'(x))."""
 
-    def __init__(self, name, linear, attention):
-        self.name, self.linear, self.attention = name, linear, attention
+    @staticmethod
+    def forward(ctx, x):
+        with torch.enable_grad():
+            xg = x.detach().float().requires_grad_(True)
+            y = F.gelu(xg, approximate="tanh")
+            (slope,) = torch.autograd.grad(y.sum(), xg)
+        ctx.save_for_backward(round_bf16(slope))
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx, dy):
+        (slope,) = ctx.saved_tensors
+        return dy * slope
+
+
+def gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
+class Ops:
+    """The product kinds a model uses: linear(x, weight, bias), causal attention(q, k, v) and the
+    GELU (whose backward Lattice's bf16 computes from a bf16 slope)."""
+
+    def __init__(self, name, linear, attention, gelu=gelu_tanh):
+        self.name, self.linear, self.attention, self.gelu = name, linear, attention, gelu
 
     def __repr__(self):
         return f"Ops({self.name})"
@@ -144,6 +168,7 @@ LATTICE_BF16_OPS = Ops(
     "lattice-bf16",
     lambda x, w, b=None: _RoundedBf16Linear.apply(x, w, b),
     _RoundedBf16Attention.apply,
+    _SlopeRoundedGelu.apply,
 )
 
 
@@ -233,9 +258,10 @@ class Gpt2Mlp(nn.Module):
         super().__init__()
         self.c_fc = Linear(config["d_model"], config["ffn_hidden"], True, ops)
         self.c_proj = Linear(config["ffn_hidden"], config["d_model"], True, ops)
+        self.ops = ops
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.c_proj(self.ops.gelu(self.c_fc(x)))
 
 
 class Gpt2Block(nn.Module):

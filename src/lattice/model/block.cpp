@@ -16,4 +16,9 @@ void ensure_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
   tensor = Tensor(std::move(shape), DType::f32, tracker, MemoryCategory::activations);
 }
 
+void ensure_bf16_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
+  if (tensor.shape() == shape && tensor.dtype() == DType::bf16) return;
+  tensor = Tensor(std::move(shape), DType::bf16, tracker, MemoryCategory::activations);
+}
+
 }  // namespace lattice::model

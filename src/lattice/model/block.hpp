@@ -48,5 +48,8 @@ class Block {
 
 // Saved activations are kept in tensors sized for the current B·T; this grows one if needed.
 void ensure_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker);
+// The same for a bf16 activation (bf16 GEMM operands and other values kept in bf16 between
+// forward and backward).
+void ensure_bf16_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker);
 
 }  // namespace lattice::model

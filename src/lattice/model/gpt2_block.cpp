@@ -61,12 +61,21 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t 
     ensure_activation(ln2_, {rows, C_}, tr);
   ensure_activation(ln2_mean_, {rows}, tr);
   ensure_activation(ln2_rstd_, {rows}, tr);
-  ensure_activation(fc_, {rows, F_}, tr);
-  // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward).
-  if (bf16)
+  // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward),
+  // and backward keeps the GELU's bf16 slope instead of the fp32 pre-activation, which exists only
+  // chunk by chunk in cache (or whole, for a few rows: see mlp_forward_bf16).
+  if (bf16) {
     gelu_.reset();
-  else
+    ensure_bf16_activation(gelu_slope16_, {rows, F_}, tr);
+    if (rows >= kMlpChunkRows)
+      fc_.reset();
+    else
+      ensure_activation(fc_, {rows, F_}, tr);
+  } else {
+    gelu_slope16_.reset();
+    ensure_activation(fc_, {rows, F_}, tr);
     ensure_activation(gelu_, {rows, F_}, tr);
+  }
 }
 
 void Gpt2Block::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows) {
@@ -103,18 +112,19 @@ void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t 
   k::layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, rows), ln2_mean_.f32(), ln2_rstd_.f32(),
                             x2_.f32(), store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_,
                             eps_);
-  float* fc = fc_.f32();
   lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, rows);
+  lattice::bf16* slope16 = gelu_slope16_.data<lattice::bf16>();
   if (rows >= kMlpChunkRows) {
-    // c_fc in row chunks: each chunk of the pre-activation (kept for backward) goes through the
-    // GELU while it is in cache.
+    // c_fc in row chunks: each chunk of the pre-activation goes through the GELU while it is in
+    // cache and is never stored; backward keeps the GELU's bf16 slope.
     c_fc_.forward_prepared_in_row_chunks(
-        ctx, fc, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
-          k::gelu_forward_bf16_on_this_thread(gelu16 + begin * F_, chunk, n * F_);
+        ctx, nullptr, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
+          k::gelu_forward_bf16_with_slope_on_this_thread(gelu16 + begin * F_, slope16 + begin * F_,
+                                                         chunk, n * F_);
         });
-  } else {  // a few rows (cached inference): one multi-threaded GEMM
-    c_fc_.forward_prepared(ctx, fc, rows);
-    k::gelu_forward_bf16(gelu16, fc, rows * F_);
+  } else {  // a few rows (cached inference, tiny batches): one multi-threaded GEMM
+    c_fc_.forward_prepared(ctx, fc_.f32(), rows);
+    k::gelu_forward_bf16_with_slope(gelu16, slope16, fc_.f32(), rows * F_);
   }
   mlp_proj_.forward_prepared(ctx, x_out, rows);
 }
@@ -183,13 +193,14 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const fl
   float* fc_bias_grad = c_fc_.bias_grad();
   chunk_column_sums_.assign(fc_bias_grad != nullptr ? static_cast<size_t>(chunks.count * F_) : 0,
                             0.0);
-  const float* fc = fc_.f32();
+  const lattice::bf16* slope16 = gelu_slope16_.data<lattice::bf16>();
   mlp_proj_.backward_input_in_row_chunks(
       ctx, d_y16, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* d_gelu) {
         double* sums = fc_bias_grad != nullptr
                            ? chunk_column_sums_.data() + begin / chunks.rows_per_chunk * F_
                            : nullptr;
-        k::gelu_backward_bf16_rows(d_fc16 + begin * F_, sums, d_gelu, fc + begin * F_, n, F_);
+        k::gelu_backward_from_slope_bf16_rows(d_fc16 + begin * F_, sums, d_gelu,
+                                              slope16 + begin * F_, n, F_);
       });
   if (fc_bias_grad != nullptr) {
     for (int64_t j = 0; j < F_; ++j) {
@@ -221,7 +232,7 @@ void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const floa
 
 void Gpt2Block::release_activations() {
   for (Tensor* t : {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &lse_, &x2_, &ln2_, &ln2_mean_,
-                    &ln2_rstd_, &fc_, &gelu_})
+                    &ln2_rstd_, &fc_, &gelu_, &gelu_slope16_})
     t->reset();
   for (Linear* l : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) l->release_activations();
 }

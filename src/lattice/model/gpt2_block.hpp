@@ -53,6 +53,7 @@ class Gpt2Block final : public Block {
   Linear c_attn_, attn_proj_, c_fc_, mlp_proj_;
   // Saved activations.
   Tensor ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, lse_, x2_, ln2_, ln2_mean_, ln2_rstd_, fc_, gelu_;
+  Tensor gelu_slope16_;  // bf16: the GELU's slope at the pre-activation, for backward
   // mlp_backward_bf16's per-chunk column sums of c_fc's d_out (its bias gradient).
   std::vector<double> chunk_column_sums_;
 };

@@ -23,12 +23,6 @@ namespace lattice::model {
 namespace k = lattice::kernels;
 
 namespace {
-// A bf16 activation of exactly `shape` (bf16 GEMM operands kept between forward and backward).
-void ensure_bf16_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
-  if (tensor.shape() == shape && tensor.dtype() == DType::bf16) return;
-  tensor = Tensor(std::move(shape), DType::bf16, tracker, MemoryCategory::activations);
-}
-
 // Hook calls for unit `unit` (no-ops without hooks or for a unit this stage lacks).
 void hook_before_forward(const LayerContext& ctx, int unit) {
   if (ctx.hooks && unit >= 0) ctx.hooks->before_forward(unit);

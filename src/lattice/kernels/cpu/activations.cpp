@@ -17,14 +17,15 @@ constexpr float kGeluCubic = 0.044715f;              // PyTorch's kKappa
 constexpr int64_t kParallelThreshold = 32768;        // below this, threads cost more than they save
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
-// The one definition both GELU forwards use, so their fp32 values agree bit for bit.
+// The fp32 GELU; gelu_value_and_slope computes the same bits (u in the same order as gelu_grad's).
 inline float gelu_value(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float x_squared = x * x;
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
   return x / (1.0f + fast_exp(-2.0f * u));
 }
 
 // d/dx [x s] * dy with s = sigmoid(2u): s + x (1 - tanh^2(u)) / 2 * du/dx = s + 2 x s (1 - s)
-// du/dx. The one definition both GELU backwards use, so their fp32 values agree bit for bit.
+// du/dx. The fp32 GELU backward; gelu_value_and_slope's slope is the same bits for dy = 1.
 inline float gelu_grad(float x, float dy) {
   const float x_squared = x * x;
   const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
@@ -33,6 +34,18 @@ inline float gelu_grad(float x, float dy) {
   const float s = 1.0f / (1.0f + e);  // sigmoid(2u) = 0.5 (1 + tanh(u))
   const float one_minus_s = e * s;    // 1 - sigmoid(2u), without cancellation
   return dy * (s + 2.0f * x * s * one_minus_s * du_dx);
+}
+
+// gelu_value(x) and gelu_grad(x, 1) from one exponential, each bit for bit as computed alone.
+inline void gelu_value_and_slope(float x, float& value, float& slope) {
+  const float x_squared = x * x;
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
+  const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x_squared);
+  const float e = fast_exp(-2.0f * u);
+  value = x / (1.0f + e);
+  const float s = 1.0f / (1.0f + e);
+  const float one_minus_s = e * s;
+  slope = s + 2.0f * x * s * one_minus_s * du_dx;
 }
 
 // Elements per block of the bf16 forward: the fp32 values of a block stay in L1 before rounding.
@@ -45,41 +58,47 @@ void gelu_forward(float* out, const float* in, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = gelu_value(in[i]);
 }
 
-void gelu_forward_bf16_on_this_thread(lattice::bf16* out, const float* in, int64_t n) {
-  alignas(64) float values[kBf16Block];
-  for (int64_t begin = 0; begin < n; begin += kBf16Block) {
-    const int64_t count = std::min(kBf16Block, n - begin);
-    const float* x = in + begin;
-#pragma omp simd simdlen(16)
-    for (int64_t i = 0; i < count; ++i) values[i] = gelu_value(x[i]);
-    convert_to_bf16_on_this_thread(out + begin, values, count);
-  }
-}
-
-void gelu_forward_bf16(lattice::bf16* out, const float* in, int64_t n) {
-  const int64_t blocks = (n + kBf16Block - 1) / kBf16Block;
-#pragma omp parallel for schedule(static) if (n > kParallelThreshold)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kBf16Block;
-    gelu_forward_bf16_on_this_thread(out + begin, in + begin, std::min(kBf16Block, n - begin));
-  }
-}
-
 void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n) {
 #pragma omp parallel for simd simdlen(16) schedule(static) if (n > kParallelThreshold)
   for (int64_t i = 0; i < n; ++i) d_in[i] = gelu_grad(in[i], d_out[i]);
 }
 
-void gelu_backward_bf16_rows(lattice::bf16* d_in16, double* column_sums, const float* d_out,
-                             const float* in, int64_t rows, int64_t cols) {
+void gelu_forward_bf16_with_slope_on_this_thread(lattice::bf16* out, lattice::bf16* slope,
+                                                 const float* in, int64_t n) {
+  alignas(64) float values[kBf16Block];
+  alignas(64) float slopes[kBf16Block];
+  for (int64_t begin = 0; begin < n; begin += kBf16Block) {
+    const int64_t count = std::min(kBf16Block, n - begin);
+    const float* x = in + begin;
+#pragma omp simd simdlen(16)
+    for (int64_t i = 0; i < count; ++i) gelu_value_and_slope(x[i], values[i], slopes[i]);
+    convert_to_bf16_on_this_thread(out + begin, values, count);
+    convert_to_bf16_on_this_thread(slope + begin, slopes, count);
+  }
+}
+
+void gelu_forward_bf16_with_slope(lattice::bf16* out, lattice::bf16* slope, const float* in,
+                                  int64_t n) {
+  const int64_t blocks = (n + kBf16Block - 1) / kBf16Block;
+#pragma omp parallel for schedule(static) if (n > kParallelThreshold)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBf16Block;
+    gelu_forward_bf16_with_slope_on_this_thread(out + begin, slope + begin, in + begin,
+                                                std::min(kBf16Block, n - begin));
+  }
+}
+
+void gelu_backward_from_slope_bf16_rows(lattice::bf16* d_in16, double* column_sums,
+                                        const float* d_out, const lattice::bf16* slope,
+                                        int64_t rows, int64_t cols) {
   alignas(64) float values[kBf16Block];
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t begin = 0; begin < cols; begin += kBf16Block) {
       const int64_t width = std::min(kBf16Block, cols - begin);
-      const float* x = in + i * cols + begin;
+      const lattice::bf16* g = slope + i * cols + begin;
       const float* dy = d_out + i * cols + begin;
 #pragma omp simd simdlen(16)
-      for (int64_t j = 0; j < width; ++j) values[j] = gelu_grad(x[j], dy[j]);
+      for (int64_t j = 0; j < width; ++j) values[j] = dy[j] * lattice::to_float(g[j]);
       convert_to_bf16_on_this_thread(d_in16 + i * cols + begin, values, width);
       if (column_sums != nullptr) {
         double* sum = column_sums + begin;
