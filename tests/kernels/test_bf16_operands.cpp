@@ -353,7 +353,8 @@ TEST(GeluBf16, ForwardWithSlopeKeepsTheRoundedFp32SlopeAndTheSameOutput) {
       std::vector<lattice::bf16> out(static_cast<size_t>(n)), slope16(static_cast<size_t>(n));
       gelu_forward_bf16_with_slope(out.data(), slope16.data(), x.data(), n);
       EXPECT_EQ(bits_of(out), bf16_bits_of(value)) << "n=" << n << ", " << threads << " threads";
-      EXPECT_EQ(bits_of(slope16), bf16_bits_of(slope)) << "n=" << n << ", " << threads << " threads";
+      EXPECT_EQ(bits_of(slope16), bf16_bits_of(slope))
+          << "n=" << n << ", " << threads << " threads";
     }
   }
 }
