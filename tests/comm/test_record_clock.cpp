@@ -1,5 +1,5 @@
 // RecordClock (the time-stamp counter scaled to steady-clock nanoseconds): it keeps the steady
-// clock's rate and time line, and never runs backwards on one thread.
+// clock's rate, and never runs backwards on one thread.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -17,10 +17,6 @@ TEST(RecordClock, FollowsTheSteadyClock) {
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   const int64_t after = clock.now();
   const int64_t steady_after = RecordClock::steady_now();
-  // Same time line: a reading lies between steady readings taken around it, give or take the
-  // calibration's error (~1e-5 of the time since it was made, well under 1 ms in a test).
-  EXPECT_NEAR(static_cast<double>(before), static_cast<double>(steady_before), 1e6);
-  EXPECT_NEAR(static_cast<double>(after), static_cast<double>(steady_after), 1e6);
   // Same rate: 30 ms of sleep measure the same on both clocks to within 0.5% (the two readings of
   // each clock are taken back to back, microseconds apart).
   const double steady_elapsed = static_cast<double>(steady_after - steady_before);

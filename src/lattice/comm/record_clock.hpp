@@ -17,8 +17,9 @@ class RecordClock {
   // Takes the process's calibration (made once, on first use: ~2 ms against the steady clock).
   RecordClock();
 
-  // Nanoseconds on the steady clock's time line (differences are durations; readings of
-  // different processes are not comparable).
+  // Nanoseconds on the steady clock's time line, drifting from it by the calibration's rate error
+  // (~2e-5: 20 us a second after calibration). Differences are durations; readings of different
+  // processes are not comparable.
   int64_t now() const {
 #if defined(__x86_64__)
     if (uses_counter_) {

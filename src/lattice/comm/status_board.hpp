@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "lattice/comm/published_record.hpp"
 #include "lattice/comm/trace.hpp"
 
 namespace lattice::comm {

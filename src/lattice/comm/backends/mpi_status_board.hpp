@@ -9,6 +9,7 @@
 #include <atomic>
 #include <vector>
 
+#include "lattice/comm/published_record.hpp"
 #include "lattice/comm/status_board.hpp"
 
 namespace lattice::comm {
