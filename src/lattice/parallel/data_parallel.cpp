@@ -51,6 +51,7 @@ void validate(const DataParallelSettings& settings) {
 struct DataParallel::BucketState {
   Tensor grad_staging;  // N·shard: the pre-scaled local gradients being reduced
   Tensor reduced;       // stage 0: this rank's reduced shard, gathered into the gradients
+  std::vector<int64_t> gather_counts;  // stage 0: each rank's real elements of the bucket's shard
   comm::CommHandle reduction;
   bool reducing = false;
   Tensor gather_in, gather_out;  // parameter all-gather: this rank's shard, then N·shard
@@ -189,10 +190,11 @@ void DataParallel::launch_reduction(int b) {
     // The reduced shards are gathered straight into the gradients (no copy back from staging):
     // each rank contributes the real elements of its shard, the padding past the bucket's end
     // stays behind.
-    std::vector<int64_t> counts(static_cast<size_t>(shard_ranks()));
-    for (int r = 0; r < shard_ranks(); ++r)
-      counts[static_cast<size_t>(r)] = bucket.shard_end(r) - bucket.shard_begin(r);
-    s.reduction = shard_->all_gather_v_async(s.reduced.f32(), grads, counts, DType::f32);
+    if (s.gather_counts.empty()) {
+      for (int r = 0; r < shard_ranks(); ++r)
+        s.gather_counts.push_back(bucket.shard_end(r) - bucket.shard_begin(r));
+    }
+    s.reduction = shard_->all_gather_v_async(s.reduced.f32(), grads, s.gather_counts, DType::f32);
   } else {
     s.reduction = shard_->reduce_scatter_async(staging, shard_grads_.f32() + bucket.shard_offset,
                                                bucket.shard, DType::f32, comm::ReduceOp::sum);

@@ -138,17 +138,20 @@ void copy_own_block(int rank, const CollectiveCall& call) {
 void direct_all_gather(SharedAddressSpace& space, const CollectiveCall& call) {
   const int n = space.size();
   const size_t element = dtype_size(call.dtype());
+  int64_t position = 0;
   for (int r = 0; r < n; ++r) {
+    const int64_t expected = call.counts.empty() ? call.count() : call.counts[r];
+    const int64_t block_begin = position;
+    position += expected;
     if (r == space.rank()) continue;
     const DirectBuffers& peer = space.peer(r);
-    int64_t expected = call.counts.empty() ? call.count() : call.counts[r];
     if (peer.count != expected) {
       throw Error(std::string(collective_op_name(call.descriptor.op)) + ": rank " +
                   std::to_string(space.rank()) + " expects " + std::to_string(expected) +
                   " elements from rank " + std::to_string(r) + " but rank " + std::to_string(r) +
                   " contributes " + std::to_string(peer.count));
     }
-    copy_bytes(offset(call.out, gather_position(call, r), element), peer.in,
+    copy_bytes(offset(call.out, block_begin, element), peer.in,
                static_cast<size_t>(expected) * element);
   }
 }
@@ -160,23 +163,21 @@ void direct_all_to_all(SharedAddressSpace& space, const CollectiveCall& call) {
   const size_t element = dtype_size(call.dtype());
   int64_t position = 0;
   for (int r = 0; r < n; ++r) {
+    const int64_t expected = call.counts.empty() ? call.count() : call.recv_counts[r];
+    const int64_t block_begin = position;
+    position += expected;
+    if (r == rank) continue;
     const DirectBuffers& peer = space.peer(r);
-    int64_t peer_offset = 0;
+    int64_t peer_offset = call.count() * rank;
     int64_t sent = call.count();
-    int64_t expected = call.count();
     if (!call.counts.empty()) {
+      peer_offset = 0;
       for (int k = 0; k < rank; ++k) peer_offset += peer.counts[k];
       sent = peer.counts[rank];
-      expected = call.recv_counts[r];
-    } else {
-      peer_offset = call.count() * rank;
     }
-    if (r != rank) {
-      check_sent_matches_expected(rank, r, expected, sent);
-      copy_bytes(offset(call.out, position, element), offset(peer.in, peer_offset, element),
-                 static_cast<size_t>(expected) * element);
-    }
-    position += expected;
+    check_sent_matches_expected(rank, r, expected, sent);
+    copy_bytes(offset(call.out, block_begin, element), offset(peer.in, peer_offset, element),
+               static_cast<size_t>(expected) * element);
   }
 }
 

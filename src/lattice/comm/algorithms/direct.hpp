@@ -25,13 +25,9 @@ class SharedAddressSpace {
   virtual int size() const = 0;
   // Publishes this rank's buffers (returns at once: work that needs no peer can run while the
   // publication travels), then await_published() returns once every rank has published its own
-  // and checks that all ranks entered the same collective. exchange() does both.
+  // and checks that all ranks entered the same collective.
   virtual void publish(const DirectBuffers& mine) = 0;
   virtual void await_published() = 0;
-  void exchange(const DirectBuffers& mine) {
-    publish(mine);
-    await_published();
-  }
   virtual const DirectBuffers& peer(int rank) const = 0;
   // Returns once every rank has reached this point (peers' buffers may not be touched after it).
   virtual void sync() = 0;
