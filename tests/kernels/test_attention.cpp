@@ -436,6 +436,120 @@ TEST(AttentionBf16, BackwardAcrossShapesAndLayouts) {
   });
 }
 
+std::vector<lattice::bf16> to_bf16_vector(const std::vector<float>& x) {
+  std::vector<lattice::bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = to_bf16(x[i]);
+  return out;
+}
+
+// attention_forward_bf16 / attention_backward_bf16 on bf16 copies of a case's buffers against
+// attention_forward / attention_backward with Precision::bf16 on the fp32 ones: the kernels round
+// the fp32 inputs to exactly those bf16 values, so the results must agree bit for bit; the bf16
+// gradients must be the fp32 ones rounded, and each batch's column sums their sum in token order.
+void expect_bf16_inputs_match(const Layout& layout, uint64_t seed, bool backward) {
+  const Case c = make_case(layout, seed);
+  const auto& s = layout.shape;
+  const std::vector<lattice::bf16> q16 = to_bf16_vector(c.q_buf), kv16 = to_bf16_vector(c.kv_buf);
+  const lattice::bf16* q = q16.data() + layout.q_offset;
+  const lattice::bf16* k = (layout.packed ? q16 : kv16).data() + layout.k_offset;
+  const lattice::bf16* v = (layout.packed ? q16 : kv16).data() + layout.v_offset;
+
+  const ForwardResult expected = run_forward(c, Precision::bf16);
+  ForwardResult got;
+  got.out.assign(expected.out.size(), -1.0f);
+  got.lse.assign(expected.lse.size(), -1.0f);
+  attention_forward_bf16(got.out.data(), got.lse.data(), q, k, v, s);
+  EXPECT_EQ(got.out, expected.out);
+  EXPECT_EQ(got.lse, expected.lse);
+  if (!backward) return;
+
+  const std::vector<float> d_out =
+      random_vector(static_cast<int64_t>(expected.out.size()), seed + 1);
+  const BackwardResult fp32 = run_backward(c, expected, d_out, Precision::bf16);
+  const lattice::bf16 sentinel{0x7fc1};  // a NaN: untouched padding keeps it
+  std::vector<lattice::bf16> dq_buf(q16.size(), sentinel), dkv_buf(kv16.size(), sentinel);
+  const int64_t q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  const int64_t sums_stride = q_width + 2 * kv_width;
+  std::vector<double> sums(static_cast<size_t>(s.batch * sums_stride), -1.0);
+  AttentionGradientsBf16 grads;
+  grads.dq = dq_buf.data() + layout.q_offset;
+  grads.dk = (layout.packed ? dq_buf : dkv_buf).data() + layout.k_offset;
+  grads.dv = (layout.packed ? dq_buf : dkv_buf).data() + layout.v_offset;
+  grads.dq_sums = sums.data();
+  grads.dk_sums = sums.data() + q_width;
+  grads.dv_sums = sums.data() + q_width + kv_width;
+  grads.sums_batch_stride = sums_stride;
+  attention_backward_bf16(grads, d_out.data(), q, k, v, expected.out.data(), expected.lse.data(),
+                          s);
+  // Every element of the bf16 buffers: the rounded fp32 gradient where one is written, the
+  // sentinel elsewhere.
+  const std::vector<float>& fp32_dq = fp32.dq_buf;
+  const std::vector<float>& fp32_dkv = layout.packed ? fp32.dq_buf : fp32.dkv_buf;
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < dq_buf.size(); ++i)
+    mismatches += std::isnan(fp32_dq[i]) ? dq_buf[i].bits != sentinel.bits
+                                         : dq_buf[i].bits != to_bf16(fp32_dq[i]).bits;
+  if (!layout.packed)
+    for (size_t i = 0; i < dkv_buf.size(); ++i)
+      mismatches += std::isnan(fp32_dkv[i]) ? dkv_buf[i].bits != sentinel.bits
+                                            : dkv_buf[i].bits != to_bf16(fp32_dkv[i]).bits;
+  EXPECT_EQ(mismatches, 0);
+  // Column sums: the fp32 gradients (dense gathers, exact in double) summed per batch in token
+  // order.
+  const std::vector<double>* dense[] = {&fp32.dq, &fp32.dk, &fp32.dv};
+  const int64_t widths[] = {q_width, kv_width, kv_width};
+  const int64_t offsets[] = {0, q_width, q_width + kv_width};
+  for (int which = 0; which < 3; ++which)
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t j = 0; j < widths[which]; ++j) {
+        double expected_sum = 0.0;
+        for (int64_t t = 0; t < s.q_len; ++t)
+          expected_sum +=
+              (*dense[which])[static_cast<size_t>((b * s.q_len + t) * widths[which] + j)];
+        ASSERT_EQ(sums[static_cast<size_t>(b * sums_stride + offsets[which] + j)], expected_sum)
+            << "gradient " << which << " batch " << b << " column " << j;
+      }
+  // Without column sums the rows are the same.
+  std::vector<lattice::bf16> dq_again(q16.size(), sentinel), dkv_again(kv16.size(), sentinel);
+  AttentionGradientsBf16 rows_only;
+  rows_only.dq = dq_again.data() + layout.q_offset;
+  rows_only.dk = (layout.packed ? dq_again : dkv_again).data() + layout.k_offset;
+  rows_only.dv = (layout.packed ? dq_again : dkv_again).data() + layout.v_offset;
+  attention_backward_bf16(rows_only, d_out.data(), q, k, v, expected.out.data(),
+                          expected.lse.data(), s);
+  EXPECT_TRUE(std::equal(dq_again.begin(), dq_again.end(), dq_buf.begin(),
+                         [](lattice::bf16 a, lattice::bf16 b) { return a.bits == b.bits; }));
+}
+
+TEST(AttentionBf16Inputs, EqualTheFp32InputsBitForBit) {
+  // Packed qkv with and without row padding, separate buffers with GQA 2 and 4, head_dim 16, 24
+  // and 64, T = 1, ragged T, T over two key blocks; a KV cache (q_len < kv_len) forward only.
+  for_each_bf16_path([] {
+    expect_bf16_inputs_match(make_layout(2, 70, 70, 4, 4, 64, true), 400, true);
+    expect_bf16_inputs_match(make_layout(1, 130, 130, 2, 2, 64, true, 5), 402, true);
+    expect_bf16_inputs_match(make_layout(2, 100, 100, 4, 2, 16, false), 404, true);
+    expect_bf16_inputs_match(make_layout(1, 77, 77, 4, 1, 24, false, 3), 406, true);
+    expect_bf16_inputs_match(make_layout(1, 1, 1, 2, 1, 64, false), 408, true);
+    expect_bf16_inputs_match(make_layout(2, 70, 150, 4, 1, 32, false, 0, 160), 410, false);
+  });
+}
+
+TEST(AttentionBf16Inputs, RejectsPartialColumnSums) {
+  const AttentionShape s = AttentionShape::contiguous(1, 4, 2, 2, 16);
+  std::vector<lattice::bf16> buf(1024);
+  std::vector<float> f(1024, 0.0f);
+  std::vector<double> sums(64);
+  AttentionGradientsBf16 grads{buf.data(), buf.data(),  buf.data(), sums.data(),
+                               nullptr,    sums.data(), 64};
+  try {
+    attention_backward_bf16(grads, f.data(), buf.data(), buf.data(), buf.data(), f.data(), f.data(),
+                            s);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("column-sum"), std::string::npos) << e.what();
+  }
+}
+
 TEST(AttentionThreads, ResultsAreBitwiseIndependentOfThreadCount) {
   // Each query row's forward and each (batch, kv head)'s backward run on one thread in a fixed
   // order, so 1 and 3 threads must agree bit for bit, in both precisions.

@@ -4,6 +4,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
 #include "lattice/kernels/cpu/attention.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
@@ -40,10 +41,11 @@ static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, i
   return s;
 }
 
-void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t T) {
+void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t T, bool cached) {
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
-  // In bf16 the LayerNorm outputs exist only as the next Linear's bf16 input (see qkv_forward).
+  // In bf16 the LayerNorm outputs exist only as the next Linear's bf16 input (see qkv_forward),
+  // and in bf16 training q, k, v only in bf16 (see qkv_forward_bf16).
   const bool bf16 = ctx.precision == k::Precision::bf16;
   if (bf16)
     ln1_.reset();
@@ -51,7 +53,13 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t 
     ensure_activation(ln1_, {rows, C_}, tr);
   ensure_activation(ln1_mean_, {rows}, tr);
   ensure_activation(ln1_rstd_, {rows}, tr);
-  ensure_activation(qkv_, {rows, 3 * C_}, tr);
+  if (bf16 && !cached) {
+    qkv_.reset();
+    ensure_bf16_activation(qkv16_, {rows, 3 * C_}, tr);
+  } else {
+    qkv16_.reset();
+    ensure_activation(qkv_, {rows, 3 * C_}, tr);
+  }
   ensure_activation(att_, {rows, C_}, tr);
   ensure_activation(lse_, {B, heads_, T}, tr);
   ensure_activation(x2_, {rows, C_}, tr);
@@ -67,7 +75,7 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t 
   if (bf16) {
     gelu_.reset();
     ensure_bf16_activation(gelu_slope16_, {rows, F_}, tr);
-    if (rows >= kMlpChunkRows)
+    if (rows >= kChunkRows)
       fc_.reset();
     else
       ensure_activation(fc_, {rows, F_}, tr);
@@ -89,6 +97,20 @@ void Gpt2Block::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t 
   k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
                        store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
   c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
+}
+
+void Gpt2Block::qkv_forward_bf16(const LayerContext& ctx, const float* x_in, int64_t rows) {
+  k::layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, rows), ln1_mean_.f32(), ln1_rstd_.f32(),
+                            x_in, store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_,
+                            eps_);
+  // c_attn in row chunks (bias included), each chunk rounded to bf16 while in cache: the same
+  // values attention would round from an fp32 qkv, which is never stored.
+  lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
+  const int64_t width = 3 * C_;
+  c_attn_.forward_prepared_in_row_chunks(
+      ctx, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
+        k::convert_to_bf16_on_this_thread(qkv16 + begin * width, chunk, n * width);
+      });
 }
 
 void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
@@ -114,11 +136,11 @@ void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t 
                             eps_);
   lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, rows);
   lattice::bf16* slope16 = gelu_slope16_.data<lattice::bf16>();
-  if (rows >= kMlpChunkRows) {
+  if (rows >= kChunkRows) {
     // c_fc in row chunks: each chunk of the pre-activation goes through the GELU while it is in
     // cache and is never stored; backward keeps the GELU's bf16 slope.
     c_fc_.forward_prepared_in_row_chunks(
-        ctx, nullptr, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
+        ctx, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
           k::gelu_forward_bf16_with_slope_on_this_thread(gelu16 + begin * F_, slope16 + begin * F_,
                                                          chunk, n * F_);
         });
@@ -132,11 +154,18 @@ void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t 
 void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
                         int64_t T) {
   const int64_t rows = B * T;
-  prepare_activations(ctx, B, T);
-  qkv_forward(ctx, x_in, rows);
-  const float* qkv = qkv_.f32();
-  k::attention_forward(att_.f32(), lse_.f32(), qkv, qkv + C_, qkv + 2 * C_,
-                       packed_qkv_shape(B, T, heads_, C_), ctx.precision, ctx.matmul);
+  prepare_activations(ctx, B, T, /*cached=*/false);
+  const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, C_);
+  if (ctx.precision == k::Precision::bf16) {
+    qkv_forward_bf16(ctx, x_in, rows);
+    const lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
+    k::attention_forward_bf16(att_.f32(), lse_.f32(), qkv16, qkv16 + C_, qkv16 + 2 * C_, shape);
+  } else {
+    qkv_forward(ctx, x_in, rows);
+    const float* qkv = qkv_.f32();
+    k::attention_forward(att_.f32(), lse_.f32(), qkv, qkv + C_, qkv + 2 * C_, shape, ctx.precision,
+                         ctx.matmul);
+  }
   projection_and_mlp_forward(ctx, x_out, x_in, rows);
 }
 
@@ -168,14 +197,46 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
 
   // Attention branch: x2 = x_in + c_proj(attention(c_attn(ln1(x_in)))).
   attn_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
-  const float* qkv = qkv_.f32();
-  k::attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_, qkv + 2 * C_,
-                        att_.f32(), lse_.f32(), packed_qkv_shape(B, T, heads_, C_), ctx.precision,
-                        ctx.matmul);
-  c_attn_.backward(ctx, d_ln, d_qkv, ln1_.f32(), rows);
+  if (bf16) {
+    attention_backward_bf16(ctx, d_ln, d_att, d_qkv, B, T);
+  } else {
+    const float* qkv = qkv_.f32();
+    k::attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_, qkv + 2 * C_,
+                          att_.f32(), lse_.f32(), packed_qkv_shape(B, T, heads_, C_), ctx.precision,
+                          ctx.matmul);
+    c_attn_.backward(ctx, d_ln, d_qkv, ln1_.f32(), rows);
+  }
   k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
                         store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_);
   k::add_inplace(d_x_in, d_x2, rows * C_);
+}
+
+void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_att,
+                                        float* d_qkv_buffer, int64_t B, int64_t T) {
+  const int64_t rows = B * T, width = 3 * C_;
+  auto* d_qkv16 = reinterpret_cast<lattice::bf16*>(d_qkv_buffer);
+  const lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
+  float* bias_grad = c_attn_.bias_grad();
+  k::AttentionGradientsBf16 grads{d_qkv16, d_qkv16 + C_, d_qkv16 + 2 * C_};
+  if (bias_grad != nullptr) {
+    qkv_column_sums_.assign(static_cast<size_t>(B * width), 0.0);
+    grads.dq_sums = qkv_column_sums_.data();
+    grads.dk_sums = grads.dq_sums + C_;
+    grads.dv_sums = grads.dq_sums + 2 * C_;
+    grads.sums_batch_stride = width;
+  }
+  k::attention_backward_bf16(grads, d_att, qkv16, qkv16 + C_, qkv16 + 2 * C_, att_.f32(),
+                             lse_.f32(), packed_qkv_shape(B, T, heads_, C_));
+  // c_attn's bias gradient: the batches' column sums (each over its tokens in order), added in
+  // batch order, so the result does not depend on the thread count.
+  if (bias_grad != nullptr) {
+    for (int64_t j = 0; j < width; ++j) {
+      double total = 0.0;
+      for (int64_t b = 0; b < B; ++b) total += qkv_column_sums_[static_cast<size_t>(b * width + j)];
+      bias_grad[j] += static_cast<float>(total);
+    }
+  }
+  c_attn_.backward_rounded(ctx, d_ln, d_qkv16, nullptr, rows);
 }
 
 void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_x_out,
@@ -189,13 +250,13 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const fl
   // stored. c_fc's bias gradient: per-chunk column sums (double, row by row), added in chunk
   // order, so the result does not depend on the thread count.
   auto* d_fc16 = reinterpret_cast<lattice::bf16*>(d_fc_buffer);
-  const k::RowChunks chunks = k::row_chunks_of(rows, kMlpChunkRows);  // the GEMM's chunks
+  const k::RowChunks chunks = k::row_chunks_of(rows, kChunkRows);  // the GEMM's chunks
   float* fc_bias_grad = c_fc_.bias_grad();
   chunk_column_sums_.assign(fc_bias_grad != nullptr ? static_cast<size_t>(chunks.count * F_) : 0,
                             0.0);
   const lattice::bf16* slope16 = gelu_slope16_.data<lattice::bf16>();
   mlp_proj_.backward_input_in_row_chunks(
-      ctx, d_y16, rows, kMlpChunkRows, [&](int64_t begin, int64_t n, const float* d_gelu) {
+      ctx, d_y16, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* d_gelu) {
         double* sums = fc_bias_grad != nullptr
                            ? chunk_column_sums_.data() + begin / chunks.rows_per_chunk * F_
                            : nullptr;
@@ -216,7 +277,7 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const fl
 void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
                                int64_t n, KvCache& cache, int64_t cache_layer) {
   const int64_t rows = B * n;
-  prepare_activations(ctx, B, n);
+  prepare_activations(ctx, B, n, /*cached=*/true);
   qkv_forward(ctx, x_in, rows);
   const float* qkv = qkv_.f32();
   cache.write(cache_layer, qkv + C_, qkv + 2 * C_, 3 * C_, n);
@@ -231,8 +292,8 @@ void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const floa
 }
 
 void Gpt2Block::release_activations() {
-  for (Tensor* t : {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &att_, &lse_, &x2_, &ln2_, &ln2_mean_,
-                    &ln2_rstd_, &fc_, &gelu_, &gelu_slope16_})
+  for (Tensor* t : {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &qkv16_, &att_, &lse_, &x2_, &ln2_,
+                    &ln2_mean_, &ln2_rstd_, &fc_, &gelu_, &gelu_slope16_})
     t->reset();
   for (Linear* l : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) l->release_activations();
 }

@@ -30,8 +30,16 @@ class Gpt2Block final : public Block {
   // The forward pieces shared by training and cached inference: activation buffers for B·T rows;
   // LayerNorm 1 and the fused QKV projection; then, after attention has filled att_, the output
   // projection, both residual adds, LayerNorm 2 and the MLP.
-  void prepare_activations(const LayerContext& ctx, int64_t B, int64_t T);
+  // `cached`: for forward_cached, whose q, k, v go to the KV cache in fp32 whatever the precision.
+  void prepare_activations(const LayerContext& ctx, int64_t B, int64_t T, bool cached);
   void qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows);
+  // bf16 training forward of LayerNorm 1 and c_attn: q, k, v exist only as bf16 (qkv16_), rounded
+  // chunk by chunk as the GEMM produces them.
+  void qkv_forward_bf16(const LayerContext& ctx, const float* x_in, int64_t rows);
+  // bf16 backward of attention and c_attn, from d_att to d_ln (LayerNorm 1's output gradient):
+  // attention writes c_attn's bf16 d_out (d_qkv_buffer, [rows, 3C] bf16) and its column sums.
+  void attention_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_att,
+                               float* d_qkv_buffer, int64_t B, int64_t T);
   void projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
                                   int64_t rows);
   // bf16 forward of LayerNorm 2 and the MLP from x2_ to x_out (before the residual add), with
@@ -42,9 +50,9 @@ class Gpt2Block final : public Block {
   // [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
   void mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_x_out,
                          float* d_fc_buffer, float* d_y_buffer, int64_t rows);
-  // Rows per chunk of the fused MLP forward and backward: a chunk's fp32 pre-activation or d_gelu
-  // (rows x F) stays in cache.
-  static constexpr int64_t kMlpChunkRows = 256;
+  // Rows per chunk of the fused GEMMs (c_attn and its rounding, the MLP forward and backward): a
+  // chunk's fp32 output (rows x 3C, pre-activation or d_gelu rows x F) stays in cache.
+  static constexpr int64_t kChunkRows = 256;
 
   ParameterStore& store_;
   int64_t C_, F_, heads_;
@@ -54,6 +62,9 @@ class Gpt2Block final : public Block {
   // Saved activations.
   Tensor ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, lse_, x2_, ln2_, ln2_mean_, ln2_rstd_, fc_, gelu_;
   Tensor gelu_slope16_;  // bf16: the GELU's slope at the pre-activation, for backward
+  Tensor qkv16_;         // bf16 training: q, k, v rounded (qkv_ is then not kept)
+  // attention_backward_bf16's per-batch column sums of c_attn's d_out (its bias gradient).
+  std::vector<double> qkv_column_sums_;
   // mlp_backward_bf16's per-chunk column sums of c_fc's d_out (its bias gradient).
   std::vector<double> chunk_column_sums_;
 };

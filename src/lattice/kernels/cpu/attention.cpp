@@ -24,6 +24,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <vector>
 
 #include <omp.h>
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -389,76 +390,100 @@ inline void store_bf16(uint16_t* p, f32x16 x) {
 // slice of a token row), which the hardware prefetchers do not follow across pages.
 constexpr int64_t kPrefetchRows = 8;
 
-// Prefetches the head_dim floats of the row `ahead` rows after `r` (when it exists) into cache.
-inline void prefetch_ahead(const float* src, int64_t src_stride, int64_t r, int64_t rows,
+// Prefetches the head_dim elements of the row `ahead` rows after `r` (when it exists) into cache.
+template <class Src>
+inline void prefetch_ahead(const Src* src, int64_t src_stride, int64_t r, int64_t rows,
                            int64_t head_dim) {
   const int64_t ahead = r + kPrefetchRows;
   if (ahead >= rows) return;
-  const float* row = src + ahead * src_stride;
-  for (int64_t d = 0; d < head_dim; d += 16) __builtin_prefetch(row + d);
+  const char* row = reinterpret_cast<const char*>(src + ahead * src_stride);
+  const int64_t bytes = head_dim * static_cast<int64_t>(sizeof(Src));
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset);
+}
+
+// 16 source elements as bf16 bits: fp32 rounded to nearest even, bf16 as they are.
+inline u16x16 bf16_bits16(const float* p) {
+  return to_bf16_bits(load(p));
+}
+inline u16x16 bf16_bits16(const lattice::bf16* p) {
+  u16x16 bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return bits;
+}
+inline uint16_t bf16_bits(float x) {
+  return to_bf16(x).bits;
+}
+inline uint16_t bf16_bits(lattice::bf16 x) {
+  return x.bits;
 }
 
 // B operand "X^T" of a product that contracts over head_dim, from rows x head_dim of X (strided):
 // element (d, row) at dst[(d / 2) * 2 * ld + 2 * row + d % 2], i.e. X's bf16 pairs (d, d+1) are
 // 32-bit words laid out transposed. dst must be zeroed by the caller (padding stays zero).
-void pack_pairs_transposed(uint16_t* dst, int64_t ld, const float* src, int64_t src_stride,
+template <class Src>
+void pack_pairs_transposed(uint16_t* dst, int64_t ld, const Src* src, int64_t src_stride,
                            int64_t rows, int64_t head_dim) {
   const int64_t d_full = head_dim / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     prefetch_ahead(src, src_stride, r, rows, head_dim);
-    const float* row = src + r * src_stride;
+    const Src* row = src + r * src_stride;
     uint16_t* column = dst + 2 * r;
     for (int64_t d = 0; d < d_full; d += kLanes) {
-      const u16x16 bits = to_bf16_bits(load(row + d));
+      const u16x16 bits = bf16_bits16(row + d);
       for (int w = 0; w < kLanes / 2; ++w)
         std::memcpy(column + (d / 2 + w) * 2 * ld, &bits[2 * w], 4);
     }
-    for (int64_t d = d_full; d < head_dim; ++d)
-      column[d / 2 * 2 * ld + d % 2] = to_bf16(row[d]).bits;
+    for (int64_t d = d_full; d < head_dim; ++d) column[d / 2 * 2 * ld + d % 2] = bf16_bits(row[d]);
   }
 }
 
 // B operand "X" of a product that contracts over X's rows: element (row, d) at
 // dst[(row / 2) * 2 * padded_dim + 2 * d + row % 2] (rows pairwise interleaved). dst must be zeroed
 // by the caller.
-void pack_rows_interleaved(uint16_t* dst, int64_t padded_dim, const float* src, int64_t src_stride,
+template <class Src>
+void pack_rows_interleaved(uint16_t* dst, int64_t padded_dim, const Src* src, int64_t src_stride,
                            int64_t rows, int64_t head_dim) {
   const int64_t d_full = head_dim / kLanes * kLanes;
   for (int64_t r = 0; r < rows; r += 2) {
     prefetch_ahead(src, src_stride, r, rows, head_dim);
     prefetch_ahead(src, src_stride, r + 1, rows, head_dim);
-    const float* row0 = src + r * src_stride;
-    const float* row1 = r + 1 < rows ? row0 + src_stride : nullptr;
+    const Src* row0 = src + r * src_stride;
+    const Src* row1 = r + 1 < rows ? row0 + src_stride : nullptr;
     uint16_t* pair = dst + r / 2 * 2 * padded_dim;
     for (int64_t d = 0; d < d_full; d += kLanes) {
       const u16x32 mixed =
-          interleave(to_bf16_bits(load(row0 + d)), row1 ? to_bf16_bits(load(row1 + d)) : u16x16{});
+          interleave(bf16_bits16(row0 + d), row1 ? bf16_bits16(row1 + d) : u16x16{});
       std::memcpy(pair + 2 * d, &mixed, sizeof mixed);
     }
     for (int64_t d = d_full; d < head_dim; ++d) {
-      pair[2 * d] = to_bf16(row0[d]).bits;
-      if (row1) pair[2 * d + 1] = to_bf16(row1[d]).bits;
+      pair[2 * d] = bf16_bits(row0[d]);
+      if (row1) pair[2 * d + 1] = bf16_bits(row1[d]);
     }
   }
 }
 
 // rows x head_dim (strided) -> bf16 [rows, padded_dim], zero-padded columns.
-void pack_rows_bf16(uint16_t* tile, int64_t padded_dim, const float* src, int64_t src_stride,
+template <class Src>
+void pack_rows_bf16(uint16_t* tile, int64_t padded_dim, const Src* src, int64_t src_stride,
                     int64_t rows, int64_t head_dim) {
   const int64_t full = head_dim / kLanes * kLanes;
   for (int64_t r = 0; r < rows; ++r) {
     prefetch_ahead(src, src_stride, r, rows, head_dim);
     uint16_t* dst = tile + r * padded_dim;
-    const float* row = src + r * src_stride;
-    for (int64_t d = 0; d < full; d += kLanes) store_bf16(dst + d, load(row + d));
-    for (int64_t d = full; d < head_dim; ++d) dst[d] = to_bf16(row[d]).bits;
+    const Src* row = src + r * src_stride;
+    for (int64_t d = 0; d < full; d += kLanes) {
+      const u16x16 bits = bf16_bits16(row + d);
+      std::memcpy(dst + d, &bits, sizeof bits);
+    }
+    for (int64_t d = full; d < head_dim; ++d) dst[d] = bf16_bits(row[d]);
     for (int64_t d = head_dim; d < padded_dim; ++d) dst[d] = 0;
   }
 }
 
 // Causal forward with bf16 q, k, v, P on AMX; same tasks, tiles and online softmax (fp32) as the
 // fp32 path. Tiles are padded to multiples of 32 rows, keys and head_dim with zeros.
-void attention_forward_amx(float* out, float* lse, const float* q, const float* k, const float* v,
+template <class Src>
+void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* v,
                            const AttentionShape& shape) {
   const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
   const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, 32);
@@ -497,8 +522,8 @@ void attention_forward_amx(float* out, float* lse, const float* q, const float* 
       const int64_t last_qb = chunk + (q_blocks - 1 - chunk) / chunks * chunks;
       const int64_t keys = causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ);
       const int64_t keys_p = round_up(keys, 32);
-      const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
-      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+      const Src* k_src = k + b * shape.kv_batch_stride + kvh * D;
+      const Src* v_src = v + b * shape.kv_batch_stride + kvh * D;
       // K^T blocks as pairs-transposed B operands (block j0 at j0 * Dp), V rows interleaved.
       std::fill(kt_vnni, kt_vnni + round_up(keys, kForwardBlockK) * Dp, uint16_t{0});
       std::fill(v_vnni, v_vnni + keys_p * Dp, uint16_t{0});
@@ -584,38 +609,139 @@ void transpose_bf16(uint16_t* dst, int64_t ld, const uint16_t* src, int64_t src_
   for (int64_t d = 0; d < cols; ++d) {
     for (int64_t t0 = 0; t0 < rows; t0 += kLanes) {
       const auto* words = reinterpret_cast<const int*>(src + t0 * src_ld) + d / 2;
-      __m512i values = _mm512_i32gather_epi32(token_words, words, 4);
-      if (d % 2 == 1) values = _mm512_srli_epi32(values, 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + d * ld + t0),
-                          _mm512_cvtepi32_epi16(values));
+      // The masked gather with a zero source and vector-extension shifts and narrowing: GCC 12
+      // warns (falsely) on the undefined source operands of the unmasked intrinsics.
+      u32x16 values = std::bit_cast<u32x16>(
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, token_words, words, 4));
+      if (d % 2 == 1) values >>= 16;
+      const u16x16 narrowed = __builtin_convertvector(values, u16x16);
+      std::memcpy(dst + d * ld + t0, &narrowed, sizeof narrowed);
     }
   }
 }
 
-// rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
-// dV rows from their transposed accumulator, 16 head-dim lanes at a time gathered down a column
-// (a scalar loop here cost a third of the backward: every element a strided load).
-void write_transposed(float* rows, int64_t row_stride, const float* transposed, int64_t cols,
-                      int64_t D) {
-  const __m512i column =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(kBlockK)));
-  for (int64_t c = 0; c < cols; ++c) {
-    for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
-      const __mmask16 lanes =
-          D - d0 >= kLanes ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (D - d0)) - 1);
-      const __m512 values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lanes, column,
-                                                     transposed + d0 * kBlockK + c, 4);
-      _mm512_mask_storeu_ps(rows + c * row_stride + d0, lanes, values);
+// Transposes 16 rows of 16 floats in registers: pairs of rows interleaved, then 64-bit pairs
+// within 128-bit lanes, then 128-bit lanes twice (AVX-512's unpack / shuffle / shuffle_f32x4).
+inline void transpose_16x16(f32x16 r[16]) {
+  f32x16 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28,
+                                   13, 29);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27,
+                                       14, 30, 15, 31);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    for (int odd = 0; odd < 2; ++odd) {
+      const f32x16 a = t[i + odd], b = t[i + 2 + odd];
+      r[i + 2 * odd] =
+          __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      r[i + 2 * odd + 1] =
+          __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
     }
   }
+  const auto even_lanes = [](f32x16 a, f32x16 b) {
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  };
+  const auto odd_lanes = [](f32x16 a, f32x16 b) {
+    return __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                   31);
+  };
+  for (int i = 0; i < 4; ++i) {
+    t[i] = even_lanes(r[i], r[i + 4]);
+    t[i + 4] = odd_lanes(r[i], r[i + 4]);
+    t[i + 8] = even_lanes(r[i + 8], r[i + 12]);
+    t[i + 12] = odd_lanes(r[i + 8], r[i + 12]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = even_lanes(t[i], t[i + 8]);
+    r[i + 8] = odd_lanes(t[i], t[i + 8]);
+  }
+}
+
+// Where the backward puts dQ, dK and dV: fp32 rows (the strides of q, k, v), or bf16 rows plus
+// each batch's column sums of the unrounded values (AttentionGradientsBf16).
+struct Fp32GradientRows {
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+  double* dq_sums = nullptr;  // never given: fp32 rows are their own producer's business
+  double* dk_sums = nullptr;
+  double* dv_sums = nullptr;
+  int64_t sums_batch_stride = 0;
+};
+
+using f64x8 = double __attribute__((vector_size(64)));
+using f32x8 = float __attribute__((vector_size(32)));
+
+// sums[d] += row[d] (in double) for the 16 lanes of one fp32 row.
+inline void add_to_sums(double* sums, f32x16 row) {
+  const f32x8 low = __builtin_shufflevector(row, row, 0, 1, 2, 3, 4, 5, 6, 7);
+  const f32x8 high = __builtin_shufflevector(row, row, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int half = 0; half < 2; ++half) {
+    f64x8 acc;
+    std::memcpy(&acc, sums + 8 * half, sizeof acc);
+    acc += __builtin_convertvector(half == 0 ? low : high, f64x8);
+    std::memcpy(sums + 8 * half, &acc, sizeof acc);
+  }
+}
+
+// One output row of 16 lanes (masked to `lanes`): stored as fp32, or rounded to bf16 with its
+// values added to `sums` (padding lanes hold zeros, so the sums past head_dim stay zero).
+inline void store_gradient_row(float* row, f32x16 values, __mmask16 lanes, double* /*sums*/) {
+  _mm512_mask_storeu_ps(row, lanes, std::bit_cast<__m512>(values));
+}
+inline void store_gradient_row(lattice::bf16* row, f32x16 values, __mmask16 lanes, double* sums) {
+  const u16x16 bits = to_bf16_bits(values);
+  _mm256_mask_storeu_epi16(row, lanes, std::bit_cast<__m256i>(bits));
+  if (sums != nullptr) add_to_sums(sums, values);
+}
+
+inline __mmask16 head_lanes(int64_t D, int64_t d0) {
+  return D - d0 >= kLanes ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (D - d0)) - 1);
+}
+
+// A task's column sums to their place in the caller's per-batch array.
+inline void store_column_sums(double* dst, const double* sums, int64_t D) {
+  std::copy(sums, sums + D, dst);
+}
+
+// rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
+// dV rows from their transposed accumulator ([Dp][kBlockK], Dp a multiple of 32), 16 x 16 at a
+// time transposed in registers; with bf16 rows, sums[d] (Dp doubles) += each row in row order.
+template <class Out>
+void write_transposed(Out* rows, int64_t row_stride, const float* transposed, int64_t cols,
+                      int64_t D, double* sums) {
+  for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
+    const __mmask16 lanes = head_lanes(D, d0);
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+      f32x16 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = load(transposed + (d0 + i) * kBlockK + c0);
+      transpose_16x16(r);
+      const int64_t n = std::min<int64_t>(kLanes, cols - c0);
+      for (int64_t j = 0; j < n; ++j)
+        store_gradient_row(rows + (c0 + j) * row_stride + d0, r[j], lanes,
+                           sums != nullptr ? sums + d0 : nullptr);
+    }
+  }
+}
+
+// rows[t * row_stride + d] = acc[t * Dp + d] for t < T, d < D (a head's dQ), with the sums as in
+// write_transposed.
+template <class Out>
+void write_rows(Out* rows, int64_t row_stride, const float* acc, int64_t Dp, int64_t T, int64_t D,
+                double* sums) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d0 = 0; d0 < D; d0 += kLanes)
+      store_gradient_row(rows + t * row_stride + d0, load(acc + t * Dp + d0), head_lanes(D, d0),
+                         sums != nullptr ? sums + d0 : nullptr);
 }
 
 // Causal backward with bf16 q, k, v, dO, P and dS on AMX (FlashAttention-2 order, fp32 softmax
 // statistics). Per task (batch, kv head): Q and dO of the group as bf16 rows and transposed, dQ
 // accumulators; per key block: K^T, V^T and K as B operands, dK^T and dV^T accumulators.
-void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out, const float* q,
-                            const float* k, const float* v, const float* out, const float* lse,
+template <class Src, class Grads>
+void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q, const Src* k,
+                            const Src* v, const float* out, const float* lse,
                             const AttentionShape& shape) {
   const int64_t B = shape.batch, T = shape.q_len, Hq = shape.q_heads, Hkv = shape.kv_heads;
   const int64_t D = shape.head_dim, Dp = round_up(D, 32), Tp = round_up(T, 32);
@@ -649,6 +775,12 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
     float* dp_buf = s_buf + tile;
     float* dkt_acc = dp_buf + tile;
     float* dvt_acc = dkt_acc + block;
+    // Column sums of one task's dK, dV (bf16 gradients with sums only) and one head's dQ.
+    const bool sums_wanted = grads.dq_sums != nullptr;
+    std::vector<double> column_sums(static_cast<size_t>(3 * Dp), 0.0);
+    double* dk_sums = column_sums.data();
+    double* dv_sums = dk_sums + Dp;
+    double* dq_sums = dv_sums + Dp;
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
@@ -672,8 +804,9 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
         }
       }
       std::fill(dq_acc, dq_acc + group * head_panel, 0.0f);
-      const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
-      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+      const Src* k_src = k + b * shape.kv_batch_stride + kvh * D;
+      const Src* v_src = v + b * shape.kv_batch_stride + kvh * D;
+      std::fill(dk_sums, dk_sums + 2 * Dp, 0.0);
 
       for (int64_t j0 = 0; j0 < T; j0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, T - j0), cols_p = round_up(cols, 32);
@@ -734,16 +867,23 @@ void attention_backward_amx(float* dq, float* dk, float* dv, const float* d_out,
                      dkt_acc, kBlockK, true);
           }
         }
-        float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
-        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
-        write_transposed(dk_rows, shape.k_row_stride, dkt_acc, cols, D);
-        write_transposed(dv_rows, shape.v_row_stride, dvt_acc, cols, D);
+        const int64_t key_row = b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
+        write_transposed(grads.dk + key_row, shape.k_row_stride, dkt_acc, cols, D,
+                         sums_wanted ? dk_sums : nullptr);
+        write_transposed(grads.dv + key_row, shape.v_row_stride, dvt_acc, cols, D,
+                         sums_wanted ? dv_sums : nullptr);
+      }
+      if (sums_wanted) {
+        store_column_sums(grads.dk_sums + b * grads.sums_batch_stride + kvh * D, dk_sums, D);
+        store_column_sums(grads.dv_sums + b * grads.sums_batch_stride + kvh * D, dv_sums, D);
       }
       for (int64_t g = 0; g < group; ++g) {
-        float* dq_rows = dq + b * shape.q_batch_stride + (kvh * group + g) * D;
-        for (int64_t t = 0; t < T; ++t)
-          std::memcpy(dq_rows + t * shape.q_row_stride, dq_acc + g * head_panel + t * Dp,
-                      static_cast<size_t>(D) * sizeof(float));
+        const int64_t h = kvh * group + g;
+        if (sums_wanted) std::fill(dq_sums, dq_sums + Dp, 0.0);
+        write_rows(grads.dq + b * shape.q_batch_stride + h * D, shape.q_row_stride,
+                   dq_acc + g * head_panel, Dp, T, D, sums_wanted ? dq_sums : nullptr);
+        if (sums_wanted)
+          store_column_sums(grads.dq_sums + b * grads.sums_batch_stride + h * D, dq_sums, D);
       }
     }
   }
@@ -894,7 +1034,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
         "attention_backward: q_len must equal kv_len (no backward through a KV cache)");
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
   if (precision == Precision::bf16 && use_amx()) {
-    attention_backward_amx(dq, dk, dv, d_out, q, k, v, out, lse, shape);
+    attention_backward_amx(Fp32GradientRows{dq, dk, dv}, d_out, q, k, v, out, lse, shape);
     return;
   }
 #endif
@@ -1030,6 +1170,101 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
       }
     }
   }
+}
+
+namespace {
+
+// Dense fp32 copies of bf16 rows (the portable path of the bf16-input entry points): `rows` token
+// rows of `width` elements at `src` (row stride src_stride, batch stride src_batch) for each batch.
+std::vector<float> widen_rows(const lattice::bf16* src, int64_t batches, int64_t rows,
+                              int64_t width, int64_t src_stride, int64_t src_batch) {
+  std::vector<float> dense(static_cast<size_t>(batches * rows * width));
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < width; ++j)
+        dense[static_cast<size_t>((b * rows + t) * width + j)] =
+            to_float(src[b * src_batch + t * src_stride + j]);
+  return dense;
+}
+
+// The dense fp32 gradient [batches, rows, width] rounded into strided bf16 rows, with each batch's
+// column sums (double, token order) when sums is not null.
+void narrow_rows(lattice::bf16* dst, double* sums, int64_t sums_batch_stride,
+                 const std::vector<float>& dense, int64_t batches, int64_t rows, int64_t width,
+                 int64_t dst_stride, int64_t dst_batch) {
+  for (int64_t b = 0; b < batches; ++b) {
+    double* batch_sums = sums != nullptr ? sums + b * sums_batch_stride : nullptr;
+    if (batch_sums != nullptr) std::fill(batch_sums, batch_sums + width, 0.0);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t j = 0; j < width; ++j) {
+        const float value = dense[static_cast<size_t>((b * rows + t) * width + j)];
+        dst[b * dst_batch + t * dst_stride + j] = to_bf16(value);
+        if (batch_sums != nullptr) batch_sums[j] += static_cast<double>(value);
+      }
+  }
+}
+
+}  // namespace
+
+void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, const lattice::bf16* k,
+                            const lattice::bf16* v, const AttentionShape& shape) {
+  validate(shape, "attention_forward_bf16");
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (use_amx()) {
+    attention_forward_amx(out, lse, q, k, v, shape);
+    return;
+  }
+#endif
+  const AttentionShape& s = shape;
+  const std::vector<float> q32 =
+      widen_rows(q, s.batch, s.q_len, s.q_heads * s.head_dim, s.q_row_stride, s.q_batch_stride);
+  const std::vector<float> k32 =
+      widen_rows(k, s.batch, s.kv_len, s.kv_heads * s.head_dim, s.k_row_stride, s.kv_batch_stride);
+  const std::vector<float> v32 =
+      widen_rows(v, s.batch, s.kv_len, s.kv_heads * s.head_dim, s.v_row_stride, s.kv_batch_stride);
+  AttentionShape dense =
+      AttentionShape::contiguous(s.batch, s.q_len, s.q_heads, s.kv_heads, s.head_dim);
+  dense.kv_len = s.kv_len;
+  dense.kv_batch_stride = s.kv_len * s.kv_heads * s.head_dim;
+  MatmulEngine unused;
+  attention_forward(out, lse, q32.data(), k32.data(), v32.data(), dense, Precision::bf16, unused);
+}
+
+void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d_out,
+                             const lattice::bf16* q, const lattice::bf16* k, const lattice::bf16* v,
+                             const float* out, const float* lse, const AttentionShape& shape) {
+  validate(shape, "attention_backward_bf16");
+  check(shape.q_len == shape.kv_len,
+        "attention_backward_bf16: q_len must equal kv_len (no backward through a KV cache)");
+  const bool sums = grads.dq_sums != nullptr;
+  check(sums == (grads.dk_sums != nullptr) && sums == (grads.dv_sums != nullptr),
+        "attention_backward_bf16: give all three column-sum arrays (dq, dk, dv) or none");
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (use_amx()) {
+    attention_backward_amx(grads, d_out, q, k, v, out, lse, shape);
+    return;
+  }
+#endif
+  const AttentionShape& s = shape;
+  const int64_t T = s.q_len, q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  const std::vector<float> q32 =
+      widen_rows(q, s.batch, T, q_width, s.q_row_stride, s.q_batch_stride);
+  const std::vector<float> k32 =
+      widen_rows(k, s.batch, T, kv_width, s.k_row_stride, s.kv_batch_stride);
+  const std::vector<float> v32 =
+      widen_rows(v, s.batch, T, kv_width, s.v_row_stride, s.kv_batch_stride);
+  std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
+  const AttentionShape dense =
+      AttentionShape::contiguous(s.batch, T, s.q_heads, s.kv_heads, s.head_dim);
+  MatmulEngine unused;
+  attention_backward(dq32.data(), dk32.data(), dv32.data(), d_out, q32.data(), k32.data(),
+                     v32.data(), out, lse, dense, Precision::bf16, unused);
+  narrow_rows(grads.dq, grads.dq_sums, grads.sums_batch_stride, dq32, s.batch, T, q_width,
+              s.q_row_stride, s.q_batch_stride);
+  narrow_rows(grads.dk, grads.dk_sums, grads.sums_batch_stride, dk32, s.batch, T, kv_width,
+              s.k_row_stride, s.kv_batch_stride);
+  narrow_rows(grads.dv, grads.dv_sums, grads.sums_batch_stride, dv32, s.batch, T, kv_width,
+              s.v_row_stride, s.kv_batch_stride);
 }
 
 }  // namespace lattice::kernels

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "lattice/core/dtype.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/kernels/cpu/precision.hpp"
 
@@ -40,5 +41,32 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* d_out, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         const AttentionShape& shape, Precision precision, MatmulEngine& matmul);
+
+// Precision::bf16 attention on q, k, v that are already bf16 (e.g. a QKV projection's output
+// rounded as it is produced: the fp32 q, k, v never exist). Same layout rules as above; the results
+// equal attention_forward / attention_backward's with Precision::bf16 on the fp32 values these
+// round from, bit for bit.
+void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, const lattice::bf16* k,
+                            const lattice::bf16* v, const AttentionShape& shape);
+
+// Where attention_backward_bf16 writes: dq, dk, dv rounded to bf16 (same strides as q, k, v) and,
+// when dq_sums, dk_sums and dv_sums are all given, each batch's column sums of the unrounded
+// gradients in double, summed over the batch's tokens in order: dq_sums[b * sums_batch_stride + h *
+// head_dim + d] for query head h, dk_sums / dv_sums likewise for kv heads (overwritten). A Linear
+// that produced q, k, v adds them up as its bias gradient, and runs its backward on the bf16 rows.
+struct AttentionGradientsBf16 {
+  lattice::bf16* dq = nullptr;
+  lattice::bf16* dk = nullptr;
+  lattice::bf16* dv = nullptr;
+  double* dq_sums = nullptr;
+  double* dk_sums = nullptr;
+  double* dv_sums = nullptr;
+  int64_t sums_batch_stride = 0;
+};
+
+// Requires q_len == kv_len. d_out and out are fp32 [batch, q_len, q_heads * head_dim].
+void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d_out,
+                             const lattice::bf16* q, const lattice::bf16* k, const lattice::bf16* v,
+                             const float* out, const float* lse, const AttentionShape& shape);
 
 }  // namespace lattice::kernels
