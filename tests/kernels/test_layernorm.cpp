@@ -11,6 +11,7 @@
 
 #include "gradcheck.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
 #include "omp_thread_count.hpp"
 
@@ -197,6 +198,29 @@ TEST(LayerNorm, BackwardAccumulatesParameterGradsAndOverwritesInputGrad) {
     EXPECT_NEAR(d_weight[c], expected_weight, 2e-7f * (1.0f + std::fabs(expected_weight)));
     EXPECT_NEAR(d_bias[c], expected_bias, 2e-7f * (1.0f + std::fabs(expected_bias)));
   }
+}
+
+TEST(LayerNorm, BackwardWithResidualGradientEqualsBackwardThenAdd) {
+  // A residual connection's gradient added in the same pass: bit for bit the separate add (the
+  // kernel must not let the compiler contract it into the last multiply), parameter gradients
+  // unchanged.
+  const int64_t rows = 37, C = 200;
+  Problem p = make_problem(rows, C, 61);
+  std::vector<float> out(rows * C), mean(rows), rstd(rows);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), p.in.data(), p.weight.data(),
+                    p.bias.data(), rows, C, kEps);
+  const std::vector<float> residual = random_vector(rows * C, 67);
+  std::vector<float> d_in(rows * C), d_weight(C, 0.0f), d_bias(C, 0.0f);
+  layernorm_backward(d_in.data(), d_weight.data(), d_bias.data(), p.d_out.data(), p.in.data(),
+                     p.weight.data(), mean.data(), rstd.data(), rows, C);
+  add_inplace(d_in.data(), residual.data(), rows * C);
+  std::vector<float> fused(rows * C), fused_weight(C, 0.0f), fused_bias(C, 0.0f);
+  layernorm_backward(fused.data(), fused_weight.data(), fused_bias.data(), p.d_out.data(),
+                     p.in.data(), p.weight.data(), mean.data(), rstd.data(), rows, C,
+                     residual.data());
+  EXPECT_EQ(fused, d_in);
+  EXPECT_EQ(fused_weight, d_weight);
+  EXPECT_EQ(fused_bias, d_bias);
 }
 
 TEST(LayerNorm, BitIdenticalForAnyThreadCount) {

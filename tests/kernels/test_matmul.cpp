@@ -350,8 +350,12 @@ TEST(Matmul, Bf16BiasGradientFromTheRoundingPassIsThreadCountIndependent) {
         reference_d_w = d_w;
       }
       EXPECT_EQ(d_b, reference_d_b) << threads << " threads, case " << wanted;
-      if (wanted != 2) EXPECT_EQ(d_in, reference_d_in) << threads << " threads, case " << wanted;
-      if (wanted != 1) EXPECT_EQ(d_w, reference_d_w) << threads << " threads, case " << wanted;
+      if (wanted != 2) {
+        EXPECT_EQ(d_in, reference_d_in) << threads << " threads, case " << wanted;
+      }
+      if (wanted != 1) {
+        EXPECT_EQ(d_w, reference_d_w) << threads << " threads, case " << wanted;
+      }
     }
   }
 }

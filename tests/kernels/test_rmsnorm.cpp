@@ -11,6 +11,7 @@
 
 #include "gradcheck.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/rmsnorm.hpp"
 #include "omp_thread_count.hpp"
 
@@ -168,6 +169,24 @@ TEST(RmsNorm, BackwardAccumulatesWeightGradAndOverwritesInputGrad) {
     const float expected = prior[c] + fresh_d_weight[c];
     EXPECT_NEAR(d_weight[c], expected, 2e-7f * (1.0f + std::fabs(expected)));
   }
+}
+
+TEST(RmsNorm, BackwardWithResidualGradientEqualsBackwardThenAdd) {
+  // As LayerNorm's: the residual's gradient added in the same pass, bit for bit a separate add.
+  const int64_t rows = 37, C = 200;
+  Problem p = make_problem(rows, C, 131);
+  std::vector<float> out(rows * C), rstd(rows);
+  rmsnorm_forward(out.data(), rstd.data(), p.in.data(), p.weight.data(), rows, C, kEps);
+  const std::vector<float> residual = random_vector(rows * C, 137);
+  std::vector<float> d_in(rows * C), d_weight(C, 0.0f);
+  rmsnorm_backward(d_in.data(), d_weight.data(), p.d_out.data(), p.in.data(), p.weight.data(),
+                   rstd.data(), rows, C);
+  add_inplace(d_in.data(), residual.data(), rows * C);
+  std::vector<float> fused(rows * C), fused_weight(C, 0.0f);
+  rmsnorm_backward(fused.data(), fused_weight.data(), p.d_out.data(), p.in.data(), p.weight.data(),
+                   rstd.data(), rows, C, residual.data());
+  EXPECT_EQ(fused, d_in);
+  EXPECT_EQ(fused_weight, d_weight);
 }
 
 TEST(RmsNorm, BitIdenticalForAnyThreadCount) {

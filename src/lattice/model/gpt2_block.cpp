@@ -192,8 +192,8 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
     c_fc_.backward(ctx, d_ln, d_fc, ln2_.f32(), rows);
   }
   k::layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln, x2_.f32(),
-                        store_.value(ln2_weight_), ln2_mean_.f32(), ln2_rstd_.f32(), rows, C_);
-  k::add_inplace(d_x2, d_x_out, rows * C_);
+                        store_.value(ln2_weight_), ln2_mean_.f32(), ln2_rstd_.f32(), rows, C_,
+                        /*residual_grad=*/d_x_out);
 
   // Attention branch: x2 = x_in + c_proj(attention(c_attn(ln1(x_in)))).
   attn_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
@@ -207,8 +207,8 @@ void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_
     c_attn_.backward(ctx, d_ln, d_qkv, ln1_.f32(), rows);
   }
   k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
-                        store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_);
-  k::add_inplace(d_x_in, d_x2, rows * C_);
+                        store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_,
+                        /*residual_grad=*/d_x2);
 }
 
 void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_att,

@@ -109,8 +109,8 @@ void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d
   up_proj_.backward(ctx, d_part, d_up, n2_.f32(), rows);
   k::add_inplace(d_norm, d_part, rows * C_);
   k::rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, x2_.f32(),
-                      store_.value(norm2_weight_), rstd2_.f32(), rows, C_);
-  k::add_inplace(d_x2, d_x_out, rows * C_);
+                      store_.value(norm2_weight_), rstd2_.f32(), rows, C_,
+                      /*residual_grad=*/d_x_out);
 
   // Attention branch: x2 = x_in + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
   o_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
@@ -125,8 +125,7 @@ void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d
   v_proj_.backward(ctx, d_part, d_v, n1_.f32(), rows);
   k::add_inplace(d_norm, d_part, rows * C_);
   k::rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in, store_.value(norm1_weight_),
-                      rstd1_.f32(), rows, C_);
-  k::add_inplace(d_x_in, d_x2, rows * C_);
+                      rstd1_.f32(), rows, C_, /*residual_grad=*/d_x2);
 }
 
 void LlamaBlock::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,

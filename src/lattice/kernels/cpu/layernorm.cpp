@@ -72,7 +72,7 @@ void layernorm_forward_bf16(lattice::bf16* out, float* mean, float* rstd, const 
 
 void layernorm_backward(float* d_in, float* d_weight, float* d_bias, const float* d_out,
                         const float* in, const float* weight, const float* mean, const float* rstd,
-                        int64_t rows, int64_t C) {
+                        int64_t rows, int64_t C, const float* residual_grad) {
   check_shape("layernorm_backward", rows, C);
   if (rows == 0) return;
   const RowChunks chunks = fixed_row_chunks(rows);
@@ -107,6 +107,13 @@ void layernorm_backward(float* d_in, float* d_weight, float* d_bias, const float
         const float xhat = (x[c] - m) * s;
         const float dnorm = dy[c] * weight[c];
         dx[c] = s * (dnorm - mean_dnorm - xhat * mean_dnorm_xhat);
+      }
+      // The residual in a second loop over the row (in L1): in the loop above the compiler would
+      // contract it into an FMA, and the sum would differ from a separate add.
+      if (residual_grad != nullptr) {
+        const float* dr = residual_grad + r * C;
+#pragma omp simd simdlen(16)
+        for (int64_t c = 0; c < C; ++c) dx[c] += dr[c];
       }
     }
   }

@@ -16,10 +16,12 @@ void layernorm_forward_bf16(lattice::bf16* out, float* mean, float* rstd, const 
                             const float* weight, const float* bias, int64_t rows, int64_t C,
                             float eps);
 
-// d_in overwritten; d_weight and d_bias accumulated (+=). Bit-identical for any OpenMP thread
-// count.
+// d_in overwritten; d_weight and d_bias accumulated (+=). With `residual_grad` [rows, C] (the
+// gradient reaching the same input through a residual connection), d_in = the norm's input
+// gradient + residual_grad, in the same pass (as a separate add_inplace would, bit for bit);
+// residual_grad may not alias d_in. Bit-identical for any OpenMP thread count.
 void layernorm_backward(float* d_in, float* d_weight, float* d_bias, const float* d_out,
                         const float* in, const float* weight, const float* mean, const float* rstd,
-                        int64_t rows, int64_t C);
+                        int64_t rows, int64_t C, const float* residual_grad = nullptr);
 
 }  // namespace lattice::kernels

@@ -41,7 +41,8 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
 }
 
 void rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const float* in,
-                      const float* weight, const float* rstd, int64_t rows, int64_t C) {
+                      const float* weight, const float* rstd, int64_t rows, int64_t C,
+                      const float* residual_grad) {
   check_shape("rmsnorm_backward", rows, C);
   if (rows == 0) return;
   const RowChunks chunks = fixed_row_chunks(rows);
@@ -67,6 +68,12 @@ void rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const fl
       for (int64_t c = 0; c < C; ++c) {
         const float xhat = x[c] * s;
         dx[c] = s * (dy[c] * weight[c] - xhat * mean_dnorm_xhat);
+      }
+      // The residual in a second loop over the row (in L1), not contracted into an FMA above.
+      if (residual_grad != nullptr) {
+        const float* dr = residual_grad + r * C;
+#pragma omp simd simdlen(16)
+        for (int64_t c = 0; c < C; ++c) dx[c] += dr[c];
       }
     }
   }

@@ -9,8 +9,11 @@ namespace lattice::kernels {
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t rows,
                      int64_t C, float eps);
 
-// d_in overwritten; d_weight accumulated (+=). Bit-identical for any OpenMP thread count.
+// d_in overwritten; d_weight accumulated (+=). With `residual_grad` [rows, C], d_in = the norm's
+// input gradient + residual_grad in the same pass (bit for bit as a separate add); it may not alias
+// d_in. Bit-identical for any OpenMP thread count.
 void rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const float* in,
-                      const float* weight, const float* rstd, int64_t rows, int64_t C);
+                      const float* weight, const float* rstd, int64_t rows, int64_t C,
+                      const float* residual_grad = nullptr);
 
 }  // namespace lattice::kernels
