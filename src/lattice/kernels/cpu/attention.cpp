@@ -671,29 +671,36 @@ struct Fp32GradientRows {
 };
 
 using f64x8 = double __attribute__((vector_size(64)));
-using f32x8 = float __attribute__((vector_size(32)));
 
-// sums[d] += row[d] (in double) for the 16 lanes of one fp32 row.
-inline void add_to_sums(double* sums, f32x16 row) {
-  const f32x8 low = __builtin_shufflevector(row, row, 0, 1, 2, 3, 4, 5, 6, 7);
-  const f32x8 high = __builtin_shufflevector(row, row, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int half = 0; half < 2; ++half) {
-    f64x8 acc;
-    std::memcpy(&acc, sums + 8 * half, sizeof acc);
-    acc += __builtin_convertvector(half == 0 ? low : high, f64x8);
-    std::memcpy(sums + 8 * half, &acc, sizeof acc);
+// Column sums of 16 lanes in double, kept in registers over a run of rows (a sum in memory would
+// put a store-to-load round trip on every row).
+struct LaneSums {
+  f64x8 low{}, high{};
+  void load_from(const double* sums) {
+    std::memcpy(&low, sums, sizeof low);
+    std::memcpy(&high, sums + 8, sizeof high);
   }
-}
+  void store_to(double* sums) const {
+    std::memcpy(sums, &low, sizeof low);
+    std::memcpy(sums + 8, &high, sizeof high);
+  }
+  void add(f32x16 row) {
+    low += __builtin_convertvector(__builtin_shufflevector(row, row, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
+    high += __builtin_convertvector(
+        __builtin_shufflevector(row, row, 8, 9, 10, 11, 12, 13, 14, 15), f64x8);
+  }
+};
 
 // One output row of 16 lanes (masked to `lanes`): stored as fp32, or rounded to bf16 with its
 // values added to `sums` (padding lanes hold zeros, so the sums past head_dim stay zero).
-inline void store_gradient_row(float* row, f32x16 values, __mmask16 lanes, double* /*sums*/) {
+inline void store_gradient_row(float* row, f32x16 values, __mmask16 lanes, LaneSums* /*sums*/) {
   _mm512_mask_storeu_ps(row, lanes, std::bit_cast<__m512>(values));
 }
-inline void store_gradient_row(lattice::bf16* row, f32x16 values, __mmask16 lanes, double* sums) {
+inline void store_gradient_row(lattice::bf16* row, f32x16 values, __mmask16 lanes,
+                               LaneSums* sums) {
   const u16x16 bits = to_bf16_bits(values);
   _mm256_mask_storeu_epi16(row, lanes, std::bit_cast<__m256i>(bits));
-  if (sums != nullptr) add_to_sums(sums, values);
+  if (sums != nullptr) sums->add(values);
 }
 
 inline __mmask16 head_lanes(int64_t D, int64_t d0) {
@@ -713,6 +720,8 @@ void write_transposed(Out* rows, int64_t row_stride, const float* transposed, in
                       int64_t D, double* sums) {
   for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
     const __mmask16 lanes = head_lanes(D, d0);
+    LaneSums lane_sums;
+    if (sums != nullptr) lane_sums.load_from(sums + d0);
     for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
       f32x16 r[16];
       for (int i = 0; i < 16; ++i) r[i] = load(transposed + (d0 + i) * kBlockK + c0);
@@ -720,8 +729,9 @@ void write_transposed(Out* rows, int64_t row_stride, const float* transposed, in
       const int64_t n = std::min<int64_t>(kLanes, cols - c0);
       for (int64_t j = 0; j < n; ++j)
         store_gradient_row(rows + (c0 + j) * row_stride + d0, r[j], lanes,
-                           sums != nullptr ? sums + d0 : nullptr);
+                           sums != nullptr ? &lane_sums : nullptr);
     }
+    if (sums != nullptr) lane_sums.store_to(sums + d0);
   }
 }
 
@@ -730,10 +740,15 @@ void write_transposed(Out* rows, int64_t row_stride, const float* transposed, in
 template <class Out>
 void write_rows(Out* rows, int64_t row_stride, const float* acc, int64_t Dp, int64_t T, int64_t D,
                 double* sums) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t d0 = 0; d0 < D; d0 += kLanes)
-      store_gradient_row(rows + t * row_stride + d0, load(acc + t * Dp + d0), head_lanes(D, d0),
-                         sums != nullptr ? sums + d0 : nullptr);
+  for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
+    const __mmask16 lanes = head_lanes(D, d0);
+    LaneSums lane_sums;
+    if (sums != nullptr) lane_sums.load_from(sums + d0);
+    for (int64_t t = 0; t < T; ++t)
+      store_gradient_row(rows + t * row_stride + d0, load(acc + t * Dp + d0), lanes,
+                         sums != nullptr ? &lane_sums : nullptr);
+    if (sums != nullptr) lane_sums.store_to(sums + d0);
+  }
 }
 
 // Causal backward with bf16 q, k, v, dO, P and dS on AMX (FlashAttention-2 order, fp32 softmax
