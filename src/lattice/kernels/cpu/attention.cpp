@@ -29,12 +29,11 @@
 #include <omp.h>
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/amx_tiles.hpp"
 
 namespace lattice::kernels {
 
@@ -302,41 +301,15 @@ void validate(const AttentionShape& s, const char* who) {
 using u16x16 = uint16_t __attribute__((vector_size(32)));
 using u16x32 = uint16_t __attribute__((vector_size(64)));
 
-// Linux grants a process the AMX tile state only on request; asked once, the answer never changes.
-bool amx_available() {
-  static const bool available = [] {
-    constexpr long kRequestXcompPermission = 0x1023, kXfeatureTileData = 18;
-    return syscall(SYS_arch_prctl, kRequestXcompPermission, kXfeatureTileData) == 0;
-  }();
-  return available;
-}
-
 // AMX unless the environment sets LATTICE_ATTENTION_NO_AMX (read per call: it selects the portable
 // bf16 path for comparison and debugging, like oneDNN's ONEDNN_MAX_CPU_ISA).
 bool use_amx() {
   const char* disable = std::getenv("LATTICE_ATTENTION_NO_AMX");
-  return amx_available() && (disable == nullptr || *disable == '\0' || *disable == '0');
+  return amx_tile_state_granted() && (disable == nullptr || *disable == '\0' || *disable == '0');
 }
 
-// Tile registers of the calling thread, configured as eight 16 x 64-byte tiles while this lives:
-// tmm0-3 accumulate a 32 x 32 fp32 block, tmm4-5 hold A (32 rows x 32 bf16), tmm6-7 hold B.
-class AmxTiles {
- public:
-  AmxTiles() {
-    struct alignas(64) {
-      uint8_t palette = 1, start_row = 0, reserved[14] = {};
-      uint16_t colsb[16] = {};
-      uint8_t rows[16] = {};
-    } config;
-    for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
-    _tile_loadconfig(&config);
-  }
-  ~AmxTiles() { _tile_release(); }
-  AmxTiles(const AmxTiles&) = delete;
-  AmxTiles& operator=(const AmxTiles&) = delete;
-};
-
-// C[M, N] (= or +=) A[M, K] * B with bf16 A (row-major, lda elements) and B in the VNNI layout
+// C[M, N] (= or +=) A[M, K] * B on the tiles of an AmxTileScope (tmm0-3 accumulate a 32 x 32 fp32
+// block, tmm4-5 hold A, tmm6-7 B), with bf16 A (row-major, lda elements) and B in the VNNI layout
 // [K/2][N][2] (row stride ldb elements), fp32 C. M, N and K are multiples of 32.
 void amx_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, const uint16_t* b,
               int64_t ldb, float* c, int64_t ldc, bool accumulate) {
@@ -501,7 +474,7 @@ void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, c
 
 #pragma omp parallel
   {
-    AmxTiles tiles;
+    const AmxTileScope tiles;
     // Per thread: K^T panel in VNNI [key block][Dp/2][kForwardBlockK][2], V panel in VNNI
     // [key/2][Dp][2], bf16 Q and P tiles, fp32 S tile, output accumulator, row max and row sum.
     const int64_t panel = key_blocks * kForwardBlockK * Dp;
@@ -685,9 +658,10 @@ struct LaneSums {
     std::memcpy(sums + 8, &high, sizeof high);
   }
   void add(f32x16 row) {
-    low += __builtin_convertvector(__builtin_shufflevector(row, row, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
-    high += __builtin_convertvector(
-        __builtin_shufflevector(row, row, 8, 9, 10, 11, 12, 13, 14, 15), f64x8);
+    low +=
+        __builtin_convertvector(__builtin_shufflevector(row, row, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
+    high += __builtin_convertvector(__builtin_shufflevector(row, row, 8, 9, 10, 11, 12, 13, 14, 15),
+                                    f64x8);
   }
 };
 
@@ -696,8 +670,7 @@ struct LaneSums {
 inline void store_gradient_row(float* row, f32x16 values, __mmask16 lanes, LaneSums* /*sums*/) {
   _mm512_mask_storeu_ps(row, lanes, std::bit_cast<__m512>(values));
 }
-inline void store_gradient_row(lattice::bf16* row, f32x16 values, __mmask16 lanes,
-                               LaneSums* sums) {
+inline void store_gradient_row(lattice::bf16* row, f32x16 values, __mmask16 lanes, LaneSums* sums) {
   const u16x16 bits = to_bf16_bits(values);
   _mm256_mask_storeu_epi16(row, lanes, std::bit_cast<__m256i>(bits));
   if (sums != nullptr) sums->add(values);
@@ -767,7 +740,7 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
 
 #pragma omp parallel
   {
-    AmxTiles tiles;
+    const AmxTileScope tiles;
     const int64_t head_panel = Tp * Dp, block = kBlockK * Dp, tile = kBlockQ * kBlockK;
     // bf16: Q rows, dO rows, Q^T [Dp][Tp], dO^T [Dp][Tp] per group head; K^T, V^T (pairs
     // transposed) and K (rows interleaved) of one key block; dS rows, P and dS rows interleaved.

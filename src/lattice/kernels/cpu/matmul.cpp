@@ -8,7 +8,10 @@
 // forward, d_out^T in the weight gradient) cost no copy: brgemm reads the strided layouts directly.
 // The fp32 operands are first rounded to bf16 (exactly lattice::to_bf16) into engine-owned buffers;
 // accumulation into d_weight uses the sum post-op. Primitives are created once per shape, layout,
-// scaling and thread count and kept, with their argument memories, in the engine.
+// scaling and thread count and kept, with their argument memories, in the engine. The row-chunk
+// products (one thread per chunk) run on Lattice's own AMX kernel with the weight packed once per
+// call where the shape fits its tiles (amx_packed_gemm.hpp): oneDNN's single-thread brgemm lays
+// the whole weight out again on every chunk.
 #include "lattice/kernels/cpu/matmul.hpp"
 
 #include <omp.h>
@@ -30,6 +33,7 @@
 #include "lattice/core/aligned_allocation.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/row_chunks.hpp"
 #include "lattice/kernels/cpu/scoped_omp_threads.hpp"
@@ -245,6 +249,13 @@ class ChunkFailure {
   bool failed_ = false;
 };
 
+// Rows of an AMX chunk GEMM pass: a multiple of 32 whose fp32 output [rows, N] fits in 2 MiB (L2),
+// at least 32.
+int64_t amx_rows_per_pass(int64_t N) {
+  constexpr int64_t kOutputBytes = int64_t{2} << 20;
+  return std::max<int64_t>(32, kOutputBytes / (N * 4) / 32 * 32);
+}
+
 // Rows in the last of `chunks` over M rows.
 int64_t tail_rows(const RowChunks& chunks, int64_t M) {
   return chunks.end(chunks.count - 1, M) - chunks.begin(chunks.count - 1);
@@ -259,6 +270,9 @@ struct MatmulEngine::Impl {
   AlignedBuffer scratchpad;
   // bf16 copies of up to three fp32 operands of one call (in / weight / d_out, or A / B).
   std::array<AlignedBuffer, 3> bf16_operands;
+  // A row-chunk call's weight packed for the AMX kernel (amx_packed_gemm.hpp): [0] as the forward
+  // reads it (weight^T), [1] as the input gradient does.
+  std::array<AlignedBuffer, 2> packed_weights;
   // Row-chunk GEMMs: single-thread primitives keyed by (rows, N, K, kind) (references stay valid
   // until the map is cleared) and each thread's output chunk, gradient chunk and scratchpad.
   std::map<std::array<int64_t, 4>, ChunkGemm> chunk_cache;
@@ -337,6 +351,16 @@ struct MatmulEngine::Impl {
         static_cast<size_t>(rows * cols) * sizeof(bf16)));
     convert_rows_to_bf16(dst, src, rows, cols, row_stride);
     return dst;
+  }
+
+  // weight16 packed for amx_packed_gemm into packed_weights[slot]: B = weight16^T ([N, K] given)
+  // when weight_transposed, else B = weight16 ([K, N] given).
+  const uint16_t* packed_b(int slot, const bf16* weight16, bool weight_transposed, int64_t K,
+                           int64_t N) {
+    auto* packed = static_cast<uint16_t*>(packed_weights[static_cast<size_t>(slot)].reserve(
+        static_cast<size_t>(K * N) * sizeof(uint16_t)));
+    pack_b_panels(packed, weight16, weight_transposed, K, N);
+    return packed;
   }
 
   // `src` [rows, cols] rounded to bf16 into `keep` when given (caller-owned), else into `slot`;
@@ -425,6 +449,7 @@ MatmulEngine::~MatmulEngine() = default;
 int64_t MatmulEngine::scratch_bytes() const {
   size_t total = impl_->scratchpad.capacity();
   for (const auto& buffer : impl_->bf16_operands) total += buffer.capacity();
+  for (const auto& buffer : impl_->packed_weights) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_chunks) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_gradient_chunks) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_scratchpads) total += buffer.capacity();
@@ -532,12 +557,19 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
   // The weight rounded as forward() and backward() round it; the GEMMs read it in place.
   const lattice::bf16* weight16 = weight_transposed ? impl_->to_bf16_buffer(1, weight, N, K, K)
                                                     : impl_->to_bf16_buffer(1, weight, K, N, N);
-  // Shapes churn (e.g. varying batch tails): start over before the cache grows past its bound, not
-  // between the lookups below.
-  if (impl_->chunk_cache.size() + 2 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
-  const Impl::ChunkGemmPair gemms = impl_->chunk_gemms(weight_transposed, K, N, chunks, M);
+  // The AMX kernel on the weight packed once, where the shape fits it; else oneDNN's chunk GEMMs.
+  const uint16_t* packed = nullptr;
+  std::optional<Impl::ChunkGemmPair> gemms;
+  if (amx_packed_gemm_enabled() && amx_packed_gemm_fits(K, N)) {
+    packed = impl_->packed_b(0, weight16, weight_transposed, K, N);
+  } else {
+    // Shapes churn (e.g. varying batch tails): start over before the cache grows past its bound,
+    // not between the lookups below.
+    if (impl_->chunk_cache.size() + 2 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
+    gemms = impl_->chunk_gemms(weight_transposed, K, N, chunks, M);
+  }
   const int threads = omp_get_max_threads();
-  const size_t scratch_bytes = gemms.scratchpad_bytes();
+  const size_t scratch_bytes = gemms ? gemms->scratchpad_bytes() : 0;
   impl_->reserve_thread_buffers(
       threads,
       destination == nullptr ? static_cast<size_t>(chunks.rows_per_chunk * N) * sizeof(float) : 0,
@@ -556,8 +588,20 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
         const bool last = c + 1 == chunks.count;
         const int64_t row_begin = chunks.begin(c);
         const int64_t rows = chunks.end(c, M) - row_begin;
+        if (packed != nullptr) {
+          // Passes whose output stays in L2, as in forward_backward_in_row_chunks.
+          const int64_t pass_rows = destination != nullptr ? rows : amx_rows_per_pass(N);
+          for (int64_t p0 = 0; p0 < rows; p0 += pass_rows) {
+            const int64_t n = std::min(pass_rows, rows - p0);
+            float* out = destination != nullptr ? destination + (row_begin + p0) * N : thread_chunk;
+            amx_packed_gemm(out, N, in16 + (row_begin + p0) * K, K, packed, n, N, K);
+            if (bias != nullptr) add_bias_rows(out, bias, n, N);
+            consume(row_begin + p0, n, out);
+          }
+          return;
+        }
         float* out = destination != nullptr ? destination + row_begin * N : thread_chunk;
-        run_chunk_gemm(gemms.for_chunk(last), impl_->engine, *stream, in16 + row_begin * K,
+        run_chunk_gemm(gemms->for_chunk(last), impl_->engine, *stream, in16 + row_begin * K,
                        weight16, out, scratch);
         if (bias != nullptr) add_bias_rows(out, bias, rows, N);
         consume(row_begin, rows, out);
@@ -590,13 +634,24 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
   if (impl_->chunk_cache.size() + 8 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
   // out = in16 · weight^T reads the weight [N, K] transposed; d_in = d_out16 · weight reads it as
   // [K'=N, N'=K].
-  const Impl::ChunkGemmPair forward_gemms =
-      impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunks, M);
-  const Impl::ChunkGemmPair input_gemms =
-      impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunks, M);
+  // Each on the AMX kernel with the weight packed once where the shape fits it, else on oneDNN.
+  const bool amx = amx_packed_gemm_enabled();
+  const uint16_t* forward_packed =
+      amx && amx_packed_gemm_fits(K, N) ? impl_->packed_b(0, weight16, true, K, N) : nullptr;
+  const uint16_t* input_packed =
+      amx && amx_packed_gemm_fits(N, K) ? impl_->packed_b(1, weight16, false, N, K) : nullptr;
+  std::optional<Impl::ChunkGemmPair> forward_gemms, input_gemms;
+  size_t scratch_bytes = 0;
+  if (forward_packed == nullptr) {
+    forward_gemms = impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunks, M);
+    scratch_bytes = std::max(scratch_bytes, forward_gemms->scratchpad_bytes());
+  }
+  if (input_packed == nullptr) {
+    input_gemms = impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunks, M);
+    scratch_bytes = std::max(scratch_bytes, input_gemms->scratchpad_bytes());
+  }
   // partial[N, K] (+)= d_out16^T · in16: the chunk's rows are the reduction. [accumulate][last]
   const ChunkGemm* gradient_gemms[2][2];
-  size_t scratch_bytes = std::max(forward_gemms.scratchpad_bytes(), input_gemms.scratchpad_bytes());
   for (int accumulate = 0; accumulate < 2; ++accumulate) {
     const ChunkGemmKind kind =
         accumulate ? ChunkGemmKind::weight_gradient_accumulate : ChunkGemmKind::weight_gradient;
@@ -630,11 +685,25 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
           const int64_t row_begin = chunks.begin(c);
           const int64_t rows = chunks.end(c, M) - row_begin;
           const lattice::bf16* in_rows = in16 + row_begin * K;
-          run_chunk_gemm(forward_gemms.for_chunk(last), impl_->engine, *stream, in_rows, weight16,
-                         out, scratch);
-          consume(row_begin, rows, out, d_out16);
-          run_chunk_gemm(input_gemms.for_chunk(last), impl_->engine, *stream, d_out16, weight16,
-                         d_in + row_begin * K, scratch);
+          if (forward_packed != nullptr) {
+            // In passes whose fp32 output stays in L2 for the consumer (a wide output, as the LM
+            // head's, is otherwise written to and read back from L3).
+            const int64_t pass_rows = amx_rows_per_pass(N);
+            for (int64_t p0 = 0; p0 < rows; p0 += pass_rows) {
+              const int64_t n = std::min(pass_rows, rows - p0);
+              amx_packed_gemm(out, N, in_rows + p0 * K, K, forward_packed, n, N, K);
+              consume(row_begin + p0, n, out, d_out16 + p0 * N);
+            }
+          } else {
+            run_chunk_gemm(forward_gemms->for_chunk(last), impl_->engine, *stream, in_rows,
+                           weight16, out, scratch);
+            consume(row_begin, rows, out, d_out16);
+          }
+          if (input_packed != nullptr)
+            amx_packed_gemm(d_in + row_begin * K, K, d_out16, N, input_packed, rows, K, N);
+          else
+            run_chunk_gemm(input_gemms->for_chunk(last), impl_->engine, *stream, d_out16, weight16,
+                           d_in + row_begin * K, scratch);
           run_chunk_gemm(*gradient_gemms[c == first ? 0 : 1][last ? 1 : 0], impl_->engine, *stream,
                          d_out16, in_rows, partial, scratch);
         });

@@ -58,11 +58,15 @@ class MatmulEngine {
   // output is never written to memory (the LM head and its cross-entropy, a GELU backward), unless
   // `destination` [M, N] is given: then each chunk is written to its rows there (and handed to
   // consume from there), for an output that must be kept. When bias[N] is given it is added to
-  // every row first. The weight is rounded once per call and read in place. Each element equals
-  // forward()'s and backward()'s (same K order, same bias add) bit for bit where oneDNN picks the
-  // same kernel for a chunk as for the whole product, as on the Linears of the demo and benchmark
-  // models; for some narrow outputs (16-32 columns, e.g. the tiny test presets' d_model of 32) it
-  // picks another and they agree to fp32 rounding.
+  // every row first. The weight is rounded once per call; where K and N are multiples of 32 and
+  // the CPU has AMX it is also packed once into the tile layout and the chunks run on
+  // amx_packed_gemm.hpp's kernel (in passes of rows whose fp32 output fits in L2, each handed to
+  // consume in turn), otherwise on oneDNN's single-thread GEMMs reading it in place. Each element
+  // equals forward()'s and backward()'s (same K order, same bias add) bit for bit where both sweep
+  // K in order, as on the Linears of the demo and benchmark models; oneDNN's whole product splits
+  // some reductions (a narrow output of 16-32 columns, e.g. the tiny test presets' d_model of 32;
+  // an 8192-long K, the small benchmark's LM-head input gradient) and they then agree to fp32
+  // rounding.
   using ChunkConsumer = std::function<void(int64_t row_begin, int64_t rows, const float* chunk)>;
   void multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
                               bool weight_transposed, int64_t M, int64_t K, int64_t N,
@@ -79,10 +83,13 @@ class MatmulEngine {
   //   partial[N, K] (+)= d_out16^T · in16 rows      (the first chunk of a lane overwrites)
   // Lane l of `lanes` (= gradient_lanes(M, chunk_rows), one thread each) takes a contiguous run of
   // chunks in order and sums their weight gradients into weight_grad_partials + l·N·K; add the
-  // lanes in order (add_chunk_partials) to get the weight gradient. `out` and d_in equal
-  // forward()'s and backward()'s rows (bit for bit on the demo and benchmark models: see
-  // multiply_in_row_chunks); the weight gradient is the same sum in another order (per chunk,
-  // then per lane), fixed by the thread count.
+  // lanes in order (add_chunk_partials) to get the weight gradient. The forward and the input
+  // gradient run as in multiply_in_row_chunks (the AMX kernel on the weight packed once where it
+  // fits; consume may then be handed a chunk in several passes of fewer rows). `out` and d_in equal
+  // forward()'s and backward()'s rows bit for bit where both sweep K in order (see
+  // multiply_in_row_chunks; an 8192-wide vocabulary's d_in agrees to fp32 rounding); the weight
+  // gradient is the same sum in another order (per chunk, then per lane), fixed by the thread
+  // count.
   using GradientChunkConsumer = std::function<void(int64_t row_begin, int64_t rows,
                                                    const float* out, lattice::bf16* d_out16)>;
   void forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M,

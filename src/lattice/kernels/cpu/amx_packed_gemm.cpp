@@ -1,0 +1,206 @@
+// The packed AMX row-chunk GEMM: see amx_packed_gemm.hpp. Blocks of 32 x 32 outputs live in four
+// accumulator tiles while K is swept in steps of 32 (two A tiles, two B tiles, four tdpbf16ps per
+// step); K is cut in blocks of kBlockK so that a block's A rows and B panels stay in L2 when K is
+// long (the LM head's input gradient), the accumulators going through C (fp32, exact) between
+// blocks. Within a K block the 32-column panel of B stays in L1 while every 32-row block of A
+// passes over it.
+#include "lattice/kernels/cpu/amx_packed_gemm.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/amx_tiles.hpp"
+
+namespace lattice::kernels {
+
+namespace {
+
+constexpr int64_t kBlockK = 1024;
+
+#if defined(LATTICE_HAS_AMX)
+using u32x16 = uint32_t __attribute__((vector_size(64)));
+using u16x16 = uint16_t __attribute__((vector_size(32)));
+using u16x32 = uint16_t __attribute__((vector_size(64)));
+
+// Transposes 16 rows of 16 32-bit words in registers (unpack, then 64-bit pairs within 128-bit
+// lanes, then 128-bit lanes twice).
+void transpose_words_16x16(u32x16 r[16]) {
+  u32x16 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28,
+                                   13, 29);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27,
+                                       14, 30, 15, 31);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    for (int odd = 0; odd < 2; ++odd) {
+      const u32x16 a = t[i + odd], b = t[i + 2 + odd];
+      r[i + 2 * odd] =
+          __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      r[i + 2 * odd + 1] =
+          __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+  }
+  const auto even_lanes = [](u32x16 a, u32x16 b) {
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  };
+  const auto odd_lanes = [](u32x16 a, u32x16 b) {
+    return __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                   31);
+  };
+  for (int i = 0; i < 4; ++i) {
+    t[i] = even_lanes(r[i], r[i + 4]);
+    t[i + 4] = odd_lanes(r[i], r[i + 4]);
+    t[i + 8] = even_lanes(r[i + 8], r[i + 12]);
+    t[i + 12] = odd_lanes(r[i + 8], r[i + 12]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = even_lanes(t[i], t[i + 8]);
+    r[i + 8] = odd_lanes(t[i], t[i + 8]);
+  }
+}
+
+// Panel of columns [n0, n0 + 32) of B = weight^T, weight [N, K]: word (kp, j) of the panel is
+// word kp of weight row n0 + j, so the panel is the [32 x K/2] word block transposed, 16 x 16 at a
+// time.
+void pack_transposed_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, int64_t n0) {
+  const int64_t words = K / 2;
+  for (int64_t j0 = 0; j0 < 32; j0 += 16) {
+    for (int64_t w0 = 0; w0 < words; w0 += 16) {
+      u32x16 r[16];
+      for (int i = 0; i < 16; ++i) std::memcpy(&r[i], weight + (n0 + j0 + i) * K + 2 * w0, 64);
+      transpose_words_16x16(r);
+      for (int i = 0; i < 16; ++i) std::memcpy(panel + ((w0 + i) * 32 + j0) * 2, &r[i], 64);
+    }
+  }
+}
+
+// Panel of columns [n0, n0 + 32) of B = weight [K, N]: row kp of the panel interleaves rows 2kp
+// and 2kp + 1 of the weight.
+void pack_plain_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, int64_t N,
+                      int64_t n0) {
+  for (int64_t kp = 0; kp < K / 2; ++kp) {
+    const lattice::bf16* even = weight + (2 * kp) * N + n0;
+    const lattice::bf16* odd = even + N;
+    for (int64_t j0 = 0; j0 < 32; j0 += 16) {
+      u16x16 a, b;
+      std::memcpy(&a, even + j0, sizeof a);
+      std::memcpy(&b, odd + j0, sizeof b);
+      const u16x32 mixed =
+          __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8,
+                                  24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+      std::memcpy(panel + (kp * 32 + j0) * 2, &mixed, sizeof mixed);
+    }
+  }
+}
+
+// C[rows, N] for rows a multiple of 32, tiles configured by the caller.
+void gemm_row_blocks(float* C, int64_t ldc, const uint16_t* A, int64_t lda, const uint16_t* packed,
+                     int64_t rows, int64_t N, int64_t K) {
+  const int64_t c_stride = ldc * 4, a_stride = lda * 2;
+  for (int64_t k_begin = 0; k_begin < K; k_begin += kBlockK) {
+    const int64_t k_end = std::min(K, k_begin + kBlockK);
+    for (int64_t n0 = 0; n0 < N; n0 += 32) {
+      const uint16_t* panel = packed + n0 * K;  // [K/2][32][2]: a k-pair row is 64 elements
+      for (int64_t m0 = 0; m0 < rows; m0 += 32) {
+        float* c00 = C + m0 * ldc + n0;
+        float* c10 = c00 + 16 * ldc;
+        if (k_begin == 0) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        } else {
+          _tile_loadd(0, c00, c_stride);
+          _tile_loadd(1, c00 + 16, c_stride);
+          _tile_loadd(2, c10, c_stride);
+          _tile_loadd(3, c10 + 16, c_stride);
+        }
+        const uint16_t* a0 = A + m0 * lda;
+        const uint16_t* a1 = a0 + 16 * lda;
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += 32) {
+          _tile_loadd(4, a0 + k0, a_stride);
+          _tile_loadd(5, a1 + k0, a_stride);
+          _tile_loadd(6, panel + k0 * 32, 128);
+          _tile_loadd(7, panel + k0 * 32 + 32, 128);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c00, c_stride);
+        _tile_stored(1, c00 + 16, c_stride);
+        _tile_stored(2, c10, c_stride);
+        _tile_stored(3, c10 + 16, c_stride);
+      }
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+bool amx_packed_gemm_enabled() {
+  static const bool enabled = [] {
+    const char* off = std::getenv("LATTICE_MATMUL_NO_AMX_PACKED");
+    const bool disabled = off != nullptr && *off != '\0' && *off != '0';
+    return !disabled && amx_tile_state_granted();
+  }();
+  return enabled;
+}
+
+bool amx_packed_gemm_fits(int64_t K, int64_t N) {
+  return K > 0 && N > 0 && K % 32 == 0 && N % 32 == 0;
+}
+
+void pack_b_panels(uint16_t* packed, const lattice::bf16* weight, bool weight_transposed, int64_t K,
+                   int64_t N) {
+  check(amx_packed_gemm_fits(K, N),
+        "pack_b_panels: K and N must be positive multiples of 32, got K=" + std::to_string(K) +
+            " N=" + std::to_string(N));
+#if defined(LATTICE_HAS_AMX)
+#pragma omp parallel for schedule(static)
+  for (int64_t n0 = 0; n0 < N; n0 += 32) {
+    if (weight_transposed)
+      pack_transposed_panel(packed + n0 * K, weight, K, n0);
+    else
+      pack_plain_panel(packed + n0 * K, weight, K, N, n0);
+  }
+#else
+  (void)packed, (void)weight, (void)weight_transposed;
+  throw Error("pack_b_panels: this build does not target AMX");
+#endif
+}
+
+void amx_packed_gemm(float* C, int64_t ldc, const lattice::bf16* A, int64_t lda,
+                     const uint16_t* packed, int64_t M, int64_t N, int64_t K) {
+  check(amx_packed_gemm_fits(K, N) && M >= 0 && lda >= K && ldc >= N,
+        "amx_packed_gemm: needs K and N positive multiples of 32, M >= 0, lda >= K, ldc >= N");
+#if defined(LATTICE_HAS_AMX)
+  if (M == 0) return;
+  check(amx_tile_state_granted(),
+        "amx_packed_gemm: the process has no AMX tile state (check amx_packed_gemm_enabled first)");
+  const AmxTileScope tiles;
+  const auto* a = reinterpret_cast<const uint16_t*>(A);
+  const int64_t full = M / 32 * 32;
+  if (full > 0) gemm_row_blocks(C, ldc, a, lda, packed, full, N, K);
+  if (full == M) return;
+  // The last M % 32 rows through a zero-padded 32-row block.
+  const int64_t tail = M - full;
+  std::vector<uint16_t> a_block(static_cast<size_t>(32 * K), 0);
+  std::vector<float> c_block(static_cast<size_t>(32 * N));
+  for (int64_t r = 0; r < tail; ++r)
+    std::memcpy(a_block.data() + r * K, a + (full + r) * lda, static_cast<size_t>(K) * 2);
+  gemm_row_blocks(c_block.data(), N, a_block.data(), K, packed, 32, N, K);
+  for (int64_t r = 0; r < tail; ++r)
+    std::memcpy(C + (full + r) * ldc, c_block.data() + r * N, static_cast<size_t>(N) * 4);
+#else
+  (void)C, (void)A, (void)packed;
+  throw Error("amx_packed_gemm: this build does not target AMX");
+#endif
+}
+
+}  // namespace lattice::kernels

@@ -1,0 +1,37 @@
+// The row-chunk GEMM on AMX with its B operand (a Linear's weight) packed once per call into the
+// tile layout: C[M, N] = A[M, K] · B[K, N] in bf16 with fp32 accumulation on the calling thread.
+// oneDNN 2.6's single-thread brgemm re-lays B out on every chunk call (a whole [N, K] weight for a
+// 256-row chunk); with B packed once, the same tile products run about twice as fast on the
+// chunk shapes of the LM head and the MLP (docs/performance.md).
+#pragma once
+
+#include <cstdint>
+
+#include "lattice/core/dtype.hpp"
+
+namespace lattice::kernels {
+
+// True when this build and process can run the packed GEMM (amx_tile_state_granted) and the
+// environment does not set LATTICE_MATMUL_NO_AMX_PACKED (read once per process; set it to 1 to use
+// oneDNN's chunk GEMMs instead, for comparison).
+bool amx_packed_gemm_enabled();
+
+// Whether a B of [K, N] fits the kernel's tiles: K and N multiples of 32.
+bool amx_packed_gemm_fits(int64_t K, int64_t N);
+
+// B packed into 32-column panels: panel p holds columns [32p, 32p + 32) as [K/2][32][2] (the bf16
+// pairs (k, k + 1) of each column side by side, as tdpbf16ps reads B). `weight` is a Linear's
+// bf16 weight, [N, K] row-major when `weight_transposed` (B = weight^T: the forward), else [K, N]
+// row-major (B = weight: the input gradient). `packed` holds K * N elements. Multi-threaded: call
+// it outside parallel regions. Requires amx_packed_gemm_fits(K, N).
+void pack_b_panels(uint16_t* packed, const lattice::bf16* weight, bool weight_transposed, int64_t K,
+                   int64_t N);
+
+// C[M, N] (row stride ldc, overwritten) = A[M, K] (bf16, row stride lda) · B (packed by
+// pack_b_panels) on the calling thread, any M >= 0. Every element is accumulated over K in steps
+// of 32 in order, each step one tdpbf16ps, as oneDNN's brgemm does: on the shapes tested the
+// results equal oneDNN's bit for bit.
+void amx_packed_gemm(float* C, int64_t ldc, const lattice::bf16* A, int64_t lda,
+                     const uint16_t* packed, int64_t M, int64_t N, int64_t K);
+
+}  // namespace lattice::kernels

@@ -1,0 +1,121 @@
+// Tests of the packed AMX row-chunk GEMM: both packings of a Linear's weight against a double
+// reference on the same bf16 values, row tails (M not a multiple of 32), strided A and C, K longer
+// than one K block, bit-equality with oneDNN's GEMM where both sweep K in order, and bad shapes.
+// Skipped where the CPU or kernel grants no AMX tile state (the kernel is then never used).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gradcheck.hpp"
+#include "lattice/core/dtype.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/amx_packed_gemm.hpp"
+#include "lattice/kernels/cpu/matmul.hpp"
+
+namespace lattice::kernels {
+namespace {
+
+using lattice::testing::random_vector;
+
+std::vector<lattice::bf16> rounded(const std::vector<float>& x) {
+  std::vector<lattice::bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = lattice::to_bf16(x[i]);
+  return out;
+}
+
+struct Case {
+  int64_t M, K, N;
+};
+
+// C = A · B on bf16 operands through the kernel, B = weight^T (weight [N, K]) or B = weight
+// ([K, N]), A with row stride lda and C with row stride ldc (their padding must stay untouched).
+void expect_matches_reference(const Case& c, bool weight_transposed, int64_t a_pad, int64_t c_pad,
+                              uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N
+                                    << (weight_transposed ? " B=W^T" : " B=W") << " lda pad "
+                                    << a_pad << " ldc pad " << c_pad);
+  const int64_t lda = c.K + a_pad, ldc = c.N + c_pad;
+  const auto a = rounded(random_vector(c.M * lda, seed, 1.0f));
+  const auto weight = rounded(random_vector(c.K * c.N, seed + 1, 1.0f));
+  std::vector<uint16_t> packed(static_cast<size_t>(c.K * c.N));
+  pack_b_panels(packed.data(), weight.data(), weight_transposed, c.K, c.N);
+  const float sentinel = -12345.0f;
+  std::vector<float> out(static_cast<size_t>(c.M * ldc), sentinel);
+  amx_packed_gemm(out.data(), ldc, a.data(), lda, packed.data(), c.M, c.N, c.K);
+  // fp32 accumulation of exact bf16 products: each element within K · 2^-24 of the sum of |terms|
+  // (recursive summation), far below any indexing or packing mistake (errors of order one term).
+  int64_t bad = 0;
+  for (int64_t m = 0; m < c.M; ++m) {
+    for (int64_t n = 0; n < c.N; ++n) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int64_t k = 0; k < c.K; ++k) {
+        const double b =
+            lattice::to_float(weight_transposed ? weight[n * c.K + k] : weight[k * c.N + n]);
+        const double term = lattice::to_float(a[m * lda + k]) * b;
+        exact += term;
+        magnitude += std::fabs(term);
+      }
+      const double bound = static_cast<double>(c.K) * std::ldexp(1.0, -24) * magnitude + 1e-30;
+      bad += std::fabs(out[m * ldc + n] - exact) > bound;
+    }
+    for (int64_t n = c.N; n < ldc; ++n) bad += out[m * ldc + n] != sentinel;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(AmxPackedGemm, BothPackingsMatchTheReferenceAcrossShapes) {
+  if (!amx_packed_gemm_enabled()) GTEST_SKIP() << "no AMX tile state on this machine";
+  // M below, at, between and above 32-row blocks; K of one step, several steps, and longer than
+  // one 1024-wide K block (1056, 2048); N of one and several 32-column panels.
+  const Case cases[] = {{1, 32, 32},     {31, 64, 96},   {32, 256, 64},   {33, 96, 128},
+                        {100, 1056, 64}, {64, 2048, 32}, {256, 256, 1024}};
+  uint64_t seed = 10;
+  for (const Case& c : cases)
+    for (bool transposed : {true, false}) expect_matches_reference(c, transposed, 0, 0, seed += 2);
+}
+
+TEST(AmxPackedGemm, StridedRowsLeaveThePaddingAlone) {
+  if (!amx_packed_gemm_enabled()) GTEST_SKIP() << "no AMX tile state on this machine";
+  expect_matches_reference({45, 64, 96}, true, 32, 16, 40);
+  expect_matches_reference({70, 128, 64}, false, 64, 5, 42);
+}
+
+TEST(AmxPackedGemm, EqualsOneDnnBitForBitWhereBothSweepKInOrder) {
+  // Each element is a chain of tdpbf16ps over K in steps of 32, as oneDNN's brgemm computes the
+  // Linear shapes of the benchmark models (K up to 1024: its whole product, forward and input
+  // gradient); the row-chunk paths rely on it to match MatmulEngine::forward / backward.
+  if (!amx_packed_gemm_enabled()) GTEST_SKIP() << "no AMX tile state on this machine";
+  MatmulEngine engine;
+  for (const Case& c : {Case{256, 256, 1024}, Case{256, 1024, 256}, Case{96, 768, 768}}) {
+    SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N);
+    const auto in = random_vector(c.M * c.K, 50, 1.0f);
+    const auto weight = random_vector(c.N * c.K, 51, 0.5f);  // a Linear's [N out, K in]
+    const auto in16 = rounded(in), weight16 = rounded(weight);
+    std::vector<float> expected(static_cast<size_t>(c.M * c.N));
+    engine.forward(expected.data(), in.data(), weight.data(), nullptr, c.M, c.K, c.N,
+                   Precision::bf16);
+    std::vector<uint16_t> packed(weight16.size());
+    pack_b_panels(packed.data(), weight16.data(), /*weight_transposed=*/true, c.K, c.N);
+    std::vector<float> got(expected.size());
+    amx_packed_gemm(got.data(), c.N, in16.data(), c.K, packed.data(), c.M, c.N, c.K);
+    EXPECT_EQ(0, std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()));
+  }
+}
+
+TEST(AmxPackedGemm, RejectsShapesThatDoNotFitTheTiles) {
+  EXPECT_TRUE(amx_packed_gemm_fits(32, 64));
+  EXPECT_FALSE(amx_packed_gemm_fits(48, 64));
+  EXPECT_FALSE(amx_packed_gemm_fits(64, 50257));
+  EXPECT_FALSE(amx_packed_gemm_fits(0, 32));
+  std::vector<uint16_t> packed(48 * 64);
+  std::vector<lattice::bf16> weight(48 * 64);
+  EXPECT_THROW(pack_b_panels(packed.data(), weight.data(), true, 48, 64), Error);
+  std::vector<float> out(64);
+  EXPECT_THROW(amx_packed_gemm(out.data(), 64, weight.data(), 48, packed.data(), 1, 64, 48), Error);
+}
+
+}  // namespace
+}  // namespace lattice::kernels
