@@ -76,4 +76,20 @@ inline std::filesystem::path fresh_directory(const std::string& name) {
   return dir;
 }
 
+// A fresh_directory that is removed with everything in it when this goes out of scope.
+class TemporaryDirectory {
+ public:
+  explicit TemporaryDirectory(const std::string& name) : path_(fresh_directory(name)) {}
+  ~TemporaryDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TemporaryDirectory(const TemporaryDirectory&) = delete;
+  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
 }  // namespace lattice::testing

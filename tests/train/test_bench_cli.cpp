@@ -48,9 +48,9 @@ struct BenchRun {
 // directory, with its case rows.
 BenchRun run_bench_train(const std::string& args, const std::string& directory) {
   BenchRun run;
-  run.result =
-      run_lattice("bench train --shape small --precision bf16 --steps 1 --warmup 0 " + args,
-                  fresh_directory(directory));
+  const TemporaryDirectory dir(directory);
+  run.result = run_lattice(
+      "bench train --shape small --precision bf16 --steps 1 --warmup 0 " + args, dir.path());
   run.rows = case_rows(run.result.out);
   return run;
 }
@@ -139,15 +139,17 @@ TEST(BenchTrainCli, PytorchRunsEveryLayoutAndTheBestModesAreCompared) {
 }
 
 TEST(BenchTrainCli, ImpossibleRoundsAreRefused) {
-  const auto dir = fresh_directory("bench-train-bad-rounds");
-  const CliResult r = run_lattice("bench train --shape small --rounds 0 --skip-pytorch", dir);
+  const TemporaryDirectory dir("bench-train-bad-rounds");
+  const CliResult r =
+      run_lattice("bench train --shape small --rounds 0 --skip-pytorch", dir.path());
   EXPECT_NE(r.status, 0);
   EXPECT_NE((r.out + r.err).find("--rounds"), std::string::npos) << r.out << r.err;
 }
 
 TEST(BenchTrainCli, UnknownPytorchAllocatorIsRefused) {
-  const auto dir = fresh_directory("bench-train-bad-allocator");
-  const CliResult r = run_lattice("bench train --shape small --pytorch-allocator tcmalloc", dir);
+  const TemporaryDirectory dir("bench-train-bad-allocator");
+  const CliResult r =
+      run_lattice("bench train --shape small --pytorch-allocator tcmalloc", dir.path());
   EXPECT_NE(r.status, 0);
   const std::string said = r.out + r.err;
   EXPECT_NE(said.find("--pytorch-allocator 'tcmalloc'"), std::string::npos) << said;
