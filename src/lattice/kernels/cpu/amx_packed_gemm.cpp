@@ -13,6 +13,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/amx_tiles.hpp"
+#include "lattice/kernels/cpu/register_transpose.hpp"
 
 namespace lattice::kernels {
 
@@ -25,44 +26,6 @@ using u32x16 = uint32_t __attribute__((vector_size(64)));
 using u16x16 = uint16_t __attribute__((vector_size(32)));
 using u16x32 = uint16_t __attribute__((vector_size(64)));
 
-// Transposes 16 rows of 16 32-bit words in registers (unpack, then 64-bit pairs within 128-bit
-// lanes, then 128-bit lanes twice).
-void transpose_words_16x16(u32x16 r[16]) {
-  u32x16 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28,
-                                   13, 29);
-    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27,
-                                       14, 30, 15, 31);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    for (int odd = 0; odd < 2; ++odd) {
-      const u32x16 a = t[i + odd], b = t[i + 2 + odd];
-      r[i + 2 * odd] =
-          __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
-      r[i + 2 * odd + 1] =
-          __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
-    }
-  }
-  const auto even_lanes = [](u32x16 a, u32x16 b) {
-    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-  };
-  const auto odd_lanes = [](u32x16 a, u32x16 b) {
-    return __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
-                                   31);
-  };
-  for (int i = 0; i < 4; ++i) {
-    t[i] = even_lanes(r[i], r[i + 4]);
-    t[i + 4] = odd_lanes(r[i], r[i + 4]);
-    t[i + 8] = even_lanes(r[i + 8], r[i + 12]);
-    t[i + 12] = odd_lanes(r[i + 8], r[i + 12]);
-  }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = even_lanes(t[i], t[i + 8]);
-    r[i + 8] = odd_lanes(t[i], t[i + 8]);
-  }
-}
-
 // Panel of columns [n0, n0 + 32) of B = weight^T, weight [N, K]: word (kp, j) of the panel is
 // word kp of weight row n0 + j, so the panel is the [32 x K/2] word block transposed, 16 x 16 at a
 // time.
@@ -72,7 +35,7 @@ void pack_transposed_panel(uint16_t* panel, const lattice::bf16* weight, int64_t
     for (int64_t w0 = 0; w0 < words; w0 += 16) {
       u32x16 r[16];
       for (int i = 0; i < 16; ++i) std::memcpy(&r[i], weight + (n0 + j0 + i) * K + 2 * w0, 64);
-      transpose_words_16x16(r);
+      transpose_16x16(r);
       for (int i = 0; i < 16; ++i) std::memcpy(panel + ((w0 + i) * 32 + j0) * 2, &r[i], 64);
     }
   }

@@ -1,0 +1,48 @@
+// A 16 x 16 transpose of 32-bit lanes held in 16 vectors (GCC/Clang vector extensions, one zmm
+// each under AVX-512): the kernels' way to turn 16 rows of 16 floats or bf16 pairs into 16 columns
+// without gathers.
+#pragma once
+
+namespace lattice::kernels {
+
+// r[i] lane j becomes r[j] lane i, for a 16-lane vector type of 32-bit elements (float, uint32_t):
+// pairs of rows interleaved, then 64-bit pairs within 128-bit lanes, then 128-bit lanes twice
+// (AVX-512's unpack, shuffle and shuffle_f32x4).
+template <class Vector16>
+inline void transpose_16x16(Vector16 r[16]) {
+  Vector16 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28,
+                                   13, 29);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27,
+                                       14, 30, 15, 31);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    for (int odd = 0; odd < 2; ++odd) {
+      const Vector16 a = t[i + odd], b = t[i + 2 + odd];
+      r[i + 2 * odd] =
+          __builtin_shufflevector(a, b, 0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29);
+      r[i + 2 * odd + 1] =
+          __builtin_shufflevector(a, b, 2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31);
+    }
+  }
+  const auto even_lanes = [](Vector16 a, Vector16 b) {
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  };
+  const auto odd_lanes = [](Vector16 a, Vector16 b) {
+    return __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                   31);
+  };
+  for (int i = 0; i < 4; ++i) {
+    t[i] = even_lanes(r[i], r[i + 4]);
+    t[i + 4] = odd_lanes(r[i], r[i + 4]);
+    t[i + 8] = even_lanes(r[i + 8], r[i + 12]);
+    t[i + 12] = odd_lanes(r[i + 8], r[i + 12]);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = even_lanes(t[i], t[i + 8]);
+    r[i + 8] = odd_lanes(t[i], t[i + 8]);
+  }
+}
+
+}  // namespace lattice::kernels
