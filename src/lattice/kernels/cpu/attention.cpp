@@ -11,6 +11,10 @@
 // targets AMX and Linux grants the tile state, the products run on AMX (tdpbf16ps); otherwise the
 // same rounding is applied and the fp32 micro-GEMM does the products.
 //
+// attention_forward_bf16 / attention_backward_bf16 run the same AMX code on q, k, v that are bf16
+// already (templates over the source type) and write the gradients as bf16 rows with per-batch
+// column sums (templates over the gradient sink); without AMX they widen to fp32 and narrow back.
+//
 // Threading: forward tasks are (batch, kv head, chunk of query blocks); backward tasks are (batch,
 // kv head), each owning the dk/dv of its kv head and the dq of its query-head group, so nothing
 // races and the result does not depend on the thread count (bitwise).
