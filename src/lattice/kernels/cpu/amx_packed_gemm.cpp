@@ -69,35 +69,15 @@ void gemm_row_blocks(float* C, int64_t ldc, const uint16_t* A, int64_t lda, cons
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
       const uint16_t* panel = packed + n0 * K;  // [K/2][32][2]: a k-pair row is 64 elements
       for (int64_t m0 = 0; m0 < rows; m0 += 32) {
-        float* c00 = C + m0 * ldc + n0;
-        float* c10 = c00 + 16 * ldc;
-        if (k_begin == 0) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-        } else {
-          _tile_loadd(0, c00, c_stride);
-          _tile_loadd(1, c00 + 16, c_stride);
-          _tile_loadd(2, c10, c_stride);
-          _tile_loadd(3, c10 + 16, c_stride);
-        }
-        const uint16_t* a0 = A + m0 * lda;
-        const uint16_t* a1 = a0 + 16 * lda;
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += 32) {
-          _tile_loadd(4, a0 + k0, a_stride);
-          _tile_loadd(5, a1 + k0, a_stride);
-          _tile_loadd(6, panel + k0 * 32, 128);
-          _tile_loadd(7, panel + k0 * 32 + 32, 128);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, c00, c_stride);
-        _tile_stored(1, c00 + 16, c_stride);
-        _tile_stored(2, c10, c_stride);
-        _tile_stored(3, c10 + 16, c_stride);
+        float* c = C + m0 * ldc + n0;
+        if (k_begin == 0)
+          amx_block_zero();
+        else
+          amx_block_load(c, c_stride);
+        const uint16_t* a = A + m0 * lda;
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += 32)
+          amx_block_multiply(a + k0, a_stride, panel + k0 * 32, panel + k0 * 32 + 32, 128);
+        amx_block_store(c, c_stride);
       }
     }
   }

@@ -322,32 +322,14 @@ void amx_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, c
   for (int64_t m0 = 0; m0 < M; m0 += 32) {
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
       float* c00 = c + m0 * ldc + n0;
-      float* c10 = c00 + 16 * ldc;
-      if (accumulate) {
-        _tile_loadd(0, c00, c_stride);
-        _tile_loadd(1, c00 + 16, c_stride);
-        _tile_loadd(2, c10, c_stride);
-        _tile_loadd(3, c10 + 16, c_stride);
-      } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-      }
-      for (int64_t k0 = 0; k0 < K; k0 += 32) {
-        _tile_loadd(4, a + m0 * lda + k0, a_stride);
-        _tile_loadd(5, a + (m0 + 16) * lda + k0, a_stride);
-        _tile_loadd(6, b + (k0 / 2) * ldb + n0 * 2, b_stride);
-        _tile_loadd(7, b + (k0 / 2) * ldb + (n0 + 16) * 2, b_stride);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, c00, c_stride);
-      _tile_stored(1, c00 + 16, c_stride);
-      _tile_stored(2, c10, c_stride);
-      _tile_stored(3, c10 + 16, c_stride);
+      if (accumulate)
+        amx_block_load(c00, c_stride);
+      else
+        amx_block_zero();
+      for (int64_t k0 = 0; k0 < K; k0 += 32)
+        amx_block_multiply(a + m0 * lda + k0, a_stride, b + (k0 / 2) * ldb + n0 * 2,
+                           b + (k0 / 2) * ldb + (n0 + 16) * 2, b_stride);
+      amx_block_store(c00, c_stride);
     }
   }
 }
