@@ -110,7 +110,9 @@ TEST_F(Prepare, ShardsHaveTheRequestedSizeAndOutputIgnoresThreadCount) {
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const auto& s = m.shards[i];
     const bool last_of_split = i + 1 == m.shards.size() || m.shards[i + 1].split != s.split;
-    if (!last_of_split) EXPECT_EQ(s.tokens, 500) << s.file;
+    if (!last_of_split) {
+      EXPECT_EQ(s.tokens, 500) << s.file;
+    }
     EXPECT_EQ(read_bytes(dir_ / "one" / s.file), read_bytes(dir_ / "four" / s.file)) << s.file;
     EXPECT_EQ(LlmcShard((dir_ / "one" / s.file).string(), 256).size(), s.tokens);
   }

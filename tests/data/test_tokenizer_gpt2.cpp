@@ -118,8 +118,9 @@ TEST(TokenizerGpt2, StreamingDecoderHoldsPartialCharacters) {
     // Everything printed so far is a prefix of the text that ends on a character boundary.
     printed += chunk;
     ASSERT_TRUE(text.starts_with(printed));
-    if (printed.size() < text.size())
+    if (printed.size() < text.size()) {
       EXPECT_NE(static_cast<unsigned char>(text[printed.size()]) & 0xC0, 0x80);
+    }
   }
   printed += decoder.flush();
   EXPECT_EQ(printed, text);
@@ -156,7 +157,7 @@ TEST(TokenizerGpt2, ConvertedFilesEncodeTheSame) {
   std::mt19937 rng(99);
   std::vector<std::string> texts = {"hello <|endoftext|> world", "It's 1,234 — ok?\n\n  x"};
   for (int i = 0; i < 20; ++i) texts.push_back(testing::random_bytes(rng, 200));
-  for (const std::string spec :
+  for (const std::string& spec :
        {(dir / "tokenizer.json").string(), (dir / "gpt2.tiktoken").string(), (dir / "hf").string(),
         dir.path().string()}) {
     SCOPED_TRACE(spec);

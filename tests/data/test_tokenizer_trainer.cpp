@@ -94,8 +94,8 @@ TEST(TokenizerTrainer, SavedFilesLoadToTheSameEncodings) {
   std::mt19937 rng(21);
   std::vector<std::string> texts = {training_text().substr(0, 5000), "new words: zebra quixotic 😀"};
   for (int i = 0; i < 10; ++i) texts.push_back(testing::random_bytes(rng, 300));
-  for (const std::string spec : {(dir / "tokenizer.json").string(),
-                                 (dir / "trained.tiktoken").string(), (dir / "hf").string()}) {
+  for (const std::string& spec : {(dir / "tokenizer.json").string(),
+                                  (dir / "trained.tiktoken").string(), (dir / "hf").string()}) {
     SCOPED_TRACE(spec);
     const auto loaded = load_tokenizer(spec);
     EXPECT_EQ(loaded->vocab_size(), 500);

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
+#include <cstring>
 
 namespace lattice::kernels {
 namespace {
@@ -19,16 +21,19 @@ namespace {
 constexpr int64_t kChunk = 1 << 16;
 
 #if defined(__AVX512F__)
+using u32x16 = uint32_t __attribute__((vector_size(64)));
+using u16x16 = uint16_t __attribute__((vector_size(32)));
+
 // lattice::to_bf16 on 16 lanes in integer arithmetic: add 0x7fff + lsb and shift; NaNs are quieted.
-inline __m256i to_bf16_bits(__m512i u) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  const __m512i inf_bits = _mm512_set1_epi32(0x7f800000);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf_bits);
-  const __m512i nan_bits = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(is_nan, rounded, nan_bits));
+// Vector extensions rather than the unmasked shift and narrowing intrinsics, on whose undefined
+// pass-through operands GCC 12 warns (falsely).
+inline __m256i to_bf16_bits(__m512i bits) {
+  const u32x16 u = std::bit_cast<u32x16>(bits);
+  const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const u32x16 nan_bits = (u >> 16) | 0x0040u;
+  const u32x16 is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+  const u32x16 chosen = is_nan ? nan_bits : rounded;
+  return std::bit_cast<__m256i>(__builtin_convertvector(chosen, u16x16));
 }
 #endif
 
@@ -70,9 +75,10 @@ void to_f32_serial(float* out, const bf16* in, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-    __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
-    _mm512_storeu_si512(out + i, u);
+    u16x16 h;
+    std::memcpy(&h, in + i, sizeof h);
+    const u32x16 u = __builtin_convertvector(h, u32x16) << 16;
+    std::memcpy(out + i, &u, sizeof u);
   }
 #endif
   for (; i < n; ++i) out[i] = to_float(in[i]);
