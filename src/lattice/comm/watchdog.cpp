@@ -18,8 +18,7 @@ Watchdog::Watchdog(std::shared_ptr<StatusBoard> board, int rank, std::chrono::mi
       rank_(rank),
       timeout_(timeout),
       label_(std::move(label)),
-      trace_(board_->rank_trace(rank)),
-      publish_to_board_(trace_ == nullptr) {
+      trace_(board_->rank_trace(rank)) {
   if (trace_ == nullptr) trace_ = &own_trace_;
 }
 
@@ -49,7 +48,7 @@ void Watchdog::begin(uint64_t seq, const CollectiveDescriptor& descriptor, Algor
   current_.entered_ns = clock_.now();
   in_collective_ = true;
   trace_->record(current_);
-  if (publish_to_board_) board_->publish(rank_, current_);
+  if (trace_ == &own_trace_) board_->publish(rank_, current_);
 }
 
 void Watchdog::end(bool succeeded) {
@@ -57,7 +56,7 @@ void Watchdog::end(bool succeeded) {
   current_.finished_ns = clock_.now();
   in_collective_ = false;
   trace_->record(current_);
-  if (publish_to_board_) board_->publish(rank_, current_);
+  if (trace_ == &own_trace_) board_->publish(rank_, current_);
 }
 
 void Watchdog::check_peers() const {

@@ -76,8 +76,8 @@ class Watchdog {
   std::chrono::milliseconds timeout_;
   std::string label_;
   CollectiveTrace own_trace_;
-  CollectiveTrace* trace_;  // the board's ring for this rank, or own_trace_
-  bool publish_to_board_;   // false when the board reads trace_ itself
+  CollectiveTrace* trace_;  // the board's ring for this rank (it reads the records there), or
+                            // own_trace_ (records are then also published to the board)
   RecordClock clock_;
   CollectiveRecord current_;
   bool in_collective_ = false;

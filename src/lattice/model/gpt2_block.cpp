@@ -45,7 +45,7 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t 
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
   // In bf16 the LayerNorm outputs exist only as the next Linear's bf16 input (see qkv_forward),
-  // and in bf16 training q, k, v only in bf16 (see qkv_forward_bf16).
+  // and in bf16 training q, k, v only in bf16 (see qkv_forward).
   const bool bf16 = ctx.precision == k::Precision::bf16;
   if (bf16)
     ln1_.reset();
@@ -87,24 +87,22 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t 
 }
 
 void Gpt2Block::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows) {
-  if (ctx.precision == k::Precision::bf16) {  // LayerNorm writes c_attn's bf16 input directly
-    k::layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, rows), ln1_mean_.f32(),
-                              ln1_rstd_.f32(), x_in, store_.value(ln1_weight_),
-                              store_.value(ln1_bias_), rows, C_, eps_);
-    c_attn_.forward_prepared(ctx, qkv_.f32(), rows);
+  if (ctx.precision != k::Precision::bf16) {
+    k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
+                         store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
+    c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
     return;
   }
-  k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
-                       store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
-  c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
-}
-
-void Gpt2Block::qkv_forward_bf16(const LayerContext& ctx, const float* x_in, int64_t rows) {
+  // LayerNorm writes c_attn's bf16 input directly.
   k::layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, rows), ln1_mean_.f32(), ln1_rstd_.f32(),
                             x_in, store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_,
                             eps_);
-  // c_attn in row chunks (bias included), each chunk rounded to bf16 while in cache: the same
-  // values attention would round from an fp32 qkv, which is never stored.
+  if (qkv16_.empty()) {  // cached inference: fp32 q, k, v for the KV cache
+    c_attn_.forward_prepared(ctx, qkv_.f32(), rows);
+    return;
+  }
+  // Training: c_attn in row chunks (bias included), each chunk rounded to bf16 while in cache:
+  // the same values attention would round from an fp32 qkv, which is never stored.
   lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
   const int64_t width = 3 * C_;
   c_attn_.forward_prepared_in_row_chunks(
@@ -156,12 +154,11 @@ void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in
   const int64_t rows = B * T;
   prepare_activations(ctx, B, T, /*cached=*/false);
   const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, C_);
+  qkv_forward(ctx, x_in, rows);
   if (ctx.precision == k::Precision::bf16) {
-    qkv_forward_bf16(ctx, x_in, rows);
     const lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
     k::attention_forward_bf16(att_.f32(), lse_.f32(), qkv16, qkv16 + C_, qkv16 + 2 * C_, shape);
   } else {
-    qkv_forward(ctx, x_in, rows);
     const float* qkv = qkv_.f32();
     k::attention_forward(att_.f32(), lse_.f32(), qkv, qkv + C_, qkv + 2 * C_, shape, ctx.precision,
                          ctx.matmul);

@@ -32,10 +32,9 @@ class Gpt2Block final : public Block {
   // projection, both residual adds, LayerNorm 2 and the MLP.
   // `cached`: for forward_cached, whose q, k, v go to the KV cache in fp32 whatever the precision.
   void prepare_activations(const LayerContext& ctx, int64_t B, int64_t T, bool cached);
+  // LayerNorm 1 and c_attn into qkv_ (fp32, cached inference), or in bf16 training into qkv16_
+  // only, rounded chunk by chunk as the GEMM produces them.
   void qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows);
-  // bf16 training forward of LayerNorm 1 and c_attn: q, k, v exist only as bf16 (qkv16_), rounded
-  // chunk by chunk as the GEMM produces them.
-  void qkv_forward_bf16(const LayerContext& ctx, const float* x_in, int64_t rows);
   // bf16 backward of attention and c_attn, from d_att to d_ln (LayerNorm 1's output gradient):
   // attention writes c_attn's bf16 d_out (d_qkv_buffer, [rows, 3C] bf16) and its column sums.
   void attention_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_att,
