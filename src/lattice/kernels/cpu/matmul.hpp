@@ -46,6 +46,10 @@ class MatmulEngine {
   //   d_bias[N]     += sum over rows of d_out  (accumulated; skipped when null)
   // With `rounded` (bf16 only) the given bf16 operands replace rounding in / weight / d_out; d_out
   // may then be null unless d_bias is wanted, `in` / `weight` null when their copy is given.
+  // In bf16 the weight gradient runs on the AMX weight-gradient kernel where N and K are multiples
+  // of 32 (amx_weight_gradient.hpp: each element summed over the M rows in order from zero, then
+  // added; the same for any thread count), else on oneDNN; the two agree to fp32 rounding (bit
+  // for bit up to 256 rows, where oneDNN also sums in order).
   void backward(float* d_in, float* d_weight, float* d_bias, const float* d_out, const float* in,
                 const float* weight, int64_t M, int64_t K, int64_t N, Precision precision,
                 const Bf16Operands& rounded = {});
@@ -89,7 +93,8 @@ class MatmulEngine {
   // forward()'s and backward()'s rows bit for bit where both sweep K in order (see
   // multiply_in_row_chunks; an 8192-wide vocabulary's d_in agrees to fp32 rounding); the weight
   // gradient is the same sum in another order (per chunk, then per lane), fixed by the thread
-  // count.
+  // count; each chunk's on the AMX weight-gradient kernel where N and K are multiples of 32 and a
+  // chunk has at most 256 rows (bit-equal to oneDNN's, which it replaces), else on oneDNN.
   using GradientChunkConsumer = std::function<void(int64_t row_begin, int64_t rows,
                                                    const float* out, lattice::bf16* d_out16)>;
   void forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M,
