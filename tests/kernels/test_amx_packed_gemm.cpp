@@ -31,16 +31,21 @@ struct Case {
 };
 
 // C = A · B on bf16 operands through the kernel, B = weight^T (weight [N, K]) or B = weight
-// ([K, N]), A with row stride lda and C with row stride ldc (their padding must stay untouched).
+// ([K, N]), A with row stride lda = Kp + a_pad (zeros in columns [K, Kp)) and C with row stride
+// ldc = Np + c_pad, Kp and Np being K and N rounded up to 32: C's columns [N, Np) must come out
+// zero and its padding past Np stay untouched.
 void expect_matches_reference(const Case& c, bool weight_transposed, int64_t a_pad, int64_t c_pad,
                               uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N
                                     << (weight_transposed ? " B=W^T" : " B=W") << " lda pad "
                                     << a_pad << " ldc pad " << c_pad);
-  const int64_t lda = c.K + a_pad, ldc = c.N + c_pad;
-  const auto a = rounded(random_vector(c.M * lda, seed, 1.0f));
+  const int64_t Kp = amx_padded(c.K), Np = amx_padded(c.N);
+  const int64_t lda = Kp + a_pad, ldc = Np + c_pad;
+  auto a = rounded(random_vector(c.M * lda, seed, 1.0f));
+  for (int64_t m = 0; m < c.M; ++m)
+    std::fill(a.begin() + m * lda + c.K, a.begin() + m * lda + Kp, lattice::bf16{0});
   const auto weight = rounded(random_vector(c.K * c.N, seed + 1, 1.0f));
-  std::vector<uint16_t> packed(static_cast<size_t>(c.K * c.N));
+  std::vector<uint16_t> packed(static_cast<size_t>(Kp * Np), 0xffff);
   pack_b_panels(packed.data(), weight.data(), weight_transposed, c.K, c.N);
   const float sentinel = -12345.0f;
   std::vector<float> out(static_cast<size_t>(c.M * ldc), sentinel);
@@ -61,7 +66,8 @@ void expect_matches_reference(const Case& c, bool weight_transposed, int64_t a_p
       const double bound = static_cast<double>(c.K) * std::ldexp(1.0, -24) * magnitude + 1e-30;
       bad += std::fabs(out[m * ldc + n] - exact) > bound;
     }
-    for (int64_t n = c.N; n < ldc; ++n) bad += out[m * ldc + n] != sentinel;
+    for (int64_t n = c.N; n < Np; ++n) bad += out[m * ldc + n] != 0.0f;
+    for (int64_t n = Np; n < ldc; ++n) bad += out[m * ldc + n] != sentinel;
   }
   EXPECT_EQ(bad, 0);
 }
@@ -75,6 +81,15 @@ TEST(AmxPackedGemm, BothPackingsMatchTheReferenceAcrossShapes) {
   uint64_t seed = 10;
   for (const Case& c : cases)
     for (bool transposed : {true, false}) expect_matches_reference(c, transposed, 0, 0, seed += 2);
+}
+
+TEST(AmxPackedGemm, PadsKAndNThatAreNotMultiplesOf32) {
+  // GPT-2's vocabulary (50,257) as N in the head's forward and as K in its input gradient.
+  if (!amx_packed_gemm_enabled()) GTEST_SKIP() << "no AMX tile state on this machine";
+  const Case cases[] = {{5, 50, 70}, {40, 64, 33}, {33, 77, 64}, {64, 1, 1}, {70, 1100, 45}};
+  uint64_t seed = 60;
+  for (const Case& c : cases)
+    for (bool transposed : {true, false}) expect_matches_reference(c, transposed, 0, 3, seed += 2);
 }
 
 TEST(AmxPackedGemm, StridedRowsLeaveThePaddingAlone) {
@@ -105,16 +120,20 @@ TEST(AmxPackedGemm, EqualsOneDnnBitForBitWhereBothSweepKInOrder) {
   }
 }
 
-TEST(AmxPackedGemm, RejectsShapesThatDoNotFitTheTiles) {
+TEST(AmxPackedGemm, RejectsShapesItCannotTake) {
   EXPECT_TRUE(amx_packed_gemm_fits(32, 64));
   EXPECT_FALSE(amx_packed_gemm_fits(48, 64));
   EXPECT_FALSE(amx_packed_gemm_fits(64, 50257));
   EXPECT_FALSE(amx_packed_gemm_fits(0, 32));
-  std::vector<uint16_t> packed(48 * 64);
-  std::vector<lattice::bf16> weight(48 * 64);
-  EXPECT_THROW(pack_b_panels(packed.data(), weight.data(), true, 48, 64), Error);
-  std::vector<float> out(64);
+  EXPECT_EQ(amx_padded(50257), 50272);
+  EXPECT_EQ(amx_padded(64), 64);
+  std::vector<uint16_t> packed(64 * 64);
+  std::vector<lattice::bf16> weight(64 * 64);
+  EXPECT_THROW(pack_b_panels(packed.data(), weight.data(), true, 0, 64), Error);
+  std::vector<float> out(64 * 64);
+  // Row strides must reach K and N rounded up to 32.
   EXPECT_THROW(amx_packed_gemm(out.data(), 64, weight.data(), 48, packed.data(), 1, 64, 48), Error);
+  EXPECT_THROW(amx_packed_gemm(out.data(), 40, weight.data(), 64, packed.data(), 1, 40, 64), Error);
 }
 
 }  // namespace

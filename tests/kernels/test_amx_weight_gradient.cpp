@@ -1,8 +1,9 @@
-// Tests of the AMX weight-gradient kernel: against a double reference on the same bf16 values
-// (token tails, several token blocks, strided operands and output), zero tokens, accumulation as
-// an exact fp32 add of the fresh sum, the same bits for any split of dW between threads,
-// bit-equality with oneDNN's GEMM where both sweep the tokens in order, MatmulEngine::backward
-// using it, and bad shapes. Skipped where the CPU or kernel grants no AMX tile state.
+// Tests of the AMX weight-gradient kernel: against a double reference on the same bf16 values in
+// each of its three updates (token tails, several token blocks, one block of all tokens, rows not
+// a multiple of 32, strided operands and output), zero tokens, `add` as an exact fp32 add of the
+// fresh sum, the same bits for any split of dW between threads, bit-equality with oneDNN's GEMM
+// where both sweep the tokens in order, MatmulEngine::backward using it, and bad shapes. Skipped
+// where the CPU or kernel grants no AMX tile state.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,8 +46,9 @@ struct Operands {
   std::vector<lattice::bf16> D, X;
 };
 
+// D's rows hold `rows` rounded up to 32 (the kernel reads that far) plus d_pad.
 Operands operands(const Case& c, int64_t d_pad, int64_t x_pad, uint64_t seed) {
-  Operands o{c.rows + d_pad, c.columns + x_pad, {}, {}};
+  Operands o{(c.rows + 31) / 32 * 32 + d_pad, c.columns + x_pad, {}, {}};
   o.D = rounded(random_vector(c.M * o.ldd, seed, 1.0f));
   o.X = rounded(random_vector(c.M * o.ldx, seed + 1, 1.0f));
   return o;
@@ -54,28 +56,41 @@ Operands operands(const Case& c, int64_t d_pad, int64_t x_pad, uint64_t seed) {
 
 // dW (+)= D^T · X through the kernel on this thread.
 void run_block(std::vector<float>& dW, int64_t ldw, const Operands& o, const Case& c,
-               bool accumulate) {
-  std::vector<char> scratch(amx_weight_gradient_scratch_bytes(c.M, c.rows, c.columns) + 64);
+               WeightGradientUpdate update) {
+  std::vector<char> scratch(amx_weight_gradient_scratch_bytes(c.M, c.rows, c.columns, update) + 64);
   void* aligned = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
   amx_weight_gradient_block(dW.data(), ldw, o.D.data(), o.ldd, o.X.data(), o.ldx, c.M, c.rows,
-                            c.columns, accumulate, aligned);
+                            c.columns, update, aligned);
 }
 
-void expect_matches_reference(const Case& c, bool accumulate, int64_t pad, uint64_t seed) {
+const char* name(WeightGradientUpdate update) {
+  switch (update) {
+    case WeightGradientUpdate::overwrite:
+      return "overwrite";
+    case WeightGradientUpdate::add:
+      return "add";
+    case WeightGradientUpdate::accumulate:
+      return "accumulate";
+  }
+  return "?";
+}
+
+void expect_matches_reference(const Case& c, WeightGradientUpdate update, int64_t pad,
+                              uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "M=" << c.M << " rows=" << c.rows << " columns=" << c.columns
-                                    << (accumulate ? " accumulate" : "") << " pad " << pad);
+                                    << " " << name(update) << " pad " << pad);
   const Operands o = operands(c, pad, 2 * pad, seed);
   const int64_t ldw = c.columns + pad;
   const std::vector<float> before = random_vector(c.rows * ldw, seed + 2, 1.0f);
   std::vector<float> dW = before;
-  run_block(dW, ldw, o, c, accumulate);
+  run_block(dW, ldw, o, c, update);
   // fp32 accumulation of exact bf16 products: each element within (M + 1) · 2^-24 of the sum of
-  // |terms| (recursive summation, then the add to dW), far below any indexing, packing or
-  // transposing mistake (errors of order one term).
+  // |terms| (recursive summation, and dW's value added first or last), far below any indexing,
+  // packing or transposing mistake (errors of order one term).
   int64_t bad = 0;
   for (int64_t n = 0; n < c.rows; ++n) {
     for (int64_t k = 0; k < c.columns; ++k) {
-      double exact = accumulate ? before[n * ldw + k] : 0.0;
+      double exact = update == WeightGradientUpdate::overwrite ? 0.0 : before[n * ldw + k];
       double magnitude = std::fabs(exact);
       for (int64_t m = 0; m < c.M; ++m) {
         const double term = static_cast<double>(lattice::to_float(o.D[m * o.ldd + n])) *
@@ -91,21 +106,28 @@ void expect_matches_reference(const Case& c, bool accumulate, int64_t pad, uint6
   EXPECT_EQ(bad, 0);
 }
 
+constexpr WeightGradientUpdate kUpdates[] = {
+    WeightGradientUpdate::overwrite, WeightGradientUpdate::add, WeightGradientUpdate::accumulate};
+
 TEST(AmxWeightGradient, MatchesTheReferenceAcrossShapes) {
   if (!amx_tile_state_granted()) GTEST_SKIP() << "no AMX tile state on this machine";
   // Tokens: one, below / at / above a 32-token step, one whole 256-token block, one more than a
-  // block, and several blocks with a ragged end; rows and columns of one and several 32-blocks.
-  const Case cases[] = {{1, 32, 32},   {31, 64, 96},  {32, 32, 64},   {33, 96, 32},
-                        {256, 64, 64}, {257, 32, 96}, {600, 64, 128}, {1024, 128, 32}};
+  // block, and several blocks with a ragged end (one block of all of them where the sums wait in
+  // dW and X's panels fit); rows and columns of one and several 32-blocks; rows not a multiple of
+  // 32 (a vocabulary's), with one and several token blocks.
+  const Case cases[] = {{1, 32, 32},     {31, 64, 96},  {32, 32, 64},   {33, 96, 32},
+                        {256, 64, 64},   {257, 32, 96}, {600, 64, 128}, {1024, 128, 32},
+                        {3000, 32, 256}, {70, 45, 64},  {700, 77, 96},  {300, 5, 32}};
   uint64_t seed = 100;
   for (const Case& c : cases)
-    for (bool accumulate : {false, true}) expect_matches_reference(c, accumulate, 0, seed += 3);
+    for (WeightGradientUpdate update : kUpdates) expect_matches_reference(c, update, 0, seed += 3);
 }
 
 TEST(AmxWeightGradient, StridedOperandsAndOutputLeaveThePaddingAlone) {
   if (!amx_tile_state_granted()) GTEST_SKIP() << "no AMX tile state on this machine";
-  expect_matches_reference({45, 64, 96}, false, 16, 200);
-  expect_matches_reference({300, 96, 64}, true, 32, 210);
+  expect_matches_reference({45, 64, 96}, WeightGradientUpdate::overwrite, 16, 200);
+  expect_matches_reference({300, 96, 64}, WeightGradientUpdate::add, 32, 210);
+  expect_matches_reference({300, 50, 64}, WeightGradientUpdate::accumulate, 32, 220);
 }
 
 TEST(AmxWeightGradient, ZeroTokensGiveZerosOrLeaveDwUnchanged) {
@@ -114,21 +136,23 @@ TEST(AmxWeightGradient, ZeroTokensGiveZerosOrLeaveDwUnchanged) {
   const Operands o = operands(c, 0, 0, 300);
   const std::vector<float> before = random_vector(c.rows * c.columns, 301, 1.0f);
   std::vector<float> dW = before;
-  run_block(dW, c.columns, o, c, /*accumulate=*/true);
+  run_block(dW, c.columns, o, c, WeightGradientUpdate::add);
   EXPECT_EQ(dW, before);
-  run_block(dW, c.columns, o, c, /*accumulate=*/false);
+  run_block(dW, c.columns, o, c, WeightGradientUpdate::accumulate);
+  EXPECT_EQ(dW, before);
+  run_block(dW, c.columns, o, c, WeightGradientUpdate::overwrite);
   EXPECT_EQ(dW, std::vector<float>(before.size(), 0.0f));
 }
 
-TEST(AmxWeightGradient, AccumulatingAddsTheFreshSumInFp32) {
+TEST(AmxWeightGradient, AddingAddsTheFreshSumInFp32) {
   // The order of oneDNN's GEMM with its sum post-op: the tokens' sum from zero, then one add.
   if (!amx_tile_state_granted()) GTEST_SKIP() << "no AMX tile state on this machine";
   for (const Case& c : {Case{100, 64, 64}, Case{700, 32, 96}}) {
     const Operands o = operands(c, 0, 0, 400);
     const std::vector<float> before = random_vector(c.rows * c.columns, 401, 1.0f);
     std::vector<float> fresh(before.size()), accumulated = before;
-    run_block(fresh, c.columns, o, c, /*accumulate=*/false);
-    run_block(accumulated, c.columns, o, c, /*accumulate=*/true);
+    run_block(fresh, c.columns, o, c, WeightGradientUpdate::overwrite);
+    run_block(accumulated, c.columns, o, c, WeightGradientUpdate::add);
     for (size_t i = 0; i < before.size(); ++i) {
       const float expected = before[i] + fresh[i];
       ASSERT_EQ(0, std::memcmp(&accumulated[i], &expected, sizeof(float))) << "element " << i;
@@ -143,19 +167,20 @@ TEST(AmxWeightGradient, AnySplitOfDwGivesTheSameBits) {
   const Case whole{520, 128, 96};
   const Operands o = operands(whole, 0, 0, 500);
   std::vector<float> expected(static_cast<size_t>(whole.rows * whole.columns));
-  run_block(expected, whole.columns, o, whole, false);
-  std::vector<char> scratch(amx_weight_gradient_scratch_bytes(whole.M, whole.rows, whole.columns) +
+  run_block(expected, whole.columns, o, whole, WeightGradientUpdate::add);  // onto zeros
+  std::vector<char> scratch(amx_weight_gradient_scratch_bytes(whole.M, whole.rows, whole.columns,
+                                                              WeightGradientUpdate::add) +
                             64);
   void* aligned = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
   std::vector<float> by_rows(expected.size()), by_columns(expected.size());
   for (int64_t r0 : {0, 32})  // rows [0, 32) and [32, 128)
     amx_weight_gradient_block(by_rows.data() + r0 * whole.columns, whole.columns, o.D.data() + r0,
                               o.ldd, o.X.data(), o.ldx, whole.M, r0 == 0 ? 32 : 96, whole.columns,
-                              false, aligned);
+                              WeightGradientUpdate::add, aligned);
   for (int64_t k0 : {0, 64})  // columns [0, 64) and [64, 96)
     amx_weight_gradient_block(by_columns.data() + k0, whole.columns, o.D.data(), o.ldd,
-                              o.X.data() + k0, o.ldx, whole.M, whole.rows, k0 == 0 ? 64 : 32, false,
-                              aligned);
+                              o.X.data() + k0, o.ldx, whole.M, whole.rows, k0 == 0 ? 64 : 32,
+                              WeightGradientUpdate::add, aligned);
   EXPECT_EQ(0, std::memcmp(by_rows.data(), expected.data(), sizeof(float) * expected.size()));
   EXPECT_EQ(0, std::memcmp(by_columns.data(), expected.data(), sizeof(float) * expected.size()));
 }
@@ -175,7 +200,7 @@ TEST(AmxWeightGradient, EqualsOneDnnBitForBitWhereItSweepsTheTokensInOrder) {
     engine.gemm(/*transpose_a=*/true, /*transpose_b=*/false, c.rows, c.columns, c.M, 1.0f, d.data(),
                 c.rows, x.data(), c.columns, 0.0f, expected.data(), c.columns, Precision::bf16);
     std::vector<float> got(expected.size());
-    run_block(got, c.columns, o, c, false);
+    run_block(got, c.columns, o, c, WeightGradientUpdate::overwrite);
     EXPECT_EQ(0, std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()));
   }
 }
@@ -188,7 +213,7 @@ TEST(AmxWeightGradient, MatmulBackwardAccumulatesItsResult) {
   const Operands o = operands(c, 0, 0, 700);
   const std::vector<float> before = random_vector(c.rows * c.columns, 701, 1.0f);
   std::vector<float> fresh(before.size());
-  run_block(fresh, c.columns, o, c, false);
+  run_block(fresh, c.columns, o, c, WeightGradientUpdate::overwrite);
   MatmulEngine engine;
   std::vector<float> d_weight = before;
   Bf16Operands given;
@@ -207,11 +232,16 @@ TEST(AmxWeightGradient, RejectsShapesThatDoNotFitTheTiles) {
   EXPECT_FALSE(amx_weight_gradient_fits(48, 64));
   EXPECT_FALSE(amx_weight_gradient_fits(50257, 768));
   EXPECT_FALSE(amx_weight_gradient_fits(0, 32));
-  std::vector<float> dW(48 * 64);
-  std::vector<lattice::bf16> D(48), X(64);
-  std::vector<char> scratch(amx_weight_gradient_scratch_bytes(1, 64, 64));
+  std::vector<float> dW(64 * 64);
+  std::vector<lattice::bf16> D(64), X(64);
+  std::vector<char> scratch(
+      amx_weight_gradient_scratch_bytes(1, 64, 64, WeightGradientUpdate::overwrite));
+  // Columns must be a multiple of 32; rows need not be, but D's rows must reach the next multiple.
+  EXPECT_THROW(amx_weight_gradient_block(dW.data(), 64, D.data(), 64, X.data(), 64, 1, 32, 48,
+                                         WeightGradientUpdate::overwrite, scratch.data()),
+               Error);
   EXPECT_THROW(amx_weight_gradient_block(dW.data(), 64, D.data(), 48, X.data(), 64, 1, 48, 64,
-                                         false, scratch.data()),
+                                         WeightGradientUpdate::overwrite, scratch.data()),
                Error);
 }
 

@@ -85,9 +85,9 @@ TEST(CrossEntropyBf16, RowChunksEqualTheWholeBatch) {
     const int64_t n = std::min<int64_t>(4, rows - begin);
     cross_entropy_rows_bf16(chunked.data() + begin * V, row_losses.data() + begin,
                             logits.data() + begin * V, targets.data() + begin, n, V, 0.25f,
-                            work.data());
+                            work.data(), V);
     cross_entropy_rows_bf16(nullptr, forward_rows.data() + begin, logits.data() + begin * V,
-                            targets.data() + begin, n, V, 0.0f, work.data());
+                            targets.data() + begin, n, V, 0.0f, work.data(), V);
   }
   double chunked_loss = 0.0, chunked_forward_loss = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
@@ -235,12 +235,19 @@ TEST(MatmulBf16RowChunks, ForwardAndBackwardInOnePassEqualForwardThenBackward) {
       std::vector<float> partials(static_cast<size_t>(lanes * s.N * s.K), std::nanf(""));
       engine.forward_backward_in_row_chunks(
           in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
-          [&](int64_t begin, int64_t rows, const float* out, lattice::bf16* d_chunk16) {
-            for (int64_t r = 0; r < rows; ++r) ++seen[static_cast<size_t>(begin + r)];
-            std::memcpy(seen_logits.data() + begin * s.N, out,
-                        sizeof(float) * static_cast<size_t>(rows * s.N));
-            std::memcpy(d_chunk16, d_out16.data() + begin * s.N,
-                        sizeof(lattice::bf16) * static_cast<size_t>(rows * s.N));
+          [&](int64_t begin, int64_t rows, const float* out, lattice::bf16* d_chunk16,
+              int64_t stride) {
+            ASSERT_GE(stride, s.N);
+            for (int64_t r = 0; r < rows; ++r) {
+              ++seen[static_cast<size_t>(begin + r)];
+              std::memcpy(seen_logits.data() + (begin + r) * s.N, out + r * stride,
+                          sizeof(float) * static_cast<size_t>(s.N));
+              std::memcpy(d_chunk16 + r * stride, d_out16.data() + (begin + r) * s.N,
+                          sizeof(lattice::bf16) * static_cast<size_t>(s.N));
+              // What a consumer leaves past column N must not matter.
+              std::fill(d_chunk16 + r * stride + s.N, d_chunk16 + (r + 1) * stride,
+                        lattice::to_bf16(std::nanf("")));
+            }
           },
           fused_d_in.data(), partials.data(), lanes);
       EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(s.M), 1));
@@ -278,8 +285,8 @@ TEST(MatmulBf16RowChunks, ForwardAndBackwardInOnePassEqualForwardThenBackward) {
       // Lanes other than gradient_lanes() are refused: the partials buffer is sized for them.
       EXPECT_THROW(engine.forward_backward_in_row_chunks(
                        in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
-                       [](int64_t, int64_t, const float*, lattice::bf16*) {}, fused_d_in.data(),
-                       partials.data(), lanes + 1),
+                       [](int64_t, int64_t, const float*, lattice::bf16*, int64_t) {},
+                       fused_d_in.data(), partials.data(), lanes + 1),
                    Error);
     }
   }
@@ -297,7 +304,7 @@ TEST(MatmulBf16RowChunks, AnExceptionInAForwardBackwardChunkReachesTheCaller) {
   std::vector<float> partials(static_cast<size_t>(lanes * N * K));
   EXPECT_THROW(engine.forward_backward_in_row_chunks(
                    in16.data(), weight.data(), M, K, N, chunk,
-                   [](int64_t begin, int64_t, const float*, lattice::bf16*) {
+                   [](int64_t begin, int64_t, const float*, lattice::bf16*, int64_t) {
                      if (begin == 32) throw Error("chunk failed");
                    },
                    d_in.data(), partials.data(), lanes),

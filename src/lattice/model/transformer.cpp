@@ -240,9 +240,10 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
     ensure_activation(head_grad_partials_, {lanes, V, C}, tracker_);
     ctx.matmul.forward_backward_in_row_chunks(
         normed16_.data<lattice::bf16>(), params_.value(head_weight_), rows, C, V, chunk_rows,
-        [&](int64_t begin, int64_t n, const float* chunk, lattice::bf16* d_chunk16) {
+        [&](int64_t begin, int64_t n, const float* chunk, lattice::bf16* d_chunk16,
+            int64_t stride) {
           k::cross_entropy_rows_bf16(d_chunk16, row_losses.data() + begin, chunk, targets + begin,
-                                     n, V, grad_scale, row_work());
+                                     n, V, grad_scale, row_work(), stride);
         },
         d_normed_.f32(), head_grad_partials_.f32(), lanes);
   } else {
@@ -257,7 +258,7 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
         rows, C, V, chunk_rows, [&](int64_t begin, int64_t n, const float* chunk) {
           k::cross_entropy_rows_bf16(d_logits16 != nullptr ? d_logits16 + begin * V : nullptr,
                                      row_losses.data() + begin, chunk, targets + begin, n, V,
-                                     grad_scale, row_work());
+                                     grad_scale, row_work(), V);
         });
   }
   hook_after_forward(ctx, head_unit_);

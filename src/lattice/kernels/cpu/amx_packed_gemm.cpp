@@ -26,32 +26,42 @@ using u32x16 = uint32_t __attribute__((vector_size(64)));
 using u16x16 = uint16_t __attribute__((vector_size(32)));
 using u16x32 = uint16_t __attribute__((vector_size(64)));
 
-// Panel of columns [n0, n0 + 32) of B = weight^T, weight [N, K]: word (kp, j) of the panel is
-// word kp of weight row n0 + j, so the panel is the [32 x K/2] word block transposed, 16 x 16 at a
-// time.
-void pack_transposed_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, int64_t n0) {
-  const int64_t words = K / 2;
+// Panel of columns [n0, n0 + 32) of B = weight^T, weight [N, K], over Kp = K rounded up to 32
+// rows: word (kp, j) of the panel is word kp of weight row n0 + j (zero past row N or column K),
+// so the panel is the [32 x Kp/2] word block transposed, 16 x 16 at a time.
+void pack_transposed_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, int64_t N,
+                           int64_t n0) {
+  const int64_t words = amx_padded(K) / 2;
   for (int64_t j0 = 0; j0 < 32; j0 += 16) {
     for (int64_t w0 = 0; w0 < words; w0 += 16) {
       u32x16 r[16];
-      for (int i = 0; i < 16; ++i) std::memcpy(&r[i], weight + (n0 + j0 + i) * K + 2 * w0, 64);
+      for (int i = 0; i < 16; ++i) {
+        r[i] = u32x16{};
+        const int64_t row = n0 + j0 + i, k0 = 2 * w0;
+        if (row < N && k0 < K)
+          std::memcpy(&r[i], weight + row * K + k0,
+                      static_cast<size_t>(std::min<int64_t>(32, K - k0)) * 2);
+      }
       transpose_16x16(r);
       for (int i = 0; i < 16; ++i) std::memcpy(panel + ((w0 + i) * 32 + j0) * 2, &r[i], 64);
     }
   }
 }
 
-// Panel of columns [n0, n0 + 32) of B = weight [K, N]: row kp of the panel interleaves rows 2kp
-// and 2kp + 1 of the weight.
+// Panel of columns [n0, n0 + 32) of B = weight [K, N], over Kp = K rounded up to 32 rows: row kp
+// of the panel interleaves rows 2kp and 2kp + 1 of the weight (zero past row K or column N).
 void pack_plain_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, int64_t N,
                       int64_t n0) {
-  for (int64_t kp = 0; kp < K / 2; ++kp) {
-    const lattice::bf16* even = weight + (2 * kp) * N + n0;
-    const lattice::bf16* odd = even + N;
+  const auto row16 = [&](int64_t k, int64_t column) {
+    u16x16 v{};
+    if (k < K && column < N)
+      std::memcpy(&v, weight + k * N + column,
+                  static_cast<size_t>(std::min<int64_t>(16, N - column)) * 2);
+    return v;
+  };
+  for (int64_t kp = 0; kp < amx_padded(K) / 2; ++kp) {
     for (int64_t j0 = 0; j0 < 32; j0 += 16) {
-      u16x16 a, b;
-      std::memcpy(&a, even + j0, sizeof a);
-      std::memcpy(&b, odd + j0, sizeof b);
+      const u16x16 a = row16(2 * kp, n0 + j0), b = row16(2 * kp + 1, n0 + j0);
       const u16x32 mixed =
           __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8,
                                   24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
@@ -99,18 +109,22 @@ bool amx_packed_gemm_fits(int64_t K, int64_t N) {
   return K > 0 && N > 0 && K % 32 == 0 && N % 32 == 0;
 }
 
+int64_t amx_padded(int64_t n) {
+  return (n + 31) / 32 * 32;
+}
+
 void pack_b_panels(uint16_t* packed, const lattice::bf16* weight, bool weight_transposed, int64_t K,
                    int64_t N) {
-  check(amx_packed_gemm_fits(K, N),
-        "pack_b_panels: K and N must be positive multiples of 32, got K=" + std::to_string(K) +
-            " N=" + std::to_string(N));
+  check(K > 0 && N > 0, "pack_b_panels: K and N must be positive, got K=" + std::to_string(K) +
+                            " N=" + std::to_string(N));
 #if defined(LATTICE_HAS_AMX)
+  const int64_t Kp = amx_padded(K);
 #pragma omp parallel for schedule(static)
   for (int64_t n0 = 0; n0 < N; n0 += 32) {
     if (weight_transposed)
-      pack_transposed_panel(packed + n0 * K, weight, K, n0);
+      pack_transposed_panel(packed + n0 * Kp, weight, K, N, n0);
     else
-      pack_plain_panel(packed + n0 * K, weight, K, N, n0);
+      pack_plain_panel(packed + n0 * Kp, weight, K, N, n0);
   }
 #else
   (void)packed, (void)weight, (void)weight_transposed;
@@ -120,26 +134,28 @@ void pack_b_panels(uint16_t* packed, const lattice::bf16* weight, bool weight_tr
 
 void amx_packed_gemm(float* C, int64_t ldc, const lattice::bf16* A, int64_t lda,
                      const uint16_t* packed, int64_t M, int64_t N, int64_t K) {
-  check(amx_packed_gemm_fits(K, N) && M >= 0 && lda >= K && ldc >= N,
-        "amx_packed_gemm: needs K and N positive multiples of 32, M >= 0, lda >= K, ldc >= N");
+  check(K > 0 && N > 0 && M >= 0 && lda >= amx_padded(K) && ldc >= amx_padded(N),
+        "amx_packed_gemm: needs K and N positive, M >= 0, lda and ldc at least K and N rounded up "
+        "to 32");
 #if defined(LATTICE_HAS_AMX)
   if (M == 0) return;
   check(amx_tile_state_granted(),
         "amx_packed_gemm: the process has no AMX tile state (check amx_packed_gemm_enabled first)");
   const AmxTileScope tiles;
   const auto* a = reinterpret_cast<const uint16_t*>(A);
+  const int64_t Kp = amx_padded(K), Np = amx_padded(N);
   const int64_t full = M / 32 * 32;
-  if (full > 0) gemm_row_blocks(C, ldc, a, lda, packed, full, N, K);
+  if (full > 0) gemm_row_blocks(C, ldc, a, lda, packed, full, Np, Kp);
   if (full == M) return;
   // The last M % 32 rows through a zero-padded 32-row block.
   const int64_t tail = M - full;
-  std::vector<uint16_t> a_block(static_cast<size_t>(32 * K), 0);
-  std::vector<float> c_block(static_cast<size_t>(32 * N));
+  std::vector<uint16_t> a_block(static_cast<size_t>(32 * Kp), 0);
+  std::vector<float> c_block(static_cast<size_t>(32 * Np));
   for (int64_t r = 0; r < tail; ++r)
-    std::memcpy(a_block.data() + r * K, a + (full + r) * lda, static_cast<size_t>(K) * 2);
-  gemm_row_blocks(c_block.data(), N, a_block.data(), K, packed, 32, N, K);
+    std::memcpy(a_block.data() + r * Kp, a + (full + r) * lda, static_cast<size_t>(Kp) * 2);
+  gemm_row_blocks(c_block.data(), Np, a_block.data(), Kp, packed, 32, Np, Kp);
   for (int64_t r = 0; r < tail; ++r)
-    std::memcpy(C + (full + r) * ldc, c_block.data() + r * N, static_cast<size_t>(N) * 4);
+    std::memcpy(C + (full + r) * ldc, c_block.data() + r * Np, static_cast<size_t>(Np) * 4);
 #else
   (void)C, (void)A, (void)packed;
   throw Error("amx_packed_gemm: this build does not target AMX");

@@ -17,21 +17,27 @@ namespace lattice::kernels {
 // oneDNN's chunk GEMMs instead, for comparison).
 bool amx_packed_gemm_enabled();
 
-// Whether a B of [K, N] fits the kernel's tiles: K and N multiples of 32.
+// Whether a B of [K, N] fits the kernel's tiles without padding: K and N multiples of 32.
 bool amx_packed_gemm_fits(int64_t K, int64_t N);
 
-// B packed into 32-column panels: panel p holds columns [32p, 32p + 32) as [K/2][32][2] (the bf16
-// pairs (k, k + 1) of each column side by side, as tdpbf16ps reads B). `weight` is a Linear's
-// bf16 weight, [N, K] row-major when `weight_transposed` (B = weight^T: the forward), else [K, N]
-// row-major (B = weight: the input gradient). `packed` holds K * N elements. Multi-threaded: call
-// it outside parallel regions. Requires amx_packed_gemm_fits(K, N).
+// n rounded up to a multiple of 32: the kernel's padded K and N.
+int64_t amx_padded(int64_t n);
+
+// B packed into 32-column panels: panel p holds columns [32p, 32p + 32) as [Kp/2][32][2] (the bf16
+// pairs (k, k + 1) of each column side by side, as tdpbf16ps reads B), Kp and Np being K and N
+// rounded up to 32 (amx_padded) and the padding zero. `weight` is a Linear's bf16 weight, [N, K]
+// row-major when `weight_transposed` (B = weight^T: the forward), else [K, N] row-major (B =
+// weight: the input gradient). `packed` holds Kp * Np elements. Multi-threaded: call it outside
+// parallel regions.
 void pack_b_panels(uint16_t* packed, const lattice::bf16* weight, bool weight_transposed, int64_t K,
                    int64_t N);
 
-// C[M, N] (row stride ldc, overwritten) = A[M, K] (bf16, row stride lda) · B (packed by
-// pack_b_panels) on the calling thread, any M >= 0. Every element is accumulated over K in steps
-// of 32 in order, each step one tdpbf16ps, as oneDNN's brgemm does: on the shapes tested the
-// results equal oneDNN's bit for bit.
+// C[M, Np] (row stride ldc >= Np, overwritten) = A[M, Kp] (bf16, row stride lda >= Kp) · B
+// (packed by pack_b_panels for K and N) on the calling thread, any M >= 0. Where K or N is not a
+// multiple of 32, A's columns [K, Kp) are read (they must hold finite values: they meet B's zero
+// rows) and C's columns [N, Np) receive zeros (A times B's zero columns). Every element is
+// accumulated over K in steps of 32 in order, each step one tdpbf16ps, as oneDNN's brgemm does: on
+// the shapes tested the results equal oneDNN's bit for bit.
 void amx_packed_gemm(float* C, int64_t ldc, const lattice::bf16* A, int64_t lda,
                      const uint16_t* packed, int64_t M, int64_t N, int64_t K);
 

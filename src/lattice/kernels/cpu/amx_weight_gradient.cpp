@@ -25,25 +25,40 @@ namespace {
 // Tokens per block: X's panels for 256 tokens are 16 KiB per 32 columns (blocks of all the tokens
 // of a 2,048-token batch, with no running sums, were slower: their strips of D come from memory
 // 2,048 lines at a time).
-constexpr int64_t kTokenBlock = kAmxWeightGradientTokenBlock;
+constexpr int64_t kTokenBlock = 256;
+// X's panels for one block of all the tokens, at most (they stay in L2 with the strip).
+constexpr int64_t kOneBlockPanelBytes = int64_t{5} << 18;  // 1.25 MiB
 constexpr size_t kAlign = 64;
 
 size_t aligned_size(size_t bytes) {
   return (bytes + kAlign - 1) / kAlign * kAlign;
 }
 
-// Tokens per block for M tokens: kTokenBlock, or all of them rounded up to 32 when fewer.
-int64_t token_block(int64_t M) {
-  return std::clamp<int64_t>((M + 31) / 32 * 32, 32, kTokenBlock);
+// Tokens per block for M tokens: when the sums wait in dW (not adding) and X's panels for all of
+// them take at most kOneBlockPanelBytes, all of them (rounded up to 32): each sum then passes
+// through dW once (the LM head's row chunks, whose dW is a partial too large for any cache);
+// else kTokenBlock, or all of them when fewer.
+int64_t token_block(int64_t M, int64_t columns, WeightGradientUpdate update) {
+  const int64_t all = std::max<int64_t>(32, (M + 31) / 32 * 32);
+  if (update != WeightGradientUpdate::add && all * columns * 2 <= kOneBlockPanelBytes) return all;
+  return std::min(all, kTokenBlock);
 }
 
 size_t strip_bytes(int64_t block_tokens) {
   return static_cast<size_t>(32 * block_tokens) * sizeof(uint16_t);
 }
 
-// The running sums between token blocks: none when the tokens fit in one block.
-size_t sums_bytes(int64_t M, int64_t rows, int64_t columns) {
-  return M > token_block(M) ? aligned_size(static_cast<size_t>(rows * columns) * sizeof(float)) : 0;
+// The running sums between token blocks, when adding: none when the tokens fit in one block.
+size_t sums_bytes(int64_t M, int64_t rows, int64_t columns, WeightGradientUpdate update) {
+  const int64_t padded_rows = (rows + 31) / 32 * 32;
+  return update == WeightGradientUpdate::add && M > token_block(M, columns, update)
+             ? aligned_size(static_cast<size_t>(padded_rows * columns) * sizeof(float))
+             : 0;
+}
+
+// The last strip's sums when rows is not a multiple of 32.
+size_t tail_bytes(int64_t rows, int64_t columns) {
+  return rows % 32 != 0 ? aligned_size(static_cast<size_t>(32 * columns) * sizeof(float)) : 0;
 }
 
 size_t panels_bytes(int64_t block_tokens, int64_t columns) {
@@ -112,6 +127,14 @@ void pack_transposed_strip(uint16_t* strip, const lattice::bf16* D, int64_t ldd,
   }
 }
 
+// Asks for `rows` rows of a 32-float block of dW (row stride ldw) to come into L1.
+inline void prefetch_block(const float* block, int64_t ldw, int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(block + i * ldw), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(block + i * ldw + 16), _MM_HINT_T0);
+  }
+}
+
 // Walks rows [begin, end) of a row-major bf16 matrix (`bytes` of each) line by line, asking for
 // `count` lines at a time to come into L2: the next token block's operands, spread over this
 // block's tile products (a thread's rows of D and X are strided, and the hardware prefetchers stop
@@ -137,11 +160,6 @@ class LinePrefetcher {
   int64_t row_stride_, rows_left_, bytes_, offset_ = 0;
 };
 
-// dW's 32 x 32 block += the fp32 sums just stored in `block` (row stride 32).
-void add_block(float* dW, int64_t ldw, const float* block) {
-  for (int i = 0; i < 32; ++i)
-    for (int j = 0; j < 32; ++j) dW[i * ldw + j] += block[i * 32 + j];
-}
 #endif
 
 }  // namespace
@@ -150,33 +168,43 @@ bool amx_weight_gradient_fits(int64_t N, int64_t K) {
   return N > 0 && K > 0 && N % 32 == 0 && K % 32 == 0;
 }
 
-size_t amx_weight_gradient_scratch_bytes(int64_t M, int64_t rows, int64_t columns) {
-  const int64_t block_tokens = token_block(M);
-  return sums_bytes(M, rows, columns) + strip_bytes(block_tokens) +
-         panels_bytes(block_tokens, columns) + aligned_size(32 * 32 * sizeof(float));
+size_t amx_weight_gradient_scratch_bytes(int64_t M, int64_t rows, int64_t columns,
+                                         WeightGradientUpdate update) {
+  const int64_t block_tokens = token_block(M, columns, update);
+  return sums_bytes(M, rows, columns, update) + tail_bytes(rows, columns) +
+         strip_bytes(block_tokens) + panels_bytes(block_tokens, columns) +
+         aligned_size(32 * 32 * sizeof(float));
 }
 
 void amx_weight_gradient_block(float* dW, int64_t ldw, const lattice::bf16* D, int64_t ldd,
                                const lattice::bf16* X, int64_t ldx, int64_t M, int64_t rows,
-                               int64_t columns, bool accumulate, void* scratch) {
-  check(amx_weight_gradient_fits(rows, columns) && M >= 0 && ldw >= columns && ldd >= rows &&
-            ldx >= columns,
-        "amx_weight_gradient_block: needs rows and columns positive multiples of 32, M >= 0, "
-        "ldw >= columns, ldd >= rows, ldx >= columns; got rows=" +
-            std::to_string(rows) + " columns=" + std::to_string(columns));
+                               int64_t columns, WeightGradientUpdate update, void* scratch) {
+  const int64_t padded_rows = (rows + 31) / 32 * 32;
+  check(rows > 0 && columns > 0 && columns % 32 == 0 && M >= 0 && ldw >= columns &&
+            ldd >= padded_rows && ldx >= columns,
+        "amx_weight_gradient_block: needs rows > 0, columns a positive multiple of 32, M >= 0, "
+        "ldw >= columns, ldd >= rows rounded up to 32, ldx >= columns; got rows=" +
+            std::to_string(rows) + " columns=" + std::to_string(columns) +
+            " ldd=" + std::to_string(ldd));
 #if defined(LATTICE_HAS_AMX)
   if (M == 0) {
-    if (!accumulate)
+    if (update == WeightGradientUpdate::overwrite)
       for (int64_t i = 0; i < rows; ++i) std::fill(dW + i * ldw, dW + i * ldw + columns, 0.0f);
     return;
   }
   check(amx_tile_state_granted(),
         "amx_weight_gradient_block: the process has no AMX tile state (check "
         "amx_tile_state_granted first)");
-  const int64_t block_tokens = token_block(M);
+  const bool adding = update == WeightGradientUpdate::add;
+  const int64_t block_tokens = token_block(M, columns, update);
+  const bool one_block = M <= block_tokens;
   auto* bytes = static_cast<char*>(scratch);
-  auto* sums = reinterpret_cast<float*>(bytes);  // [rows][columns]: sums between token blocks
-  bytes += sums_bytes(M, rows, columns);
+  // Running sums between token blocks when adding (else they wait in dW), [padded_rows][columns].
+  auto* sums = reinterpret_cast<float*>(bytes);
+  bytes += sums_bytes(M, rows, columns, update);
+  // The last strip's sums when rows is not a multiple of 32 (dW has no room for the padding).
+  auto* tail = reinterpret_cast<float*>(bytes);
+  bytes += tail_bytes(rows, columns);
   auto* strip = reinterpret_cast<uint16_t*>(bytes);  // [32][block_tokens]
   bytes += strip_bytes(block_tokens);
   auto* panels = reinterpret_cast<uint16_t*>(bytes);  // [columns/32][block_tokens/2][32][2]
@@ -196,46 +224,60 @@ void amx_weight_gradient_block(float* dW, int64_t ldw, const lattice::bf16* D, i
     const int64_t next_end = std::min(M, next + block_tokens);
     LinePrefetcher next_x(X, ldx, next, next_end, columns * 2);
     LinePrefetcher next_d(D, ldd, next, next_end, rows * 2);
-    const int64_t products = (rows / 32) * products_per_strip;
+    const int64_t products = (padded_rows / 32) * products_per_strip;
     const int64_t x_per_product = (next_x.lines() + products - 1) / products;
     const int64_t d_per_product = (next_d.lines() + products - 1) / products;
     for (int64_t n0 = 0; n0 < rows; n0 += 32) {
+      const int64_t valid_rows = std::min<int64_t>(32, rows - n0);
+      const bool in_tail = valid_rows < 32;
       pack_transposed_strip(strip, D, ldd, n0, t0, tokens, M, block_tokens);
-      LinePrefetcher next_strip(D + n0 + 32, ldd, t0, n0 + 32 < rows && first && last ? M : t0, 64);
+      LinePrefetcher next_strip(D + n0 + 32, ldd, t0, n0 + 32 < rows && one_block ? M : t0, 64);
       const int64_t strip_per_product =
           (next_strip.lines() + products_per_strip - 1) / products_per_strip;
+      // Where this strip's sums wait between token blocks.
+      float* running = in_tail ? tail : adding ? sums + n0 * columns : dW + n0 * ldw;
+      const int64_t running_stride = in_tail || adding ? columns : ldw;
+      if (in_tail && first && update == WeightGradientUpdate::accumulate) {
+        for (int64_t i = 0; i < 32; ++i)
+          for (int64_t k = 0; k < columns; ++k)
+            tail[i * columns + k] = i < valid_rows ? dW[(n0 + i) * ldw + k] : 0.0f;
+      }
       for (int64_t k0 = 0; k0 < columns; k0 += 32) {
-        float* running = sums + n0 * columns + k0;
-        if (first)
-          amx_block_zero();
+        float* run = running + k0;
+        if (!first || update == WeightGradientUpdate::accumulate)
+          amx_block_load(run, running_stride * 4);
         else
-          amx_block_load(running, columns * 4);
+          amx_block_zero();
         next_x.issue(x_per_product);
         next_d.issue(d_per_product);
         next_strip.issue(strip_per_product);
         float* out = dW + n0 * ldw + k0;
-        if (last && accumulate)  // the block of dW added to below, on its way while the tiles run
-          for (int i = 0; i < 32; ++i) {
-            _mm_prefetch(reinterpret_cast<const char*>(out + i * ldw), _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(out + i * ldw + 16), _MM_HINT_T0);
-          }
+        if (last && adding) {  // the block of dW added to below, on its way while the tiles run
+          prefetch_block(out, ldw, valid_rows);
+        } else if (first && update == WeightGradientUpdate::accumulate) {
+          // The next block of dW, which the next product starts from.
+          const bool row_end = k0 + 32 == columns;
+          const int64_t next_n0 = row_end ? n0 + 32 : n0;
+          if (next_n0 + 32 <= rows)
+            prefetch_block(dW + next_n0 * ldw + (row_end ? 0 : k0 + 32), ldw, 32);
+        }
         const uint16_t* panel = panels + k0 * block_tokens;
         for (int64_t g = 0; g < tokens; g += 32)
           amx_block_multiply(strip + g, strip_stride, panel + g * 32, panel + g * 32 + 32,
                              panel_stride);
-        if (!last) {
-          amx_block_store(running, columns * 4);
-        } else if (!accumulate) {
-          amx_block_store(out, ldw * 4);
-        } else {
-          amx_block_store(block, 32 * 4);
-          add_block(out, ldw, block);
+        if (!last || (!adding && !in_tail)) {
+          amx_block_store(run, running_stride * 4);  // dW itself when not adding
+          continue;
         }
+        amx_block_store(block, 32 * 4);
+        for (int64_t i = 0; i < valid_rows; ++i)
+          for (int64_t j = 0; j < 32; ++j)
+            out[i * ldw + j] = adding ? out[i * ldw + j] + block[i * 32 + j] : block[i * 32 + j];
       }
     }
   }
 #else
-  (void)dW, (void)D, (void)X, (void)accumulate, (void)scratch;
+  (void)dW, (void)D, (void)X, (void)update, (void)scratch;
   throw Error("amx_weight_gradient_block: this build does not target AMX");
 #endif
 }

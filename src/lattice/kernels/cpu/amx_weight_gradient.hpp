@@ -13,27 +13,33 @@
 
 namespace lattice::kernels {
 
-// Tokens the kernel sweeps per block; up to this many need no running-sums scratch (a caller with
-// many such products, as the LM head's row chunks, keeps its scratch small by staying below).
-inline constexpr int64_t kAmxWeightGradientTokenBlock = 256;
-
-// Whether the kernel takes a weight of [N, K]: N and K positive multiples of 32 (any M >= 0).
+// Whether the kernel takes a weight of [N, K] as stored, D being [M, N] dense: N and K positive
+// multiples of 32 (any M >= 0). Any N > 0 is taken when D's rows are padded (below).
 bool amx_weight_gradient_fits(int64_t N, int64_t K);
+
+// What the kernel does with dW:
+//   overwrite:  dW = D^T · X
+//   add:        dW += D^T · X, the sum over the tokens formed from zero and then added: the order
+//               of oneDNN's GEMM with its sum post-op
+//   accumulate: dW += D^T · X with dW's values the start of each sum (another rounding order, one
+//               pass over dW fewer; for partial sums whose order is the caller's own)
+enum class WeightGradientUpdate { overwrite, add, accumulate };
 
 // Bytes of scratch (64-byte aligned) one thread needs for a [rows, columns] block of dW summed
 // over M tokens.
-size_t amx_weight_gradient_scratch_bytes(int64_t M, int64_t rows, int64_t columns);
+size_t amx_weight_gradient_scratch_bytes(int64_t M, int64_t rows, int64_t columns,
+                                         WeightGradientUpdate update);
 
-// The block dW[rows, columns] (row stride ldw) = D[M, rows]^T · X[M, columns], or += when
-// `accumulate`, on the calling thread: D (row stride ldd) and X (row stride ldx) bf16, the block's
-// columns of each. Every element is summed over the tokens in order, in steps of 32 (one
-// tdpbf16ps each; a ragged last step padded with zeros), starting from zero, and then added to dW
-// when accumulating: the order of oneDNN's GEMM with its sum post-op, so that a caller splitting
-// dW over threads gets the same bits for any split. rows and columns must fit
-// (amx_weight_gradient_fits), the process must have the tile state (amx_tile_state_granted), and
-// `scratch` hold amx_weight_gradient_scratch_bytes(M, rows, columns).
+// The block dW[rows, columns] (row stride ldw) (+)= D[M, rows]^T · X[M, columns] on the calling
+// thread: D (row stride ldd) and X (row stride ldx) bf16, the block's columns of each. Every
+// element is summed over the tokens in order, in steps of 32 (one tdpbf16ps each; a ragged last
+// step padded with zeros), so that a caller splitting dW over threads gets the same bits for any
+// split. columns must be a multiple of 32; rows need not be, but D's rows are then read up to rows
+// rounded up to 32 (ldd must reach that; what the padding holds only reaches dW rows that are not
+// written). The process must have the tile state (amx_tile_state_granted), and `scratch` hold
+// amx_weight_gradient_scratch_bytes(M, rows, columns, update).
 void amx_weight_gradient_block(float* dW, int64_t ldw, const lattice::bf16* D, int64_t ldd,
                                const lattice::bf16* X, int64_t ldx, int64_t M, int64_t rows,
-                               int64_t columns, bool accumulate, void* scratch);
+                               int64_t columns, WeightGradientUpdate update, void* scratch);
 
 }  // namespace lattice::kernels

@@ -114,11 +114,13 @@ double cross_entropy_forward_backward(float* d_logits, const float* logits, cons
 
 void cross_entropy_rows_bf16(lattice::bf16* d_logits, double* row_losses, const float* logits,
                              const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                             float* work) {
+                             float* work, int64_t row_stride) {
+  check(row_stride >= V, "cross_entropy_rows_bf16: row_stride " + std::to_string(row_stride) +
+                             " is below the vocabulary size " + std::to_string(V));
   for (int64_t r = 0; r < rows; ++r) {
     const int32_t target = targets[r];
-    const float* x = logits + r * V;
-    lattice::bf16* d = d_logits != nullptr ? d_logits + r * V : nullptr;
+    const float* x = logits + r * row_stride;
+    lattice::bf16* d = d_logits != nullptr ? d_logits + r * row_stride : nullptr;
     if (target < 0) {
       if (d != nullptr) std::fill(d, d + V, lattice::bf16{0});
       row_losses[r] = 0.0;
@@ -155,7 +157,7 @@ double cross_entropy_forward_backward_bf16(lattice::bf16* d_logits, const float*
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r)
       cross_entropy_rows_bf16(d_logits + r * V, &row_losses[static_cast<size_t>(r)], logits + r * V,
-                              targets + r, 1, V, grad_scale, work.data());
+                              targets + r, 1, V, grad_scale, work.data(), V);
   }
   return sum_in_row_order(row_losses);
 }

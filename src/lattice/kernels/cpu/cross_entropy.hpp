@@ -27,9 +27,10 @@ double cross_entropy_forward_backward_bf16(lattice::bf16* d_logits, const float*
 // cross_entropy_forward) on the calling thread, for callers that produce the logits a chunk at a
 // time (the LM head, see MatmulEngine::multiply_in_row_chunks): row_losses[r] receives row r's loss
 // (0 for an ignored row), bit for bit what the whole-batch functions compute for it. `work` is a
-// scratch row of V floats. Targets must already be checked to lie below V.
+// scratch row of V floats. Targets must already be checked to lie below V. Rows of `logits` and
+// `d_logits` are `row_stride` (>= V) apart.
 void cross_entropy_rows_bf16(lattice::bf16* d_logits, double* row_losses, const float* logits,
                              const int32_t* targets, int64_t rows, int64_t V, float grad_scale,
-                             float* work);
+                             float* work, int64_t row_stride);
 
 }  // namespace lattice::kernels

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
@@ -253,11 +254,13 @@ class ChunkFailure {
   bool failed_ = false;
 };
 
-// Rows of an AMX chunk GEMM pass: a multiple of 32 whose fp32 output [rows, N] fits in 2 MiB (L2),
-// at least 32.
+// Rows of an AMX chunk GEMM pass: a multiple of 32 whose fp32 output [rows, N] fits in 2 MiB (L2);
+// all of them (the largest int64_t) when not even 32 rows fit: each pass reads the whole packed
+// weight, which for so wide an output is far larger than the output a pass saves from memory.
 int64_t amx_rows_per_pass(int64_t N) {
   constexpr int64_t kOutputBytes = int64_t{2} << 20;
-  return std::max<int64_t>(32, kOutputBytes / (N * 4) / 32 * 32);
+  const int64_t rows = kOutputBytes / (N * 4) / 32 * 32;
+  return rows >= 32 ? rows : std::numeric_limits<int64_t>::max();
 }
 
 // Rows in the last of `chunks` over M rows.
@@ -290,6 +293,8 @@ struct MatmulEngine::Impl {
   void amx_weight_gradient(float* d_weight, const bf16* d_out16, const bf16* in16, int64_t M,
                            int64_t N, int64_t K, bool accumulate) {
     const int threads = omp_get_max_threads();
+    const WeightGradientUpdate update =
+        accumulate ? WeightGradientUpdate::add : WeightGradientUpdate::overwrite;
     const bool split_rows = N >= K;
     const int64_t blocks = (split_rows ? N : K) / 32;
     const auto range = [&](int t) {
@@ -301,8 +306,9 @@ struct MatmulEngine::Impl {
       const auto [begin, end] = range(t);
       if (end > begin)
         thread_weight_gradient_scratch[static_cast<size_t>(t)].reserve(
-            split_rows ? amx_weight_gradient_scratch_bytes(M, end - begin, K)
-                       : amx_weight_gradient_scratch_bytes(M, N, end - begin));
+            split_rows
+                ? amx_weight_gradient_scratch_bytes(M, end - begin, K, WeightGradientUpdate::add)
+                : amx_weight_gradient_scratch_bytes(M, N, end - begin, WeightGradientUpdate::add));
     }
     ChunkFailure failure;
 #pragma omp parallel num_threads(threads)
@@ -314,10 +320,10 @@ struct MatmulEngine::Impl {
         failure.run([&] {
           if (split_rows)
             amx_weight_gradient_block(d_weight + begin * K, K, d_out16 + begin, N, in16, K, M,
-                                      end - begin, K, accumulate, scratch);
+                                      end - begin, K, update, scratch);
           else
             amx_weight_gradient_block(d_weight + begin, K, d_out16, N, in16 + begin, K, M, N,
-                                      end - begin, accumulate, scratch);
+                                      end - begin, update, scratch);
         });
       }
     }
@@ -404,7 +410,7 @@ struct MatmulEngine::Impl {
   const uint16_t* packed_b(int slot, const bf16* weight16, bool weight_transposed, int64_t K,
                            int64_t N) {
     auto* packed = static_cast<uint16_t*>(packed_weights[static_cast<size_t>(slot)].reserve(
-        static_cast<size_t>(K * N) * sizeof(uint16_t)));
+        static_cast<size_t>(amx_padded(K) * amx_padded(N)) * sizeof(uint16_t)));
     pack_b_panels(packed, weight16, weight_transposed, K, N);
     return packed;
   }
@@ -682,34 +688,24 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
   const RowChunks chunks = row_chunks_of(M, chunk_rows);
   const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);  // rounded once
   if (impl_->chunk_cache.size() + 8 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
-  // out = in16 · weight^T reads the weight [N, K] transposed; d_in = d_out16 · weight reads it as
-  // [K'=N, N'=K].
-  // Each on the AMX kernel with the weight packed once where the shape fits it, else on oneDNN.
-  const bool amx = amx_packed_gemm_enabled();
-  const uint16_t* forward_packed =
-      amx && amx_packed_gemm_fits(K, N) ? impl_->packed_b(0, weight16, true, K, N) : nullptr;
-  const uint16_t* input_packed =
-      amx && amx_packed_gemm_fits(N, K) ? impl_->packed_b(1, weight16, false, N, K) : nullptr;
+  // On AMX (K a multiple of 32; N any, padded to Np): out = in16 · weight^T and d_in = d_out16 ·
+  // weight on the packed kernel with the weight packed once each way (zero-padded), the weight
+  // gradient on the AMX weight-gradient kernel; out and d_out16 rows are Np apart, d_out16's
+  // padding zero. Else all three on oneDNN's single-thread GEMMs, rows N apart.
+  const bool amx = amx_packed_gemm_enabled() && K % 32 == 0;
+  const int64_t stride = amx ? amx_padded(N) : N;
+  const uint16_t* forward_packed = amx ? impl_->packed_b(0, weight16, true, K, N) : nullptr;
+  const uint16_t* input_packed = amx ? impl_->packed_b(1, weight16, false, N, K) : nullptr;
   std::optional<Impl::ChunkGemmPair> forward_gemms, input_gemms;
+  const ChunkGemm* gradient_gemms[2][2] = {};  // partial (+)= d_out16^T · in16 [accumulate][last]
   size_t scratch_bytes = 0;
-  if (forward_packed == nullptr) {
-    forward_gemms = impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunks, M);
-    scratch_bytes = std::max(scratch_bytes, forward_gemms->scratchpad_bytes());
-  }
-  if (input_packed == nullptr) {
-    input_gemms = impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunks, M);
-    scratch_bytes = std::max(scratch_bytes, input_gemms->scratchpad_bytes());
-  }
-  // partial[N, K] (+)= d_out16^T · in16: the chunk's rows are the reduction. On the AMX weight-
-  // gradient kernel where the shape fits it and a chunk is one of its token blocks (no running
-  // sums the size of the partial), else on oneDNN's single-thread GEMMs [accumulate][last].
-  const bool amx_gradient = amx && amx_weight_gradient_fits(N, K) &&
-                            chunks.rows_per_chunk <= kAmxWeightGradientTokenBlock;
-  const ChunkGemm* gradient_gemms[2][2] = {};
-  if (amx_gradient) {
-    scratch_bytes =
-        std::max(scratch_bytes, amx_weight_gradient_scratch_bytes(chunks.rows_per_chunk, N, K));
+  if (amx) {
+    scratch_bytes = amx_weight_gradient_scratch_bytes(chunks.rows_per_chunk, N, K,
+                                                      WeightGradientUpdate::accumulate);
   } else {
+    forward_gemms = impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunks, M);
+    input_gemms = impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunks, M);
+    scratch_bytes = std::max(forward_gemms->scratchpad_bytes(), input_gemms->scratchpad_bytes());
     for (int accumulate = 0; accumulate < 2; ++accumulate) {
       const ChunkGemmKind kind =
           accumulate ? ChunkGemmKind::weight_gradient_accumulate : ChunkGemmKind::weight_gradient;
@@ -720,7 +716,7 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
       }
     }
   }
-  const auto chunk_elements = static_cast<size_t>(chunks.rows_per_chunk * N);
+  const auto chunk_elements = static_cast<size_t>(chunks.rows_per_chunk * stride);
   impl_->reserve_thread_buffers(lanes, chunk_elements * sizeof(float),
                                 chunk_elements * sizeof(lattice::bf16), scratch_bytes);
   ChunkFailure failure;
@@ -739,36 +735,38 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
       float* partial = weight_grad_partials + static_cast<int64_t>(lane) * N * K;
       for (int64_t c = first; c < stop; ++c) {
         failure.run([&] {
-          if (!stream) stream.emplace(impl_->engine);
           const bool last = c + 1 == chunks.count;
           const int64_t row_begin = chunks.begin(c);
           const int64_t rows = chunks.end(c, M) - row_begin;
           const lattice::bf16* in_rows = in16 + row_begin * K;
-          if (forward_packed != nullptr) {
-            // In passes whose fp32 output stays in L2 for the consumer (a wide output, as the LM
-            // head's, is otherwise written to and read back from L3).
-            const int64_t pass_rows = amx_rows_per_pass(N);
+          if (amx) {
+            // In passes whose fp32 output stays in L2 for the consumer where a pass of 32 rows
+            // fits there (an output as wide as GPT-2's vocabulary goes through memory anyway: its
+            // chunk runs whole, reading the packed weight once).
+            const int64_t pass_rows = amx_rows_per_pass(stride);
             for (int64_t p0 = 0; p0 < rows; p0 += pass_rows) {
               const int64_t n = std::min(pass_rows, rows - p0);
-              amx_packed_gemm(out, N, in_rows + p0 * K, K, forward_packed, n, N, K);
-              consume(row_begin + p0, n, out, d_out16 + p0 * N);
+              amx_packed_gemm(out, stride, in_rows + p0 * K, K, forward_packed, n, N, K);
+              consume(row_begin + p0, n, out, d_out16 + p0 * stride, stride);
             }
-          } else {
-            run_chunk_gemm(forward_gemms->for_chunk(last), impl_->engine, *stream, in_rows,
-                           weight16, out, scratch);
-            consume(row_begin, rows, out, d_out16);
+            if (stride != N)  // the input gradient sums over d_out16's padding too
+              for (int64_t r = 0; r < rows; ++r)
+                std::fill(d_out16 + r * stride + N, d_out16 + (r + 1) * stride, lattice::bf16{0});
+            amx_packed_gemm(d_in + row_begin * K, K, d_out16, stride, input_packed, rows, K, N);
+            amx_weight_gradient_block(
+                partial, K, d_out16, stride, in_rows, K, rows, N, K,
+                c == first ? WeightGradientUpdate::overwrite : WeightGradientUpdate::accumulate,
+                scratch);
+            return;
           }
-          if (input_packed != nullptr)
-            amx_packed_gemm(d_in + row_begin * K, K, d_out16, N, input_packed, rows, K, N);
-          else
-            run_chunk_gemm(input_gemms->for_chunk(last), impl_->engine, *stream, d_out16, weight16,
-                           d_in + row_begin * K, scratch);
-          if (amx_gradient)
-            amx_weight_gradient_block(partial, K, d_out16, N, in_rows, K, rows, N, K,
-                                      /*accumulate=*/c != first, scratch);
-          else
-            run_chunk_gemm(*gradient_gemms[c == first ? 0 : 1][last ? 1 : 0], impl_->engine,
-                           *stream, d_out16, in_rows, partial, scratch);
+          if (!stream) stream.emplace(impl_->engine);
+          run_chunk_gemm(forward_gemms->for_chunk(last), impl_->engine, *stream, in_rows, weight16,
+                         out, scratch);
+          consume(row_begin, rows, out, d_out16, N);
+          run_chunk_gemm(input_gemms->for_chunk(last), impl_->engine, *stream, d_out16, weight16,
+                         d_in + row_begin * K, scratch);
+          run_chunk_gemm(*gradient_gemms[c == first ? 0 : 1][last ? 1 : 0], impl_->engine, *stream,
+                         d_out16, in_rows, partial, scratch);
         });
       }
     }

@@ -81,22 +81,25 @@ class MatmulEngine {
   // consumed at once and whose gradient the consumer computes from it (the LM head and its
   // cross-entropy, as Liger-Kernel's fused linear cross-entropy: neither the logits nor their
   // gradient is ever stored whole). Each chunk of `chunk_rows` rows runs on one thread:
-  //   out[rows, N] = in16 · weight^T                (fp32, the thread's buffer)
-  //   consume(row_begin, rows, out, d_out16)        must write d_out16 [rows, N] (bf16)
-  //   d_in[rows, K] = d_out16 · weight              (d_in [M, K]; overwritten)
-  //   partial[N, K] (+)= d_out16^T · in16 rows      (the first chunk of a lane overwrites)
-  // Lane l of `lanes` (= gradient_lanes(M, chunk_rows), one thread each) takes a contiguous run of
-  // chunks in order and sums their weight gradients into weight_grad_partials + l·N·K; add the
-  // lanes in order (add_chunk_partials) to get the weight gradient. The forward and the input
-  // gradient run as in multiply_in_row_chunks (the AMX kernel on the weight packed once where it
-  // fits; consume may then be handed a chunk in several passes of fewer rows). `out` and d_in equal
-  // forward()'s and backward()'s rows bit for bit where both sweep K in order (see
-  // multiply_in_row_chunks; an 8192-wide vocabulary's d_in agrees to fp32 rounding); the weight
-  // gradient is the same sum in another order (per chunk, then per lane), fixed by the thread
-  // count; each chunk's on the AMX weight-gradient kernel where N and K are multiples of 32 and a
-  // chunk has at most 256 rows (bit-equal to oneDNN's, which it replaces), else on oneDNN.
-  using GradientChunkConsumer = std::function<void(int64_t row_begin, int64_t rows,
-                                                   const float* out, lattice::bf16* d_out16)>;
+  //   out[rows, N] = in16 · weight^T                  (fp32, the thread's buffer)
+  //   consume(row_begin, rows, out, d_out16, stride)  must write d_out16 [rows, N] (bf16)
+  //   d_in[rows, K] = d_out16 · weight                (d_in [M, K]; overwritten)
+  //   partial[N, K] (+)= d_out16^T · in16 rows        (the first chunk of a lane overwrites)
+  // The rows of `out` and d_out16 are `stride` apart (N, or N rounded up to 32 on AMX; what the
+  // consumer writes past column N is ignored). Lane l of `lanes` (= gradient_lanes(M,
+  // chunk_rows), one thread each) takes a contiguous run of chunks in order and sums their weight
+  // gradients into weight_grad_partials + l·N·K; add the lanes in order (add_chunk_partials) to get
+  // the weight gradient. Where K is a multiple of 32 and the CPU has AMX, the three products run on
+  // Lattice's AMX kernels (amx_packed_gemm.hpp with the weight packed once each way, zero-padded
+  // to N rounded up to 32: GPT-2's 50,257-token vocabulary; amx_weight_gradient.hpp, each chunk's
+  // sums accumulated onto the lane's partial), else on oneDNN's single-thread GEMMs. The forward
+  // is handed to consume in passes of fewer rows where 32 rows of output fit in L2. `out` and d_in
+  // equal forward()'s and backward()'s rows bit for bit where both sweep K in order (see
+  // multiply_in_row_chunks; a d_in summed over a vocabulary of thousands agrees to fp32 rounding);
+  // the weight gradient is the same sum in another order (per chunk, then per lane), fixed by the
+  // thread count.
+  using GradientChunkConsumer = std::function<void(
+      int64_t row_begin, int64_t rows, const float* out, lattice::bf16* d_out16, int64_t stride)>;
   void forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M,
                                       int64_t K, int64_t N, int64_t chunk_rows,
                                       const GradientChunkConsumer& consume, float* d_in,
