@@ -571,15 +571,8 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
   } else {
     d_out16 = impl_->to_bf16_buffer(0, d_out, M, N, N);
   }
-  if (want_d_in) {  // d_in[M,K] = d_out[M,N] · weight[N,K]
-    GemmShape s = Impl::shape(M, K, N, /*use_bf16=*/true);
-    s.a_stride_m = N, s.a_stride_k = 1;
-    s.b_stride_k = K, s.b_stride_n = 1;
-    s.ldc = K;
-    const lattice::bf16* weight16 =
-        rounded.weight ? rounded.weight : impl_->to_bf16_buffer(1, weight, N, K, K);
-    impl_->run(s, d_out16, weight16, nullptr, d_in);
-  }
+  // The weight gradient first: its strided reads of d_out16 find the rows the rounding pass just
+  // wrote still in cache; the input gradient streams through d_out16 after it.
   if (want_d_weight && amx_packed_gemm_enabled() && amx_weight_gradient_fits(N, K)) {
     const lattice::bf16* in16 = rounded.in ? rounded.in : impl_->to_bf16_buffer(2, in, M, K, K);
     impl_->amx_weight_gradient(d_weight, d_out16, in16, M, N, K, /*accumulate=*/true);
@@ -591,6 +584,15 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     s.beta_bits = std::bit_cast<uint32_t>(1.0f);
     const lattice::bf16* in16 = rounded.in ? rounded.in : impl_->to_bf16_buffer(2, in, M, K, K);
     impl_->run(s, d_out16, in16, nullptr, d_weight);
+  }
+  if (want_d_in) {  // d_in[M,K] = d_out[M,N] · weight[N,K]
+    GemmShape s = Impl::shape(M, K, N, /*use_bf16=*/true);
+    s.a_stride_m = N, s.a_stride_k = 1;
+    s.b_stride_k = K, s.b_stride_n = 1;
+    s.ldc = K;
+    const lattice::bf16* weight16 =
+        rounded.weight ? rounded.weight : impl_->to_bf16_buffer(1, weight, N, K, K);
+    impl_->run(s, d_out16, weight16, nullptr, d_in);
   }
 }
 
