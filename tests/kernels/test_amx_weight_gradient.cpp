@@ -227,6 +227,21 @@ TEST(AmxWeightGradient, MatmulBackwardAccumulatesItsResult) {
   }
 }
 
+TEST(AmxWeightGradient, ScratchForAnyTokenCountCoversEveryShorterCall) {
+  // The LM head sizes one scratch per thread for its longest row chunk and reuses it for a shorter
+  // last chunk, which may be summed in one block where the longer ones are not.
+  for (WeightGradientUpdate update : kUpdates) {
+    for (int64_t columns : {32, 256, 768, 1024}) {
+      for (int64_t longest : {256, 600, 768, 1100}) {
+        const size_t sized = amx_weight_gradient_scratch_bytes(longest, 77, columns, update);
+        for (int64_t M = 0; M <= longest; M += 7)
+          ASSERT_LE(amx_weight_gradient_scratch_bytes(M, 77, columns, update), sized)
+              << name(update) << " columns " << columns << " M " << M << " of " << longest;
+      }
+    }
+  }
+}
+
 TEST(AmxWeightGradient, RejectsShapesThatDoNotFitTheTiles) {
   EXPECT_TRUE(amx_weight_gradient_fits(32, 64));
   EXPECT_FALSE(amx_weight_gradient_fits(48, 64));

@@ -1,13 +1,15 @@
-// The AMX weight gradient: see amx_weight_gradient.hpp. The tokens are swept in blocks of
-// kTokenBlock. Per block, X's rows are packed once into 32-column panels of token pairs
-// ([tokens/2][32][2], as tdpbf16ps reads B; a few hundred KiB that stay in L2), and for each 32-row
-// strip of dW the strip's 32 columns of D are transposed into A tiles ([32][tokens], 16 KiB, L1);
-// the strip's 32 x 32 blocks then run the block's tokens through four accumulator tiles. Between
-// token blocks the running sums wait in an fp32 scratch block (exact), so every element is one
-// in-order sum over all tokens. Memory, not the tiles, bounds these products in the training step
-// (their operands were written long before, or by the other core): the next block's rows of D and
-// X are prefetched into L2 a few lines per 32 x 32 product, the next strip's columns of D when
-// there is a single block, and a block of dW before it is added to.
+// The AMX weight gradient: see amx_weight_gradient.hpp. The tokens are swept in blocks (of 256, or
+// all of them: token_block). Per block, X's rows are packed once into 32-column panels of token
+// pairs ([tokens/2][32][2], as tdpbf16ps reads B; a few hundred KiB that stay in L2), and for each
+// 32-row strip of dW the strip's 32 columns of D are transposed into A tiles ([32][tokens], 16 KiB
+// for 256 tokens, L1); the strip's 32 x 32 blocks then run the block's tokens through four
+// accumulator tiles. Between token blocks the running sums wait in dW itself, or in an fp32 scratch
+// block when adding (exact either way), so every element is one in-order sum over all tokens. A
+// last strip of fewer than 32 rows (a vocabulary's) is computed whole and only its rows are
+// written. Memory, not the tiles, bounds these products in the training step (their operands were
+// written long before, or by the other core): the next block's rows of D and X are prefetched into
+// L2 a few lines per 32 x 32 product, the next strip's columns of D when there is a single block,
+// and a block of dW before it is added to or started from.
 #include "lattice/kernels/cpu/amx_weight_gradient.hpp"
 
 #include <algorithm>
@@ -22,9 +24,9 @@ namespace lattice::kernels {
 
 namespace {
 
-// Tokens per block: X's panels for 256 tokens are 16 KiB per 32 columns (blocks of all the tokens
-// of a 2,048-token batch, with no running sums, were slower: their strips of D come from memory
-// 2,048 lines at a time).
+// Tokens per block when adding: X's panels for 256 tokens are 16 KiB per 32 columns (blocks of 128
+// or 512 tokens, or all 2,048 of a batch, were slower stand-alone: the more tokens, the longer each
+// strip of D waits on memory).
 constexpr int64_t kTokenBlock = 256;
 // X's panels for one block of all the tokens, at most (they stay in L2 with the strip).
 constexpr int64_t kOneBlockPanelBytes = int64_t{5} << 18;  // 1.25 MiB
@@ -83,7 +85,7 @@ inline u16x16 load_row16(const lattice::bf16* p) {
 }
 
 // X's rows [t0, t0 + tokens) (zeros past row M), columns [0, columns), as 32-column panels of
-// token pairs: panel p is [kTokenBlock/2][32][2], pair q of column j at (q·32 + j)·2.
+// token pairs: panel p is [block_tokens/2][32][2], pair q of column j at (q·32 + j)·2.
 void pack_token_pair_panels(uint16_t* panels, const lattice::bf16* X, int64_t ldx, int64_t t0,
                             int64_t tokens, int64_t M, int64_t columns, int64_t block_tokens) {
   const u16x16 zero{};
@@ -105,7 +107,7 @@ void pack_token_pair_panels(uint16_t* panels, const lattice::bf16* X, int64_t ld
 }
 
 // D's columns [n0, n0 + 32) over rows [t0, t0 + tokens) (zeros past row M), transposed: row i of
-// the strip holds column n0 + i's tokens, kTokenBlock apart. 32 tokens x 16 columns at a time:
+// the strip holds column n0 + i's tokens, block_tokens apart. 32 tokens x 16 columns at a time:
 // their row pairs interleaved make 16 rows of 16 words (a word = one column's token pair), which
 // a 16 x 16 transpose turns into 16 tile rows.
 void pack_transposed_strip(uint16_t* strip, const lattice::bf16* D, int64_t ldd, int64_t n0,
@@ -170,7 +172,14 @@ bool amx_weight_gradient_fits(int64_t N, int64_t K) {
 
 size_t amx_weight_gradient_scratch_bytes(int64_t M, int64_t rows, int64_t columns,
                                          WeightGradientUpdate update) {
-  const int64_t block_tokens = token_block(M, columns, update);
+  // The largest block of any call with at most M tokens (token_block is not monotonic in M: fewer
+  // tokens may fit in one block where more are swept in blocks of kTokenBlock), so that a caller
+  // may size the scratch once for its longest call.
+  int64_t block_tokens = token_block(M, columns, update);
+  if (update != WeightGradientUpdate::add) {
+    const int64_t one_block_limit = kOneBlockPanelBytes / (2 * columns) / 32 * 32;
+    block_tokens = std::max(block_tokens, std::min((M + 31) / 32 * 32, one_block_limit));
+  }
   return sums_bytes(M, rows, columns, update) + tail_bytes(rows, columns) +
          strip_bytes(block_tokens) + panels_bytes(block_tokens, columns) +
          aligned_size(32 * 32 * sizeof(float));

@@ -26,7 +26,7 @@ bool amx_weight_gradient_fits(int64_t N, int64_t K);
 enum class WeightGradientUpdate { overwrite, add, accumulate };
 
 // Bytes of scratch (64-byte aligned) one thread needs for a [rows, columns] block of dW summed
-// over M tokens.
+// over at most M tokens.
 size_t amx_weight_gradient_scratch_bytes(int64_t M, int64_t rows, int64_t columns,
                                          WeightGradientUpdate update);
 
