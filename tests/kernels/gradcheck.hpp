@@ -1,4 +1,5 @@
-// Test helpers for kernels: random tensors, central finite differences and a relative-error compare.
+// Test helpers for kernels: random tensors, central finite differences and a relative-error
+// compare.
 #pragma once
 
 #include <cmath>
@@ -6,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "lattice/core/dtype.hpp"
 #include "lattice/core/rng.hpp"
 
 namespace lattice::testing {
@@ -15,6 +17,13 @@ inline std::vector<float> random_vector(int64_t n, uint64_t seed, float scale = 
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) x = rng.normal() * scale;
   return v;
+}
+
+// x rounded to bf16, element by element (lattice::to_bf16).
+inline std::vector<lattice::bf16> rounded_to_bf16(const std::vector<float>& x) {
+  std::vector<lattice::bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = lattice::to_bf16(x[i]);
+  return out;
 }
 
 // Weighted sum sum_i w_i * y_i in double: the scalar "loss" whose gradient wrt y is w.
@@ -47,7 +56,8 @@ template <class A, class B>
 double max_relative_error(const A& a, const B& b) {
   double max_diff = 0, max_ref = 0;
   for (size_t i = 0; i < b.size(); ++i) {
-    max_diff = std::fmax(max_diff, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    max_diff =
+        std::fmax(max_diff, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
     max_ref = std::fmax(max_ref, std::fabs(static_cast<double>(b[i])));
   }
   return max_diff / (max_ref + 1e-30);

@@ -19,12 +19,7 @@ namespace lattice::kernels {
 namespace {
 
 using lattice::testing::random_vector;
-
-std::vector<lattice::bf16> rounded(const std::vector<float>& x) {
-  std::vector<lattice::bf16> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = lattice::to_bf16(x[i]);
-  return out;
-}
+using lattice::testing::rounded_to_bf16;
 
 struct Case {
   int64_t M, K, N;
@@ -41,10 +36,10 @@ void expect_matches_reference(const Case& c, bool weight_transposed, int64_t a_p
                                     << a_pad << " ldc pad " << c_pad);
   const int64_t Kp = amx_padded(c.K), Np = amx_padded(c.N);
   const int64_t lda = Kp + a_pad, ldc = Np + c_pad;
-  auto a = rounded(random_vector(c.M * lda, seed, 1.0f));
+  auto a = rounded_to_bf16(random_vector(c.M * lda, seed, 1.0f));
   for (int64_t m = 0; m < c.M; ++m)
     std::fill(a.begin() + m * lda + c.K, a.begin() + m * lda + Kp, lattice::bf16{0});
-  const auto weight = rounded(random_vector(c.K * c.N, seed + 1, 1.0f));
+  const auto weight = rounded_to_bf16(random_vector(c.K * c.N, seed + 1, 1.0f));
   std::vector<uint16_t> packed(static_cast<size_t>(Kp * Np), 0xffff);
   pack_b_panels(packed.data(), weight.data(), weight_transposed, c.K, c.N);
   const float sentinel = -12345.0f;
@@ -108,7 +103,7 @@ TEST(AmxPackedGemm, EqualsOneDnnBitForBitWhereBothSweepKInOrder) {
     SCOPED_TRACE(::testing::Message() << "M=" << c.M << " K=" << c.K << " N=" << c.N);
     const auto in = random_vector(c.M * c.K, 50, 1.0f);
     const auto weight = random_vector(c.N * c.K, 51, 0.5f);  // a Linear's [N out, K in]
-    const auto in16 = rounded(in), weight16 = rounded(weight);
+    const auto in16 = rounded_to_bf16(in), weight16 = rounded_to_bf16(weight);
     std::vector<float> expected(static_cast<size_t>(c.M * c.N));
     engine.forward(expected.data(), in.data(), weight.data(), nullptr, c.M, c.K, c.N,
                    Precision::bf16);

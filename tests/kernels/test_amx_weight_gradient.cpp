@@ -23,12 +23,7 @@ namespace lattice::kernels {
 namespace {
 
 using lattice::testing::random_vector;
-
-std::vector<lattice::bf16> rounded(const std::vector<float>& x) {
-  std::vector<lattice::bf16> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = lattice::to_bf16(x[i]);
-  return out;
-}
+using lattice::testing::rounded_to_bf16;
 
 std::vector<float> widened(const std::vector<lattice::bf16>& x) {
   std::vector<float> out(x.size());
@@ -49,8 +44,8 @@ struct Operands {
 // D's rows hold `rows` rounded up to 32 (the kernel reads that far) plus d_pad.
 Operands operands(const Case& c, int64_t d_pad, int64_t x_pad, uint64_t seed) {
   Operands o{(c.rows + 31) / 32 * 32 + d_pad, c.columns + x_pad, {}, {}};
-  o.D = rounded(random_vector(c.M * o.ldd, seed, 1.0f));
-  o.X = rounded(random_vector(c.M * o.ldx, seed + 1, 1.0f));
+  o.D = rounded_to_bf16(random_vector(c.M * o.ldd, seed, 1.0f));
+  o.X = rounded_to_bf16(random_vector(c.M * o.ldx, seed + 1, 1.0f));
   return o;
 }
 
