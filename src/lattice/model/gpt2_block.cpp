@@ -1,6 +1,8 @@
 // GPT-2 transformer block: see gpt2_block.hpp.
 #include "lattice/model/gpt2_block.hpp"
 
+#include <vector>
+
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
 #include "lattice/kernels/cpu/attention.hpp"
@@ -14,6 +16,22 @@
 namespace lattice::model {
 
 namespace k = lattice::kernels;
+
+namespace {
+
+// bias_grad[j] += the sum over parts p (in order, in double) of sums[p * width + j]: a bias
+// gradient from per-part column sums (per batch, per row chunk) in an order that does not depend on
+// the thread count.
+void add_column_sums_in_order(float* bias_grad, const std::vector<double>& sums, int64_t parts,
+                              int64_t width) {
+  for (int64_t j = 0; j < width; ++j) {
+    double total = 0.0;
+    for (int64_t p = 0; p < parts; ++p) total += sums[static_cast<size_t>(p * width + j)];
+    bias_grad[j] += static_cast<float>(total);
+  }
+}
+
+}  // namespace
 
 Gpt2Block::Gpt2Block(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
                      const TensorParallelGroup& tp)
@@ -226,13 +244,7 @@ void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, float* d_ln, co
                              lse_.f32(), packed_qkv_shape(B, T, heads_, C_));
   // c_attn's bias gradient: the batches' column sums (each over its tokens in order), added in
   // batch order, so the result does not depend on the thread count.
-  if (bias_grad != nullptr) {
-    for (int64_t j = 0; j < width; ++j) {
-      double total = 0.0;
-      for (int64_t b = 0; b < B; ++b) total += qkv_column_sums_[static_cast<size_t>(b * width + j)];
-      bias_grad[j] += static_cast<float>(total);
-    }
-  }
+  if (bias_grad != nullptr) add_column_sums_in_order(bias_grad, qkv_column_sums_, B, width);
   c_attn_.backward_rounded(ctx, d_ln, d_qkv16, nullptr, rows);
 }
 
@@ -260,14 +272,8 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const fl
         k::gelu_backward_from_slope_bf16_rows(d_fc16 + begin * F_, sums, d_gelu,
                                               slope16 + begin * F_, n, F_);
       });
-  if (fc_bias_grad != nullptr) {
-    for (int64_t j = 0; j < F_; ++j) {
-      double total = 0.0;
-      for (int64_t c = 0; c < chunks.count; ++c)
-        total += chunk_column_sums_[static_cast<size_t>(c * F_ + j)];
-      fc_bias_grad[j] += static_cast<float>(total);
-    }
-  }
+  if (fc_bias_grad != nullptr)
+    add_column_sums_in_order(fc_bias_grad, chunk_column_sums_, chunks.count, F_);
   c_fc_.backward_rounded(ctx, d_ln, d_fc16, ln2_.f32(), rows);
 }
 

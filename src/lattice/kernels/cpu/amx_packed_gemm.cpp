@@ -22,9 +22,6 @@ namespace {
 constexpr int64_t kBlockK = 1024;
 
 #if defined(LATTICE_HAS_AMX)
-using u32x16 = uint32_t __attribute__((vector_size(64)));
-using u16x16 = uint16_t __attribute__((vector_size(32)));
-using u16x32 = uint16_t __attribute__((vector_size(64)));
 
 // Panel of columns [n0, n0 + 32) of B = weight^T, weight [N, K], over Kp = K rounded up to 32
 // rows: word (kp, j) of the panel is word kp of weight row n0 + j (zero past row N or column K),
@@ -62,9 +59,7 @@ void pack_plain_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, i
   for (int64_t kp = 0; kp < amx_padded(K) / 2; ++kp) {
     for (int64_t j0 = 0; j0 < 32; j0 += 16) {
       const u16x16 a = row16(2 * kp, n0 + j0), b = row16(2 * kp + 1, n0 + j0);
-      const u16x32 mixed =
-          __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8,
-                                  24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+      const u16x32 mixed = interleave_pairs(a, b);
       std::memcpy(panel + (kp * 32 + j0) * 2, &mixed, sizeof mixed);
     }
   }

@@ -68,16 +68,6 @@ size_t panels_bytes(int64_t block_tokens, int64_t columns) {
 }
 
 #if defined(LATTICE_HAS_AMX)
-using u32x16 = uint32_t __attribute__((vector_size(64)));
-using u16x16 = uint16_t __attribute__((vector_size(32)));
-using u16x32 = uint16_t __attribute__((vector_size(64)));
-
-// Words (a[i], b[i]) side by side for i = 0..15: two rows' 16 bf16 as 16 bf16 pairs.
-inline u16x32 interleave_pairs(u16x16 a, u16x16 b) {
-  return __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8,
-                                 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-}
-
 inline u16x16 load_row16(const lattice::bf16* p) {
   u16x16 v;
   std::memcpy(&v, p, sizeof v);

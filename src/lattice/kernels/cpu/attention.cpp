@@ -69,7 +69,6 @@ namespace {
 
 using f32x16 = float __attribute__((vector_size(64)));
 using i32x16 = int32_t __attribute__((vector_size(64)));
-using u32x16 = uint32_t __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
 
 // Tile sizes: kBlockQ query rows by kBlockK keys. kMicroRows x kMicroVecs*16 is the register block
@@ -303,9 +302,6 @@ void validate(const AttentionShape& s, const char* who) {
 // bf16 on AMX: tile products as tdpbf16ps (bf16 pairs, fp32 accumulate), operands packed to the
 // layouts the tiles load.
 
-using u16x16 = uint16_t __attribute__((vector_size(32)));
-using u16x32 = uint16_t __attribute__((vector_size(64)));
-
 // AMX unless the environment sets LATTICE_ATTENTION_NO_AMX (read per call: it selects the portable
 // bf16 path for comparison and debugging, like oneDNN's ONEDNN_MAX_CPU_ISA).
 bool use_amx() {
@@ -336,10 +332,6 @@ void amx_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, c
 
 inline u16x16 to_bf16_bits(f32x16 x) {
   return __builtin_convertvector(std::bit_cast<u32x16>(vround_bf16(x)) >> 16, u16x16);
-}
-inline u16x32 interleave(u16x16 even, u16x16 odd) {
-  return __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
 }
 inline void store_bf16(uint16_t* p, f32x16 x) {
   const u16x16 bits = to_bf16_bits(x);
@@ -412,7 +404,7 @@ void pack_rows_interleaved(uint16_t* dst, int64_t padded_dim, const Src* src, in
     uint16_t* pair = dst + r / 2 * 2 * padded_dim;
     for (int64_t d = 0; d < d_full; d += kLanes) {
       const u16x32 mixed =
-          interleave(bf16_bits16(row0 + d), row1 ? bf16_bits16(row1 + d) : u16x16{});
+          interleave_pairs(bf16_bits16(row0 + d), row1 ? bf16_bits16(row1 + d) : u16x16{});
       std::memcpy(pair + 2 * d, &mixed, sizeof mixed);
     }
     for (int64_t d = d_full; d < head_dim; ++d) {
@@ -788,9 +780,9 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
                 const u16x16 ds1 = to_bf16_bits(ds[1][c / kLanes]);
                 std::memcpy(ds_b + r * kBlockK + c, &ds0, sizeof ds0);
                 std::memcpy(ds_b + (r + 1) * kBlockK + c, &ds1, sizeof ds1);
-                const u16x32 p_pair =
-                    interleave(to_bf16_bits(p[0][c / kLanes]), to_bf16_bits(p[1][c / kLanes]));
-                const u16x32 ds_pair = interleave(ds0, ds1);
+                const u16x32 p_pair = interleave_pairs(to_bf16_bits(p[0][c / kLanes]),
+                                                       to_bf16_bits(p[1][c / kLanes]));
+                const u16x32 ds_pair = interleave_pairs(ds0, ds1);
                 std::memcpy(p_vnni + r / 2 * 2 * kBlockK + 2 * c, &p_pair, sizeof p_pair);
                 std::memcpy(ds_vnni + r / 2 * 2 * kBlockK + 2 * c, &ds_pair, sizeof ds_pair);
               }

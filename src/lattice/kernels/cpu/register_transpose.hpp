@@ -1,9 +1,22 @@
-// A 16 x 16 transpose of 32-bit lanes held in 16 vectors (GCC/Clang vector extensions, one zmm
-// each under AVX-512): the kernels' way to turn 16 rows of 16 floats or bf16 pairs into 16 columns
-// without gathers.
+// Register shuffles of the AMX kernels' packing (GCC/Clang vector extensions, one zmm per 64-byte
+// vector under AVX-512): two rows of bf16 interleaved into pairs (the layout tdpbf16ps reads), and
+// a 16 x 16 transpose of 32-bit lanes, the kernels' way to turn 16 rows of 16 floats or bf16 pairs
+// into 16 columns without gathers.
 #pragma once
 
+#include <cstdint>
+
 namespace lattice::kernels {
+
+using u32x16 = uint32_t __attribute__((vector_size(64)));
+using u16x16 = uint16_t __attribute__((vector_size(32)));
+using u16x32 = uint16_t __attribute__((vector_size(64)));
+
+// Words (even[i], odd[i]) side by side for i = 0..15: two rows' 16 bf16 as 16 bf16 pairs.
+inline u16x32 interleave_pairs(u16x16 even, u16x16 odd) {
+  return __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+}
 
 // r[i] lane j becomes r[j] lane i, for a 16-lane vector type of 32-bit elements (float, uint32_t):
 // pairs of rows interleaved, then 64-bit pairs within 128-bit lanes, then 128-bit lanes twice
