@@ -226,12 +226,25 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
   // re-read less than they save; 256 was fastest on the small bench shape (L4 d256 V8192: 64, 128,
   // 512 and 1024 rows were 2-8% slower); the chunks are split evenly between the threads.
   const int64_t chunk_rows = std::max<int64_t>(256, (C + 15) / 16 * 16);
-  const int lanes = k::MatmulEngine::gradient_lanes(rows, chunk_rows);
+  const bool vocab_blocked =
+      head_fusion_ != HeadFusion::always && k::MatmulEngine::vocab_blocked_head_applies(C);
+  const int lanes = vocab_blocked ? k::MatmulEngine::vocab_blocked_lanes(rows)
+                                  : k::MatmulEngine::gradient_lanes(rows, chunk_rows);
   head_backward_in_forward_ =
       grad_scale != 0.0f &&
-      (head_fusion_ == HeadFusion::always ||
+      (head_fusion_ == HeadFusion::always || head_fusion_ == HeadFusion::vocab_blocked ||
        (head_fusion_ == HeadFusion::when_smaller && lanes * V * C * 4 <= rows * V * 2));
-  if (head_backward_in_forward_) {
+  if (head_backward_in_forward_ && vocab_blocked) {
+    // The head and its cross-entropy in blocks of the vocabulary: the logits are computed twice
+    // and neither they nor their gradient leave the cache (MatmulEngine's
+    // head_cross_entropy_vocab_blocked); d_normed_ and per-lane partials as below.
+    d_logits16_.reset();
+    ensure_activation(d_normed_, {rows, C}, tracker_);
+    ensure_activation(head_grad_partials_, {lanes, V, C}, tracker_);
+    ctx.matmul.head_cross_entropy_vocab_blocked(
+        normed16_.data<lattice::bf16>(), params_.value(head_weight_), rows, C, V, targets,
+        grad_scale, row_losses.data(), d_normed_.f32(), head_grad_partials_.f32(), lanes);
+  } else if (head_backward_in_forward_) {
     // The head's whole backward runs chunk by chunk inside the forward: d_normed_ and the weight
     // gradient's per-lane partials (added to the parameter gradient in head_backward) come out
     // while each chunk's logits gradient is in cache, and that gradient is never stored.

@@ -30,11 +30,17 @@ struct ParameterUnit {
   bool outer = false;  // the embedding or the head
 };
 
-// bf16 training: when the LM head's backward runs inside its forward, chunk by chunk, so that
-// the logits' gradient [B·T, vocab] is never stored (MatmulEngine::forward_backward_in_row_chunks)
-// at the cost of one weight-gradient partial [vocab, d_model] fp32 per thread. when_smaller (the
-// default): when those partials take no more memory than the bf16 logits gradient they replace.
-enum class HeadFusion { when_smaller, always, never };
+// bf16 training: when and how the LM head's backward runs inside its forward, so that the logits'
+// gradient [B·T, vocab] is never stored, at the cost of one weight-gradient partial [vocab,
+// d_model] fp32 per thread:
+//   always:        in row chunks (MatmulEngine::forward_backward_in_row_chunks)
+//   vocab_blocked: in blocks of the vocabulary with the logits computed twice
+//                  (MatmulEngine::head_cross_entropy_vocab_blocked; only where it applies, else
+//                  as always)
+//   never:         the backward reads the stored bf16 logits' gradient
+//   when_smaller (the default): vocab_blocked where it applies, else always, when the partials
+//                  take no more memory than the bf16 logits gradient they replace; else never.
+enum class HeadFusion { when_smaller, always, vocab_blocked, never };
 
 class Transformer {
  public:

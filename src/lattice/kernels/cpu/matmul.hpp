@@ -108,6 +108,23 @@ class MatmulEngine {
   // at most one per chunk.
   static int gradient_lanes(int64_t M, int64_t chunk_rows);
 
+  // bf16 only: the LM head and its cross-entropy in one call on amx_vocab_blocked_head.hpp's
+  // kernel, for a head whose width K it takes (vocab_blocked_head_applies: AMX, K a multiple of 32
+  // and narrow enough that a pass of rows stays in L2). Lane l of `lanes` (vocab_blocked_lanes(M),
+  // one thread each) takes rows [l·M/lanes, (l+1)·M/lanes) in passes, in order:
+  //   row_losses[r] = the row's cross-entropy (0 where targets[r] < 0)
+  //   d_in[r, :]    = d · weight, d the logits' gradient scaled by grad_scale (overwritten)
+  //   weight_grad_partials + l·V·K = the lane's sum of d^T · in16 (overwritten)
+  // The logits and d are never stored (see the kernel); add the lanes in order (add_chunk_partials)
+  // for the weight gradient. Agrees with forward_backward_in_row_chunks plus
+  // cross_entropy_rows_bf16 to fp32 rounding (the softmax sum is formed block by block).
+  static bool vocab_blocked_head_applies(int64_t K);
+  static int vocab_blocked_lanes(int64_t M);
+  void head_cross_entropy_vocab_blocked(const lattice::bf16* in16, const float* weight, int64_t M,
+                                        int64_t K, int64_t V, const int32_t* targets,
+                                        float grad_scale, double* row_losses, float* d_in,
+                                        float* weight_grad_partials, int lanes);
+
   // General row-major GEMM: C[M,N] = alpha · op(A) · op(B) + beta · C, op = transpose when the flag
   // is set. A is [M,K] (or [K,M] transposed), B is [K,N] (or [N,K] transposed), leading dimensions
   // are the row strides. Used by attention and anything else that is not a Linear layer.

@@ -1,0 +1,61 @@
+// The LM head and its cross-entropy, forward and backward, on AMX in blocks of the vocabulary, for
+// narrow models (d_model up to a few hundred). A thread takes a pass of rows whose bf16 input, its
+// transpose and the fp32 input gradient stay in L2, and sweeps the vocabulary twice in blocks of
+// kVocabBlock columns: the first sweep computes each block's logits and folds them into every
+// row's running max and sum of exponentials (online softmax); the second computes them again and
+// turns them into the logits' gradient, which feeds the input gradient and the block's weight
+// gradient at once. Neither the logits nor their gradient ever leave L2 and the head weight is read
+// twice per pass, where the row-chunk head (MatmulEngine::forward_backward_in_row_chunks) writes
+// and reads its logits and accumulates a whole-vocabulary weight-gradient partial through memory
+// for every chunk: one extra forward product buys that traffic back (as Apple's cut
+// cross-entropy, here for the backward as well).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "lattice/core/dtype.hpp"
+
+namespace lattice::kernels {
+
+// Vocabulary columns per block: the block's packed weight (both layouts) and its logits for a
+// group of rows stay in L2 next to the pass's rows.
+constexpr int64_t kVocabBlock = 256;
+
+// Rows per pass for a head of input width K: the most (a multiple of 32, at most 512) whose bf16
+// input, its transpose and fp32 input gradient take at most 1 MiB; 0 when K is not a multiple of
+// 32 or fewer than 256 rows fit (the kernel does not apply: use the row-chunk head).
+int64_t vocab_blocked_head_rows_per_pass(int64_t K);
+
+// Elements of each of the two packed weights for a vocabulary of V and width K.
+int64_t vocab_blocked_head_packed_elements(int64_t V, int64_t K);
+
+// The head weight [V, K] (bf16, row-major) packed for the kernel: `forward` as pack_b_panels packs
+// B = weight^T (vocabulary block j's panels start at element j·kVocabBlock·K), `backward` per
+// vocabulary block as pack_b_panels packs B = the block's weight rows [rows, K] (block j at
+// element j·kVocabBlock·K, its rows padded to 32). Multi-threaded: call outside parallel regions.
+void pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward, const lattice::bf16* weight16,
+                             int64_t V, int64_t K);
+
+// Bytes of 64-byte aligned scratch one thread needs for passes of up to `rows` rows.
+size_t vocab_blocked_head_scratch_bytes(int64_t rows, int64_t K);
+
+// One pass over `rows` rows (at most vocab_blocked_head_rows_per_pass(K)) on the calling thread:
+//   logits[r, v] = in16[r, :] · weight[v, :]              (fp32 sums over K in order, never stored)
+//   row_losses[r] = max + log(sum e^(logit - max)) - logit[target]  (0 where targets[r] < 0)
+//   d[r, v] = bf16(e^(logit - max) · grad_scale / sum), at the target minus grad_scale (the
+//             gradient cross_entropy_rows_bf16 writes; 0 for ignored rows), never stored
+//   d_in[r, :] = d[r, :] · weight                       (overwritten; row stride K)
+//   weight_grad[v, :] (= or +=) sum over the rows of d[r, v] · in16[r, :] (row stride K; `=`
+//             when overwrite)
+// The max and the sum are formed block by block (the sum rescaled whenever a block raises the
+// max), so losses and gradients agree with cross_entropy_rows_bf16 on the same logits to fp32
+// rounding, not bit for bit. Every row's results depend on that row alone; the weight gradient is
+// the pass's sum over its rows in order. `targets` in [0, V) or negative (ignored). Requires the
+// tile state (amx_packed_gemm_enabled) and K a multiple of 32.
+void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad, bool overwrite,
+                             const lattice::bf16* in16, const int32_t* targets, int64_t rows,
+                             int64_t K, int64_t V, float grad_scale, const uint16_t* forward,
+                             const uint16_t* backward, void* scratch);
+
+}  // namespace lattice::kernels
