@@ -330,11 +330,41 @@ void amx_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, c
   }
 }
 
+// Finite lanes rounded to the nearest bf16 (ties to even): vcvtneps2bf16 unless a lane is denormal
+// (the instruction treats those as zero), then the integer rounding.
 inline u16x16 to_bf16_bits(f32x16 x) {
+#if defined(__AVX512BF16__)
+  const __m512i u = std::bit_cast<__m512i>(x);
+  const __mmask16 denormal = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) &
+                             _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7fffffff));
+  if (denormal == 0) return std::bit_cast<u16x16>(_mm512_cvtneps_pbh(x));
+#endif
   return __builtin_convertvector(std::bit_cast<u32x16>(vround_bf16(x)) >> 16, u16x16);
 }
 inline void store_bf16(uint16_t* p, f32x16 x) {
   const u16x16 bits = to_bf16_bits(x);
+  std::memcpy(p, &bits, sizeof bits);
+}
+
+// x * scale rounded to fp32 (an instruction the compiler does not contract with a following
+// subtraction into an FMA, as it may an ordinary product; the zero-masked form with every lane
+// selected: GCC 12 warns, falsely, on the unmasked form's undefined pass-through operand).
+inline f32x16 scaled(f32x16 x, float scale) {
+  return _mm512_maskz_mul_round_ps(0xffff, x, _mm512_set1_ps(scale),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+// to_bf16_bits for lanes that are normal numbers or zero (probabilities): the conversion
+// instruction without the denormal test.
+inline u16x16 normal_to_bf16_bits(f32x16 x) {
+#if defined(__AVX512BF16__)
+  return std::bit_cast<u16x16>(_mm512_cvtneps_pbh(x));
+#else
+  return to_bf16_bits(x);
+#endif
+}
+inline void store_bf16_normal(uint16_t* p, f32x16 x) {
+  const u16x16 bits = normal_to_bf16_bits(x);
   std::memcpy(p, &bits, sizeof bits);
 }
 
@@ -351,6 +381,13 @@ inline void prefetch_ahead(const Src* src, int64_t src_stride, int64_t r, int64_
   const char* row = reinterpret_cast<const char*>(src + ahead * src_stride);
   const int64_t bytes = head_dim * static_cast<int64_t>(sizeof(Src));
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset);
+}
+
+// Two runs of 16 bf16 as one run of 32.
+inline u16x32 interleave_halves(u16x16 first, u16x16 second) {
+  return __builtin_shufflevector(first, second, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14,
+                                 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30,
+                                 31);
 }
 
 // 16 source elements as bf16 bits: fp32 rounded to nearest even, bf16 as they are.
@@ -376,6 +413,25 @@ template <class Src>
 void pack_pairs_transposed(uint16_t* dst, int64_t ld, const Src* src, int64_t src_stride,
                            int64_t rows, int64_t head_dim) {
   const int64_t d_full = head_dim / kLanes * kLanes;
+  if (rows % kLanes == 0 && head_dim % 32 == 0) {
+    // 16 rows by 16 of their bf16 pairs (32-bit words) at a time, transposed in registers: word w
+    // of row r goes to dst word w * ld + r.
+    for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+      for (int64_t r = r0; r < r0 + kLanes; ++r) prefetch_ahead(src, src_stride, r, rows, head_dim);
+      for (int64_t d0 = 0; d0 < head_dim; d0 += 32) {
+        u32x16 words[kLanes];
+        for (int i = 0; i < kLanes; ++i) {
+          const Src* row = src + (r0 + i) * src_stride + d0;
+          const u16x32 bits = interleave_halves(bf16_bits16(row), bf16_bits16(row + kLanes));
+          std::memcpy(&words[i], &bits, sizeof bits);
+        }
+        transpose_16x16(words);
+        for (int w = 0; w < kLanes; ++w)
+          std::memcpy(dst + (d0 / 2 + w) * 2 * ld + 2 * r0, &words[w], sizeof words[w]);
+      }
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     prefetch_ahead(src, src_stride, r, rows, head_dim);
     const Src* row = src + r * src_stride;
@@ -477,8 +533,10 @@ void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, c
       const Src* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const Src* v_src = v + b * shape.kv_batch_stride + kvh * D;
       // K^T blocks as pairs-transposed B operands (block j0 at j0 * Dp), V rows interleaved.
-      std::fill(kt_vnni, kt_vnni + round_up(keys, kForwardBlockK) * Dp, uint16_t{0});
-      std::fill(v_vnni, v_vnni + keys_p * Dp, uint16_t{0});
+      if (keys != keys_p || D != Dp) {  // padding keys or head dims meet the tiles as zeros
+        std::fill(kt_vnni, kt_vnni + round_up(keys, kForwardBlockK) * Dp, uint16_t{0});
+        std::fill(v_vnni, v_vnni + keys_p * Dp, uint16_t{0});
+      }
       for (int64_t j0 = 0; j0 < keys; j0 += kForwardBlockK)
         pack_pairs_transposed(kt_vnni + j0 * Dp, kForwardBlockK, k_src + j0 * shape.k_row_stride,
                               shape.k_row_stride, std::min(kForwardBlockK, keys - j0), D);
@@ -511,21 +569,30 @@ void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, c
                 std::fill(p_row, p_row + cols_p, uint16_t{0});
                 continue;
               }
+              // The max of the visible scores, scaled after: rounding s * scale is monotonic in
+              // s (scale > 0), so this is the max of the scaled scores bit for bit.
               const f32x16 visible_v = splat(static_cast<float>(visible));
               f32x16 max_v = splat(neg_inf);
-              for (int64_t c = 0; c < cols_p; c += kLanes) {
-                f32x16 sv = load(s_row + c) * scale;
-                sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
-                store(s_row + c, sv);
+              int64_t c = 0;
+              for (; c + kLanes <= visible; c += kLanes) {
+                const f32x16 sv = load(s_row + c);
                 max_v = sv > max_v ? sv : max_v;
               }
-              const float new_max = std::max(row_max[r], hmax(max_v));
+              if (c < visible) {
+                const f32x16 sv = load(s_row + c);
+                const f32x16 seen = (lane_index + static_cast<float>(c)) < visible_v ? sv : max_v;
+                max_v = seen > max_v ? seen : max_v;
+              }
+              const float new_max = std::max(row_max[r], hmax(max_v) * scale);
               const float alpha = std::exp(row_max[r] - new_max);
               f32x16 sum_v = {};
-              for (int64_t c = 0; c < cols_p; c += kLanes) {
-                const f32x16 p = vexp(load(s_row + c) - new_max);
+              for (c = 0; c < cols_p; c += kLanes) {
+                f32x16 sv = scaled(load(s_row + c), scale);
+                if (c + kLanes > visible)  // the causal edge and padding: e^-inf = 0
+                  sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
+                const f32x16 p = vexp(sv - new_max);
                 sum_v += p;
-                store_bf16(p_row + c, p);
+                store_bf16_normal(p_row + c, p);
               }
               row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
               row_max[r] = new_max;
@@ -552,22 +619,22 @@ void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, c
 }
 
 // dst[d * ld + t] = src[t * src_ld + d] for t < rows, d < cols (bf16 bits; rows a multiple of 16,
-// src_ld even): 16 tokens at a time, each lane gathering the 32-bit word that holds its element.
+// cols of 32): 16 rows by 16 of their bf16 pairs (32-bit words) at a time, transposed in registers,
+// each word's halves then going to two rows of dst.
 void transpose_bf16(uint16_t* dst, int64_t ld, const uint16_t* src, int64_t src_ld, int64_t rows,
                     int64_t cols) {
-  const __m512i token_words =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(src_ld / 2)));
-  for (int64_t d = 0; d < cols; ++d) {
-    for (int64_t t0 = 0; t0 < rows; t0 += kLanes) {
-      const auto* words = reinterpret_cast<const int*>(src + t0 * src_ld) + d / 2;
-      // The masked gather with a zero source and vector-extension shifts and narrowing: GCC 12
-      // warns (falsely) on the undefined source operands of the unmasked intrinsics.
-      u32x16 values = std::bit_cast<u32x16>(
-          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), 0xffff, token_words, words, 4));
-      if (d % 2 == 1) values >>= 16;
-      const u16x16 narrowed = __builtin_convertvector(values, u16x16);
-      std::memcpy(dst + d * ld + t0, &narrowed, sizeof narrowed);
+  for (int64_t t0 = 0; t0 < rows; t0 += kLanes) {
+    for (int64_t d0 = 0; d0 < cols; d0 += 32) {
+      u32x16 words[kLanes];
+      for (int i = 0; i < kLanes; ++i)
+        std::memcpy(&words[i], src + (t0 + i) * src_ld + d0, sizeof words[i]);
+      transpose_16x16(words);
+      for (int w = 0; w < kLanes; ++w) {
+        const u16x16 even = __builtin_convertvector(words[w] & 0xffffu, u16x16);
+        const u16x16 odd = __builtin_convertvector(words[w] >> 16, u16x16);
+        std::memcpy(dst + (d0 + 2 * w) * ld + t0, &even, sizeof even);
+        std::memcpy(dst + (d0 + 2 * w + 1) * ld + t0, &odd, sizeof odd);
+      }
     }
   }
 }
@@ -626,12 +693,37 @@ inline void store_column_sums(double* dst, const double* sums, int64_t D) {
   std::copy(sums, sums + D, dst);
 }
 
+// The column sums of up to kMaxHeadDim / 16 chunks of 16 lanes of a head, kept in registers
+// (independent chains of adds, so each waits on its own previous row only).
+constexpr int64_t kMaxSumChunks = 16;
+
 // rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
 // dV rows from their transposed accumulator ([Dp][kBlockK], Dp a multiple of 32), 16 x 16 at a
 // time transposed in registers; with bf16 rows, sums[d] (Dp doubles) += each row in row order.
 template <class Out>
 void write_transposed(Out* rows, int64_t row_stride, const float* transposed, int64_t cols,
                       int64_t D, double* sums) {
+  const int64_t chunks = (D + kLanes - 1) / kLanes;
+  if (sums != nullptr && chunks <= kMaxSumChunks) {
+    // Rows outer, head chunks inner: every chunk's sums advance a row at a time, in row order,
+    // with the chunks' chains of adds interleaved.
+    LaneSums lane_sums[kMaxSumChunks];
+    for (int64_t i = 0; i < chunks; ++i) lane_sums[i].load_from(sums + i * kLanes);
+    for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
+      const int64_t n = std::min<int64_t>(kLanes, cols - c0);
+      for (int64_t i = 0; i < chunks; ++i) {
+        const int64_t d0 = i * kLanes;
+        f32x16 r[16];
+        for (int j = 0; j < 16; ++j) r[j] = load(transposed + (d0 + j) * kBlockK + c0);
+        transpose_16x16(r);
+        const __mmask16 lanes = head_lanes(D, d0);
+        for (int64_t j = 0; j < n; ++j)
+          store_gradient_row(rows + (c0 + j) * row_stride + d0, r[j], lanes, &lane_sums[i]);
+      }
+    }
+    for (int64_t i = 0; i < chunks; ++i) lane_sums[i].store_to(sums + i * kLanes);
+    return;
+  }
   for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
     const __mmask16 lanes = head_lanes(D, d0);
     LaneSums lane_sums;
@@ -650,10 +742,21 @@ void write_transposed(Out* rows, int64_t row_stride, const float* transposed, in
 }
 
 // rows[t * row_stride + d] = acc[t * Dp + d] for t < T, d < D (a head's dQ), with the sums as in
-// write_transposed.
+// write_transposed (rows outer, head chunks inner where the sums fit in registers).
 template <class Out>
 void write_rows(Out* rows, int64_t row_stride, const float* acc, int64_t Dp, int64_t T, int64_t D,
                 double* sums) {
+  const int64_t chunks = (D + kLanes - 1) / kLanes;
+  if (sums != nullptr && chunks <= kMaxSumChunks) {
+    LaneSums lane_sums[kMaxSumChunks];
+    for (int64_t i = 0; i < chunks; ++i) lane_sums[i].load_from(sums + i * kLanes);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < chunks; ++i)
+        store_gradient_row(rows + t * row_stride + i * kLanes, load(acc + t * Dp + i * kLanes),
+                           head_lanes(D, i * kLanes), &lane_sums[i]);
+    for (int64_t i = 0; i < chunks; ++i) lane_sums[i].store_to(sums + i * kLanes);
+    return;
+  }
   for (int64_t d0 = 0; d0 < D; d0 += kLanes) {
     const __mmask16 lanes = head_lanes(D, d0);
     LaneSums lane_sums;
@@ -739,7 +842,8 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
 
       for (int64_t j0 = 0; j0 < T; j0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, T - j0), cols_p = round_up(cols, 32);
-        std::fill(kt_vnni, kt_vnni + 3 * block, uint16_t{0});
+        if (cols != cols_p || D != Dp)  // padding keys or head dims meet the tiles as zeros
+          std::fill(kt_vnni, kt_vnni + 3 * block, uint16_t{0});
         pack_pairs_transposed(kt_vnni, kBlockK, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
                               cols, D);
         pack_pairs_transposed(vt_vnni, kBlockK, v_src + j0 * shape.v_row_stride, shape.v_row_stride,
@@ -768,9 +872,16 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
                 const f32x16 visible_v = splat(static_cast<float>(visible));
                 const float row_lse = lse_head[i0 + row], row_delta = delta[g * T + i0 + row];
                 for (int64_t c = 0; c < cols_p; c += kLanes) {
-                  const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
-                  f32x16 pv = vexp(load(s_buf + row * kBlockK + c) * scale - row_lse);
-                  pv = std::bit_cast<f32x16>(std::bit_cast<i32x16>(pv) & keep);
+                  // Keys past the causal edge: P = 0 without its exponential (dS is still formed
+                  // from it: its zeros keep the sign that 0 * (dP - D_i) gives).
+                  f32x16 pv{};
+                  if (c < visible) {
+                    pv = vexp(load(s_buf + row * kBlockK + c) * scale - row_lse);
+                    if (c + kLanes > visible) {
+                      const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
+                      pv = std::bit_cast<f32x16>(std::bit_cast<i32x16>(pv) & keep);
+                    }
+                  }
                   p[e][c / kLanes] = pv;
                   ds[e][c / kLanes] = pv * (load(dp_buf + row * kBlockK + c) - row_delta) * scale;
                 }
@@ -780,8 +891,8 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
                 const u16x16 ds1 = to_bf16_bits(ds[1][c / kLanes]);
                 std::memcpy(ds_b + r * kBlockK + c, &ds0, sizeof ds0);
                 std::memcpy(ds_b + (r + 1) * kBlockK + c, &ds1, sizeof ds1);
-                const u16x32 p_pair = interleave_pairs(to_bf16_bits(p[0][c / kLanes]),
-                                                       to_bf16_bits(p[1][c / kLanes]));
+                const u16x32 p_pair = interleave_pairs(normal_to_bf16_bits(p[0][c / kLanes]),
+                                                       normal_to_bf16_bits(p[1][c / kLanes]));
                 const u16x32 ds_pair = interleave_pairs(ds0, ds1);
                 std::memcpy(p_vnni + r / 2 * 2 * kBlockK + 2 * c, &p_pair, sizeof p_pair);
                 std::memcpy(ds_vnni + r / 2 * 2 * kBlockK + 2 * c, &ds_pair, sizeof ds_pair);
