@@ -116,8 +116,9 @@ class MatmulEngine {
   //   d_in[r, :]    = d · weight, d the logits' gradient scaled by grad_scale (overwritten)
   //   weight_grad_partials + l·V·K = the lane's sum of d^T · in16 (overwritten)
   // The logits and d are never stored (see the kernel); add the lanes in order (add_chunk_partials)
-  // for the weight gradient. Agrees with forward_backward_in_row_chunks plus
-  // cross_entropy_rows_bf16 to fp32 rounding (the softmax sum is formed block by block).
+  // for the weight gradient. Against forward_backward_in_row_chunks plus cross_entropy_rows_bf16:
+  // losses agree to fp32 rounding (the softmax sum is formed block by block), and a value of d can
+  // round to the neighbouring bf16 where its fp32 value sits on a rounding boundary.
   static bool vocab_blocked_head_applies(int64_t K);
   static int vocab_blocked_lanes(int64_t M);
   void head_cross_entropy_vocab_blocked(const lattice::bf16* in16, const float* weight, int64_t M,
