@@ -16,12 +16,13 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi), PyTorch's 
 constexpr float kGeluCubic = 0.044715f;              // PyTorch's kKappa
 constexpr int64_t kParallelThreshold = 32768;        // below this, threads cost more than they save
 
-// 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
-// The fp32 GELU; gelu_value_and_slope computes the same bits (u in the same order as gelu_grad's).
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x * (1 / (1 + e^(-2u))), u = sqrt(2/pi) (x + 0.044715
+// x^3): one division, the sigmoid's, which gelu_value_and_slope shares with the slope. The fp32
+// GELU; gelu_value_and_slope computes the same bits (u in the same order as gelu_grad's).
 inline float gelu_value(float x) {
   const float x_squared = x * x;
   const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
-  return x / (1.0f + fast_exp(-2.0f * u));
+  return x * (1.0f / (1.0f + fast_exp(-2.0f * u)));
 }
 
 // d/dx [x s] * dy with s = sigmoid(2u): s + x (1 - tanh^2(u)) / 2 * du/dx = s + 2 x s (1 - s)
@@ -42,8 +43,8 @@ inline void gelu_value_and_slope(float x, float& value, float& slope) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x_squared * x);
   const float du_dx = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x_squared);
   const float e = fast_exp(-2.0f * u);
-  value = x / (1.0f + e);
   const float s = 1.0f / (1.0f + e);
+  value = x * s;
   const float one_minus_s = e * s;
   slope = s + 2.0f * x * s * one_minus_s * du_dx;
 }
