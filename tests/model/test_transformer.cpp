@@ -203,6 +203,24 @@ TEST(Transformer, GradientAccumulationEqualsOneLargeBatch) {
 // make three head chunks (256, 256 and a 128-row tail) over two lanes.
 class HeadFusionParity : public ::testing::TestWithParam<Family> {};
 
+namespace {
+
+// Every parameter's gradient in `a` within `relative` of the largest of its gradient in `b`.
+void expect_gradients_agree(const ParameterStore& a, const ParameterStore& b, double relative) {
+  for (const auto& p : a.parameters()) {
+    double max_diff = 0.0, max_ref = 0.0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      const float x = a.grads()[p.offset + i], y = b.grads()[p.offset + i];
+      max_diff = std::fmax(max_diff, std::fabs(static_cast<double>(x) - y));
+      max_ref = std::fmax(max_ref, std::fabs(static_cast<double>(y)));
+    }
+    EXPECT_GT(max_ref, 0.0) << p.name;
+    EXPECT_LE(max_diff, relative * max_ref) << p.name;
+  }
+}
+
+}  // namespace
+
 TEST_P(HeadFusionParity, Bf16HeadBackwardInsideTheForwardEqualsTheSeparateBackward) {
   const ModelConfig config = tiny(GetParam());
   kernels::ScopedOmpThreads two_threads(2);
@@ -227,18 +245,7 @@ TEST_P(HeadFusionParity, Bf16HeadBackwardInsideTheForwardEqualsTheSeparateBackwa
     fused.backward(ctx);
     separate.backward(ctx);
   }
-  const ParameterStore& a = fused.parameters();
-  const ParameterStore& b = separate.parameters();
-  for (const auto& p : a.parameters()) {
-    double max_diff = 0.0, max_ref = 0.0;
-    for (int64_t i = 0; i < p.numel; ++i) {
-      const float x = a.grads()[p.offset + i], y = b.grads()[p.offset + i];
-      max_diff = std::fmax(max_diff, std::fabs(static_cast<double>(x) - y));
-      max_ref = std::fmax(max_ref, std::fabs(static_cast<double>(y)));
-    }
-    EXPECT_GT(max_ref, 0.0) << p.name;
-    EXPECT_LE(max_diff, 1e-5 * max_ref) << p.name;
-  }
+  expect_gradients_agree(fused.parameters(), separate.parameters(), 1e-5);
 }
 
 // bf16: the head on the vocabulary-blocked kernel (HeadFusion::vocab_blocked, the default where it
@@ -275,18 +282,7 @@ TEST_P(HeadFusionParity, Bf16VocabBlockedHeadAgreesWithTheSeparateBackward) {
     blocked.backward(ctx);
     separate.backward(ctx);
   }
-  const ParameterStore& a = blocked.parameters();
-  const ParameterStore& b = separate.parameters();
-  for (const auto& p : a.parameters()) {
-    double max_diff = 0.0, max_ref = 0.0;
-    for (int64_t i = 0; i < p.numel; ++i) {
-      const float x = a.grads()[p.offset + i], y = b.grads()[p.offset + i];
-      max_diff = std::fmax(max_diff, std::fabs(static_cast<double>(x) - y));
-      max_ref = std::fmax(max_ref, std::fabs(static_cast<double>(y)));
-    }
-    EXPECT_GT(max_ref, 0.0) << p.name;
-    EXPECT_LE(max_diff, kBf16Step * max_ref) << p.name;
-  }
+  expect_gradients_agree(blocked.parameters(), separate.parameters(), kBf16Step);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HeadFusionParity,

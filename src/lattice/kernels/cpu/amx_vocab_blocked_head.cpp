@@ -83,38 +83,11 @@ struct PassScratch {
 
 #if defined(LATTICE_HAS_AMX)
 
-using f32x16 = float __attribute__((vector_size(64)));
-
 constexpr __mmask16 kAllLanes = 0xffff;
 
 // Lanes [0, n) of 16 (n clamped to [0, 16]).
 inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? kAllLanes : static_cast<__mmask16>(n > 0 ? (1u << n) - 1u : 0u);
-}
-
-// Horizontal max and sum by halving trees.
-inline f32x16 upper_half_down(f32x16 v, int width) {
-  switch (width) {
-    case 8:
-      return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    case 4:
-      return __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    case 2:
-      return __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    default:
-      return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  }
-}
-inline float horizontal_max(f32x16 v) {
-  for (int width = 8; width >= 1; width /= 2) {
-    const f32x16 other = upper_half_down(v, width);
-    v = v > other ? v : other;
-  }
-  return v[0];
-}
-inline float horizontal_sum(f32x16 v) {
-  for (int width = 8; width >= 1; width /= 2) v += upper_half_down(v, width);
-  return v[0];
 }
 
 // e^x for 16 lanes, as fast_exp computes it (Cody-Waite reduction, the same polynomial) with 2^n

@@ -67,7 +67,6 @@ namespace {
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-using f32x16 = float __attribute__((vector_size(64)));
 using i32x16 = int32_t __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
 
@@ -129,37 +128,12 @@ inline f32x16 vround_bf16(f32x16 x) {
   return std::bit_cast<f32x16>(rounded);
 }
 
-// Horizontal sum and max by halving trees (4 shuffles each).
-inline f32x16 swap_halves(f32x16 v, int width) {
-  switch (width) {
-    case 8:
-      return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    case 4:
-      return __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    case 2:
-      return __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    default:
-      return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  }
-}
-inline float hsum(f32x16 v) {
-  for (int width = 8; width >= 1; width /= 2) v += swap_halves(v, width);
-  return v[0];
-}
-inline float hmax(f32x16 v) {
-  for (int width = 8; width >= 1; width /= 2) {
-    const f32x16 other = swap_halves(v, width);
-    v = other > v ? other : v;
-  }
-  return v[0];
-}
-
 // sum_i a_i b_i in fp32, 16 lanes at a time.
 inline float dot_product(const float* a, const float* b, int64_t n) {
   f32x16 acc = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) acc += load(a + i) * load(b + i);
-  float sum = hsum(acc);
+  float sum = horizontal_sum(acc);
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
 }
@@ -583,7 +557,7 @@ void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, c
                 const f32x16 seen = (lane_index + static_cast<float>(c)) < visible_v ? sv : max_v;
                 max_v = seen > max_v ? seen : max_v;
               }
-              const float new_max = std::max(row_max[r], hmax(max_v) * scale);
+              const float new_max = std::max(row_max[r], horizontal_max(max_v) * scale);
               const float alpha = std::exp(row_max[r] - new_max);
               f32x16 sum_v = {};
               for (c = 0; c < cols_p; c += kLanes) {
@@ -594,7 +568,7 @@ void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, c
                 sum_v += p;
                 store_bf16_normal(p_row + c, p);
               }
-              row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
+              row_sum[r] = row_sum[r] * alpha + horizontal_sum(sum_v);
               row_max[r] = new_max;
               if (alpha != 1.0f) {
                 float* o_row = o_acc + r * Dp;
@@ -1031,7 +1005,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                   store(s_row + c, sv);
                   max_v = sv > max_v ? sv : max_v;
                 }
-                const float new_max = std::max(row_max[r], hmax(max_v));
+                const float new_max = std::max(row_max[r], horizontal_max(max_v));
                 const float alpha = std::exp(row_max[r] - new_max);  // 0 on the first block
                 f32x16 sum_v = {};
                 for (int64_t c = 0; c < n_eff; c += kLanes) {
@@ -1039,7 +1013,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                   sum_v += p;
                   store(s_row + c, to_bf16 ? vround_bf16(p) : p);
                 }
-                row_sum[r] = row_sum[r] * alpha + hsum(sum_v);
+                row_sum[r] = row_sum[r] * alpha + horizontal_sum(sum_v);
                 row_max[r] = new_max;
                 if (alpha != 1.0f) {
                   float* o_row = o_acc + r * Dp;

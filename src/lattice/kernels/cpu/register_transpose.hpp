@@ -1,13 +1,14 @@
-// Register shuffles of the AMX kernels' packing (GCC/Clang vector extensions, one zmm per 64-byte
-// vector under AVX-512): two rows of bf16 interleaved into pairs (the layout tdpbf16ps reads), and
-// a 16 x 16 transpose of 32-bit lanes, the kernels' way to turn 16 rows of 16 floats or bf16 pairs
-// into 16 columns without gathers.
+// Register shuffles of the AMX kernels (GCC/Clang vector extensions, one zmm per 64-byte vector
+// under AVX-512): two rows of bf16 interleaved into pairs (the layout tdpbf16ps reads), a 16 x 16
+// transpose of 32-bit lanes, the kernels' way to turn 16 rows of 16 floats or bf16 pairs into 16
+// columns without gathers, and the horizontal sum and max of 16 floats (softmax statistics).
 #pragma once
 
 #include <cstdint>
 
 namespace lattice::kernels {
 
+using f32x16 = float __attribute__((vector_size(64)));
 using u32x16 = uint32_t __attribute__((vector_size(64)));
 using u16x16 = uint16_t __attribute__((vector_size(32)));
 using u16x32 = uint16_t __attribute__((vector_size(64)));
@@ -56,6 +57,33 @@ inline void transpose_16x16(Vector16 r[16]) {
     r[i] = even_lanes(t[i], t[i + 8]);
     r[i + 8] = odd_lanes(t[i], t[i + 8]);
   }
+}
+
+// v with its halves of `width` lanes swapped within each group of 2 * width lanes.
+inline f32x16 swap_halves(f32x16 v, int width) {
+  switch (width) {
+    case 8:
+      return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    case 4:
+      return __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    case 2:
+      return __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    default:
+      return __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  }
+}
+
+// The sum and the max of the 16 lanes by halving trees (4 shuffles each).
+inline float horizontal_sum(f32x16 v) {
+  for (int width = 8; width >= 1; width /= 2) v += swap_halves(v, width);
+  return v[0];
+}
+inline float horizontal_max(f32x16 v) {
+  for (int width = 8; width >= 1; width /= 2) {
+    const f32x16 other = swap_halves(v, width);
+    v = other > v ? other : v;
+  }
+  return v[0];
 }
 
 }  // namespace lattice::kernels
