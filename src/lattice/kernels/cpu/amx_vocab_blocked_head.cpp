@@ -90,9 +90,10 @@ inline __mmask16 first_lanes(int64_t n) {
   return n >= 16 ? kAllLanes : static_cast<__mmask16>(n > 0 ? (1u << n) - 1u : 0u);
 }
 
-// e^x for 16 lanes, as fast_exp computes it (Cody-Waite reduction, the same polynomial) with 2^n
-// applied by vscalefps; lanes below -87 give 0. (The zero-masked forms with every lane selected:
-// GCC 12 warns, falsely, on the unmasked forms' undefined pass-through operand.)
+// e^x for 16 lanes with fast_exp's reduction and polynomial (Cody-Waite, the same coefficients), n
+// rounded by vroundscaleps and 2^n applied by vscalefps: within about an ulp of fast_exp, not bit
+// for bit; lanes below -87 give 0. (The zero-masked forms with every lane selected: GCC 12 warns,
+// falsely, on the unmasked forms' undefined pass-through operand.)
 inline f32x16 exp16(f32x16 x) {
   const __mmask16 underflows = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
   x = _mm512_maskz_min_ps(kAllLanes, _mm512_maskz_max_ps(kAllLanes, x, _mm512_set1_ps(-87.0f)),
