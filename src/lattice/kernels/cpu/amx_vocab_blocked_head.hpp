@@ -4,11 +4,12 @@
 // kVocabBlock columns: the first sweep computes each block's logits and folds them into every
 // row's running max and sum of exponentials (online softmax); the second computes them again and
 // turns them into the logits' gradient, which feeds the input gradient and the block's weight
-// gradient at once. Neither the logits nor their gradient ever leave L2 and the head weight is read
-// twice per pass, where the row-chunk head (MatmulEngine::forward_backward_in_row_chunks) writes
-// and reads its logits and accumulates a whole-vocabulary weight-gradient partial through memory
-// for every chunk: one extra forward product buys that traffic back (as Apple's cut
-// cross-entropy, here for the backward as well).
+// gradient at once. Neither the logits nor their gradient ever leave L2, and per pass the head
+// weight is read three times (its forward layout twice, its backward layout once), where the
+// row-chunk head (MatmulEngine::forward_backward_in_row_chunks) writes and reads its logits and
+// accumulates a whole-vocabulary weight-gradient partial through memory for every chunk: one extra
+// forward product buys that traffic back (the idea of Apple's Cut Cross-Entropy: recompute the
+// logits rather than store them).
 #pragma once
 
 #include <cstddef>
