@@ -674,9 +674,22 @@ constexpr int64_t kMaxSumChunks = 16;
 // rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
 // dV rows from their transposed accumulator ([Dp][kBlockK], Dp a multiple of 32), 16 x 16 at a
 // time transposed in registers; with bf16 rows, sums[d] (Dp doubles) += each row in row order.
+// Takes the lines of `count` output rows of D elements for writing (prefetchw): the gradient rows
+// are strided slices of a large buffer, and each partial-line store would otherwise wait for its
+// line to come from memory.
+template <class Out>
+inline void prefetch_rows_for_writing(Out* rows, int64_t row_stride, int64_t count, int64_t D) {
+  const int64_t bytes = D * static_cast<int64_t>(sizeof(Out));
+  for (int64_t r = 0; r < count; ++r) {
+    const char* row = reinterpret_cast<const char*>(rows + r * row_stride);
+    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 1);
+  }
+}
+
 template <class Out>
 void write_transposed(Out* rows, int64_t row_stride, const float* transposed, int64_t cols,
                       int64_t D, double* sums) {
+  prefetch_rows_for_writing(rows, row_stride, cols, D);
   const int64_t chunks = (D + kLanes - 1) / kLanes;
   if (sums != nullptr && chunks <= kMaxSumChunks) {
     // Rows outer, head chunks inner: every chunk's sums advance a row at a time, in row order,
@@ -715,6 +728,9 @@ void write_transposed(Out* rows, int64_t row_stride, const float* transposed, in
   }
 }
 
+// Rows of a head's dQ whose lines are taken for writing ahead of the row being written.
+constexpr int64_t kRowsWrittenAhead = 16;
+
 // rows[t * row_stride + d] = acc[t * Dp + d] for t < T, d < D (a head's dQ), with the sums as in
 // write_transposed (rows outer, head chunks inner where the sums fit in registers).
 template <class Out>
@@ -724,10 +740,14 @@ void write_rows(Out* rows, int64_t row_stride, const float* acc, int64_t Dp, int
   if (sums != nullptr && chunks <= kMaxSumChunks) {
     LaneSums lane_sums[kMaxSumChunks];
     for (int64_t i = 0; i < chunks; ++i) lane_sums[i].load_from(sums + i * kLanes);
-    for (int64_t t = 0; t < T; ++t)
+    prefetch_rows_for_writing(rows, row_stride, std::min<int64_t>(T, kRowsWrittenAhead), D);
+    for (int64_t t = 0; t < T; ++t) {
+      if (t + kRowsWrittenAhead < T)
+        prefetch_rows_for_writing(rows + (t + kRowsWrittenAhead) * row_stride, row_stride, 1, D);
       for (int64_t i = 0; i < chunks; ++i)
         store_gradient_row(rows + t * row_stride + i * kLanes, load(acc + t * Dp + i * kLanes),
                            head_lanes(D, i * kLanes), &lane_sums[i]);
+    }
     for (int64_t i = 0; i < chunks; ++i) lane_sums[i].store_to(sums + i * kLanes);
     return;
   }
