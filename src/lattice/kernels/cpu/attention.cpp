@@ -391,7 +391,9 @@ void pack_pairs_transposed(uint16_t* dst, int64_t ld, const Src* src, int64_t sr
     // 16 rows by 16 of their bf16 pairs (32-bit words) at a time, transposed in registers: word w
     // of row r goes to dst word w * ld + r.
     for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
-      for (int64_t r = r0; r < r0 + kLanes; ++r) prefetch_ahead(src, src_stride, r, rows, head_dim);
+      // The next group's rows (the hardware prefetchers do not follow the strided rows).
+      for (int64_t r = r0 + kLanes; r < std::min(rows, r0 + 2 * kLanes); ++r)
+        prefetch_ahead(src, src_stride, r - kPrefetchRows, rows, head_dim);
       for (int64_t d0 = 0; d0 < head_dim; d0 += 32) {
         u32x16 words[kLanes];
         for (int i = 0; i < kLanes; ++i) {
@@ -826,6 +828,8 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
         for (int64_t t = 0; t < T; ++t) {
           const float* o_row = out + (b * T + t) * out_row + h * D;
           const float* do_row = d_out + (b * T + t) * out_row + h * D;
+          prefetch_ahead(out + b * T * out_row + h * D, out_row, t, T, D);
+          prefetch_ahead(d_out + b * T * out_row + h * D, out_row, t, T, D);
           delta[g * T + t] = dot_product(do_row, o_row, D);
         }
       }
