@@ -669,13 +669,11 @@ inline void store_column_sums(double* dst, const double* sums, int64_t D) {
   std::copy(sums, sums + D, dst);
 }
 
-// The column sums of up to kMaxHeadDim / 16 chunks of 16 lanes of a head, kept in registers
-// (independent chains of adds, so each waits on its own previous row only).
+// Chunks of 16 lanes (a head of up to 256 dims) whose column sums write_transposed and write_rows
+// keep in registers side by side: independent chains of adds, each waiting on its own previous row
+// only.
 constexpr int64_t kMaxSumChunks = 16;
 
-// rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
-// dV rows from their transposed accumulator ([Dp][kBlockK], Dp a multiple of 32), 16 x 16 at a
-// time transposed in registers; with bf16 rows, sums[d] (Dp doubles) += each row in row order.
 // Takes the lines of `count` output rows of D elements for writing (prefetchw): the gradient rows
 // are strided slices of a large buffer, and each partial-line store would otherwise wait for its
 // line to come from memory.
@@ -688,6 +686,9 @@ inline void prefetch_rows_for_writing(Out* rows, int64_t row_stride, int64_t cou
   }
 }
 
+// rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
+// dV rows from their transposed accumulator ([Dp][kBlockK], Dp a multiple of 32), 16 x 16 at a
+// time transposed in registers; with bf16 rows, sums[d] (Dp doubles) += each row in row order.
 template <class Out>
 void write_transposed(Out* rows, int64_t row_stride, const float* transposed, int64_t cols,
                       int64_t D, double* sums) {
