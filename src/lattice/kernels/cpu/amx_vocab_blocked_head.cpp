@@ -140,24 +140,6 @@ inline void row_exp(float* x, float max, int64_t valid, int64_t columns) {
         x + v, _mm512_maskz_mov_ps(first_lanes(valid - v), exp16(_mm512_loadu_ps(x + v) - max)));
 }
 
-// columns16[c][r] = rows16[r][c] for r < Rp, c < K (both multiples of 16): 16 rows by 16 of their
-// bf16 pairs at a time, transposed as 32-bit words, each word's halves then going to two rows.
-void transpose_rows(uint16_t* columns16, const uint16_t* rows16, int64_t Rp, int64_t K) {
-  for (int64_t r0 = 0; r0 < Rp; r0 += 16) {
-    for (int64_t c0 = 0; c0 < K; c0 += 32) {
-      u32x16 words[16];
-      for (int i = 0; i < 16; ++i) std::memcpy(&words[i], rows16 + (r0 + i) * K + c0, 64);
-      transpose_16x16(words);
-      for (int w = 0; w < 16; ++w) {
-        const u16x16 even = __builtin_convertvector(words[w] & 0xffffu, u16x16);
-        const u16x16 odd = __builtin_convertvector(words[w] >> 16, u16x16);
-        std::memcpy(columns16 + (c0 + 2 * w) * Rp + r0, &even, sizeof even);
-        std::memcpy(columns16 + (c0 + 2 * w + 1) * Rp + r0, &odd, sizeof odd);
-      }
-    }
-  }
-}
-
 // logits[rows, columns] (row stride kVocabBlock) = A[rows, K] · the block's forward panels.
 void block_logits(float* logits, const uint16_t* a, int64_t rows, const uint16_t* panels,
                   int64_t columns, int64_t K) {
@@ -275,7 +257,7 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
   // The rows (zero past `rows`) and their transpose.
   std::memcpy(s.rows16, in_bits, static_cast<size_t>(rows * K) * 2);
   std::fill(s.rows16 + rows * K, s.rows16 + Rp * K, uint16_t{0});
-  transpose_rows(s.columns16, s.rows16, Rp, K);
+  transpose_bf16(s.columns16, Rp, s.rows16, K, Rp, K);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::fill(s.row_max, s.row_max + Rp, neg_inf);
   std::fill(s.row_sum, s.row_sum + Rp, 0.0);

@@ -594,27 +594,6 @@ void attention_forward_amx(float* out, float* lse, const Src* q, const Src* k, c
   }
 }
 
-// dst[d * ld + t] = src[t * src_ld + d] for t < rows, d < cols (bf16 bits; rows a multiple of 16,
-// cols of 32): 16 rows by 16 of their bf16 pairs (32-bit words) at a time, transposed in registers,
-// each word's halves then going to two rows of dst.
-void transpose_bf16(uint16_t* dst, int64_t ld, const uint16_t* src, int64_t src_ld, int64_t rows,
-                    int64_t cols) {
-  for (int64_t t0 = 0; t0 < rows; t0 += kLanes) {
-    for (int64_t d0 = 0; d0 < cols; d0 += 32) {
-      u32x16 words[kLanes];
-      for (int i = 0; i < kLanes; ++i)
-        std::memcpy(&words[i], src + (t0 + i) * src_ld + d0, sizeof words[i]);
-      transpose_16x16(words);
-      for (int w = 0; w < kLanes; ++w) {
-        const u16x16 even = __builtin_convertvector(words[w] & 0xffffu, u16x16);
-        const u16x16 odd = __builtin_convertvector(words[w] >> 16, u16x16);
-        std::memcpy(dst + (d0 + 2 * w) * ld + t0, &even, sizeof even);
-        std::memcpy(dst + (d0 + 2 * w + 1) * ld + t0, &odd, sizeof odd);
-      }
-    }
-  }
-}
-
 // Where the backward puts dQ, dK and dV: fp32 rows (the strides of q, k, v), or bf16 rows plus
 // each batch's column sums of the unrounded values (AttentionGradientsBf16).
 struct Fp32GradientRows {

@@ -1,10 +1,12 @@
 // Register shuffles of the AMX kernels (GCC/Clang vector extensions, one zmm per 64-byte vector
 // under AVX-512): two rows of bf16 interleaved into pairs (the layout tdpbf16ps reads), a 16 x 16
 // transpose of 32-bit lanes, the kernels' way to turn 16 rows of 16 floats or bf16 pairs into 16
-// columns without gathers, and the horizontal sum and max of 16 floats (softmax statistics).
+// columns without gathers (and, built on it, the transpose of a bf16 matrix), and the horizontal
+// sum and max of 16 floats (softmax statistics).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace lattice::kernels {
 
@@ -56,6 +58,27 @@ inline void transpose_16x16(Vector16 r[16]) {
   for (int i = 0; i < 8; ++i) {
     r[i] = even_lanes(t[i], t[i + 8]);
     r[i + 8] = odd_lanes(t[i], t[i + 8]);
+  }
+}
+
+// dst[d * ld + t] = src[t * src_ld + d] for t < rows, d < cols, bf16 bits (rows a multiple of 16,
+// cols of 32): 16 rows by 16 of their bf16 pairs (32-bit words) at a time, transposed in
+// registers, each word's halves then going to two rows of dst.
+inline void transpose_bf16(uint16_t* dst, int64_t ld, const uint16_t* src, int64_t src_ld,
+                           int64_t rows, int64_t cols) {
+  for (int64_t t0 = 0; t0 < rows; t0 += 16) {
+    for (int64_t d0 = 0; d0 < cols; d0 += 32) {
+      u32x16 words[16];
+      for (int i = 0; i < 16; ++i)
+        std::memcpy(&words[i], src + (t0 + i) * src_ld + d0, sizeof words[i]);
+      transpose_16x16(words);
+      for (int w = 0; w < 16; ++w) {
+        const u16x16 even = __builtin_convertvector(words[w] & 0xffffu, u16x16);
+        const u16x16 odd = __builtin_convertvector(words[w] >> 16, u16x16);
+        std::memcpy(dst + (d0 + 2 * w) * ld + t0, &even, sizeof even);
+        std::memcpy(dst + (d0 + 2 * w + 1) * ld + t0, &odd, sizeof odd);
+      }
+    }
   }
 }
 
