@@ -1,10 +1,12 @@
 // Tests of the AdamW kernel: against a naive double-precision implementation of torch's formula
 // over several steps (weight decay, gradient scaling), bit-exactly against a scalar fp32
-// transcription of torch 1.13's operation order, and for thread-count independence.
+// transcription of torch 1.13's operation order, for thread-count independence, and its bf16 copy
+// of the updated parameters.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -160,6 +162,36 @@ TEST(AdamW, IndependentOfThreadCount) {
   for (size_t r = 1; r < results.size(); ++r) {
     EXPECT_EQ(results[r].param, results[0].param);
     EXPECT_EQ(results[r].v, results[0].v);
+  }
+}
+
+TEST(AdamW, Bf16CopyIsTheRoundedUpdateAndChangesNothingElse) {
+  // Several parallel chunks, rounding blocks and a masked tail; a denormal, a NaN and a value on a
+  // bf16 rounding boundary among the parameters (their updates keep them near where they are).
+  const int64_t n = 2 * (1 << 14) + 1024 + 7;
+  auto grad = random_vector(n, 500, 1e-3f);
+  for (int threads : {1, 2}) {
+    lattice::testing::ScopedOmpThreads scope(threads);
+    AdamWState plain = initial_state(n), copied = initial_state(n);
+    for (AdamWState* s : {&plain, &copied}) {
+      s->param[3] = 1e-39f;
+      s->param[4] = std::nanf("");
+      s->param[5] = 1.0f + 0x1p-8f;  // halfway between two bf16 values before the update
+    }
+    std::vector<lattice::bf16> copy(static_cast<size_t>(n), lattice::bf16{0x1234});
+    for (int step = 1; step <= 2; ++step) {
+      kernel_step(plain, grad, kHyper, step, 0.5f);
+      adamw_update(copied.param.data(), grad.data(), copied.m.data(), copied.v.data(), n, kHyper,
+                   step, 0.5f, copy.data());
+    }
+    // The fp32 state is bit-identical with or without the copy (NaN compared by bits).
+    ASSERT_EQ(0, std::memcmp(plain.param.data(), copied.param.data(), plain.param.size() * 4));
+    EXPECT_EQ(plain.m, copied.m);
+    EXPECT_EQ(plain.v, copied.v);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(copy[static_cast<size_t>(i)].bits,
+                lattice::to_bf16(copied.param[static_cast<size_t>(i)]).bits)
+          << "element " << i << ", " << threads << " threads";
   }
 }
 

@@ -97,13 +97,14 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferences) {
     for (int probe = 0; probe < 3; ++probe) {
       const int64_t index =
           p.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.numel)));
-      float* value = params.values() + index;
-      const float saved = *value, step = 1e-2f;
-      *value = saved + step;
+      // The writable pointer taken anew for every write, as the store asks of its writers.
+      auto value = [&]() -> float& { return params.mutable_values()[index]; };
+      const float saved = value(), step = 1e-2f;
+      value() = saved + step;
       double plus = model.evaluate(ctx, batch.tokens.data(), batch.targets.data(), B, T);
-      *value = saved - step;
+      value() = saved - step;
       double minus = model.evaluate(ctx, batch.tokens.data(), batch.targets.data(), B, T);
-      *value = saved;
+      value() = saved;
       const double numeric = (plus - minus) / (2.0 * step);
       // fp32 loss evaluation carries ~1e-6 absolute noise, divided by 2·step = 0.02 gives ~5e-5;
       // the O(step^2) truncation term is of the same order. Hence 2e-4 absolute + 2% relative.

@@ -146,8 +146,9 @@ TEST_P(OffloadMatchesInMemory, BitForBitOverSeveralSteps) {
     fill_grads(offloaded, step);
     const double norm = optimizer.step(lr);
     // With master offload the caller's buffer only receives values: poison it first.
-    if (c.master) std::fill(offloaded.values() + begin, offloaded.values() + end, -123.0f);
-    state.step(offloaded.values() + begin, offloaded.grads() + begin, decay,
+    if (c.master)
+      std::fill(offloaded.mutable_values() + begin, offloaded.mutable_values() + end, -123.0f);
+    state.step(offloaded.mutable_values() + begin, offloaded.grads() + begin, decay,
                hyper_for(settings, lr), step, clip_scale(norm, settings.max_grad_norm));
     ASSERT_TRUE(bits_equal(reference.values() + begin, offloaded.values() + begin, end - begin))
         << "parameters differ after step " << step;
@@ -244,7 +245,7 @@ TEST(OffloadedAdamWState, CheckpointRoundTripContinuesBitForBit) {
     optimizer.step(1e-3f);
   }
   // "Checkpoint" the in-memory state, restore it into an offloaded state per parameter range.
-  std::memcpy(restored.values(), reference.values(), static_cast<size_t>(n) * 4);
+  std::memcpy(restored.mutable_values(), reference.values(), static_cast<size_t>(n) * 4);
   OffloadedAdamWState state({dir.sub("s"), 999, 2, false}, n, nullptr);
   state.write_moments(0, n, optimizer.exp_avg(), optimizer.exp_avg_sq());
   const auto decay = decay_ranges(restored, 0, n);
@@ -252,7 +253,8 @@ TEST(OffloadedAdamWState, CheckpointRoundTripContinuesBitForBit) {
     fill_grads(reference, step);
     fill_grads(restored, step);
     optimizer.step(1e-3f);
-    state.step(restored.values(), restored.grads(), decay, hyper_for(settings, 1e-3f), step);
+    state.step(restored.mutable_values(), restored.grads(), decay, hyper_for(settings, 1e-3f),
+               step);
   }
   ASSERT_TRUE(bits_equal(reference.values(), restored.values(), n));
   // Saving reads back what the in-memory optimizer holds, per parameter as a checkpoint does.

@@ -172,12 +172,12 @@ void save_rigged_checkpoint(const fs::path& run_dir, const std::string& tokenize
   model::Transformer model(config, nullptr);
   model.initialize(1);
   auto& params = model.parameters();
-  float* wte = params.value(params.index_of("transformer.wte.weight"));
+  float* wte = params.mutable_value(params.index_of("transformer.wte.weight"));
   for (int64_t v = 0; v < config.vocab_size; ++v) wte[v * config.d_model] = 0.0f;
   wte[300 * config.d_model] = 20.0f;
   wte[258 * config.d_model] = 10.0f;
-  float* norm_weight = params.value(params.index_of("transformer.ln_f.weight"));
-  float* norm_bias = params.value(params.index_of("transformer.ln_f.bias"));
+  float* norm_weight = params.mutable_value(params.index_of("transformer.ln_f.weight"));
+  float* norm_bias = params.mutable_value(params.index_of("transformer.ln_f.bias"));
   for (int64_t c = 0; c < config.d_model; ++c) norm_weight[c] = norm_bias[c] = 0.0f;
   norm_bias[0] = 1.0f;
   optim::AdamWOptimizer optimizer(params, {}, nullptr);

@@ -167,7 +167,7 @@ void load_weights(Transformer& model, const std::string& path) {
   SafetensorsFile file(path);
   auto& params = model.parameters();
   for (const auto& p : params.parameters())
-    file.read_f32(p.name, params.values() + p.offset, p.numel);
+    file.read_f32(p.name, params.mutable_values() + p.offset, p.numel);
 }
 
 void print_stats(const std::string& what, const ErrorStats& s) {
@@ -215,8 +215,7 @@ void check_parity(const fs::path& dir, const std::string& family, kernels::Preci
                             torch_run_name(against);
   SCOPED_TRACE(title + " in " + dir.string());
   SafetensorsFile ref(reference_file(dir, family));
-  const ModelConfig config =
-      model_config_from_json(ref.metadata().at("lattice.model"));
+  const ModelConfig config = model_config_from_json(ref.metadata().at("lattice.model"));
   const auto hyper = nlohmann::json::parse(ref.metadata().at("lattice.reference"));
   const std::string prefix = torch_run_prefix(against);
   const Batch batch = read_batch(batch_file(dir, family));

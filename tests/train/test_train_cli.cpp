@@ -26,11 +26,13 @@ void write_corpus(const fs::path& dir) {
 }
 
 // A tiny model and run that finish in a second or two on one thread.
-std::string tiny_run(const std::string& run_dir) {
+std::string tiny_run(const std::string& run_dir, const std::string& precision = "fp32") {
   return "train --job.run_dir=" + run_dir +
          " --model.preset=gpt2-tiny --model.vocab_size=256 --model.max_seq_len=32"
          " --training.seq_len=32 --training.micro_batch_size=4 --training.threads=1"
-         " --training.precision=fp32 --optimizer.lr=3e-3 --lr_scheduler.warmup_steps=2"
+         " --training.precision=" +
+         precision +
+         " --optimizer.lr=3e-3 --lr_scheduler.warmup_steps=2"
          " --data.train_files=corpus.txt --data.val_fraction=0.1 --validation.freq=0"
          " --metrics.log_freq=1 --metrics.peak_tflops=1";
 }
@@ -70,29 +72,39 @@ TEST_F(TrainCli, ShortRunLearnsAndWritesItsRunDirectory) {
 }
 
 TEST_F(TrainCli, ResumingFromACheckpointContinuesBitIdentically) {
-  ASSERT_EQ(run_lattice(tiny_run("straight") + " --training.steps=8 --checkpoint.interval=4", dir_)
-                .status,
-            0);
-  CliResult resumed = run_lattice(
-      tiny_run("resumed") +
-          " --training.steps=8 --checkpoint.resume_from=straight/checkpoints/step_00000004",
-      dir_);
-  ASSERT_EQ(resumed.status, 0) << resumed.err;
-  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
-  auto straight = read_jsonl(dir_ / "straight" / "metrics.jsonl");
-  auto continued = read_jsonl(dir_ / "resumed" / "metrics.jsonl");
-  ASSERT_EQ(straight.size(), 8u);
-  ASSERT_EQ(continued.size(), 4u);
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(continued[i]["step"], straight[i + 4]["step"]);
-    // Same weights, optimizer state, data position and schedule: the losses are equal bit for bit.
-    EXPECT_EQ(continued[i]["loss"].get<double>(), straight[i + 4]["loss"].get<double>());
-    EXPECT_EQ(continued[i]["grad_norm"].get<double>(), straight[i + 4]["grad_norm"].get<double>());
+  // bf16 also reads the weights' bf16 copies, which a resumed run rounds from the loaded weights.
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::string straight_dir = "straight_" + precision, resumed_dir = "resumed_" + precision;
+    ASSERT_EQ(
+        run_lattice(
+            tiny_run(straight_dir, precision) + " --training.steps=8 --checkpoint.interval=4", dir_)
+            .status,
+        0);
+    CliResult resumed =
+        run_lattice(tiny_run(resumed_dir, precision) +
+                        " --training.steps=8 --checkpoint.resume_from=" + straight_dir +
+                        "/checkpoints/step_00000004",
+                    dir_);
+    ASSERT_EQ(resumed.status, 0) << resumed.err;
+    EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
+    auto straight = read_jsonl(dir_ / straight_dir / "metrics.jsonl");
+    auto continued = read_jsonl(dir_ / resumed_dir / "metrics.jsonl");
+    ASSERT_EQ(straight.size(), 8u);
+    ASSERT_EQ(continued.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(continued[i]["step"], straight[i + 4]["step"]);
+      // Same weights, optimizer state, data position and schedule: the losses are equal bit for
+      // bit.
+      EXPECT_EQ(continued[i]["loss"].get<double>(), straight[i + 4]["loss"].get<double>());
+      EXPECT_EQ(continued[i]["grad_norm"].get<double>(),
+                straight[i + 4]["grad_norm"].get<double>());
+    }
   }
   // Re-running a finished run resumes from its latest checkpoint and has nothing left to do.
-  CliResult again = run_lattice(tiny_run("straight") + " --training.steps=8", dir_);
+  CliResult again = run_lattice(tiny_run("straight_fp32") + " --training.steps=8", dir_);
   EXPECT_EQ(again.status, 0);
-  EXPECT_EQ(read_jsonl(dir_ / "straight" / "metrics.jsonl").size(), 8u);
+  EXPECT_EQ(read_jsonl(dir_ / "straight_fp32" / "metrics.jsonl").size(), 8u);
 }
 
 TEST_F(TrainCli, GenerateSamplesDeterministicallyFromTheCheckpoint) {

@@ -27,7 +27,13 @@ Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_feat
 void Linear::keep_bf16(const LayerContext& ctx, int64_t rows, kernels::Bf16Operands& keep) {
   ensure_bf16(in16_, {rows, in_}, ctx.tracker);
   keep.in = in16_.data<lattice::bf16>();
+  keep.weight = store_->bf16_value(weight_);
   rounded_rows_ = rows;
+}
+
+kernels::WeightOperand Linear::weight_operand(const LayerContext& ctx) {
+  const bool bf16 = ctx.precision == kernels::Precision::bf16;
+  return {store_->value(weight_), bf16 ? store_->bf16_value(weight_) : nullptr};
 }
 
 void Linear::forward(const LayerContext& ctx, float* out, const float* in, int64_t rows) {
@@ -73,7 +79,7 @@ void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, float* out,
   rounded_from_ = nullptr;
   prepared_ = true;
   const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
-  ctx.matmul.multiply_in_row_chunks(in16_.data<lattice::bf16>(), store_->value(weight_),
+  ctx.matmul.multiply_in_row_chunks(in16_.data<lattice::bf16>(), weight_operand(ctx),
                                     /*weight_transposed=*/true, rows, in_, out_, chunk_rows,
                                     consume, bias, out);
 }
@@ -95,6 +101,7 @@ void Linear::backward(const LayerContext& ctx, float* d_in, const float* d_out, 
   float* d_bias = bias_grad();
   kernels::Bf16Operands rounded;
   rounded.in = kept_input(ctx, in, rows);
+  rounded.weight = weight_operand(ctx).rounded;
   ctx.matmul.backward(d_in, store_->grad(weight_), d_bias, d_out, in, store_->value(weight_), rows,
                       in_, out_, ctx.precision, rounded);
 }
@@ -106,6 +113,7 @@ void Linear::backward_rounded(const LayerContext& ctx, float* d_in, const lattic
   kernels::Bf16Operands rounded;
   rounded.in = kept_input(ctx, in, rows);
   rounded.d_out = d_out16;
+  rounded.weight = weight_operand(ctx).rounded;
   ctx.matmul.backward(d_in, store_->grad(weight_), nullptr, nullptr, in, store_->value(weight_),
                       rows, in_, out_, ctx.precision, rounded);
 }
@@ -116,8 +124,8 @@ void Linear::backward_input_in_row_chunks(const LayerContext& ctx, const lattice
   check(ctx.precision == kernels::Precision::bf16,
         "Linear::backward_input_in_row_chunks is for bf16 precision only (internal error)");
   // d_in[rows, in] = d_out16[rows, out] · W[out, in]: W read as stored (not transposed).
-  ctx.matmul.multiply_in_row_chunks(d_out16, store_->value(weight_), /*weight_transposed=*/false,
-                                    rows, out_, in_, chunk_rows, consume);
+  ctx.matmul.multiply_in_row_chunks(d_out16, weight_operand(ctx), /*weight_transposed=*/false, rows,
+                                    out_, in_, chunk_rows, consume);
 }
 
 float* Linear::bias_grad() {

@@ -1,8 +1,10 @@
 // Linear layer y = x·Wᵀ + b over rows of tokens, with W stored [out, in] in the ParameterStore
 // under "<prefix>.weight" (and "<prefix>.bias"). In bf16 precision it keeps the bf16 copy of its
 // input that forward rounds (activation memory: 2 bytes per input element), and its backward reuses
-// it for the weight gradient instead of rounding again. The weight is rounded again in backward:
-// keeping its copy would hold a bf16 model between forward and backward (ZeRO-3 frees weights).
+// it for the weight gradient instead of rounding again. The weight's bf16 rounding comes from the
+// ParameterStore's copy when it keeps one (rounded once per change of the weights, by the
+// optimizer's pass); otherwise the engine rounds the fp32 weight at every use (ZeRO-3, whose
+// sharded weights a whole bf16 copy would undo).
 #pragma once
 
 #include <cstdint>
@@ -68,6 +70,8 @@ class Linear {
   bool prepared_ = false;
   int64_t rounded_rows_ = -1;
   void keep_bf16(const LayerContext& ctx, int64_t rows, kernels::Bf16Operands& keep);
+  // The weight as the engine takes it: fp32, with the store's bf16 copy in bf16 precision.
+  kernels::WeightOperand weight_operand(const LayerContext& ctx);
   // The kept bf16 input for backward from `in` (null when not kept); checks forward_prepared's.
   lattice::bf16* kept_input(const LayerContext& ctx, const float* in, int64_t rows);
 };

@@ -5,6 +5,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 
 namespace lattice::model {
@@ -33,6 +34,34 @@ void ParameterStore::allocate(MemoryTracker* tracker) {
   grads_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::gradients);
 }
 
+float* ParameterStore::mutable_values() {
+  ++values_version_;
+  return values_.f32();
+}
+
+void ParameterStore::keep_bf16_copies(MemoryTracker* tracker) {
+  check(allocated(), "ParameterStore::keep_bf16_copies before allocate() (internal error)");
+  if (keeps_bf16_copies() || total_ == 0) return;
+  bf16_values_ = Tensor({total_}, DType::bf16, tracker, MemoryCategory::parameters);
+  bf16_versions_.assign(params_.size(), values_version_ - 1);  // stale: rounded on first use
+}
+
+const lattice::bf16* ParameterStore::bf16_value(int index) {
+  if (!keeps_bf16_copies()) return nullptr;
+  const ParameterInfo& p = info(index);
+  lattice::bf16* copy = bf16_values_.data<lattice::bf16>() + p.offset;
+  uint64_t& version = bf16_versions_[static_cast<size_t>(index)];
+  if (version != values_version_) {
+    kernels::convert_to_bf16(copy, values() + p.offset, p.numel);
+    version = values_version_;
+  }
+  return copy;
+}
+
+void ParameterStore::bf16_copies_written() {
+  for (uint64_t& version : bf16_versions_) version = values_version_;
+}
+
 void ParameterStore::zero_grads() {
   if (!grads_.empty()) kernels::zero_in_parallel(grads_.f32(), grads_.numel());
 }
@@ -44,8 +73,9 @@ static uint64_t fnv1a(const std::string& s, uint64_t seed) {
 }
 
 void ParameterStore::initialize(uint64_t seed, float std, int64_t n_layers) {
+  float* all = mutable_values();
   for (const auto& p : params_) {
-    float* v = values() + p.offset;
+    float* v = all + p.offset;
     Rng rng(fnv1a(p.init_stream, seed));
     float scale = std;
     switch (p.init) {

@@ -1,7 +1,8 @@
 // ParameterStore: every parameter of a model (or of one pipeline stage) in one flat fp32 buffer,
 // with a matching flat gradient buffer, each parameter a named view (Hugging Face names). Flat
 // storage is what the optimizer, the gradient norm, checkpoints and (later) data-parallel buckets
-// and ZeRO shards use.
+// and ZeRO shards use. In bf16 precision the store can also keep every parameter rounded to bf16
+// (the GEMMs' weight operand), rounded once per change of the values instead of once per use.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lattice/core/dtype.hpp"
 #include "lattice/core/tensor.hpp"
 
 namespace lattice::model {
@@ -48,20 +50,47 @@ class ParameterStore {
   // Index of a parameter by name; throws lattice::Error naming it when absent.
   int index_of(const std::string& name) const;
 
-  float* values() { return values_.f32(); }
+  // The values, read only.
   const float* values() const { return values_.f32(); }
+  const float* value(int index) const { return values() + info(index).offset; }
+  // The values, for writing: every writer (initialisation, optimizers, checkpoint loads, ZeRO
+  // gathers, tests) takes its pointer here, and taking it marks the bf16 copies stale, so a copy is
+  // never older than the values it was rounded from.
+  float* mutable_values();
+  float* mutable_value(int index) { return mutable_values() + info(index).offset; }
+
   float* grads() { return grads_.f32(); }
   const float* grads() const { return grads_.f32(); }
-  float* value(int index) { return values() + info(index).offset; }
-  const float* value(int index) const { return values() + info(index).offset; }
   float* grad(int index) { return grads() + info(index).offset; }
   void zero_grads();
+
+  // bf16 copies of the values (bf16 precision): one flat bf16 buffer beside the fp32 one (2 bytes
+  // per element, tracked as parameters), each parameter's copy equal to lattice::to_bf16 of its
+  // values. Off until keep_bf16_copies (the trainer turns it on for bf16 unless ZeRO-3 shards the
+  // weights: a whole bf16 model would undo part of the sharding).
+  void keep_bf16_copies(MemoryTracker* tracker);
+  bool keeps_bf16_copies() const { return !bf16_values_.empty(); }
+  // The parameter's bf16 copy, rounded again first if the values were written since it last was;
+  // null when copies are not kept (the caller rounds the fp32 values itself).
+  const lattice::bf16* bf16_value(int index);
+  // For an optimizer that rounds every element into the copies as it updates it: the flat copy
+  // buffer (null when not kept). After writing all of it, call bf16_copies_written(); values
+  // written after that (through mutable_values) make the copies stale again.
+  lattice::bf16* bf16_copies_for_writing() {
+    return keeps_bf16_copies() ? bf16_values_.data<lattice::bf16>() : nullptr;
+  }
+  void bf16_copies_written();
 
  private:
   std::vector<ParameterInfo> params_;
   std::unordered_map<std::string, int> by_name_;
   int64_t total_ = 0;
   Tensor values_, grads_;
+  Tensor bf16_values_;
+  // values_version_ counts the times the values were handed out for writing; a parameter's copy is
+  // current when its entry in bf16_versions_ equals it.
+  uint64_t values_version_ = 0;
+  std::vector<uint64_t> bf16_versions_;
 };
 
 }  // namespace lattice::model

@@ -234,6 +234,8 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
       grad_scale != 0.0f &&
       (head_fusion_ == HeadFusion::always || head_fusion_ == HeadFusion::vocab_blocked ||
        (head_fusion_ == HeadFusion::when_smaller && lanes * V * C * 4 <= rows * V * 2));
+  // The head weight with the store's bf16 copy (when it keeps one): this path is bf16 only.
+  const k::WeightOperand head_weight{params_.value(head_weight_), params_.bf16_value(head_weight_)};
   if (head_backward_in_forward_ && vocab_blocked) {
     // The head and its cross-entropy in blocks of the vocabulary: the logits are computed twice
     // and neither they nor their gradient leave the cache (MatmulEngine's
@@ -241,9 +243,9 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
     d_logits16_.reset();
     ensure_activation(d_normed_, {rows, C}, tracker_);
     ensure_activation(head_grad_partials_, {lanes, V, C}, tracker_);
-    ctx.matmul.head_cross_entropy_vocab_blocked(
-        normed16_.data<lattice::bf16>(), params_.value(head_weight_), rows, C, V, targets,
-        grad_scale, row_losses.data(), d_normed_.f32(), head_grad_partials_.f32(), lanes);
+    ctx.matmul.head_cross_entropy_vocab_blocked(normed16_.data<lattice::bf16>(), head_weight, rows,
+                                                C, V, targets, grad_scale, row_losses.data(),
+                                                d_normed_.f32(), head_grad_partials_.f32(), lanes);
   } else if (head_backward_in_forward_) {
     // The head's whole backward runs chunk by chunk inside the forward: d_normed_ and the weight
     // gradient's per-lane partials (added to the parameter gradient in head_backward) come out
@@ -252,7 +254,7 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
     ensure_activation(d_normed_, {rows, C}, tracker_);
     ensure_activation(head_grad_partials_, {lanes, V, C}, tracker_);
     ctx.matmul.forward_backward_in_row_chunks(
-        normed16_.data<lattice::bf16>(), params_.value(head_weight_), rows, C, V, chunk_rows,
+        normed16_.data<lattice::bf16>(), head_weight, rows, C, V, chunk_rows,
         [&](int64_t begin, int64_t n, const float* chunk, lattice::bf16* d_chunk16,
             int64_t stride) {
           k::cross_entropy_rows_bf16(d_chunk16, row_losses.data() + begin, chunk, targets + begin,
@@ -267,8 +269,8 @@ double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, const int32
       d_logits16 = d_logits16_.data<lattice::bf16>();
     }
     ctx.matmul.multiply_in_row_chunks(
-        normed16_.data<lattice::bf16>(), params_.value(head_weight_), /*weight_transposed=*/true,
-        rows, C, V, chunk_rows, [&](int64_t begin, int64_t n, const float* chunk) {
+        normed16_.data<lattice::bf16>(), head_weight, /*weight_transposed=*/true, rows, C, V,
+        chunk_rows, [&](int64_t begin, int64_t n, const float* chunk) {
           k::cross_entropy_rows_bf16(d_logits16 != nullptr ? d_logits16 + begin * V : nullptr,
                                      row_losses.data() + begin, chunk, targets + begin, n, V,
                                      grad_scale, row_work(), V);
@@ -289,6 +291,7 @@ void Transformer::head_forward(const LayerContext& ctx, int64_t B, int64_t T) {
   if (ctx.precision == k::Precision::bf16) {
     ensure_bf16_activation(normed16_, {rows, C}, tracker_);
     keep.in = normed16_.data<lattice::bf16>();
+    keep.weight = params_.bf16_value(head_weight_);
   }
   ctx.matmul.forward(logits_.f32(), normed_.f32(), params_.value(head_weight_), nullptr, rows, C, V,
                      ctx.precision, keep);
@@ -318,6 +321,7 @@ void Transformer::head_backward_gemm(const LayerContext& ctx, int64_t rows) {
       normed16_.shape() == Shape{rows, C}) {
     rounded.d_out = d_logits16_.data<lattice::bf16>();
     rounded.in = normed16_.data<lattice::bf16>();
+    rounded.weight = params_.bf16_value(head_weight_);
     d_logits = nullptr;
   }
   ctx.matmul.backward(d_normed_.f32(), params_.grad(head_weight_), nullptr, d_logits, normed_.f32(),

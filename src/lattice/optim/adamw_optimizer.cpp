@@ -30,12 +30,17 @@ double AdamWOptimizer::step(float lr) {
     clip = coefficient < 1.0f ? coefficient : 1.0f;
   }
   ++step_;
+  float* values = params_.mutable_values();
+  // The store's bf16 copies, when kept, are rounded in the same pass (see adamw_update).
+  lattice::bf16* copies = params_.bf16_copies_for_writing();
   for (const auto& p : params_.parameters()) {
     kernels::AdamWHyper hyper{lr, settings_.beta1, settings_.beta2, settings_.eps,
                               p.weight_decay ? settings_.weight_decay : 0.0f};
-    kernels::adamw_update(params_.values() + p.offset, params_.grads() + p.offset,
-                          m_.f32() + p.offset, v_.f32() + p.offset, p.numel, hyper, step_, clip);
+    kernels::adamw_update(values + p.offset, params_.grads() + p.offset, m_.f32() + p.offset,
+                          v_.f32() + p.offset, p.numel, hyper, step_, clip,
+                          copies != nullptr ? copies + p.offset : nullptr);
   }
+  if (copies != nullptr) params_.bf16_copies_written();
   return norm;
 }
 

@@ -149,7 +149,7 @@ void DataParallel::wait(comm::CommHandle& handle) {
 float* DataParallel::shard_parameters(const Bucket& bucket) {
   return settings_.zero_stage == 3
              ? shard_params_.f32() + bucket.shard_offset
-             : model_.parameters().values() + bucket.shard_begin(shard_rank());
+             : model_.parameters().mutable_values() + bucket.shard_begin(shard_rank());
 }
 
 void DataParallel::begin_micro_batch(bool first, bool last) {
@@ -244,7 +244,7 @@ void DataParallel::update(float lr, double norm) {
     const kernels::AdamWHyper hyper{lr, adamw_.beta1, adamw_.beta2, adamw_.eps,
                                     adamw_.weight_decay};
     if (settings_.zero_stage == 0) {
-      offload_->step(store.values(), store.grads(), decay_, hyper, step_, clip);
+      offload_->step(store.mutable_values(), store.grads(), decay_, hyper, step_, clip);
     } else if (settings_.zero_stage == 3) {
       offload_->step(shard_params_.f32(), shard_grads_.f32(), decay_, hyper, step_, clip);
     } else {
@@ -258,7 +258,7 @@ void DataParallel::update(float lr, double norm) {
       for (const Bucket& bucket : layout_.buckets()) {
         const int64_t n = bucket.shard_end(shard_rank()) - bucket.shard_begin(shard_rank());
         std::copy(shard.f32() + bucket.shard_offset, shard.f32() + bucket.shard_offset + n,
-                  store.values() + bucket.shard_begin(shard_rank()));
+                  store.mutable_values() + bucket.shard_begin(shard_rank()));
       }
     }
     if (settings_.zero_stage >= 1)
@@ -266,10 +266,14 @@ void DataParallel::update(float lr, double norm) {
         if (settings_.zero_stage < 3 || layout_.buckets()[b].outer)
           start_gather(static_cast<int>(b));
   } else if (settings_.zero_stage == 0) {
+    float* values = store.mutable_values();
+    // The store's bf16 copies, when kept, are rounded in the same pass (see adamw_update).
+    lattice::bf16* copies = store.bf16_copies_for_writing();
     for (const auto& p : store.parameters())
-      kernels::adamw_update(store.values() + p.offset, store.grads() + p.offset,
-                            m_.f32() + p.offset, v_.f32() + p.offset, p.numel, hyper_for(p), step_,
-                            clip);
+      kernels::adamw_update(values + p.offset, store.grads() + p.offset, m_.f32() + p.offset,
+                            v_.f32() + p.offset, p.numel, hyper_for(p), step_, clip,
+                            copies != nullptr ? copies + p.offset : nullptr);
+    if (copies != nullptr) store.bf16_copies_written();
   } else {
     // This rank's shard of each bucket, parameter by parameter (the kernel is elementwise).
     for (const Bucket& bucket : layout_.buckets()) {
@@ -318,7 +322,7 @@ void DataParallel::finish_gather(int b) {
   s.gathering = false;
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   std::copy(s.gather_out.f32(), s.gather_out.f32() + bucket.size(),
-            model_.parameters().values() + bucket.begin);
+            model_.parameters().mutable_values() + bucket.begin);
   if (tracker_ && !s.params_resident)
     tracker_->add(MemoryCategory::parameters, bucket.size() * int64_t{sizeof(float)});
   s.params_resident = true;
@@ -330,7 +334,7 @@ void DataParallel::release_parameters(int b) {
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (!s.params_resident) return;
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
-  release_floats(model_.parameters().values() + bucket.begin, bucket.size());
+  release_floats(model_.parameters().mutable_values() + bucket.begin, bucket.size());
   if (tracker_)
     tracker_->remove(MemoryCategory::parameters, bucket.size() * int64_t{sizeof(float)});
   s.params_resident = false;

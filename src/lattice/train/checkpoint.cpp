@@ -143,7 +143,7 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
   auto& params = model.parameters();
   SafetensorsFile weights((dir / "model.safetensors").string());
   for (const auto& p : params.parameters())
-    weights.read_f32(p.name, params.values() + p.offset, p.numel);
+    weights.read_f32(p.name, params.mutable_values() + p.offset, p.numel);
   TrainerState state;
   nlohmann::json j;
   const std::string state_path = (dir / "state.json").string();

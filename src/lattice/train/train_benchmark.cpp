@@ -68,6 +68,8 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     kernels::MatmulEngine matmul;
     model::Transformer model(c.model, &tracker);
     model.initialize(0);
+    // As the trainer does in bf16 without ZeRO-3: the weights' bf16 copies, rounded per step.
+    if (precision == kernels::Precision::bf16) model.parameters().keep_bf16_copies(&tracker);
     const auto tokens = random_tokens(n, c.model.vocab_size, 1 + 2 * static_cast<uint64_t>(rank));
     const auto targets = random_tokens(n, c.model.vocab_size, 2 + 2 * static_cast<uint64_t>(rank));
     if (group == nullptr) {

@@ -62,6 +62,10 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   settings.offload_dir = config_.offload_dir;
   dp_ = std::make_unique<parallel::DataParallel>(*model_, *group_, settings, config_.adamw,
                                                  &tracker_);
+  // bf16: the GEMMs read the weights' bf16 copies, rounded once per optimizer step (2 bytes per
+  // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
+  if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
+    model_->parameters().keep_bf16_copies(&tracker_);
   std::string resume_dir =
       config_.resume_from.empty() ? "" : resolve_checkpoint(config_.resume_from);
   if (resume_dir.empty() && config_.resume && config_.checkpoint_enable)

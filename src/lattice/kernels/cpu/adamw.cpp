@@ -20,6 +20,7 @@
 #include <string>
 
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 
 namespace lattice::kernels {
 namespace {
@@ -49,6 +50,8 @@ AdamWScalars make_scalars(const AdamWHyper& h, int64_t step, float grad_scale) {
 
 // Elements per parallel work item.
 constexpr int64_t kChunk = 1 << 14;
+// Elements updated before they are rounded into the bf16 copy: 4 KiB of values, still in L1.
+constexpr int64_t kRoundBlock = 1024;
 
 #if defined(__AVX512F__)
 // The *_round_ps forms (round to nearest, exceptions suppressed as in plain arithmetic) are used
@@ -116,7 +119,7 @@ __attribute__((optimize("fp-contract=off"))) void adamw_range(float* p, const fl
 }  // namespace
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                  const AdamWHyper& hyper, int64_t step, float grad_scale) {
+                  const AdamWHyper& hyper, int64_t step, float grad_scale, lattice::bf16* param16) {
   if (step < 1)  // the message is built only on failure: this runs per parameter every step
     throw Error("adamw_update: step must be 1-based (got " + std::to_string(step) +
                 "); pass the number of updates including this one");
@@ -125,9 +128,16 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk;
-    adamw_range(param + begin, grad + begin, m + begin, v + begin, std::min(kChunk, n - begin),
-                scalars);
+    const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
+    if (param16 == nullptr) {
+      adamw_range(param + begin, grad + begin, m + begin, v + begin, end - begin, scalars);
+      continue;
+    }
+    for (int64_t b = begin; b < end; b += kRoundBlock) {
+      const int64_t count = std::min(kRoundBlock, end - b);
+      adamw_range(param + b, grad + b, m + b, v + b, count, scalars);
+      convert_to_bf16_on_this_thread(param16 + b, param + b, count);
+    }
   }
 }
 

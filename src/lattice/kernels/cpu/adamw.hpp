@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "lattice/core/dtype.hpp"
+
 namespace lattice::kernels {
 
 // Hyperparameters are doubles because PyTorch's are Python floats: the scalar factors (1 - lr*wd,
@@ -16,8 +18,11 @@ struct AdamWHyper {
 //   p -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
 // Follows torch 1.13's single-tensor (non-foreach, non-fused) AdamW operation by operation as its
 // vectorised CPU kernels compute it (transcribed from ATen; see adamw.cpp), so results should match
-// torch bit for bit. grad is read only (the scaled gradient is not written back).
+// torch bit for bit. grad is read only (the scaled gradient is not written back). When param16 is
+// not null it receives the updated param rounded to bf16 (lattice::to_bf16), in the same pass: the
+// parameter store's bf16 copy, written while the values are in cache.
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
-                  const AdamWHyper& hyper, int64_t step, float grad_scale = 1.0f);
+                  const AdamWHyper& hyper, int64_t step, float grad_scale = 1.0f,
+                  lattice::bf16* param16 = nullptr);
 
 }  // namespace lattice::kernels

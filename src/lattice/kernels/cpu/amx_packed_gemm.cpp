@@ -35,9 +35,10 @@ void pack_transposed_panel(uint16_t* panel, const lattice::bf16* weight, int64_t
       for (int i = 0; i < 16; ++i) {
         r[i] = u32x16{};
         const int64_t row = n0 + j0 + i, k0 = 2 * w0;
-        if (row < N && k0 < K)
-          std::memcpy(&r[i], weight + row * K + k0,
-                      static_cast<size_t>(std::min<int64_t>(32, K - k0)) * 2);
+        if (row < N && k0 + 32 <= K)
+          std::memcpy(&r[i], weight + row * K + k0, sizeof r[i]);  // a fixed size: one load
+        else if (row < N && k0 < K)
+          std::memcpy(&r[i], weight + row * K + k0, static_cast<size_t>(K - k0) * 2);
       }
       transpose_16x16(r);
       for (int i = 0; i < 16; ++i) std::memcpy(panel + ((w0 + i) * 32 + j0) * 2, &r[i], 64);
@@ -51,9 +52,10 @@ void pack_plain_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, i
                       int64_t n0) {
   const auto row16 = [&](int64_t k, int64_t column) {
     u16x16 v{};
-    if (k < K && column < N)
-      std::memcpy(&v, weight + k * N + column,
-                  static_cast<size_t>(std::min<int64_t>(16, N - column)) * 2);
+    if (k < K && column + 16 <= N)
+      std::memcpy(&v, weight + k * N + column, sizeof v);  // a fixed size: one vector load
+    else if (k < K && column < N)
+      std::memcpy(&v, weight + k * N + column, static_cast<size_t>(N - column) * 2);
     return v;
   };
   for (int64_t kp = 0; kp < amx_padded(K) / 2; ++kp) {

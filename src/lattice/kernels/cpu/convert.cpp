@@ -1,9 +1,9 @@
-// fp32 <-> bf16 bulk conversion: see convert.hpp. The AVX-512 path does the same integer arithmetic
-// as lattice::to_bf16 (add 0x7fff + lsb, shift, quiet NaNs). With AVX512_BF16, vcvtneps2bf16 does
-// the conversion in one instruction: it rounds to nearest even and quiets NaNs exactly as to_bf16,
-// but treats denormal inputs as zero, so a vector holding a denormal is redone with the integer
-// arithmetic (a test per vector; denormals are rare in training data).
+// fp32 <-> bf16 bulk conversion: see convert.hpp. The AVX-512 path rounds 16 lanes at a time with
+// bf16_vector.hpp's to_bf16_bits (vcvtneps2bf16 where no lane is denormal, else the integer
+// arithmetic of lattice::to_bf16), the tail element by element with lattice::to_bf16.
 #include "lattice/kernels/cpu/convert.hpp"
+
+#include "lattice/kernels/cpu/bf16_vector.hpp"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -23,45 +23,18 @@ constexpr int64_t kChunk = 1 << 16;
 #if defined(__AVX512F__)
 using u32x16 = uint32_t __attribute__((vector_size(64)));
 using u16x16 = uint16_t __attribute__((vector_size(32)));
-
-// lattice::to_bf16 on 16 lanes in integer arithmetic: add 0x7fff + lsb and shift; NaNs are quieted.
-// Vector extensions rather than the unmasked shift and narrowing intrinsics, on whose undefined
-// pass-through operands GCC 12 warns (falsely).
-inline __m256i to_bf16_bits(__m512i bits) {
-  const u32x16 u = std::bit_cast<u32x16>(bits);
-  const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const u32x16 nan_bits = (u >> 16) | 0x0040u;
-  const u32x16 is_nan = (u & 0x7fffffffu) > 0x7f800000u;
-  const u32x16 chosen = is_nan ? nan_bits : rounded;
-  return std::bit_cast<__m256i>(__builtin_convertvector(chosen, u16x16));
-}
 #endif
 
 // out[i] = to_bf16(in[i]) or, with Scaled, to_bf16(in[i] * scale) (one fp32 multiply).
 template <bool Scaled>
 void to_bf16_serial_impl(bf16* out, const float* in, int64_t n, float scale) {
   int64_t i = 0;
-#if defined(__AVX512BF16__)
-  const __m512i exponent_mask = _mm512_set1_epi32(0x7f800000);
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+#if defined(__AVX512F__)
   const __m512 scale_v = _mm512_set1_ps(scale);
   for (; i + 16 <= n; i += 16) {
     __m512 x = _mm512_loadu_ps(in + i);
     if constexpr (Scaled) x = _mm512_mul_ps(x, scale_v);
-    const __m512i u = _mm512_castps_si512(x);
-    // Denormal lanes: exponent bits all zero, magnitude not zero.
-    const __mmask16 denormal =
-        _mm512_testn_epi32_mask(u, exponent_mask) & _mm512_test_epi32_mask(u, abs_mask);
-    const __m256i bits =
-        denormal == 0 ? std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x)) : to_bf16_bits(u);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bits);
-  }
-#elif defined(__AVX512F__)
-  const __m512 scale_v = _mm512_set1_ps(scale);
-  for (; i + 16 <= n; i += 16) {
-    __m512 x = _mm512_loadu_ps(in + i);
-    if constexpr (Scaled) x = _mm512_mul_ps(x, scale_v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_bits(_mm512_castps_si512(x)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_bits(x));
   }
 #endif
   for (; i < n; ++i) out[i] = to_bf16(Scaled ? in[i] * scale : in[i]);

@@ -424,6 +424,13 @@ struct MatmulEngine::Impl {
     return keep;
   }
 
+  // The weight [rows, cols] in bf16: the caller's rounded copy when it has one, else its fp32
+  // values rounded into slot 1.
+  const bf16* rounded_weight(const WeightOperand& weight, int64_t rows, int64_t cols) {
+    return weight.rounded != nullptr ? weight.rounded
+                                     : to_bf16_buffer(1, weight.f32, rows, cols, cols);
+  }
+
   CachedGemm& primitive_for(const GemmShape& s) {
     auto found = cache.find(s);
     if (found != cache.end()) return found->second;
@@ -535,7 +542,7 @@ void MatmulEngine::forward(float* out, const float* in, const float* weight, con
   s.ldc = N;
   s.has_bias = bias != nullptr;
   const lattice::bf16* in16 = impl_->rounded_copy(keep.in, 0, in, M, K);
-  const lattice::bf16* weight16 = impl_->rounded_copy(keep.weight, 1, weight, N, K);
+  const lattice::bf16* weight16 = impl_->rounded_weight({weight, keep.weight}, N, K);
   impl_->run(s, in16, weight16, bias, out);
 }
 
@@ -591,8 +598,7 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     s.a_stride_m = N, s.a_stride_k = 1;
     s.b_stride_k = K, s.b_stride_n = 1;
     s.ldc = K;
-    const lattice::bf16* weight16 =
-        rounded.weight ? rounded.weight : impl_->to_bf16_buffer(1, weight, N, K, K);
+    const lattice::bf16* weight16 = impl_->rounded_weight({weight, rounded.weight}, N, K);
     impl_->run(s, d_out16, weight16, nullptr, d_in);
   }
 }
@@ -604,7 +610,7 @@ void round_to_bf16_with_column_sums(lattice::bf16* d_out16, float* d_bias, const
   accumulate_column_sums(d_bias, d_out, M, N, d_out16);
 }
 
-void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
+void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, WeightOperand weight,
                                           bool weight_transposed, int64_t M, int64_t K, int64_t N,
                                           int64_t chunk_rows, const ChunkConsumer& consume,
                                           const float* bias, float* destination) {
@@ -614,8 +620,8 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, const float
   if (M == 0 || N == 0) return;
   const RowChunks chunks = row_chunks_of(M, chunk_rows);
   // The weight rounded as forward() and backward() round it; the GEMMs read it in place.
-  const lattice::bf16* weight16 = weight_transposed ? impl_->to_bf16_buffer(1, weight, N, K, K)
-                                                    : impl_->to_bf16_buffer(1, weight, K, N, N);
+  const lattice::bf16* weight16 =
+      weight_transposed ? impl_->rounded_weight(weight, N, K) : impl_->rounded_weight(weight, K, N);
   // The AMX kernel on the weight packed once, where the shape fits it; else oneDNN's chunk GEMMs.
   const uint16_t* packed = nullptr;
   std::optional<Impl::ChunkGemmPair> gemms;
@@ -676,7 +682,7 @@ int MatmulEngine::gradient_lanes(int64_t M, int64_t chunk_rows) {
       std::min<int64_t>(omp_get_max_threads(), row_chunks_of(M, chunk_rows).count));
 }
 
-void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight,
+void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, WeightOperand weight,
                                                   int64_t M, int64_t K, int64_t N,
                                                   int64_t chunk_rows,
                                                   const GradientChunkConsumer& consume, float* d_in,
@@ -689,7 +695,7 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, con
         "matmul forward_backward_in_row_chunks: lanes must be gradient_lanes(M, chunk_rows) (" +
             std::to_string(gradient_lanes(M, chunk_rows)) + "), got " + std::to_string(lanes));
   const RowChunks chunks = row_chunks_of(M, chunk_rows);
-  const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, N, K, K);  // rounded once
+  const lattice::bf16* weight16 = impl_->rounded_weight(weight, N, K);  // rounded once
   if (impl_->chunk_cache.size() + 8 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
   // On AMX (K a multiple of 32; N any, padded to Np): out = in16 · weight^T and d_in = d_out16 ·
   // weight on the packed kernel with the weight packed once each way (zero-padded), the weight
@@ -786,7 +792,7 @@ int MatmulEngine::vocab_blocked_lanes(int64_t M) {
   return static_cast<int>(std::clamp<int64_t>(M / 256, 1, omp_get_max_threads()));
 }
 
-void MatmulEngine::head_cross_entropy_vocab_blocked(const lattice::bf16* in16, const float* weight,
+void MatmulEngine::head_cross_entropy_vocab_blocked(const lattice::bf16* in16, WeightOperand weight,
                                                     int64_t M, int64_t K, int64_t V,
                                                     const int32_t* targets, float grad_scale,
                                                     double* row_losses, float* d_in,
@@ -798,7 +804,7 @@ void MatmulEngine::head_cross_entropy_vocab_blocked(const lattice::bf16* in16, c
   check(lanes == vocab_blocked_lanes(M),
         "matmul head_cross_entropy_vocab_blocked: lanes must be vocab_blocked_lanes(M) (" +
             std::to_string(vocab_blocked_lanes(M)) + "), got " + std::to_string(lanes));
-  const lattice::bf16* weight16 = impl_->to_bf16_buffer(1, weight, V, K, K);  // rounded once
+  const lattice::bf16* weight16 = impl_->rounded_weight(weight, V, K);  // rounded once
   const auto packed_bytes =
       static_cast<size_t>(vocab_blocked_head_packed_elements(V, K)) * sizeof(uint16_t);
   auto* forward = static_cast<uint16_t*>(impl_->packed_weights[0].reserve(packed_bytes));

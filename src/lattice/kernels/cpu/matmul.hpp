@@ -12,15 +12,26 @@
 namespace lattice::kernels {
 
 // Caller-owned bf16 copies of a Linear's GEMM operands (bf16 precision only; ignored in fp32), so
-// that what forward rounded is not rounded again in backward. In forward, non-null `in` / `weight`
-// receive in[M,K] / weight[N,K] rounded to bf16 and the GEMM reads them; when forward's fp32 `in`
-// is null, `in` must already hold the rounded input (e.g. written by gelu_forward_bf16). In
+// that what forward rounded is not rounded again in backward. In forward, a non-null `in`
+// receives in[M,K] rounded to bf16 and the GEMM reads it; when forward's fp32 `in` is null, `in`
+// must already hold the rounded input (e.g. written by gelu_forward_bf16). A non-null `weight`
+// holds weight[N,K] already rounded (the parameter store's copy), in forward and backward. In
 // backward, non-null pointers hold those copies (or d_out[M,N] rounded, e.g. by the cross-entropy)
 // and are used instead of rounding the fp32 operand; results are bit-identical either way.
 struct Bf16Operands {
   lattice::bf16* in = nullptr;
-  lattice::bf16* weight = nullptr;
+  const lattice::bf16* weight = nullptr;
   const lattice::bf16* d_out = nullptr;  // backward only
+};
+
+// A weight as the chunked products take it: its fp32 values and, when the caller keeps one, its
+// bf16 rounding (lattice::to_bf16 of every element: the parameter store's copy), which the engine
+// then reads instead of rounding the fp32 values again. Results are bit-identical either way.
+struct WeightOperand {
+  WeightOperand(const float* f32) : f32(f32) {}  // NOLINT(google-explicit-constructor): as before
+  WeightOperand(const float* f32, const lattice::bf16* rounded) : f32(f32), rounded(rounded) {}
+  const float* f32 = nullptr;
+  const lattice::bf16* rounded = nullptr;
 };
 
 // d_out[M,N] rounded to bf16 into d_out16 (dense [M,N]) and, in the same pass, d_bias[j] += the
@@ -72,7 +83,7 @@ class MatmulEngine {
   // an 8192-long K, the small benchmark's LM-head input gradient) and they then agree to fp32
   // rounding.
   using ChunkConsumer = std::function<void(int64_t row_begin, int64_t rows, const float* chunk)>;
-  void multiply_in_row_chunks(const lattice::bf16* in16, const float* weight,
+  void multiply_in_row_chunks(const lattice::bf16* in16, WeightOperand weight,
                               bool weight_transposed, int64_t M, int64_t K, int64_t N,
                               int64_t chunk_rows, const ChunkConsumer& consume,
                               const float* bias = nullptr, float* destination = nullptr);
@@ -100,7 +111,7 @@ class MatmulEngine {
   // thread count.
   using GradientChunkConsumer = std::function<void(
       int64_t row_begin, int64_t rows, const float* out, lattice::bf16* d_out16, int64_t stride)>;
-  void forward_backward_in_row_chunks(const lattice::bf16* in16, const float* weight, int64_t M,
+  void forward_backward_in_row_chunks(const lattice::bf16* in16, WeightOperand weight, int64_t M,
                                       int64_t K, int64_t N, int64_t chunk_rows,
                                       const GradientChunkConsumer& consume, float* d_in,
                                       float* weight_grad_partials, int lanes);
@@ -121,7 +132,7 @@ class MatmulEngine {
   // round to the neighbouring bf16 where its fp32 value sits on a rounding boundary.
   static bool vocab_blocked_head_applies(int64_t K);
   static int vocab_blocked_lanes(int64_t M);
-  void head_cross_entropy_vocab_blocked(const lattice::bf16* in16, const float* weight, int64_t M,
+  void head_cross_entropy_vocab_blocked(const lattice::bf16* in16, WeightOperand weight, int64_t M,
                                         int64_t K, int64_t V, const int32_t* targets,
                                         float grad_scale, double* row_losses, float* d_in,
                                         float* weight_grad_partials, int lanes);

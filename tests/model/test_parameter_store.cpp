@@ -1,0 +1,135 @@
+// Tests of the ParameterStore's bf16 copies: off until asked for, then each parameter's copy is
+// lattice::to_bf16 of its values, rounded again after a write through mutable_values and not on
+// reads, taken as written by an optimizer's pass, tracked as parameter memory; and a bf16 model
+// reading them gives the losses and gradients of one that rounds its weights at every use.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "lattice/core/memory.hpp"
+#include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/model/model_config.hpp"
+#include "lattice/model/parameter_store.hpp"
+#include "lattice/model/transformer.hpp"
+
+using namespace lattice;
+using namespace lattice::model;
+
+namespace {
+
+// Every element of parameter `index`'s copy equal to the rounding of its value.
+void expect_copy_is_rounded(ParameterStore& store, int index) {
+  const lattice::bf16* copy = store.bf16_value(index);
+  ASSERT_NE(copy, nullptr);
+  const float* value = store.value(index);
+  for (int64_t i = 0; i < store.info(index).numel; ++i)
+    ASSERT_EQ(copy[i].bits, lattice::to_bf16(value[i]).bits)
+        << store.info(index).name << " element " << i;
+}
+
+}  // namespace
+
+TEST(ParameterStoreBf16Copies, AreTheRoundedValuesAndFollowEveryWrite) {
+  ParameterStore store;
+  const int matrix = store.declare("w", {40, 33}, InitKind::normal, true);
+  const int bias = store.declare("b", {7}, InitKind::zeros, false);
+  MemoryTracker tracker;
+  store.allocate(&tracker);
+  store.initialize(3, 0.5f, 1);
+  EXPECT_FALSE(store.keeps_bf16_copies());
+  EXPECT_EQ(store.bf16_value(matrix), nullptr);  // not kept: callers round the fp32 values
+  EXPECT_EQ(store.bf16_copies_for_writing(), nullptr);
+  const int64_t before = tracker.current(MemoryCategory::parameters);
+  store.keep_bf16_copies(&tracker);
+  EXPECT_TRUE(store.keeps_bf16_copies());
+  EXPECT_EQ(tracker.current(MemoryCategory::parameters) - before, 2 * store.size());
+  expect_copy_is_rounded(store, matrix);
+  expect_copy_is_rounded(store, bias);
+
+  // A write through mutable_value: the next copy is rounded from the new values.
+  store.mutable_value(matrix)[5] = 3.0f;
+  store.mutable_value(bias)[0] = -1e-39f;  // a denormal: rounded, not flushed
+  expect_copy_is_rounded(store, matrix);
+  expect_copy_is_rounded(store, bias);
+  EXPECT_EQ(store.bf16_value(matrix)[5].bits, lattice::to_bf16(3.0f).bits);
+
+  // Reads do not round again: a value changed through a pointer taken before the copy was last
+  // made (against the rule that a writer takes its pointer for each write) is not seen until the
+  // next mutable_values call. This is what saves the rounding per use.
+  float* early = store.mutable_values() + store.info(matrix).offset;
+  const uint16_t rounded_before = store.bf16_value(matrix)[0].bits;
+  early[0] = 1234.0f;
+  EXPECT_EQ(store.bf16_value(matrix)[0].bits, rounded_before);
+  store.mutable_values();
+  EXPECT_EQ(store.bf16_value(matrix)[0].bits, lattice::to_bf16(1234.0f).bits);
+
+  // An optimizer's pass: what it writes into the copies is taken as current (not rounded again)
+  // until the values are next handed out for writing.
+  float* values = store.mutable_values();
+  lattice::bf16* copies = store.bf16_copies_for_writing();
+  ASSERT_NE(copies, nullptr);
+  for (int64_t i = 0; i < store.size(); ++i) {
+    values[i] = 2.0f;
+    copies[i] = lattice::to_bf16(2.0f);
+  }
+  copies[store.info(matrix).offset + 1].bits = 0x7777;  // a marker no rounding would write
+  store.bf16_copies_written();
+  EXPECT_EQ(store.bf16_value(matrix)[1].bits, 0x7777);
+  store.mutable_values();
+  expect_copy_is_rounded(store, matrix);
+}
+
+// A bf16 model reading its weights' bf16 copies against one that rounds them at every use: losses
+// and every gradient bit-identical, over updates written through mutable_values (as an optimizer
+// does) and through the copies' writing pass; both LM-head paths (256 rows take the vocabulary-
+// blocked head where the width allows it, 24 rows the row-chunk head).
+class Bf16CopiesParity : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Bf16CopiesParity, ModelLossesAndGradientsAreBitIdentical) {
+  ModelConfig config = model_preset(GetParam());
+  config.init_std = 0.2f;
+  kernels::MatmulEngine matmul;
+  const LayerContext ctx{matmul, kernels::Precision::bf16, nullptr};
+  for (const int64_t B : {int64_t{1}, int64_t{8}}) {
+    const int64_t T = B == 1 ? 24 : 32;
+    SCOPED_TRACE(::testing::Message() << GetParam() << ", " << B * T << " rows");
+    Transformer copied(config, nullptr), rounding(config, nullptr);
+    copied.initialize(5);
+    rounding.initialize(5);
+    copied.parameters().keep_bf16_copies(nullptr);
+    Rng rng(11);
+    std::vector<int32_t> tokens, targets;
+    for (int64_t i = 0; i < B * T; ++i) {
+      tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size))));
+      targets.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size))));
+    }
+    for (int step = 0; step < 3; ++step) {
+      float losses[2];
+      int m = 0;
+      for (Transformer* model : {&copied, &rounding}) {
+        model->parameters().zero_grads();
+        losses[m++] = model->forward(ctx, tokens.data(), targets.data(), B, T, 1.0f);
+        model->backward(ctx);
+      }
+      EXPECT_EQ(losses[0], losses[1]) << "step " << step;
+      const ParameterStore& a = copied.parameters();
+      const ParameterStore& b = rounding.parameters();
+      ASSERT_EQ(0, std::memcmp(a.grads(), b.grads(), static_cast<size_t>(a.size()) * 4))
+          << "gradients differ at step " << step;
+      // An update of every value: on odd steps through the copies' writing pass.
+      for (Transformer* model : {&copied, &rounding}) {
+        ParameterStore& store = model->parameters();
+        float* values = store.mutable_values();
+        for (int64_t i = 0; i < store.size(); ++i) values[i] -= 0.01f * store.grads()[i];
+        if (lattice::bf16* copies = store.bf16_copies_for_writing(); copies && step % 2 == 1) {
+          for (int64_t i = 0; i < store.size(); ++i) copies[i] = lattice::to_bf16(values[i]);
+          store.bf16_copies_written();
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, Bf16CopiesParity, ::testing::Values("gpt2-tiny", "llama-tiny"));
