@@ -1,9 +1,8 @@
 // The packed AMX row-chunk GEMM: see amx_packed_gemm.hpp. Blocks of 32 x 32 outputs live in four
 // accumulator tiles while K is swept in steps of 32 (two A tiles, two B tiles, four tdpbf16ps per
-// step); K is cut in blocks of kBlockK so that a block's A rows and B panels stay in L2 when K is
-// long (the LM head's input gradient), the accumulators going through C (fp32, exact) between
-// blocks. Within a K block the 32-column panel of B stays in L1 while every 32-row block of A
-// passes over it.
+// step); K is cut in blocks (block_k) so that a block's 32-column panel of B stays in L1 while
+// every 32-row block of A passes over it, the accumulators going through C (fp32, exact: the sums
+// are the same bits as without blocks) between blocks.
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 
 #include <algorithm>
@@ -19,9 +18,16 @@ namespace lattice::kernels {
 
 namespace {
 
-constexpr int64_t kBlockK = 1024;
-
 #if defined(LATTICE_HAS_AMX)
+
+// K per block: 256 (a 16 KiB panel of B, in L1 beside the A tiles) for narrow outputs; for wide
+// ones the C round trips per block cost more than the panel's L1 misses, so 1024. Measured in the
+// small benchmark's training step (N = 256: input gradients with K = 768 and 1024, mlp_proj's
+// forward): 256 +2.1% over 1024 (4 pairs), 128 no better than 256, 512 no better than 1024; the
+// GPT-2 124M step (N >= 768) was 0.8% slower with 256.
+int64_t block_k(int64_t N) {
+  return N <= 256 ? 256 : 1024;
+}
 
 // Panel of columns [n0, n0 + 32) of B = weight^T, weight [N, K], over Kp = K rounded up to 32
 // rows: word (kp, j) of the panel is word kp of weight row n0 + j (zero past row N or column K),
@@ -71,8 +77,9 @@ void pack_plain_panel(uint16_t* panel, const lattice::bf16* weight, int64_t K, i
 void gemm_row_blocks(float* C, int64_t ldc, const uint16_t* A, int64_t lda, const uint16_t* packed,
                      int64_t rows, int64_t N, int64_t K) {
   const int64_t c_stride = ldc * 4, a_stride = lda * 2;
-  for (int64_t k_begin = 0; k_begin < K; k_begin += kBlockK) {
-    const int64_t k_end = std::min(K, k_begin + kBlockK);
+  const int64_t k_step = block_k(N);
+  for (int64_t k_begin = 0; k_begin < K; k_begin += k_step) {
+    const int64_t k_end = std::min(K, k_begin + k_step);
     for (int64_t n0 = 0; n0 < N; n0 += 32) {
       const uint16_t* panel = packed + n0 * K;  // [K/2][32][2]: a k-pair row is 64 elements
       for (int64_t m0 = 0; m0 < rows; m0 += 32) {

@@ -258,6 +258,10 @@ class ChunkFailure {
 // Rows of an AMX chunk GEMM pass: a multiple of 32 whose fp32 output [rows, N] fits in 2 MiB (L2);
 // all of them (the largest int64_t) when not even 32 rows fit: each pass reads the whole packed
 // weight, which for so wide an output is far larger than the output a pass saves from memory.
+// Rows per chunk when forward() and backward() run a whole product on the AMX kernel: enough to
+// amortise a chunk's start, and several chunks per thread at the models' token counts.
+constexpr int64_t kDenseChunkRows = 256;
+
 int64_t amx_rows_per_pass(int64_t N) {
   constexpr int64_t kOutputBytes = int64_t{2} << 20;
   const int64_t rows = kOutputBytes / (N * 4) / 32 * 32;
@@ -543,6 +547,12 @@ void MatmulEngine::forward(float* out, const float* in, const float* weight, con
   s.has_bias = bias != nullptr;
   const lattice::bf16* in16 = impl_->rounded_copy(keep.in, 0, in, M, K);
   const lattice::bf16* weight16 = impl_->rounded_weight({weight, keep.weight}, N, K);
+  if (amx_packed_gemm_enabled() && amx_packed_gemm_fits(K, N) && M >= kDenseChunkRows) {
+    // Lattice's AMX kernel on the weight packed once, rows in chunks over the threads.
+    return multiply_in_row_chunks(
+        in16, {weight, weight16}, /*weight_transposed=*/true, M, K, N, kDenseChunkRows,
+        [](int64_t, int64_t, const float*) {}, bias, out);
+  }
   impl_->run(s, in16, weight16, bias, out);
 }
 
@@ -599,6 +609,12 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     s.b_stride_k = K, s.b_stride_n = 1;
     s.ldc = K;
     const lattice::bf16* weight16 = impl_->rounded_weight({weight, rounded.weight}, N, K);
+    if (amx_packed_gemm_enabled() && amx_packed_gemm_fits(N, K) && M >= kDenseChunkRows) {
+      // As forward: d_in = d_out16 · weight on the AMX kernel, the weight packed as stored.
+      return multiply_in_row_chunks(
+          d_out16, {weight, weight16}, /*weight_transposed=*/false, M, N, K, kDenseChunkRows,
+          [](int64_t, int64_t, const float*) {}, nullptr, d_in);
+    }
     impl_->run(s, d_out16, weight16, nullptr, d_in);
   }
 }

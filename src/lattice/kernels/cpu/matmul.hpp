@@ -48,6 +48,8 @@ class MatmulEngine {
   MatmulEngine& operator=(const MatmulEngine&) = delete;
 
   // out[M,N] = in[M,K] · weight[N,K]^T (+ bias[N] when bias is not null). out is overwritten.
+  // In bf16, on Lattice's AMX kernel (multiply_in_row_chunks into out) where the CPU has AMX, K
+  // and N are multiples of 32 and M is at least 256; else on oneDNN.
   void forward(float* out, const float* in, const float* weight, const float* bias, int64_t M,
                int64_t K, int64_t N, Precision precision, const Bf16Operands& keep = {});
 
@@ -60,7 +62,9 @@ class MatmulEngine {
   // In bf16 the weight gradient runs on the AMX weight-gradient kernel where N and K are multiples
   // of 32 (amx_weight_gradient.hpp: each element summed over the M rows in order from zero, then
   // added; the same for any thread count), else on oneDNN; the two agree to fp32 rounding (bit
-  // for bit up to 256 rows, where oneDNN also sums in order).
+  // for bit up to 256 rows, where oneDNN also sums in order). The input gradient runs on the AMX
+  // kernel where forward's would with K and N swapped (the weight packed as stored), else on
+  // oneDNN.
   void backward(float* d_in, float* d_weight, float* d_bias, const float* d_out, const float* in,
                 const float* weight, int64_t M, int64_t K, int64_t N, Precision precision,
                 const Bf16Operands& rounded = {});
