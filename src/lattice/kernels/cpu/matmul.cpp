@@ -665,7 +665,7 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, WeightOpera
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks.count; ++c) {
       failure.run([&] {
-        if (!stream) stream.emplace(impl_->engine);
+        if (!stream && packed == nullptr) stream.emplace(impl_->engine);  // oneDNN's chunks only
         const bool last = c + 1 == chunks.count;
         const int64_t row_begin = chunks.begin(c);
         const int64_t rows = chunks.end(c, M) - row_begin;
