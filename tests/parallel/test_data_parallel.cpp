@@ -67,6 +67,17 @@ TEST_F(DataParallelTest, ZeroStagesEqualPlainDataParallelBitForBit) {
                          "dp2 zero " + std::to_string(zero));
 }
 
+TEST_F(DataParallelTest, ZeroStagesEqualPlainDataParallelBitForBitInBf16) {
+  // bf16: plain DP rounds the weights' bf16 copies in its AdamW pass, ZeRO-1/2 round them again
+  // after gathering the updated shards, ZeRO-3 keeps no copies and rounds every weight at each
+  // use: the same bf16 operands every way, so the same bits.
+  const DpOutcome dp = run_dp(tiny_dp_config(dir_, 2, 0, 8, 2, {"training.precision=bf16"}));
+  ASSERT_EQ(dp.losses.size(), 4u);
+  for (int zero : {1, 2, 3})
+    expect_bit_identical(run_dp(tiny_dp_config(dir_, 2, zero, 8, 2, {"training.precision=bf16"})),
+                         dp, "bf16 dp2 zero " + std::to_string(zero));
+}
+
 TEST_F(DataParallelTest, ZeroStagesEqualPlainDataParallelOnFourRanks) {
   // Four ranks: the reduction's addition order matters, and is the same for every stage.
   const DpOutcome dp = run_dp(tiny_dp_config(dir_, 4, 0, 8, 1));
