@@ -22,6 +22,7 @@
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 #include "lattice/kernels/cpu/amx_tiles.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
+#include "lattice/kernels/cpu/fast_exp.hpp"
 #include "lattice/kernels/cpu/register_transpose.hpp"
 
 namespace lattice::kernels {
@@ -103,15 +104,7 @@ inline f32x16 exp16(f32x16 x) {
                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
   r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 e_r =
-      _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~underflows), e_r, n);
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~underflows), fast_exp_of_reduced(r), n);
 }
 
 // The largest of a row's first `valid` values.

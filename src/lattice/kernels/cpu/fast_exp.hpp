@@ -48,6 +48,18 @@ inline float fast_exp(float x) {
 }
 
 #if defined(__AVX512F__)
+// e^r on 16 lanes for |r| <= ln2/2: fast_exp's polynomial, operation for operation (also the
+// vocabulary-blocked head's exponential).
+inline __m512 fast_exp_of_reduced(__m512 r) {
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  return _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+}
+
 // fast_exp on 16 lanes, bit for bit: the same operations in the same order (each FMA an FMA, each
 // product and sum rounded alone), with the clamps as max/min whose operand order keeps a NaN lane
 // NaN as the scalar comparisons do. (Zero-masked forms with every lane selected: GCC 12 warns,
@@ -65,14 +77,7 @@ inline __m512 fast_exp(__m512 x) {
   const __m512 n_float = _mm512_sub_ps(shifted, rounding_shift);
   __m512 r = _mm512_fmadd_ps(n_float, _mm512_set1_ps(-0.693359375f), clamped);
   r = _mm512_fmadd_ps(n_float, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 e_r =
-      _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512 e_r = fast_exp_of_reduced(r);
   const __m512 two_to_n = _mm512_castsi512_ps(
       _mm512_maskz_slli_epi32(kAll, _mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflows), _mm512_mul_ps(e_r, two_to_n));
