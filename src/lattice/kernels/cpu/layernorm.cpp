@@ -4,7 +4,9 @@
 // count.
 #include "lattice/kernels/cpu/layernorm.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,13 +78,14 @@ void layernorm_backward(float* d_in, float* d_weight, float* d_bias, const float
   check_shape("layernorm_backward", rows, C);
   if (rows == 0) return;
   const RowChunks chunks = fixed_row_chunks(rows);
-  // Per chunk: C partial sums for d_weight, then C for d_bias.
-  std::vector<float> partials(static_cast<size_t>(chunks.count * 2 * C), 0.0f);
+  // Per chunk: C partial sums for d_weight, then C for d_bias (zeroed by the chunk's thread).
+  const std::unique_ptr<float[]> partials(new float[static_cast<size_t>(chunks.count * 2 * C)]);
   const float inv_C = 1.0f / static_cast<float>(C);
 #pragma omp parallel for schedule(static)
   for (int64_t chunk = 0; chunk < chunks.count; ++chunk) {
-    float* partial_weight = partials.data() + chunk * 2 * C;
+    float* partial_weight = partials.get() + chunk * 2 * C;
     float* partial_bias = partial_weight + C;
+    std::fill(partial_weight, partial_weight + 2 * C, 0.0f);
     for (int64_t r = chunks.begin(chunk); r < chunks.end(chunk, rows); ++r) {
       const float* x = in + r * C;
       const float* dy = d_out + r * C;
@@ -117,8 +120,8 @@ void layernorm_backward(float* d_in, float* d_weight, float* d_bias, const float
       }
     }
   }
-  add_chunk_partials(d_weight, partials.data(), chunks.count, 2 * C, C);
-  add_chunk_partials(d_bias, partials.data() + C, chunks.count, 2 * C, C);
+  add_chunk_partials(d_weight, partials.get(), chunks.count, 2 * C, C);
+  add_chunk_partials(d_bias, partials.get() + C, chunks.count, 2 * C, C);
 }
 
 }  // namespace lattice::kernels

@@ -40,11 +40,12 @@ inline RowChunks fixed_row_chunks(int64_t rows) {
 
 // accumulator[c] += sum over chunks k (in order k = 0, 1, ...) of partials[k * stride + c], summed
 // in double and rounded once; parallel over channel blocks, so the order per channel never changes.
+// Blocks of 64 channels, so that a LayerNorm's 256 or 768 channels still split over the threads.
 inline void add_chunk_partials(float* accumulator, const float* partials, int64_t chunk_count,
                                int64_t stride, int64_t C) {
-  constexpr int64_t kBlock = 256;
+  constexpr int64_t kBlock = 64;
   const int64_t blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) if (chunk_count * C > 65536)
+#pragma omp parallel for schedule(static) if (chunk_count * C > 16384 && blocks > 1)
   for (int64_t block = 0; block < blocks; ++block) {
     const int64_t c0 = block * kBlock;
     const int64_t width = std::min(kBlock, C - c0);
