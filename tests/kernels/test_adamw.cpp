@@ -195,6 +195,50 @@ TEST(AdamW, Bf16CopyIsTheRoundedUpdateAndChangesNothingElse) {
   }
 }
 
+TEST(AdamW, TensorsInOneLoopEqualOneCallEach) {
+  // Sizes below, at and above a chunk, an empty one; decay on some, a bf16 copy on some.
+  const std::vector<int64_t> sizes = {5, 1 << 14, 0, 3 * (1 << 14) + 77, 1000};
+  for (int threads : {1, 2, 3}) {
+    lattice::testing::ScopedOmpThreads scope(threads);
+    std::vector<AdamWState> each, together;
+    std::vector<std::vector<float>> grads;
+    std::vector<std::vector<lattice::bf16>> copies_each, copies_together;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      each.push_back(initial_state(sizes[t]));
+      together.push_back(initial_state(sizes[t]));
+      grads.push_back(random_vector(sizes[t], 600 + t));
+      copies_each.emplace_back(static_cast<size_t>(sizes[t]));
+      copies_together.emplace_back(static_cast<size_t>(sizes[t]));
+    }
+    auto hyper = [&](size_t t) {
+      AdamWHyper h = kHyper;
+      h.weight_decay = t % 2 == 0 ? 0.1 : 0.0;
+      return h;
+    };
+    for (int step = 1; step <= 2; ++step) {
+      std::vector<AdamWTensor> tensors;
+      for (size_t t = 0; t < sizes.size(); ++t) {
+        lattice::bf16* copy = t % 2 == 1 ? copies_each[t].data() : nullptr;
+        adamw_update(each[t].param.data(), grads[t].data(), each[t].m.data(), each[t].v.data(),
+                     sizes[t], hyper(t), step, 0.75f, copy);
+        tensors.push_back({together[t].param.data(), grads[t].data(), together[t].m.data(),
+                           together[t].v.data(), t % 2 == 1 ? copies_together[t].data() : nullptr,
+                           sizes[t], hyper(t)});
+      }
+      adamw_update_tensors(tensors, step, 0.75f);
+    }
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      EXPECT_EQ(each[t].param, together[t].param)
+          << "tensor " << t << ", " << threads << " threads";
+      EXPECT_EQ(each[t].m, together[t].m) << "tensor " << t;
+      EXPECT_EQ(each[t].v, together[t].v) << "tensor " << t;
+      for (size_t i = 0; i < copies_each[t].size(); ++i)
+        ASSERT_EQ(copies_each[t][i].bits, copies_together[t][i].bits) << "tensor " << t;
+    }
+  }
+  EXPECT_THROW(adamw_update_tensors({}, 0), Error);
+}
+
 TEST(AdamW, RejectsStepZero) {
   AdamWState s = initial_state(4);
   std::vector<float> grad(4, 1.0f);

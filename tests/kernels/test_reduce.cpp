@@ -1,5 +1,6 @@
 // Tests of the deterministic sum of squares: value against a naive double sum, bit-identical
-// results for 1, 2 and 3 OpenMP threads, and double accumulation (no fp32 overflow).
+// results for 1, 2 and 3 OpenMP threads, double accumulation (no fp32 overflow), and the many-run
+// form equal to one call per run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,6 +28,25 @@ TEST(Reduce, SumOfSquaresMatchesNaiveDoubleSum) {
     const double tolerance = 2.0 * static_cast<double>(n) * std::ldexp(1.0, -53) * expected;
     EXPECT_NEAR(sum_of_squares(x.data(), n), expected, tolerance) << "n=" << n;
   }
+}
+
+TEST(Reduce, SumOfSquaresOfRunsEqualsOneCallPerRunAddedInOrder) {
+  // Runs below, at and above a chunk, an empty one: the parameters of a model.
+  std::vector<std::vector<float>> data;
+  std::vector<FloatRun> runs;
+  for (int64_t n : {int64_t{7}, int64_t{16384}, int64_t{0}, int64_t{3 * 16384 + 5}, int64_t{300}}) {
+    data.push_back(lattice::testing::random_vector(n, 60 + static_cast<uint64_t>(n)));
+  }
+  double expected = 0.0;
+  for (const auto& x : data) {
+    runs.push_back({x.data(), static_cast<int64_t>(x.size())});
+    expected += sum_of_squares(x.data(), static_cast<int64_t>(x.size()));
+  }
+  for (int threads : {1, 2, 3}) {
+    lattice::testing::ScopedOmpThreads scope(threads);
+    EXPECT_EQ(sum_of_squares_of_runs(runs), expected) << threads << " threads";  // bit for bit
+  }
+  EXPECT_EQ(sum_of_squares_of_runs({}), 0.0);
 }
 
 TEST(Reduce, SumOfSquaresIsIndependentOfThreadCount) {

@@ -2,6 +2,7 @@
 #include "lattice/optim/adamw_optimizer.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "lattice/kernels/cpu/reduce.hpp"
 
@@ -15,10 +16,11 @@ AdamWOptimizer::AdamWOptimizer(model::ParameterStore& params, AdamWSettings sett
 }
 
 double AdamWOptimizer::gradient_norm() const {
-  double sum = 0;
-  for (const auto& p : params_.parameters())
-    sum += kernels::sum_of_squares(params_.grads() + p.offset, p.numel);
-  return std::sqrt(sum);
+  // Each parameter's sum of squares, added in parameter order (one parallel loop for all).
+  std::vector<kernels::FloatRun> runs;
+  runs.reserve(params_.parameters().size());
+  for (const auto& p : params_.parameters()) runs.push_back({params_.grads() + p.offset, p.numel});
+  return std::sqrt(kernels::sum_of_squares_of_runs(runs));
 }
 
 double AdamWOptimizer::step(float lr) {
@@ -33,13 +35,21 @@ double AdamWOptimizer::step(float lr) {
   float* values = params_.mutable_values();
   // The store's bf16 copies, when kept, are rounded in the same pass (see adamw_update).
   lattice::bf16* copies = params_.bf16_copies_for_writing();
+  std::vector<kernels::AdamWTensor> tensors;
+  tensors.reserve(params_.parameters().size());
   for (const auto& p : params_.parameters()) {
-    kernels::AdamWHyper hyper{lr, settings_.beta1, settings_.beta2, settings_.eps,
-                              p.weight_decay ? settings_.weight_decay : 0.0f};
-    kernels::adamw_update(values + p.offset, params_.grads() + p.offset, m_.f32() + p.offset,
-                          v_.f32() + p.offset, p.numel, hyper, step_, clip,
-                          copies != nullptr ? copies + p.offset : nullptr);
+    kernels::AdamWTensor t;
+    t.param = values + p.offset;
+    t.grad = params_.grads() + p.offset;
+    t.m = m_.f32() + p.offset;
+    t.v = v_.f32() + p.offset;
+    t.param16 = copies != nullptr ? copies + p.offset : nullptr;
+    t.n = p.numel;
+    t.hyper = {lr, settings_.beta1, settings_.beta2, settings_.eps,
+               p.weight_decay ? settings_.weight_decay : 0.0f};
+    tensors.push_back(t);
   }
+  kernels::adamw_update_tensors(tensors, step_, clip);
   if (copies != nullptr) params_.bf16_copies_written();
   return norm;
 }

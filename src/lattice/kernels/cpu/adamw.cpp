@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
@@ -116,28 +117,60 @@ __attribute__((optimize("fp-contract=off"))) void adamw_range(float* p, const fl
 }
 #endif
 
+// Elements [begin, end) of one tensor (at most one chunk), rounded into param16 when given.
+void adamw_chunk(float* param, const float* grad, float* m, float* v, lattice::bf16* param16,
+                 int64_t begin, int64_t end, const AdamWScalars& scalars) {
+  if (param16 == nullptr) {
+    adamw_range(param + begin, grad + begin, m + begin, v + begin, end - begin, scalars);
+    return;
+  }
+  for (int64_t b = begin; b < end; b += kRoundBlock) {
+    const int64_t count = std::min(kRoundBlock, end - b);
+    adamw_range(param + b, grad + b, m + b, v + b, count, scalars);
+    convert_to_bf16_on_this_thread(param16 + b, param + b, count);
+  }
+}
+
+void check_step(int64_t step) {
+  if (step < 1)  // the message is built only on failure: this runs per parameter every step
+    throw Error("adamw_update: step must be 1-based (got " + std::to_string(step) +
+                "); pass the number of updates including this one");
+}
+
 }  // namespace
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWHyper& hyper, int64_t step, float grad_scale, lattice::bf16* param16) {
-  if (step < 1)  // the message is built only on failure: this runs per parameter every step
-    throw Error("adamw_update: step must be 1-based (got " + std::to_string(step) +
-                "); pass the number of updates including this one");
+  check_step(step);
   if (n <= 0) return;
   const AdamWScalars scalars = make_scalars(hyper, step, grad_scale);
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk, end = std::min(n, begin + kChunk);
-    if (param16 == nullptr) {
-      adamw_range(param + begin, grad + begin, m + begin, v + begin, end - begin, scalars);
-      continue;
-    }
-    for (int64_t b = begin; b < end; b += kRoundBlock) {
-      const int64_t count = std::min(kRoundBlock, end - b);
-      adamw_range(param + b, grad + b, m + b, v + b, count, scalars);
-      convert_to_bf16_on_this_thread(param16 + b, param + b, count);
-    }
+    const int64_t begin = c * kChunk;
+    adamw_chunk(param, grad, m, v, param16, begin, std::min(n, begin + kChunk), scalars);
+  }
+}
+
+void adamw_update_tensors(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) {
+  check_step(step);
+  // Work items: each tensor's chunks, as adamw_update cuts them.
+  std::vector<int64_t> first_item(tensors.size() + 1, 0);
+  std::vector<AdamWScalars> scalars;
+  scalars.reserve(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    first_item[t + 1] = first_item[t] + std::max<int64_t>(0, (tensors[t].n + kChunk - 1) / kChunk);
+    scalars.push_back(make_scalars(tensors[t].hyper, step, grad_scale));
+  }
+  const int64_t items = first_item.back();
+#pragma omp parallel for schedule(static) if (items > 1)
+  for (int64_t item = 0; item < items; ++item) {
+    const auto t = static_cast<size_t>(
+        std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1);
+    const AdamWTensor& x = tensors[t];
+    const int64_t begin = (item - first_item[t]) * kChunk;
+    adamw_chunk(x.param, x.grad, x.m, x.v, x.param16, begin, std::min(x.n, begin + kChunk),
+                scalars[t]);
   }
 }
 

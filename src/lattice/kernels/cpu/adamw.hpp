@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "lattice/core/dtype.hpp"
 
@@ -24,5 +25,21 @@ struct AdamWHyper {
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWHyper& hyper, int64_t step, float grad_scale = 1.0f,
                   lattice::bf16* param16 = nullptr);
+
+// One tensor of a multi-tensor update: adamw_update's arguments.
+struct AdamWTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  lattice::bf16* param16 = nullptr;
+  int64_t n = 0;
+  AdamWHyper hyper;
+};
+// adamw_update on every tensor (bit for bit the same), their chunks in one parallel loop, as
+// PyTorch's foreach / multi-tensor optimizers: a model's many small parameters cost one OpenMP
+// region, not one each.
+void adamw_update_tensors(std::span<const AdamWTensor> tensors, int64_t step,
+                          float grad_scale = 1.0f);
 
 }  // namespace lattice::kernels

@@ -3,9 +3,20 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace lattice::kernels {
 
 double sum_of_squares(const float* x, int64_t n);
+
+// A run of floats.
+struct FloatRun {
+  const float* data = nullptr;
+  int64_t n = 0;
+};
+// The sum over `runs`, in order, of sum_of_squares(run): bit for bit the same, with every run's
+// chunks in one parallel loop (a model's many small parameters cost one OpenMP region, not one
+// each).
+double sum_of_squares_of_runs(std::span<const FloatRun> runs);
 
 }  // namespace lattice::kernels
