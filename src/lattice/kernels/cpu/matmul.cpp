@@ -255,13 +255,13 @@ class ChunkFailure {
   bool failed_ = false;
 };
 
-// Rows of an AMX chunk GEMM pass: a multiple of 32 whose fp32 output [rows, N] fits in 2 MiB (L2);
-// all of them (the largest int64_t) when not even 32 rows fit: each pass reads the whole packed
-// weight, which for so wide an output is far larger than the output a pass saves from memory.
 // Rows per chunk when forward() and backward() run a whole product on the AMX kernel: enough to
 // amortise a chunk's start, and several chunks per thread at the models' token counts.
 constexpr int64_t kDenseChunkRows = 256;
 
+// Rows of an AMX chunk GEMM pass: a multiple of 32 whose fp32 output [rows, N] fits in 2 MiB (L2);
+// all of them (the largest int64_t) when not even 32 rows fit: each pass reads the whole packed
+// weight, which for so wide an output is far larger than the output a pass saves from memory.
 int64_t amx_rows_per_pass(int64_t N) {
   constexpr int64_t kOutputBytes = int64_t{2} << 20;
   const int64_t rows = kOutputBytes / (N * 4) / 32 * 32;

@@ -28,7 +28,7 @@ struct Bf16Operands {
 // bf16 rounding (lattice::to_bf16 of every element: the parameter store's copy), which the engine
 // then reads instead of rounding the fp32 values again. Results are bit-identical either way.
 struct WeightOperand {
-  WeightOperand(const float* f32) : f32(f32) {}  // NOLINT(google-explicit-constructor): as before
+  WeightOperand(const float* f32) : f32(f32) {}  // NOLINT(google-explicit-constructor): fp32 only
   WeightOperand(const float* f32, const lattice::bf16* rounded) : f32(f32), rounded(rounded) {}
   const float* f32 = nullptr;
   const lattice::bf16* rounded = nullptr;
