@@ -38,6 +38,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/amx_tiles.hpp"
+#include "lattice/kernels/cpu/bf16_vector.hpp"
 #include "lattice/kernels/cpu/register_transpose.hpp"
 
 namespace lattice::kernels {
@@ -304,19 +305,13 @@ void amx_gemm(int64_t M, int64_t N, int64_t K, const uint16_t* a, int64_t lda, c
   }
 }
 
-// Finite lanes rounded to the nearest bf16 (ties to even): vcvtneps2bf16 unless a lane is denormal
-// (the instruction treats those as zero), then the integer rounding.
-inline u16x16 to_bf16_bits(f32x16 x) {
-#if defined(__AVX512BF16__)
-  const __m512i u = std::bit_cast<__m512i>(x);
-  const __mmask16 denormal = _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)) &
-                             _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x7fffffff));
-  if (denormal == 0) return std::bit_cast<u16x16>(_mm512_cvtneps_pbh(x));
-#endif
-  return __builtin_convertvector(std::bit_cast<u32x16>(vround_bf16(x)) >> 16, u16x16);
+// 16 lanes rounded to the nearest bf16 (ties to even) as bf16 bits: bf16_vector.hpp's rounding
+// (vcvtneps2bf16 unless a lane is denormal, then lattice::to_bf16's integer arithmetic).
+inline u16x16 bf16_bits(f32x16 x) {
+  return std::bit_cast<u16x16>(to_bf16_bits(std::bit_cast<__m512>(x)));
 }
 inline void store_bf16(uint16_t* p, f32x16 x) {
-  const u16x16 bits = to_bf16_bits(x);
+  const u16x16 bits = bf16_bits(x);
   std::memcpy(p, &bits, sizeof bits);
 }
 
@@ -328,13 +323,13 @@ inline f32x16 scaled(f32x16 x, float scale) {
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-// to_bf16_bits for lanes that are normal numbers or zero (probabilities): the conversion
-// instruction without the denormal test.
+// bf16_bits for lanes that are normal numbers or zero (probabilities): the conversion instruction
+// without the denormal test.
 inline u16x16 normal_to_bf16_bits(f32x16 x) {
 #if defined(__AVX512BF16__)
   return std::bit_cast<u16x16>(_mm512_cvtneps_pbh(x));
 #else
-  return to_bf16_bits(x);
+  return bf16_bits(x);
 #endif
 }
 inline void store_bf16_normal(uint16_t* p, f32x16 x) {
@@ -366,7 +361,7 @@ inline u16x32 interleave_halves(u16x16 first, u16x16 second) {
 
 // 16 source elements as bf16 bits: fp32 rounded to nearest even, bf16 as they are.
 inline u16x16 bf16_bits16(const float* p) {
-  return to_bf16_bits(load(p));
+  return bf16_bits(load(p));
 }
 inline u16x16 bf16_bits16(const lattice::bf16* p) {
   u16x16 bits;
@@ -634,7 +629,7 @@ inline void store_gradient_row(float* row, f32x16 values, __mmask16 lanes, LaneS
   _mm512_mask_storeu_ps(row, lanes, std::bit_cast<__m512>(values));
 }
 inline void store_gradient_row(lattice::bf16* row, f32x16 values, __mmask16 lanes, LaneSums* sums) {
-  const u16x16 bits = to_bf16_bits(values);
+  const u16x16 bits = bf16_bits(values);
   _mm256_mask_storeu_epi16(row, lanes, std::bit_cast<__m256i>(bits));
   if (sums != nullptr) sums->add(values);
 }
@@ -865,8 +860,8 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
                 }
               }
               for (int64_t c = 0; c < cols_p; c += kLanes) {
-                const u16x16 ds0 = to_bf16_bits(ds[0][c / kLanes]);
-                const u16x16 ds1 = to_bf16_bits(ds[1][c / kLanes]);
+                const u16x16 ds0 = bf16_bits(ds[0][c / kLanes]);
+                const u16x16 ds1 = bf16_bits(ds[1][c / kLanes]);
                 std::memcpy(ds_b + r * kBlockK + c, &ds0, sizeof ds0);
                 std::memcpy(ds_b + (r + 1) * kBlockK + c, &ds1, sizeof ds1);
                 const u16x32 p_pair = interleave_pairs(normal_to_bf16_bits(p[0][c / kLanes]),
