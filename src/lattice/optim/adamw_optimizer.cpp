@@ -8,6 +8,28 @@
 
 namespace lattice::optim {
 
+void adamw_update_store(model::ParameterStore& params, float* m, float* v, float lr,
+                        const AdamWSettings& settings, int64_t step, float clip) {
+  float* values = params.mutable_values();
+  lattice::bf16* copies = params.bf16_copies_for_writing();
+  std::vector<kernels::AdamWTensor> tensors;
+  tensors.reserve(params.parameters().size());
+  for (const auto& p : params.parameters()) {
+    kernels::AdamWTensor t;
+    t.param = values + p.offset;
+    t.grad = params.grads() + p.offset;
+    t.m = m + p.offset;
+    t.v = v + p.offset;
+    t.param16 = copies != nullptr ? copies + p.offset : nullptr;
+    t.n = p.numel;
+    t.hyper = {lr, settings.beta1, settings.beta2, settings.eps,
+               p.weight_decay ? settings.weight_decay : 0.0f};
+    tensors.push_back(t);
+  }
+  kernels::adamw_update_tensors(tensors, step, clip);
+  if (copies != nullptr) params.bf16_copies_written();
+}
+
 AdamWOptimizer::AdamWOptimizer(model::ParameterStore& params, AdamWSettings settings,
                                MemoryTracker* tracker)
     : params_(params), settings_(settings) {
@@ -32,25 +54,7 @@ double AdamWOptimizer::step(float lr) {
     clip = coefficient < 1.0f ? coefficient : 1.0f;
   }
   ++step_;
-  float* values = params_.mutable_values();
-  // The store's bf16 copies, when kept, are rounded in the same pass (see adamw_update).
-  lattice::bf16* copies = params_.bf16_copies_for_writing();
-  std::vector<kernels::AdamWTensor> tensors;
-  tensors.reserve(params_.parameters().size());
-  for (const auto& p : params_.parameters()) {
-    kernels::AdamWTensor t;
-    t.param = values + p.offset;
-    t.grad = params_.grads() + p.offset;
-    t.m = m_.f32() + p.offset;
-    t.v = v_.f32() + p.offset;
-    t.param16 = copies != nullptr ? copies + p.offset : nullptr;
-    t.n = p.numel;
-    t.hyper = {lr, settings_.beta1, settings_.beta2, settings_.eps,
-               p.weight_decay ? settings_.weight_decay : 0.0f};
-    tensors.push_back(t);
-  }
-  kernels::adamw_update_tensors(tensors, step_, clip);
-  if (copies != nullptr) params_.bf16_copies_written();
+  adamw_update_store(params_, m_.f32(), v_.f32(), lr, settings_, step_, clip);
   return norm;
 }
 

@@ -16,6 +16,13 @@ struct AdamWSettings {
   float max_grad_norm = 1.0f;  // <= 0 disables clipping
 };
 
+// AdamW on every parameter of `params`, its moments m and v laid out as its values: lr, the
+// settings' betas and eps, weight decay on the parameters that ask for it, gradients scaled by
+// `clip`; the store's bf16 copies, when it keeps them, rounded in the same pass. The update of
+// AdamWOptimizer::step and of plain data parallelism.
+void adamw_update_store(model::ParameterStore& params, float* m, float* v, float lr,
+                        const AdamWSettings& settings, int64_t step, float clip);
+
 class AdamWOptimizer {
  public:
   AdamWOptimizer(model::ParameterStore& params, AdamWSettings settings, MemoryTracker* tracker);

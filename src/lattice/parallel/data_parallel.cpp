@@ -266,14 +266,7 @@ void DataParallel::update(float lr, double norm) {
         if (settings_.zero_stage < 3 || layout_.buckets()[b].outer)
           start_gather(static_cast<int>(b));
   } else if (settings_.zero_stage == 0) {
-    float* values = store.mutable_values();
-    // The store's bf16 copies, when kept, are rounded in the same pass (see adamw_update).
-    lattice::bf16* copies = store.bf16_copies_for_writing();
-    for (const auto& p : store.parameters())
-      kernels::adamw_update(values + p.offset, store.grads() + p.offset, m_.f32() + p.offset,
-                            v_.f32() + p.offset, p.numel, hyper_for(p), step_, clip,
-                            copies != nullptr ? copies + p.offset : nullptr);
-    if (copies != nullptr) store.bf16_copies_written();
+    optim::adamw_update_store(store, m_.f32(), v_.f32(), lr, adamw_, step_, clip);
   } else {
     // This rank's shard of each bucket, parameter by parameter (the kernel is elementwise).
     for (const Bucket& bucket : layout_.buckets()) {

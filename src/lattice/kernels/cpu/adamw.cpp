@@ -22,6 +22,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
+#include "lattice/kernels/cpu/row_chunks.hpp"
 
 namespace lattice::kernels {
 namespace {
@@ -155,22 +156,15 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
 void adamw_update_tensors(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) {
   check_step(step);
   // Work items: each tensor's chunks, as adamw_update cuts them.
-  std::vector<int64_t> first_item(tensors.size() + 1, 0);
+  const RunChunks chunks(tensors, kChunk);
   std::vector<AdamWScalars> scalars;
   scalars.reserve(tensors.size());
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    first_item[t + 1] = first_item[t] + std::max<int64_t>(0, (tensors[t].n + kChunk - 1) / kChunk);
-    scalars.push_back(make_scalars(tensors[t].hyper, step, grad_scale));
-  }
-  const int64_t items = first_item.back();
-#pragma omp parallel for schedule(static) if (items > 1)
-  for (int64_t item = 0; item < items; ++item) {
-    const auto t = static_cast<size_t>(
-        std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1);
-    const AdamWTensor& x = tensors[t];
-    const int64_t begin = (item - first_item[t]) * kChunk;
-    adamw_chunk(x.param, x.grad, x.m, x.v, x.param16, begin, std::min(x.n, begin + kChunk),
-                scalars[t]);
+  for (const AdamWTensor& t : tensors) scalars.push_back(make_scalars(t.hyper, step, grad_scale));
+#pragma omp parallel for schedule(static) if (chunks.count() > 1)
+  for (int64_t item = 0; item < chunks.count(); ++item) {
+    const RunChunks::Item c = chunks.at(item);
+    const AdamWTensor& t = tensors[c.run];
+    adamw_chunk(t.param, t.grad, t.m, t.v, t.param16, c.begin, c.end, scalars[c.run]);
   }
 }
 

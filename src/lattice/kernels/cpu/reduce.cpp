@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "lattice/kernels/cpu/row_chunks.hpp"
+
 namespace lattice::kernels {
 namespace {
 
@@ -63,24 +65,19 @@ double sum_of_squares(const float* x, int64_t n) {
 
 double sum_of_squares_of_runs(std::span<const FloatRun> runs) {
   // Work items: each run's chunks, as sum_of_squares cuts them.
-  std::vector<int64_t> first_item(runs.size() + 1, 0);
-  for (size_t r = 0; r < runs.size(); ++r)
-    first_item[r + 1] = first_item[r] + std::max<int64_t>(0, (runs[r].n + kChunk - 1) / kChunk);
-  std::vector<double> partial(static_cast<size_t>(first_item.back()));
-  const int64_t items = first_item.back();
-#pragma omp parallel for schedule(static) if (items > 1)
-  for (int64_t item = 0; item < items; ++item) {
-    const auto r = static_cast<size_t>(
-        std::upper_bound(first_item.begin(), first_item.end(), item) - first_item.begin() - 1);
-    const int64_t begin = (item - first_item[r]) * kChunk;
+  const RunChunks chunks(runs, kChunk);
+  std::vector<double> partial(static_cast<size_t>(chunks.count()));
+#pragma omp parallel for schedule(static) if (chunks.count() > 1)
+  for (int64_t item = 0; item < chunks.count(); ++item) {
+    const RunChunks::Item c = chunks.at(item);
     partial[static_cast<size_t>(item)] =
-        chunk_sum_of_squares(runs[r].data + begin, std::min(kChunk, runs[r].n - begin));
+        chunk_sum_of_squares(runs[c.run].data + c.begin, c.end - c.begin);
   }
   // Per run in chunk order (as sum_of_squares), then the runs in order.
   double total = 0.0;
   for (size_t r = 0; r < runs.size(); ++r) {
     double run_total = 0.0;
-    for (int64_t item = first_item[r]; item < first_item[r + 1]; ++item)
+    for (int64_t item = chunks.first(r); item < chunks.first(r + 1); ++item)
       run_total += partial[static_cast<size_t>(item)];
     total += run_total;
   }

@@ -2,10 +2,13 @@
 // reductions, each chunk sums its rows into its own partial, and partials are reduced in chunk
 // order afterwards; the partition depends only on the row count, so results are bit-identical for
 // any OpenMP thread count. row_chunks_of: chunks of a given size (the row-chunk GEMMs).
+// RunChunks: several runs of elements (a model's parameters) cut into chunks and numbered run after
+// run, the work items of one parallel loop over all of them.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace lattice::kernels {
 
@@ -27,6 +30,36 @@ inline RowChunks row_chunks_of(int64_t rows, int64_t rows_per_chunk) {
   chunks.count = (rows + chunks.rows_per_chunk - 1) / chunks.rows_per_chunk;
   return chunks;
 }
+
+// Each of `runs` (anything with an element count `n`) cut into chunks of `chunk` elements from its
+// start, the chunks numbered run after run (an empty run has none).
+class RunChunks {
+ public:
+  struct Item {
+    size_t run;
+    int64_t begin, end;  // elements of the run
+  };
+  template <class Runs>
+  RunChunks(const Runs& runs, int64_t chunk) : chunk_(chunk), first_(runs.size() + 1, 0) {
+    for (size_t r = 0; r < runs.size(); ++r) {
+      sizes_.push_back(std::max<int64_t>(0, runs[r].n));
+      first_[r + 1] = first_[r] + (sizes_.back() + chunk - 1) / chunk;
+    }
+  }
+  int64_t count() const { return first_.back(); }
+  // Items [first(run), first(run + 1)) are the run's chunks, in order.
+  int64_t first(size_t run) const { return first_[run]; }
+  Item at(int64_t item) const {
+    const auto run = static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), item) -
+                                         first_.begin() - 1);
+    const int64_t begin = (item - first_[run]) * chunk_;
+    return {run, begin, std::min(sizes_[run], begin + chunk_)};
+  }
+
+ private:
+  int64_t chunk_;
+  std::vector<int64_t> first_, sizes_;
+};
 
 // At most 128 chunks (bounded scratch) of at least 8 rows (partials cost little next to the rows).
 inline RowChunks fixed_row_chunks(int64_t rows) {
