@@ -142,8 +142,8 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
                         "): use the same [model] settings or a new job.run_dir");
   auto& params = model.parameters();
   SafetensorsFile weights((dir / "model.safetensors").string());
-  for (const auto& p : params.parameters())
-    weights.read_f32(p.name, params.mutable_values() + p.offset, p.numel);
+  float* values = params.mutable_values();
+  for (const auto& p : params.parameters()) weights.read_f32(p.name, values + p.offset, p.numel);
   TrainerState state;
   nlohmann::json j;
   const std::string state_path = (dir / "state.json").string();
