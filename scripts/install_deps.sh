@@ -3,7 +3,8 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
-  libdnnl-dev libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+  libdnnl-dev ocl-icd-opencl-dev  # dnnl-config.cmake asks for OpenCL (its GPU runtime); only a recommend
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
