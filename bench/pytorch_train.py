@@ -9,15 +9,65 @@ python3 (python3-torch): /usr/bin/python3 bench/pytorch_train.py --family gpt2 -
 """
 
 import argparse
+import ctypes
 import json
 import os
 import sys
 import tempfile
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+# OpenBLAS's cores with AVX-512 kernels (its DYNAMIC_ARCH names, lower case).
+AVX512_CORES = {"skylakex", "cooperlake", "sapphirerapids"}
+
+
+def openblas_core():
+    """The core OpenBLAS (PyTorch's fp32 BLAS on Debian) chose for this CPU, or None when the
+    BLAS loaded as libopenblas.so.0 is not OpenBLAS."""
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        return lib.openblas_get_corename().decode()
+    except (OSError, AttributeError):
+        return None
+
+
+def cpu_has_avx512():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return all(flag in flags for flag in ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"))
+
+
+def openblas_tuned_for_this_cpu():
+    """PyTorch's best fp32 setup: Debian 12's OpenBLAS 0.3.21 does not know some AVX-512 CPUs
+    (Emerald Rapids, family 6 model 207) and falls back to its generic "Prescott" core, SSE3
+    kernels at a quarter of the GEMM rate. Then this script runs itself again with
+    OPENBLAS_CORETYPE=SkylakeX (OpenBLAS reads it when it loads, before torch is imported), as a
+    user tuning PyTorch would. An OPENBLAS_CORETYPE already in the environment is kept. Returns
+    the line that names the BLAS PyTorch runs on."""
+    chosen = os.environ.get("OPENBLAS_CORETYPE")
+    detected = os.environ.get("LATTICE_BENCH_OPENBLAS_DETECTED")
+    core = openblas_core()
+    if core is None:
+        return "not OpenBLAS (libopenblas.so.0 not loadable)"
+    if chosen is None and core.lower() not in AVX512_CORES and cpu_has_avx512():
+        env = dict(os.environ, OPENBLAS_CORETYPE="SkylakeX", LATTICE_BENCH_OPENBLAS_DETECTED=core)
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    if detected is not None:
+        return (f"OpenBLAS {core} (OPENBLAS_CORETYPE=SkylakeX set by the benchmark: OpenBLAS "
+                f"detected {detected} on this AVX-512 CPU)")
+    if chosen is not None:
+        return f"OpenBLAS {core} (OPENBLAS_CORETYPE={chosen} from the environment)"
+    return f"OpenBLAS {core} (detected)"
+
+
+BLAS = openblas_tuned_for_this_cpu() if __name__ == "__main__" else None
+
+import torch  # noqa: E402 (after OpenBLAS's core is settled)
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
 import lattice_torch  # noqa: E402
@@ -50,6 +100,7 @@ def main():
             mp.spawn(train, args=(args, (os.path.join(directory, "rendezvous"), results)),
                      nprocs=args.ranks, join=True)
             result = results.get()
+    result["blas"] = BLAS
     print(json.dumps(result))
 
 

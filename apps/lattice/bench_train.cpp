@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,7 @@ void register_bench_train(CLI::App& bench) {
     std::printf("\n");
     std::printf("%-44s %-5s %-6s %12s %9s %7s %12s %9s\n", "model", "prec", "layout",
                 "lattice tok/s", "TFLOP/s", "MFU", "pytorch tok/s", "ratio");
+    std::set<std::string> pytorch_blas;  // what PyTorch's runs report (one line, in practice)
     for (const auto& c : cases(o->shape)) {
       const double flops_per_token = c.model.flops_per_token(c.seq_len);
       // Best tokens/s of each side over its modes (precision and layout), with the mode's name.
@@ -132,6 +134,7 @@ void register_bench_train(CLI::App& bench) {
                 train::benchmark_pytorch_training(c, precision, o->steps, o->warmup, threads,
                                                   o->python, script, why, ranks, allocator);
             if (theirs) their_rates.push_back(theirs->tokens_per_second);
+            if (theirs && !theirs->blas.empty()) pytorch_blas.insert(theirs->blas);
           }
           const double mine = median(mine_rates);
           const std::string mode = name + " " + layout;
@@ -164,6 +167,7 @@ void register_bench_train(CLI::App& bench) {
                     best_torch.second.c_str(), best_mine.first / best_torch.first);
       }
     }
+    for (const auto& blas : pytorch_blas) std::printf("PyTorch BLAS: %s\n", blas.c_str());
     std::printf(
         "\nFLOPs per token = 6N + 12·L·T·d (N without position embeddings); MFU against the "
         "measured GEMM peak above (all threads).\n"

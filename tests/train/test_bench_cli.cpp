@@ -130,6 +130,20 @@ TEST(BenchTrainCli, PytorchRunsEveryLayoutAndTheBestModesAreCompared) {
                                      : "PyTorch allocator: glibc malloc with GLIBC_TUNABLES"),
             std::string::npos)
       << r.out;
+  // PyTorch's fp32 BLAS is named, and on a CPU with AVX-512 it runs OpenBLAS's AVX-512 kernels
+  // even where Debian's OpenBLAS 0.3.21 falls back to its generic core (bench/pytorch_train.py).
+  const auto blas_at = r.out.find("PyTorch BLAS: ");
+  ASSERT_NE(blas_at, std::string::npos) << r.out;
+  const std::string blas_line = r.out.substr(blas_at, r.out.find('\n', blas_at) - blas_at);
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512cd") && std::getenv("OPENBLAS_CORETYPE") == nullptr &&
+      blas_line.find("PyTorch BLAS: OpenBLAS ") == 0) {
+    const std::string core = blas_line.substr(23, blas_line.find(' ', 23) - 23);
+    EXPECT_TRUE(core == "SkylakeX" || core == "Cooperlake" || core == "CooperLake" ||
+                core == "SapphireRapids")
+        << blas_line;
+  }
   const auto at = r.out.find("-> best Lattice (");
   ASSERT_NE(at, std::string::npos) << r.out;
   const std::string best_line = r.out.substr(at, r.out.find('\n', at) - at);

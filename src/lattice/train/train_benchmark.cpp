@@ -182,6 +182,7 @@ std::optional<ThroughputResult> benchmark_pytorch_training(
   ThroughputResult r;
   r.tokens_per_second = j.at("tokens_per_second").get<double>();
   r.seconds_per_step = static_cast<double>(c.batch * c.seq_len) / r.tokens_per_second;
+  if (j.contains("blas") && j.at("blas").is_string()) r.blas = j.at("blas").get<std::string>();
   return r;
 }
 

@@ -22,6 +22,7 @@ struct BenchmarkCase {
 struct ThroughputResult {
   double tokens_per_second = 0;
   double seconds_per_step = 0;
+  std::string blas;  // PyTorch only: the BLAS its fp32 GEMMs ran on, as its script names it
 };
 
 // Lattice: `warmup` untimed steps, then `steps` timed ones. With ranks > 1, data parallelism over
