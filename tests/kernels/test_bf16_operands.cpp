@@ -7,10 +7,14 @@
 // order.
 #include <gtest/gtest.h>
 
+#include <oneapi/dnnl/dnnl.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -119,6 +123,69 @@ std::vector<float> gathered_chunks(MatmulEngine& engine, const std::vector<latti
   return out;
 }
 
+// The engines of both ways to run bf16 products off Lattice's AMX kernels (matmul.hpp).
+constexpr Bf16FallbackGemm kFallbacks[] = {Bf16FallbackGemm::onednn_bf16,
+                                           Bf16FallbackGemm::widened_fp32};
+
+// Whether `got` equals `expected`, both C[M, N] = A[M, K] · op(B) (+ bias) from the same bf16
+// operands: bit for bit where `bit_identical`, else each element within the rounding of two K-term
+// fp32 sums of the same exact products (in different orders, and the bias added once):
+// |got - expected| <= 2 (K + 1) · 2^-24 · (sum_k |a_ik b_kj| + |bias_j|) (Higham's bound for
+// recursive summation). B is [N, K] when b_nk, else [K, N]; `a` and `b` hold the bf16 values.
+void expect_same_product(const std::vector<float>& got, const std::vector<float>& expected,
+                         bool bit_identical, const std::vector<float>& a,
+                         const std::vector<float>& b, bool b_nk, int64_t M, int64_t K, int64_t N,
+                         const float* bias = nullptr) {
+  ASSERT_EQ(got.size(), expected.size());
+  if (bit_identical) {
+    EXPECT_EQ(0, std::memcmp(got.data(), expected.data(), sizeof(float) * got.size()));
+    return;
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double magnitude = bias != nullptr ? std::fabs(static_cast<double>(bias[n])) : 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        magnitude +=
+            std::fabs(static_cast<double>(a[m * K + k]) * (b_nk ? b[n * K + k] : b[k * N + n]));
+      const size_t i = static_cast<size_t>(m * N + n);
+      ASSERT_LE(std::fabs(static_cast<double>(got[i]) - expected[i]),
+                2.0 * static_cast<double>(K + 1) * std::ldexp(1.0, -24) * magnitude + 1e-30)
+          << "element [" << m << ", " << n << "]";
+    }
+  }
+}
+
+std::vector<float> widened(const std::vector<lattice::bf16>& values) {
+  std::vector<float> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = lattice::to_float(values[i]);
+  return out;
+}
+
+std::vector<float> bf16_rounded(const std::vector<float>& values) {
+  std::vector<float> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    out[i] = lattice::to_float(lattice::to_bf16(values[i]));
+  return out;
+}
+
+TEST(MatmulBf16RowChunks, AutomaticWidensExactlyWhereOneDnnHasNoAmx) {
+  // The environment variable chooses when set; else the CPU (oneDNN's effective ISA).
+  MatmulEngine engine;
+  const char* chosen = std::getenv("LATTICE_MATMUL_BF16_FALLBACK");
+  const auto isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_amx);
+  const Bf16FallbackGemm expected =
+      chosen != nullptr && *chosen != '\0'
+          ? (std::string(chosen) == "fp32" ? Bf16FallbackGemm::widened_fp32
+                                           : Bf16FallbackGemm::onednn_bf16)
+          : ((isa & amx) == amx ? Bf16FallbackGemm::onednn_bf16 : Bf16FallbackGemm::widened_fp32);
+  EXPECT_EQ(engine.bf16_fallback(), expected);
+  EXPECT_EQ(MatmulEngine(Bf16FallbackGemm::widened_fp32).bf16_fallback(),
+            Bf16FallbackGemm::widened_fp32);
+  EXPECT_EQ(MatmulEngine(Bf16FallbackGemm::onednn_bf16).bf16_fallback(),
+            Bf16FallbackGemm::onednn_bf16);
+}
+
 TEST(MatmulBf16RowChunks, ChunksEqualTheWholeForwardAndInputGradientAndEveryRowComesOnce) {
   struct Shape {
     int64_t M, K, N, chunk;
@@ -135,24 +202,31 @@ TEST(MatmulBf16RowChunks, ChunksEqualTheWholeForwardAndInputGradientAndEveryRowC
     // As a Linear's input gradient: d_in[M,N'] = d_out[M,K'] · W[K',N'] with the weight read as
     // [K'=N out, N'=K in] -- here `in` plays d_out, so use a weight of [K out, N in].
     const auto weight_kn = random_vector(s.K * s.N, 23, 0.5f);
-    for (int threads : {1, 2}) {
-      lattice::testing::ScopedOmpThreads scope(threads);
-      MatmulEngine engine;
-      std::vector<float> whole(static_cast<size_t>(s.M * s.N));
-      engine.forward(whole.data(), in.data(), weight.data(), nullptr, s.M, s.K, s.N,
-                     Precision::bf16);
-      const auto chunked = gathered_chunks(engine, in16, weight, true, s.M, s.K, s.N, s.chunk);
-      // Same operands, same K order: the chunked product is bit-identical to the whole one.
-      EXPECT_EQ(0, std::memcmp(chunked.data(), whole.data(), sizeof(float) * whole.size()))
-          << threads << " threads, forward";
-      // backward's d_in = d_out[M, K] · weight[K, N] for a Linear with K outputs and N inputs.
-      std::vector<float> d_in(static_cast<size_t>(s.M * s.N));
-      engine.backward(d_in.data(), nullptr, nullptr, in.data(), nullptr, weight_kn.data(), s.M, s.N,
-                      s.K, Precision::bf16);
-      const auto chunked_d_in =
-          gathered_chunks(engine, in16, weight_kn, false, s.M, s.K, s.N, s.chunk);
-      EXPECT_EQ(0, std::memcmp(chunked_d_in.data(), d_in.data(), sizeof(float) * d_in.size()))
-          << threads << " threads, input gradient";
+    for (const Bf16FallbackGemm fallback : kFallbacks) {
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE(::testing::Message()
+                     << threads << " threads, widened " << (fallback == kFallbacks[1]));
+        lattice::testing::ScopedOmpThreads scope(threads);
+        MatmulEngine engine(fallback);
+        // Same operands, same K order: on oneDNN's bf16 GEMMs (and Lattice's AMX kernels) the
+        // chunked product is bit-identical to the whole one; on widened operands sgemm's kernels
+        // differ with the row count and the two agree to fp32 rounding.
+        const bool bit_identical = fallback == Bf16FallbackGemm::onednn_bf16;
+        std::vector<float> whole(static_cast<size_t>(s.M * s.N));
+        engine.forward(whole.data(), in.data(), weight.data(), nullptr, s.M, s.K, s.N,
+                       Precision::bf16);
+        const auto chunked = gathered_chunks(engine, in16, weight, true, s.M, s.K, s.N, s.chunk);
+        expect_same_product(chunked, whole, bit_identical, widened(in16), bf16_rounded(weight),
+                            true, s.M, s.K, s.N);
+        // backward's d_in = d_out[M, K] · weight[K, N] for a Linear with K outputs and N inputs.
+        std::vector<float> d_in(static_cast<size_t>(s.M * s.N));
+        engine.backward(d_in.data(), nullptr, nullptr, in.data(), nullptr, weight_kn.data(), s.M,
+                        s.N, s.K, Precision::bf16);
+        const auto chunked_d_in =
+            gathered_chunks(engine, in16, weight_kn, false, s.M, s.K, s.N, s.chunk);
+        expect_same_product(chunked_d_in, d_in, bit_identical, widened(in16),
+                            bf16_rounded(weight_kn), false, s.M, s.K, s.N);
+      }
     }
   }
 }
@@ -164,28 +238,34 @@ TEST(MatmulBf16RowChunks, TheBiasIsAddedAsTheWholeForwardAddsItAndADestinationKe
   const auto bias = random_vector(N, 27, 2.0f);
   std::vector<lattice::bf16> in16(in.size());
   for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
-  MatmulEngine engine;
-  std::vector<float> whole(static_cast<size_t>(M * N));
-  engine.forward(whole.data(), in.data(), weight.data(), bias.data(), M, K, N, Precision::bf16);
-  std::vector<float> chunked(whole.size(), std::nanf(""));
-  engine.multiply_in_row_chunks(
-      in16.data(), weight.data(), true, M, K, N, chunk,
-      [&](int64_t begin, int64_t rows, const float* out) {
-        std::memcpy(chunked.data() + begin * N, out, sizeof(float) * static_cast<size_t>(rows * N));
-      },
-      bias.data());
-  EXPECT_EQ(0, std::memcmp(chunked.data(), whole.data(), sizeof(float) * whole.size()));
-  // With a destination the chunks land in its rows and consume sees them there.
-  std::vector<float> kept(whole.size(), std::nanf(""));
-  int64_t handed_in_place = 0;
-  engine.multiply_in_row_chunks(
-      in16.data(), weight.data(), true, M, K, N, chunk,
-      [&](int64_t begin, int64_t rows, const float* out) {
-        if (out == kept.data() + begin * N) handed_in_place += rows;
-      },
-      bias.data(), kept.data());
-  EXPECT_EQ(handed_in_place, M);
-  EXPECT_EQ(0, std::memcmp(kept.data(), whole.data(), sizeof(float) * whole.size()));
+  for (const Bf16FallbackGemm fallback : kFallbacks) {
+    SCOPED_TRACE(::testing::Message() << "widened " << (fallback == kFallbacks[1]));
+    MatmulEngine engine(fallback);
+    const bool bit_identical = fallback == Bf16FallbackGemm::onednn_bf16;  // as above
+    std::vector<float> whole(static_cast<size_t>(M * N));
+    engine.forward(whole.data(), in.data(), weight.data(), bias.data(), M, K, N, Precision::bf16);
+    std::vector<float> chunked(whole.size(), std::nanf(""));
+    engine.multiply_in_row_chunks(
+        in16.data(), weight.data(), true, M, K, N, chunk,
+        [&](int64_t begin, int64_t rows, const float* out) {
+          std::memcpy(chunked.data() + begin * N, out,
+                      sizeof(float) * static_cast<size_t>(rows * N));
+        },
+        bias.data());
+    expect_same_product(chunked, whole, bit_identical, widened(in16), bf16_rounded(weight), true, M,
+                        K, N, bias.data());
+    // With a destination the chunks land in its rows and consume sees them there.
+    std::vector<float> kept(whole.size(), std::nanf(""));
+    std::atomic<int64_t> handed_in_place{0};  // consume runs on every thread of the region
+    engine.multiply_in_row_chunks(
+        in16.data(), weight.data(), true, M, K, N, chunk,
+        [&](int64_t begin, int64_t rows, const float* out) {
+          if (out == kept.data() + begin * N) handed_in_place += rows;
+        },
+        bias.data(), kept.data());
+    EXPECT_EQ(handed_in_place, M);
+    EXPECT_EQ(0, std::memcmp(kept.data(), chunked.data(), sizeof(float) * whole.size()));
+  }
 }
 
 // forward_backward_in_row_chunks against forward() then backward() on the same operands. The
@@ -212,84 +292,90 @@ TEST(MatmulBf16RowChunks, ForwardAndBackwardInOnePassEqualForwardThenBackward) {
     for (size_t i = 0; i < in.size(); ++i) in16[i] = lattice::to_bf16(in[i]);
     const auto d_out = random_vector(s.M * s.N, 33, 1.0f);
     for (size_t i = 0; i < d_out.size(); ++i) d_out16[i] = lattice::to_bf16(d_out[i]);
-    for (int threads : {1, 2, 3}) {
-      SCOPED_TRACE(::testing::Message() << threads << " threads");
-      lattice::testing::ScopedOmpThreads scope(threads);
-      MatmulEngine engine;
-      std::vector<float> logits(static_cast<size_t>(s.M * s.N));
-      engine.forward(logits.data(), in.data(), weight.data(), nullptr, s.M, s.K, s.N,
-                     Precision::bf16);
-      std::vector<float> d_in(static_cast<size_t>(s.M * s.K));
-      std::vector<float> d_weight(static_cast<size_t>(s.N * s.K), 0.0f);
-      Bf16Operands rounded;
-      rounded.d_out = d_out16.data();
-      rounded.in = in16.data();
-      engine.backward(d_in.data(), d_weight.data(), nullptr, nullptr, nullptr, weight.data(), s.M,
-                      s.K, s.N, Precision::bf16, rounded);
+    for (const Bf16FallbackGemm fallback : kFallbacks)
+      for (int threads : {1, 2, 3}) {
+        SCOPED_TRACE(::testing::Message()
+                     << threads << " threads, widened " << (fallback == kFallbacks[1]));
+        lattice::testing::ScopedOmpThreads scope(threads);
+        MatmulEngine engine(fallback);
+        // On widened operands nothing is bit-identical: sgemm's kernels differ with the row count.
+        const bool bit_identical = fallback == Bf16FallbackGemm::onednn_bf16;
+        std::vector<float> logits(static_cast<size_t>(s.M * s.N));
+        engine.forward(logits.data(), in.data(), weight.data(), nullptr, s.M, s.K, s.N,
+                       Precision::bf16);
+        std::vector<float> d_in(static_cast<size_t>(s.M * s.K));
+        std::vector<float> d_weight(static_cast<size_t>(s.N * s.K), 0.0f);
+        Bf16Operands rounded;
+        rounded.d_out = d_out16.data();
+        rounded.in = in16.data();
+        engine.backward(d_in.data(), d_weight.data(), nullptr, nullptr, nullptr, weight.data(), s.M,
+                        s.K, s.N, Precision::bf16, rounded);
 
-      const int lanes = MatmulEngine::gradient_lanes(s.M, s.chunk);
-      const int64_t chunks = (s.M + std::min(s.chunk, s.M) - 1) / std::min(s.chunk, s.M);
-      EXPECT_EQ(lanes, std::min<int64_t>(threads, chunks));
-      std::vector<float> seen_logits(logits.size(), std::nanf(""));
-      std::vector<int> seen(static_cast<size_t>(s.M), 0);
-      std::vector<float> fused_d_in(d_in.size(), std::nanf(""));
-      std::vector<float> partials(static_cast<size_t>(lanes * s.N * s.K), std::nanf(""));
-      engine.forward_backward_in_row_chunks(
-          in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
-          [&](int64_t begin, int64_t rows, const float* out, lattice::bf16* d_chunk16,
-              int64_t stride) {
-            ASSERT_GE(stride, s.N);
-            for (int64_t r = 0; r < rows; ++r) {
-              ++seen[static_cast<size_t>(begin + r)];
-              std::memcpy(seen_logits.data() + (begin + r) * s.N, out + r * stride,
-                          sizeof(float) * static_cast<size_t>(s.N));
-              std::memcpy(d_chunk16 + r * stride, d_out16.data() + (begin + r) * s.N,
-                          sizeof(lattice::bf16) * static_cast<size_t>(s.N));
-              // What a consumer leaves past column N must not matter.
-              std::fill(d_chunk16 + r * stride + s.N, d_chunk16 + (r + 1) * stride,
-                        lattice::to_bf16(std::nanf("")));
+        const int lanes = MatmulEngine::gradient_lanes(s.M, s.chunk);
+        const int64_t chunks = (s.M + std::min(s.chunk, s.M) - 1) / std::min(s.chunk, s.M);
+        EXPECT_EQ(lanes, std::min<int64_t>(threads, chunks));
+        std::vector<float> seen_logits(logits.size(), std::nanf(""));
+        std::vector<int> seen(static_cast<size_t>(s.M), 0);
+        std::vector<float> fused_d_in(d_in.size(), std::nanf(""));
+        std::vector<float> partials(static_cast<size_t>(lanes * s.N * s.K), std::nanf(""));
+        engine.forward_backward_in_row_chunks(
+            in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
+            [&](int64_t begin, int64_t rows, const float* out, lattice::bf16* d_chunk16,
+                int64_t stride) {
+              ASSERT_GE(stride, s.N);
+              for (int64_t r = 0; r < rows; ++r) {
+                ++seen[static_cast<size_t>(begin + r)];
+                std::memcpy(seen_logits.data() + (begin + r) * s.N, out + r * stride,
+                            sizeof(float) * static_cast<size_t>(s.N));
+                std::memcpy(d_chunk16 + r * stride, d_out16.data() + (begin + r) * s.N,
+                            sizeof(lattice::bf16) * static_cast<size_t>(s.N));
+                // What a consumer leaves past column N must not matter.
+                std::fill(d_chunk16 + r * stride + s.N, d_chunk16 + (r + 1) * stride,
+                          lattice::to_bf16(std::nanf("")));
+              }
+            },
+            fused_d_in.data(), partials.data(), lanes);
+        EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(s.M), 1));
+        expect_same_product(seen_logits, logits, bit_identical, widened(in16), bf16_rounded(weight),
+                            true, s.M, s.K, s.N);
+        if (s.d_in_bit_identical && bit_identical) {
+          EXPECT_EQ(0, std::memcmp(fused_d_in.data(), d_in.data(), sizeof(float) * d_in.size()));
+        } else {
+          for (int64_t m = 0; m < s.M; ++m) {
+            for (int64_t k = 0; k < s.K; ++k) {
+              double magnitude = 0.0;
+              for (int64_t n = 0; n < s.N; ++n)
+                magnitude +=
+                    std::fabs(static_cast<double>(lattice::to_float(d_out16[m * s.N + n])) *
+                              lattice::to_float(lattice::to_bf16(weight[n * s.K + k])));
+              const size_t i = static_cast<size_t>(m * s.K + k);
+              ASSERT_LE(std::fabs(static_cast<double>(fused_d_in[i]) - d_in[i]),
+                        2.0 * static_cast<double>(s.N) * std::ldexp(1.0, -24) * magnitude + 1e-30)
+                  << "d_in[" << m << ", " << k << "]";
             }
-          },
-          fused_d_in.data(), partials.data(), lanes);
-      EXPECT_EQ(seen, std::vector<int>(static_cast<size_t>(s.M), 1));
-      EXPECT_EQ(0, std::memcmp(seen_logits.data(), logits.data(), sizeof(float) * logits.size()));
-      if (s.d_in_bit_identical) {
-        EXPECT_EQ(0, std::memcmp(fused_d_in.data(), d_in.data(), sizeof(float) * d_in.size()));
-      } else {
-        for (int64_t m = 0; m < s.M; ++m) {
-          for (int64_t k = 0; k < s.K; ++k) {
-            double magnitude = 0.0;
-            for (int64_t n = 0; n < s.N; ++n)
-              magnitude += std::fabs(static_cast<double>(lattice::to_float(d_out16[m * s.N + n])) *
-                                     lattice::to_float(lattice::to_bf16(weight[n * s.K + k])));
-            const size_t i = static_cast<size_t>(m * s.K + k);
-            ASSERT_LE(std::fabs(static_cast<double>(fused_d_in[i]) - d_in[i]),
-                      2.0 * static_cast<double>(s.N) * std::ldexp(1.0, -24) * magnitude + 1e-30)
-                << "d_in[" << m << ", " << k << "]";
           }
         }
-      }
-      std::vector<float> fused_d_weight(d_weight.size(), 0.0f);
-      add_chunk_partials(fused_d_weight.data(), partials.data(), lanes, s.N * s.K, s.N * s.K);
-      for (int64_t n = 0; n < s.N; ++n) {
-        for (int64_t k = 0; k < s.K; ++k) {
-          double magnitude = 0.0;
-          for (int64_t m = 0; m < s.M; ++m)
-            magnitude += std::fabs(static_cast<double>(lattice::to_float(d_out16[m * s.N + n])) *
-                                   lattice::to_float(in16[m * s.K + k]));
-          const size_t i = static_cast<size_t>(n * s.K + k);
-          ASSERT_LE(std::fabs(static_cast<double>(fused_d_weight[i]) - d_weight[i]),
-                    2.0 * static_cast<double>(s.M) * std::ldexp(1.0, -24) * magnitude + 1e-30)
-              << "d_weight[" << n << ", " << k << "]";
+        std::vector<float> fused_d_weight(d_weight.size(), 0.0f);
+        add_chunk_partials(fused_d_weight.data(), partials.data(), lanes, s.N * s.K, s.N * s.K);
+        for (int64_t n = 0; n < s.N; ++n) {
+          for (int64_t k = 0; k < s.K; ++k) {
+            double magnitude = 0.0;
+            for (int64_t m = 0; m < s.M; ++m)
+              magnitude += std::fabs(static_cast<double>(lattice::to_float(d_out16[m * s.N + n])) *
+                                     lattice::to_float(in16[m * s.K + k]));
+            const size_t i = static_cast<size_t>(n * s.K + k);
+            ASSERT_LE(std::fabs(static_cast<double>(fused_d_weight[i]) - d_weight[i]),
+                      2.0 * static_cast<double>(s.M) * std::ldexp(1.0, -24) * magnitude + 1e-30)
+                << "d_weight[" << n << ", " << k << "]";
+          }
         }
+        // Lanes other than gradient_lanes() are refused: the partials buffer is sized for them.
+        EXPECT_THROW(engine.forward_backward_in_row_chunks(
+                         in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
+                         [](int64_t, int64_t, const float*, lattice::bf16*, int64_t) {},
+                         fused_d_in.data(), partials.data(), lanes + 1),
+                     Error);
       }
-      // Lanes other than gradient_lanes() are refused: the partials buffer is sized for them.
-      EXPECT_THROW(engine.forward_backward_in_row_chunks(
-                       in16.data(), weight.data(), s.M, s.K, s.N, s.chunk,
-                       [](int64_t, int64_t, const float*, lattice::bf16*, int64_t) {},
-                       fused_d_in.data(), partials.data(), lanes + 1),
-                   Error);
-    }
   }
 }
 

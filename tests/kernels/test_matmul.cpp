@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -92,8 +93,21 @@ TEST(Matmul, ForwardFp32MatchesDoubleReference) {
   }
 }
 
-TEST(Matmul, ForwardBf16MatchesReferenceOnRoundedInputs) {
-  MatmulEngine engine;
+// Both ways to run the bf16 products off Lattice's AMX kernels: oneDNN's bf16 matmul, and the
+// operands widened to fp32 for sgemm (the default where the CPU has no AMX).
+constexpr Bf16FallbackGemm kBf16Fallbacks[] = {Bf16FallbackGemm::onednn_bf16,
+                                               Bf16FallbackGemm::widened_fp32};
+
+class MatmulBf16 : public ::testing::TestWithParam<Bf16FallbackGemm> {};
+
+std::string fallback_name(const ::testing::TestParamInfo<Bf16FallbackGemm>& info) {
+  return info.param == Bf16FallbackGemm::onednn_bf16 ? "OneDnnBf16" : "WidenedFp32";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fallbacks, MatmulBf16, ::testing::ValuesIn(kBf16Fallbacks), fallback_name);
+
+TEST_P(MatmulBf16, ForwardMatchesReferenceOnRoundedInputs) {
+  MatmulEngine engine(GetParam());
   // The last shape runs on Lattice's AMX kernel where the CPU has AMX (K and N multiples of 32,
   // at least 256 rows: a chunk of 256 and a tail of 44).
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{33, 7, 64}, Shape{130, 257, 70},
@@ -117,8 +131,9 @@ TEST(Matmul, ForwardBf16MatchesReferenceOnRoundedInputs) {
   }
 }
 
-void check_backward_against_reference(Precision precision) {
-  MatmulEngine engine;
+void check_backward_against_reference(Precision precision,
+                                      Bf16FallbackGemm fallback = Bf16FallbackGemm::automatic) {
+  MatmulEngine engine(fallback);
   // The last shape's input gradient runs on Lattice's AMX kernel where the CPU has AMX (as in
   // forward, with the reduction over N = 320: two K blocks of the kernel).
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{33, 7, 64}, Shape{130, 257, 70},
@@ -148,8 +163,8 @@ void check_backward_against_reference(Precision precision) {
 TEST(Matmul, BackwardFp32MatchesDoubleReference) {
   check_backward_against_reference(Precision::fp32);
 }
-TEST(Matmul, BackwardBf16MatchesReferenceOnRoundedInputs) {
-  check_backward_against_reference(Precision::bf16);
+TEST_P(MatmulBf16, BackwardMatchesReferenceOnRoundedInputs) {
+  check_backward_against_reference(Precision::bf16, GetParam());
 }
 
 // Gradients of loss = sum(w ⊙ forward(in, weight, bias)) by central differences of the fp32
@@ -277,8 +292,8 @@ std::vector<double> gemm_reference(bool ta, bool tb, int64_t M, int64_t N, int64
   return out;
 }
 
-TEST(Matmul, GemmAllTransposesWithScalingAndLeadingDimensions) {
-  MatmulEngine engine;
+TEST_P(MatmulBf16, GemmAllTransposesWithScalingAndLeadingDimensions) {
+  MatmulEngine engine(GetParam());
   const int64_t M = 13, N = 21, K = 35;
   for (Precision precision : {Precision::fp32, Precision::bf16}) {
     const bool bf16 = precision == Precision::bf16;

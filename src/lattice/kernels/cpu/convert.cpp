@@ -87,6 +87,10 @@ void convert_to_f32(float* out, const bf16* in, int64_t n) {
   }
 }
 
+void convert_to_f32_on_this_thread(float* out, const bf16* in, int64_t n) {
+  if (n > 0) to_f32_serial(out, in, n);
+}
+
 void convert_rows_to_bf16(bf16* out, const float* in, int64_t rows, int64_t cols,
                           int64_t in_row_stride) {
   if (rows <= 0 || cols <= 0) return;

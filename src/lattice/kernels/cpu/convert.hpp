@@ -14,6 +14,8 @@ void convert_to_f32(float* out, const bf16* in, int64_t n);
 // convert_to_bf16 on the calling thread only (no OpenMP region), for short runs inside a caller's
 // own parallel loop.
 void convert_to_bf16_on_this_thread(bf16* out, const float* in, int64_t n);
+// convert_to_f32 on the calling thread only.
+void convert_to_f32_on_this_thread(float* out, const bf16* in, int64_t n);
 // out[i] = to_bf16(in[i] * scale) (the fp32 product, then rounded), on the calling thread: a
 // scaling pass and a rounding pass in one.
 void convert_scaled_to_bf16_on_this_thread(bf16* out, const float* in, float scale, int64_t n);

@@ -15,6 +15,9 @@
 // chunk) run on Lattice's AMX weight-gradient kernel where the shape fits its tiles
 // (amx_weight_gradient.hpp): oneDNN reads d_out^T strided and ran them at 0.35-0.4 TFLOP/s per
 // core in the training step. LATTICE_MATMUL_NO_AMX_PACKED=1 puts all of these back on oneDNN.
+// Where oneDNN finds no AMX, its bf16 products would run on AVX512-BF16 dot products at half the
+// fp32 rate; there the bf16 operands are widened to fp32 (exact) and multiplied by sgemm instead
+// (Bf16FallbackGemm::widened_fp32), whole-batch and per row chunk alike.
 #include "lattice/kernels/cpu/matmul.hpp"
 
 #include <omp.h>
@@ -268,6 +271,28 @@ int64_t amx_rows_per_pass(int64_t N) {
   return rows >= 32 ? rows : std::numeric_limits<int64_t>::max();
 }
 
+// Whether oneDNN's bf16 GEMMs run on AMX here: its effective ISA (a bit mask that contains the
+// lower ISAs) includes avx512_core_amx.
+bool onednn_has_amx() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  return (isa & amx) == amx;
+}
+
+Bf16FallbackGemm resolve_bf16_fallback(Bf16FallbackGemm requested) {
+  if (requested != Bf16FallbackGemm::automatic) return requested;
+  const char* chosen = std::getenv("LATTICE_MATMUL_BF16_FALLBACK");
+  if (chosen != nullptr && *chosen != '\0') {
+    const std::string name = chosen;
+    if (name == "onednn") return Bf16FallbackGemm::onednn_bf16;
+    if (name == "fp32") return Bf16FallbackGemm::widened_fp32;
+    throw Error("LATTICE_MATMUL_BF16_FALLBACK=" + name +
+                " is not a choice: use onednn (oneDNN's bf16 matmul) or fp32 (the bf16 operands "
+                "widened to fp32, sgemm), or unset it");
+  }
+  return onednn_has_amx() ? Bf16FallbackGemm::onednn_bf16 : Bf16FallbackGemm::widened_fp32;
+}
+
 // Rows in the last of `chunks` over M rows.
 int64_t tail_rows(const RowChunks& chunks, int64_t M) {
   return chunks.end(chunks.count - 1, M) - chunks.begin(chunks.count - 1);
@@ -276,8 +301,15 @@ int64_t tail_rows(const RowChunks& chunks, int64_t M) {
 }  // namespace
 
 struct MatmulEngine::Impl {
+  explicit Impl(Bf16FallbackGemm fallback)
+      : widen_bf16(resolve_bf16_fallback(fallback) == Bf16FallbackGemm::widened_fp32) {}
+
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
+  // bf16 products off the AMX kernels on widened fp32 operands and sgemm (Bf16FallbackGemm).
+  const bool widen_bf16;
+  // fp32 widenings of up to two bf16 operands of one call (A / B, or a row-chunk call's weight).
+  std::array<AlignedBuffer, 2> widened;
   std::unordered_map<GemmShape, CachedGemm, GemmShapeHash> cache;
   AlignedBuffer scratchpad;
   // bf16 copies of up to three fp32 operands of one call (in / weight / d_out, or A / B).
@@ -481,8 +513,40 @@ struct MatmulEngine::Impl {
     return cache.emplace(s, std::move(g)).first->second;
   }
 
+  // `elements` bf16 values widened to fp32 into widened[slot] (threaded).
+  const float* widen(int slot, const bf16* src, int64_t elements) {
+    auto* dst = static_cast<float*>(
+        widened[static_cast<size_t>(slot)].reserve(static_cast<size_t>(elements) * sizeof(float)));
+    convert_to_f32(dst, src, elements);
+    return dst;
+  }
+
+  // run() for a bf16 shape on widened operands: A and B widened whole (with their strides) and
+  // multiplied by sgemm, the bias added after the sums as oneDNN's bf16 matmul and the row-chunk
+  // products add it (a bias comes with beta 0).
+  void run_widened(const GemmShape& s, const void* A, const void* B, const float* bias, float* C) {
+    // A is stored [M, K] (rows a_stride_m apart) or, read transposed, [K, M]; B [K, N] or [N, K].
+    const bool a_rows = s.a_stride_k == 1 && (s.M == 1 || s.a_stride_m >= s.K);
+    const bool b_rows = s.b_stride_n == 1 && (s.K == 1 || s.b_stride_k >= s.N);
+    check((a_rows || s.a_stride_m == 1) && (b_rows || s.b_stride_k == 1),
+          "matmul: a widened bf16 GEMM needs operands with one unit stride");
+    const int64_t lda = a_rows ? std::max(s.a_stride_m, s.K) : std::max(s.a_stride_k, s.M);
+    const int64_t ldb = b_rows ? std::max(s.b_stride_k, s.N) : std::max(s.b_stride_n, s.K);
+    const float* a32 = widen(0, static_cast<const bf16*>(A),
+                             a_rows ? (s.M - 1) * lda + s.K : (s.K - 1) * lda + s.M);
+    const float* b32 = widen(1, static_cast<const bf16*>(B),
+                             b_rows ? (s.K - 1) * ldb + s.N : (s.N - 1) * ldb + s.K);
+    check(!s.has_bias || s.beta() == 0.0f,
+          "matmul: a widened bf16 GEMM takes a bias only without beta");
+    sgemm(!a_rows, !b_rows, s.M, s.N, s.K, s.alpha(), a32, lda, b32, ldb, s.beta(), C, s.ldc);
+    if (!s.has_bias) return;
+#pragma omp parallel for schedule(static) if (s.M * s.N > (1 << 16))
+    for (int64_t i = 0; i < s.M; ++i) add_bias_rows(C + i * s.ldc, bias, 1, s.N);
+  }
+
   // Runs C = alpha * A · B (+ bias) (+ beta * C) for the given shape; sizes must be positive.
   void run(const GemmShape& s, const void* A, const void* B, const float* bias, float* C) {
+    if (s.use_bf16 && widen_bf16) return run_widened(s, A, B, bias, C);
     CachedGemm& g = primitive_for(s);
     g.a.set_data_handle(const_cast<void*>(A));
     g.b.set_data_handle(const_cast<void*>(B));
@@ -507,11 +571,17 @@ struct MatmulEngine::Impl {
   }
 };
 
-MatmulEngine::MatmulEngine() : impl_(std::make_unique<Impl>()) {}
+MatmulEngine::MatmulEngine(Bf16FallbackGemm bf16_fallback)
+    : impl_(std::make_unique<Impl>(bf16_fallback)) {}
 MatmulEngine::~MatmulEngine() = default;
+
+Bf16FallbackGemm MatmulEngine::bf16_fallback() const {
+  return impl_->widen_bf16 ? Bf16FallbackGemm::widened_fp32 : Bf16FallbackGemm::onednn_bf16;
+}
 
 int64_t MatmulEngine::scratch_bytes() const {
   size_t total = impl_->scratchpad.capacity();
+  for (const auto& buffer : impl_->widened) total += buffer.capacity();
   for (const auto& buffer : impl_->bf16_operands) total += buffer.capacity();
   for (const auto& buffer : impl_->packed_weights) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_chunks) total += buffer.capacity();
@@ -638,19 +708,25 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, WeightOpera
   // The weight rounded as forward() and backward() round it; the GEMMs read it in place.
   const lattice::bf16* weight16 =
       weight_transposed ? impl_->rounded_weight(weight, N, K) : impl_->rounded_weight(weight, K, N);
-  // The AMX kernel on the weight packed once, where the shape fits it; else oneDNN's chunk GEMMs.
+  // The AMX kernel on the weight packed once, where the shape fits it; else oneDNN's chunk GEMMs,
+  // or sgemm on the weight widened once and each chunk's rows widened (Bf16FallbackGemm).
   const uint16_t* packed = nullptr;
+  const float* weight32 = nullptr;
   std::optional<Impl::ChunkGemmPair> gemms;
+  size_t scratch_bytes = 0;
   if (amx_packed_gemm_enabled() && amx_packed_gemm_fits(K, N)) {
     packed = impl_->packed_b(0, weight16, weight_transposed, K, N);
+  } else if (impl_->widen_bf16) {
+    weight32 = impl_->widen(1, weight16, K * N);
+    scratch_bytes = static_cast<size_t>(chunks.rows_per_chunk * K) * sizeof(float);
   } else {
     // Shapes churn (e.g. varying batch tails): start over before the cache grows past its bound,
     // not between the lookups below.
     if (impl_->chunk_cache.size() + 2 > kMaxCachedPrimitives) impl_->chunk_cache.clear();
     gemms = impl_->chunk_gemms(weight_transposed, K, N, chunks, M);
+    scratch_bytes = gemms->scratchpad_bytes();
   }
   const int threads = omp_get_max_threads();
-  const size_t scratch_bytes = gemms ? gemms->scratchpad_bytes() : 0;
   impl_->reserve_thread_buffers(
       threads,
       destination == nullptr ? static_cast<size_t>(chunks.rows_per_chunk * N) * sizeof(float) : 0,
@@ -665,10 +741,20 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, WeightOpera
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks.count; ++c) {
       failure.run([&] {
-        if (!stream && packed == nullptr) stream.emplace(impl_->engine);  // oneDNN's chunks only
+        if (!stream && gemms) stream.emplace(impl_->engine);  // oneDNN's chunks only
         const bool last = c + 1 == chunks.count;
         const int64_t row_begin = chunks.begin(c);
         const int64_t rows = chunks.end(c, M) - row_begin;
+        if (weight32 != nullptr) {
+          auto* in32 = static_cast<float*>(scratch);
+          convert_to_f32_on_this_thread(in32, in16 + row_begin * K, rows * K);
+          float* out = destination != nullptr ? destination + row_begin * N : thread_chunk;
+          sgemm(false, weight_transposed, rows, N, K, 1.0f, in32, K, weight32,
+                weight_transposed ? K : N, 0.0f, out, N);
+          if (bias != nullptr) add_bias_rows(out, bias, rows, N);
+          consume(row_begin, rows, out);
+          return;
+        }
         if (packed != nullptr) {
           // Passes whose output stays in L2, as in forward_backward_in_row_chunks.
           const int64_t pass_rows = destination != nullptr ? rows : amx_rows_per_pass(N);
@@ -724,9 +810,14 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, Wei
   std::optional<Impl::ChunkGemmPair> forward_gemms, input_gemms;
   const ChunkGemm* gradient_gemms[2][2] = {};  // partial (+)= d_out16^T · in16 [accumulate][last]
   size_t scratch_bytes = 0;
+  // Without AMX, where the engine widens bf16 operands: the weight widened once; each chunk's
+  // input rows and d_out16 widened into the thread's scratch ([rows, K] then [rows, N]).
+  const float* weight32 = !amx && impl_->widen_bf16 ? impl_->widen(1, weight16, N * K) : nullptr;
   if (amx) {
     scratch_bytes = amx_weight_gradient_scratch_bytes(chunks.rows_per_chunk, N, K,
                                                       WeightGradientUpdate::accumulate);
+  } else if (weight32 != nullptr) {
+    scratch_bytes = static_cast<size_t>(chunks.rows_per_chunk * (K + N)) * sizeof(float);
   } else {
     forward_gemms = impl_->chunk_gemms(/*b_transposed=*/true, K, N, chunks, M);
     input_gemms = impl_->chunk_gemms(/*b_transposed=*/false, N, K, chunks, M);
@@ -782,6 +873,19 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, Wei
                 partial, K, d_out16, stride, in_rows, K, rows, N, K,
                 c == first ? WeightGradientUpdate::overwrite : WeightGradientUpdate::accumulate,
                 scratch);
+            return;
+          }
+          if (weight32 != nullptr) {
+            auto* in32 = static_cast<float*>(scratch);
+            float* d_out32 = in32 + chunks.rows_per_chunk * K;
+            convert_to_f32_on_this_thread(in32, in_rows, rows * K);
+            sgemm(false, true, rows, N, K, 1.0f, in32, K, weight32, K, 0.0f, out, N);
+            consume(row_begin, rows, out, d_out16, N);
+            convert_to_f32_on_this_thread(d_out32, d_out16, rows * N);
+            sgemm(false, false, rows, K, N, 1.0f, d_out32, N, weight32, K, 0.0f,
+                  d_in + row_begin * K, K);
+            sgemm(true, false, N, K, rows, 1.0f, d_out32, N, in32, K, c == first ? 0.0f : 1.0f,
+                  partial, K);
             return;
           }
           if (!stream) stream.emplace(impl_->engine);

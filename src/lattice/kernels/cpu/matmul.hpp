@@ -40,9 +40,24 @@ struct WeightOperand {
 void round_to_bf16_with_column_sums(lattice::bf16* d_out16, float* d_bias, const float* d_out,
                                     int64_t M, int64_t N);
 
+// How the engine computes the bf16 products that do not run on Lattice's own AMX kernels (all of
+// them on a CPU without AMX). Either way the operands are the same bf16 values, their products are
+// exact and the sums are fp32; the two agree to fp32 rounding.
+enum class Bf16FallbackGemm {
+  // widened_fp32 where oneDNN finds no AMX on this CPU, else onednn_bf16; the environment variable
+  // LATTICE_MATMUL_BF16_FALLBACK=onednn or =fp32 chooses instead.
+  automatic,
+  // oneDNN's bf16 matmul: AMX where the CPU has it, else AVX512-BF16 dot products (vdpbf16ps),
+  // which on a host without AMX ran at half the fp32 GEMM rate (docs/performance.md).
+  onednn_bf16,
+  // The bf16 operands widened to fp32 (exactly: a bf16 is the top half of an fp32) and multiplied
+  // by oneDNN's fp32 sgemm on the FMA units.
+  widened_fp32,
+};
+
 class MatmulEngine {
  public:
-  MatmulEngine();
+  explicit MatmulEngine(Bf16FallbackGemm bf16_fallback = Bf16FallbackGemm::automatic);
   ~MatmulEngine();
   MatmulEngine(const MatmulEngine&) = delete;
   MatmulEngine& operator=(const MatmulEngine&) = delete;
@@ -85,7 +100,9 @@ class MatmulEngine {
   // K in order, as on the Linears of the demo and benchmark models; oneDNN's whole product splits
   // some reductions (a narrow output of 16-32 columns, e.g. the tiny test presets' d_model of 32;
   // an 8192-long K, the small benchmark's LM-head input gradient) and they then agree to fp32
-  // rounding.
+  // rounding. On widened fp32 operands (Bf16FallbackGemm::widened_fp32) each chunk is one
+  // single-thread sgemm, whose kernels differ with the row count: chunks and the whole product
+  // then agree to fp32 rounding.
   using ChunkConsumer = std::function<void(int64_t row_begin, int64_t rows, const float* chunk)>;
   void multiply_in_row_chunks(const lattice::bf16* in16, WeightOperand weight,
                               bool weight_transposed, int64_t M, int64_t K, int64_t N,
@@ -110,9 +127,9 @@ class MatmulEngine {
   // sums accumulated onto the lane's partial), else on oneDNN's single-thread GEMMs. The forward
   // is handed to consume in passes of fewer rows where 32 rows of output fit in L2. `out` and d_in
   // equal forward()'s and backward()'s rows bit for bit where both sweep K in order (see
-  // multiply_in_row_chunks; a d_in summed over a vocabulary of thousands agrees to fp32 rounding);
-  // the weight gradient is the same sum in another order (per chunk, then per lane), fixed by the
-  // thread count.
+  // multiply_in_row_chunks; a d_in summed over a vocabulary of thousands agrees to fp32 rounding,
+  // and so does everything on widened fp32 operands); the weight gradient is the same sum in
+  // another order (per chunk, then per lane), fixed by the thread count.
   using GradientChunkConsumer = std::function<void(
       int64_t row_begin, int64_t rows, const float* out, lattice::bf16* d_out16, int64_t stride)>;
   void forward_backward_in_row_chunks(const lattice::bf16* in16, WeightOperand weight, int64_t M,
@@ -148,8 +165,11 @@ class MatmulEngine {
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
             int64_t ldc, Precision precision);
 
-  // Bytes of scratch the engine holds now (oneDNN scratchpad and bf16 operand copies; grow-only),
-  // for memory accounting.
+  // How this engine computes bf16 products off Lattice's AMX kernels (never automatic).
+  Bf16FallbackGemm bf16_fallback() const;
+
+  // Bytes of scratch the engine holds now (oneDNN scratchpad, bf16 operand copies and their fp32
+  // widenings; grow-only), for memory accounting.
   int64_t scratch_bytes() const;
 
  private:
