@@ -105,7 +105,8 @@ void register_bench_train(CLI::App& bench) {
     std::printf("threads %d; measured GEMM peak:", threads);
     for (const auto& [name, flops] : peak)
       std::printf(" %s %.3f TFLOP/s", name.c_str(), flops / 1e12);
-    std::printf(" (1024^3 oneDNN GEMM)\n");
+    std::printf(" (1024^3 GEMM)\n");
+    if (peak.count("bf16") > 0) std::printf("Lattice: %s\n", matmul.bf16_gemms().c_str());
     if (!o->skip_pytorch)
       std::printf("PyTorch allocator: %s\n", train::pytorch_allocator_name(allocator).c_str());
     std::printf("\n");

@@ -88,6 +88,9 @@ TEST_F(TrainCli, ResumingFromACheckpointContinuesBitIdentically) {
                     dir_);
     ASSERT_EQ(resumed.status, 0) << resumed.err;
     EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
+    // A bf16 run says where its GEMMs run (AMX, or fp32 units where the CPU has no AMX).
+    EXPECT_EQ(resumed.out.find("bf16 GEMMs on ") != std::string::npos, precision == "bf16")
+        << resumed.out;
     auto straight = read_jsonl(dir_ / straight_dir / "metrics.jsonl");
     auto continued = read_jsonl(dir_ / resumed_dir / "metrics.jsonl");
     ASSERT_EQ(straight.size(), 8u);

@@ -164,6 +164,8 @@ TrainResult Trainer::run() {
           config_.offload_dir.empty() ? "" : ", AdamW state offloaded to files");
     std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
                 peak / 1e12, peak_source);
+    if (config_.precision == kernels::Precision::bf16)
+      std::printf("%s\n", matmul_->bf16_gemms().c_str());
   }
 
   MetricsLogger logger(

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/kernels/cpu/precision.hpp"
@@ -167,6 +168,9 @@ class MatmulEngine {
 
   // How this engine computes bf16 products off Lattice's AMX kernels (never automatic).
   Bf16FallbackGemm bf16_fallback() const;
+  // One phrase naming where this engine's bf16 products run, for run banners, e.g. "bf16 GEMMs on
+  // fp32 units (operands widened: oneDNN finds no AMX on this CPU)".
+  std::string bf16_gemms() const;
 
   // Bytes of scratch the engine holds now (oneDNN scratchpad, bf16 operand copies and their fp32
   // widenings; grow-only), for memory accounting.
