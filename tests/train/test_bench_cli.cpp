@@ -17,8 +17,8 @@
 namespace lattice::testing {
 namespace {
 
-// A case row: "small (L4 d256 h4 V8192 T256 B8)  bf16  1x2  <lattice tok/s> <TFLOP/s> <MFU>%
-// <pytorch tok/s or -> <ratio or ->".
+// A case row: "small (L4 d256 h4 V8192 T256 B8)  bf16  1x2  <lattice tok/s> <TFLOP/s> <peak
+// TFLOP/s> <MFU>% <pytorch tok/s or -> <ratio or ->".
 struct CaseRow {
   std::string precision, layout, pytorch, ratio;
   double lattice = -1;
@@ -27,13 +27,18 @@ struct CaseRow {
 std::vector<CaseRow> case_rows(const std::string& out) {
   std::vector<CaseRow> rows;
   std::istringstream lines(out);
-  std::string line, tflops, mfu;
+  std::string line, tflops, peak, mfu;
   while (std::getline(lines, line)) {
     if (line.rfind("small (", 0) != 0) continue;
     std::istringstream fields(line.substr(line.find(')') + 1));
     CaseRow row;
-    fields >> row.precision >> row.layout >> row.lattice >> tflops >> mfu >> row.pytorch >>
+    fields >> row.precision >> row.layout >> row.lattice >> tflops >> peak >> mfu >> row.pytorch >>
         row.ratio;
+    // The MFU is the row's TFLOP/s over its own peak, both as printed.
+    EXPECT_EQ(mfu.back(), '%') << line;
+    EXPECT_NEAR(std::stod(mfu), 100.0 * std::stod(tflops) / std::stod(peak),
+                0.05 + 100.0 * 0.0005 / std::stod(peak) * (1 + std::stod(tflops) / std::stod(peak)))
+        << line;
     rows.push_back(row);
   }
   return rows;
