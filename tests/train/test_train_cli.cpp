@@ -3,6 +3,7 @@
 // 2 without leaving half-written output.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -130,6 +131,20 @@ TEST_F(TrainCli, UnknownKeyIsNamedWithTheValidKeys) {
   expect_error(tiny_run("r") + " --training.stepz=3", "unknown config key training.stepz");
   std::ofstream(dir_ / "bad.toml") << "[trainign]\nsteps = 3\n";
   expect_error("train bad.toml", "unknown config section [trainign] in bad.toml");
+}
+
+TEST_F(TrainCli, AnUnknownBf16FallbackIsNamedAndNothingIsWritten) {
+  // The child inherits the variable; restored before any assertion can return.
+  const char* previous = std::getenv("LATTICE_MATMUL_BF16_FALLBACK");
+  const std::string kept = previous != nullptr ? previous : "";
+  setenv("LATTICE_MATMUL_BF16_FALLBACK", "bogus", 1);
+  const CliResult r = run_lattice(tiny_run("fallback", "bf16"), dir_);
+  if (previous != nullptr)
+    setenv("LATTICE_MATMUL_BF16_FALLBACK", kept.c_str(), 1);
+  else
+    unsetenv("LATTICE_MATMUL_BF16_FALLBACK");
+  expect_one_error_line(r, "LATTICE_MATMUL_BF16_FALLBACK=bogus is not a choice: use onednn");
+  EXPECT_FALSE(fs::exists(dir_ / "fallback"));
 }
 
 TEST_F(TrainCli, WrongTypeIsNamed) {
