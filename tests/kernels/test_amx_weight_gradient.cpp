@@ -185,6 +185,9 @@ TEST(AmxWeightGradient, EqualsOneDnnBitForBitWhereItSweepsTheTokensInOrder) {
   // of tdpbf16ps in order, as the kernel does (longer ones it splits differently: there the two
   // agree to fp32 rounding, as the reference test above bounds).
   if (!amx_tile_state_granted()) GTEST_SKIP() << "no AMX tile state on this machine";
+#if defined(LATTICE_AMX_EMULATED)
+  GTEST_SKIP() << "emulated tiles: oneDNN's bf16 GEMM here runs without AMX, in another order";
+#endif
   MatmulEngine engine;
   for (const Case& c : {Case{256, 1024, 256}, Case{128, 256, 64}, Case{64, 96, 256}}) {
     SCOPED_TRACE(::testing::Message()

@@ -1,7 +1,7 @@
 // AMX tile state: see amx_tiles.hpp.
 #include "lattice/kernels/cpu/amx_tiles.hpp"
 
-#if defined(LATTICE_HAS_AMX)
+#if defined(LATTICE_HAS_AMX) && !defined(LATTICE_AMX_EMULATED)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -9,7 +9,9 @@
 namespace lattice::kernels {
 
 bool amx_tile_state_granted() {
-#if defined(LATTICE_HAS_AMX)
+#if defined(LATTICE_AMX_EMULATED)
+  return true;  // the tiles are plain memory
+#elif defined(LATTICE_HAS_AMX)
   // Linux grants a process the AMX tile state only on request (ARCH_REQ_XCOMP_PERM for
   // XFEATURE_XTILEDATA).
   static const bool granted = [] {

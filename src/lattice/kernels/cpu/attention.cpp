@@ -31,13 +31,10 @@
 #include <vector>
 
 #include <omp.h>
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#include <immintrin.h>
-#endif
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/amx_tiles.hpp"
+#include "lattice/kernels/cpu/amx_tiles.hpp"  // LATTICE_HAS_AMX, <immintrin.h> with it
 #include "lattice/kernels/cpu/bf16_vector.hpp"
 #include "lattice/kernels/cpu/register_transpose.hpp"
 
@@ -273,7 +270,7 @@ void validate(const AttentionShape& s, const char* who) {
         name + ": k_row_stride and v_row_stride must be at least kv_heads * head_dim");
 }
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(LATTICE_HAS_AMX)
 // bf16 on AMX: tile products as tdpbf16ps (bf16 pairs, fp32 accumulate), operands packed to the
 // layouts the tiles load.
 
@@ -908,7 +905,7 @@ void attention_backward_amx(const Grads& grads, const float* d_out, const Src* q
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/) {
   validate(shape, "attention_forward");
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(LATTICE_HAS_AMX)
   if (precision == Precision::bf16 && use_amx()) {
     attention_forward_amx(out, lse, q, k, v, shape);
     return;
@@ -1045,7 +1042,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
   validate(shape, "attention_backward");
   check(shape.q_len == shape.kv_len,
         "attention_backward: q_len must equal kv_len (no backward through a KV cache)");
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(LATTICE_HAS_AMX)
   if (precision == Precision::bf16 && use_amx()) {
     attention_backward_amx(Fp32GradientRows{dq, dk, dv}, d_out, q, k, v, out, lse, shape);
     return;
@@ -1222,7 +1219,7 @@ void narrow_rows(lattice::bf16* dst, double* sums, int64_t sums_batch_stride,
 void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, const lattice::bf16* k,
                             const lattice::bf16* v, const AttentionShape& shape) {
   validate(shape, "attention_forward_bf16");
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(LATTICE_HAS_AMX)
   if (use_amx()) {
     attention_forward_amx(out, lse, q, k, v, shape);
     return;
@@ -1252,7 +1249,7 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
   const bool sums = grads.dq_sums != nullptr;
   check(sums == (grads.dk_sums != nullptr) && sums == (grads.dv_sums != nullptr),
         "attention_backward_bf16: give all three column-sum arrays (dq, dk, dv) or none");
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(LATTICE_HAS_AMX)
   if (use_amx()) {
     attention_backward_amx(grads, d_out, q, k, v, out, lse, shape);
     return;
