@@ -671,32 +671,49 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
   } else {
     d_out16 = impl_->to_bf16_buffer(0, d_out, M, N, N);
   }
+  const bool amx_gradient = amx_packed_gemm_enabled() && amx_weight_gradient_fits(N, K);
+  const bool amx_input =
+      amx_packed_gemm_enabled() && amx_packed_gemm_fits(N, K) && M >= kDenseChunkRows;
+  // Products off the AMX kernels where the engine widens bf16 operands: d_out16 widened once for
+  // both (run_widened would widen it for each), then the sgemm calls run_widened makes, so the
+  // same bits.
+  const bool widened_gradient = want_d_weight && !amx_gradient && impl_->widen_bf16;
+  const bool widened_input = want_d_in && !amx_input && impl_->widen_bf16;
+  const float* d_out32 =
+      widened_gradient || widened_input ? impl_->widen(0, d_out16, M * N) : nullptr;
   // The weight gradient first: its strided reads of d_out16 find the rows the rounding pass just
   // wrote still in cache; the input gradient streams through d_out16 after it.
-  if (want_d_weight && amx_packed_gemm_enabled() && amx_weight_gradient_fits(N, K)) {
+  if (want_d_weight) {  // d_weight[N,K] += d_out^T[N,M] · in[M,K]
     const lattice::bf16* in16 = rounded.in ? rounded.in : impl_->to_bf16_buffer(2, in, M, K, K);
-    impl_->amx_weight_gradient(d_weight, d_out16, in16, M, N, K, /*accumulate=*/true);
-  } else if (want_d_weight) {  // d_weight[N,K] += d_out^T[N,M] · in[M,K]: d_out^T a strided view
-    GemmShape s = Impl::shape(N, K, M, /*use_bf16=*/true);
-    s.a_stride_m = 1, s.a_stride_k = N;
-    s.b_stride_k = K, s.b_stride_n = 1;
-    s.ldc = K;
-    s.beta_bits = std::bit_cast<uint32_t>(1.0f);
-    const lattice::bf16* in16 = rounded.in ? rounded.in : impl_->to_bf16_buffer(2, in, M, K, K);
-    impl_->run(s, d_out16, in16, nullptr, d_weight);
+    if (amx_gradient) {
+      impl_->amx_weight_gradient(d_weight, d_out16, in16, M, N, K, /*accumulate=*/true);
+    } else if (widened_gradient) {
+      sgemm(true, false, N, K, M, 1.0f, d_out32, N, impl_->widen(1, in16, M * K), K, 1.0f, d_weight,
+            K);
+    } else {  // d_out^T a strided view
+      GemmShape s = Impl::shape(N, K, M, /*use_bf16=*/true);
+      s.a_stride_m = 1, s.a_stride_k = N;
+      s.b_stride_k = K, s.b_stride_n = 1;
+      s.ldc = K;
+      s.beta_bits = std::bit_cast<uint32_t>(1.0f);
+      impl_->run(s, d_out16, in16, nullptr, d_weight);
+    }
   }
   if (want_d_in) {  // d_in[M,K] = d_out[M,N] · weight[N,K]
-    GemmShape s = Impl::shape(M, K, N, /*use_bf16=*/true);
-    s.a_stride_m = N, s.a_stride_k = 1;
-    s.b_stride_k = K, s.b_stride_n = 1;
-    s.ldc = K;
     const lattice::bf16* weight16 = impl_->rounded_weight({weight, rounded.weight}, N, K);
-    if (amx_packed_gemm_enabled() && amx_packed_gemm_fits(N, K) && M >= kDenseChunkRows) {
+    if (amx_input) {
       // As forward: d_in = d_out16 · weight on the AMX kernel, the weight packed as stored.
       return multiply_in_row_chunks(
           d_out16, {weight, weight16}, /*weight_transposed=*/false, M, N, K, kDenseChunkRows,
           [](int64_t, int64_t, const float*) {}, nullptr, d_in);
     }
+    if (widened_input)
+      return sgemm(false, false, M, K, N, 1.0f, d_out32, N, impl_->widen(1, weight16, N * K), K,
+                   0.0f, d_in, K);
+    GemmShape s = Impl::shape(M, K, N, /*use_bf16=*/true);
+    s.a_stride_m = N, s.a_stride_k = 1;
+    s.b_stride_k = K, s.b_stride_n = 1;
+    s.ldc = K;
     impl_->run(s, d_out16, weight16, nullptr, d_in);
   }
 }
