@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -36,7 +37,9 @@
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/amx_tiles.hpp"  // LATTICE_HAS_AMX, <immintrin.h> with it
 #include "lattice/kernels/cpu/bf16_vector.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/register_transpose.hpp"
+#include "lattice/kernels/cpu/thread_columns.hpp"
 
 namespace lattice::kernels {
 
@@ -1185,32 +1188,42 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
 namespace {
 
 // Dense fp32 copies of bf16 rows (the portable path of the bf16-input entry points): `rows` token
-// rows of `width` elements at `src` (row stride src_stride, batch stride src_batch) for each batch.
-std::vector<float> widen_rows(const lattice::bf16* src, int64_t batches, int64_t rows,
-                              int64_t width, int64_t src_stride, int64_t src_batch) {
-  std::vector<float> dense(static_cast<size_t>(batches * rows * width));
-  for (int64_t b = 0; b < batches; ++b)
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t j = 0; j < width; ++j)
-        dense[static_cast<size_t>((b * rows + t) * width + j)] =
-            to_float(src[b * src_batch + t * src_stride + j]);
+// rows of `width` elements at `src` (row stride src_stride, batch stride src_batch) for each batch,
+// in storage left uninitialised (every element is written), the rows spread over the threads.
+std::unique_ptr<float[]> widen_rows(const lattice::bf16* src, int64_t batches, int64_t rows,
+                                    int64_t width, int64_t src_stride, int64_t src_batch) {
+  auto dense = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(batches * rows * width));
+  const int64_t total = batches * rows;
+#pragma omp parallel for schedule(static) if (total * width >= (1 << 15))
+  for (int64_t r = 0; r < total; ++r) {
+    convert_to_f32_on_this_thread(dense.get() + r * width,
+                                  src + (r / rows) * src_batch + (r % rows) * src_stride, width);
+  }
   return dense;
 }
 
 // The dense fp32 gradient [batches, rows, width] rounded into strided bf16 rows, with each batch's
-// column sums (double, token order) when sums is not null.
-void narrow_rows(lattice::bf16* dst, double* sums, int64_t sums_batch_stride,
-                 const std::vector<float>& dense, int64_t batches, int64_t rows, int64_t width,
-                 int64_t dst_stride, int64_t dst_batch) {
-  for (int64_t b = 0; b < batches; ++b) {
-    double* batch_sums = sums != nullptr ? sums + b * sums_batch_stride : nullptr;
-    if (batch_sums != nullptr) std::fill(batch_sums, batch_sums + width, 0.0);
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t j = 0; j < width; ++j) {
-        const float value = dense[static_cast<size_t>((b * rows + t) * width + j)];
-        dst[b * dst_batch + t * dst_stride + j] = to_bf16(value);
-        if (batch_sums != nullptr) batch_sums[j] += static_cast<double>(value);
+// column sums (double, token order) when sums is not null: each thread rounds and sums its own
+// columns of every row (thread_columns), so every column is still summed row by row and the
+// results do not depend on the thread count.
+void narrow_rows(lattice::bf16* dst, double* sums, int64_t sums_batch_stride, const float* dense,
+                 int64_t batches, int64_t rows, int64_t width, int64_t dst_stride,
+                 int64_t dst_batch) {
+#pragma omp parallel if (batches * rows * width >= (1 << 15))
+  {
+    const ColumnRange range = thread_columns(width, omp_get_thread_num(), omp_get_num_threads());
+    for (int64_t b = 0; b < batches && range.width() > 0; ++b) {
+      double* batch_sums = sums != nullptr ? sums + b * sums_batch_stride : nullptr;
+      if (batch_sums != nullptr) std::fill(batch_sums + range.begin, batch_sums + range.end, 0.0);
+      for (int64_t t = 0; t < rows; ++t) {
+        const float* row = dense + (b * rows + t) * width;
+        convert_to_bf16_on_this_thread(dst + b * dst_batch + t * dst_stride + range.begin,
+                                       row + range.begin, range.width());
+        if (batch_sums == nullptr) continue;
+        for (int64_t j = range.begin; j < range.end; ++j)
+          batch_sums[j] += static_cast<double>(row[j]);
       }
+    }
   }
 }
 
@@ -1226,18 +1239,18 @@ void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, cons
   }
 #endif
   const AttentionShape& s = shape;
-  const std::vector<float> q32 =
+  const auto q32 =
       widen_rows(q, s.batch, s.q_len, s.q_heads * s.head_dim, s.q_row_stride, s.q_batch_stride);
-  const std::vector<float> k32 =
+  const auto k32 =
       widen_rows(k, s.batch, s.kv_len, s.kv_heads * s.head_dim, s.k_row_stride, s.kv_batch_stride);
-  const std::vector<float> v32 =
+  const auto v32 =
       widen_rows(v, s.batch, s.kv_len, s.kv_heads * s.head_dim, s.v_row_stride, s.kv_batch_stride);
   AttentionShape dense =
       AttentionShape::contiguous(s.batch, s.q_len, s.q_heads, s.kv_heads, s.head_dim);
   dense.kv_len = s.kv_len;
   dense.kv_batch_stride = s.kv_len * s.kv_heads * s.head_dim;
   MatmulEngine unused;
-  attention_forward(out, lse, q32.data(), k32.data(), v32.data(), dense, Precision::bf16, unused);
+  attention_forward(out, lse, q32.get(), k32.get(), v32.get(), dense, Precision::bf16, unused);
 }
 
 void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d_out,
@@ -1257,23 +1270,23 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
 #endif
   const AttentionShape& s = shape;
   const int64_t T = s.q_len, q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
-  const std::vector<float> q32 =
-      widen_rows(q, s.batch, T, q_width, s.q_row_stride, s.q_batch_stride);
-  const std::vector<float> k32 =
-      widen_rows(k, s.batch, T, kv_width, s.k_row_stride, s.kv_batch_stride);
-  const std::vector<float> v32 =
-      widen_rows(v, s.batch, T, kv_width, s.v_row_stride, s.kv_batch_stride);
-  std::vector<float> dq32(q32.size()), dk32(k32.size()), dv32(v32.size());
+  const auto q32 = widen_rows(q, s.batch, T, q_width, s.q_row_stride, s.q_batch_stride);
+  const auto k32 = widen_rows(k, s.batch, T, kv_width, s.k_row_stride, s.kv_batch_stride);
+  const auto v32 = widen_rows(v, s.batch, T, kv_width, s.v_row_stride, s.kv_batch_stride);
+  // Overwritten by attention_backward: no zero fill.
+  auto dq32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * T * q_width));
+  auto dk32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * T * kv_width));
+  auto dv32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * T * kv_width));
   const AttentionShape dense =
       AttentionShape::contiguous(s.batch, T, s.q_heads, s.kv_heads, s.head_dim);
   MatmulEngine unused;
-  attention_backward(dq32.data(), dk32.data(), dv32.data(), d_out, q32.data(), k32.data(),
-                     v32.data(), out, lse, dense, Precision::bf16, unused);
-  narrow_rows(grads.dq, grads.dq_sums, grads.sums_batch_stride, dq32, s.batch, T, q_width,
+  attention_backward(dq32.get(), dk32.get(), dv32.get(), d_out, q32.get(), k32.get(), v32.get(),
+                     out, lse, dense, Precision::bf16, unused);
+  narrow_rows(grads.dq, grads.dq_sums, grads.sums_batch_stride, dq32.get(), s.batch, T, q_width,
               s.q_row_stride, s.q_batch_stride);
-  narrow_rows(grads.dk, grads.dk_sums, grads.sums_batch_stride, dk32, s.batch, T, kv_width,
+  narrow_rows(grads.dk, grads.dk_sums, grads.sums_batch_stride, dk32.get(), s.batch, T, kv_width,
               s.k_row_stride, s.kv_batch_stride);
-  narrow_rows(grads.dv, grads.dv_sums, grads.sums_batch_stride, dv32, s.batch, T, kv_width,
+  narrow_rows(grads.dv, grads.dv_sums, grads.sums_batch_stride, dv32.get(), s.batch, T, kv_width,
               s.v_row_stride, s.kv_batch_stride);
 }
 
