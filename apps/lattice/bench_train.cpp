@@ -174,9 +174,8 @@ void register_bench_train(CLI::App& bench) {
     for (const auto& blas : pytorch_blas) std::printf("PyTorch BLAS: %s\n", blas.c_str());
     std::printf(
         "\nFLOPs per token = 6N + 12·L·T·d (N without position embeddings); MFU against the "
-        "row's peak: the better of two 1024^3 GEMM calibrations (all threads), just before and "
-        "just "
-        "after the row.\n"
+        "row's peak: the better of two 1024^3 GEMM calibrations (all threads), one just before "
+        "the row and one just after it.\n"
         "layout RxT: R ranks of T threads each (R > 1: Lattice data parallelism on the local "
         "backend, PyTorch DistributedDataParallel over gloo).\n");
   });
