@@ -1,5 +1,6 @@
 // Reduction kernels: blocks of up to kBlock elements are accumulated in an L1-resident buffer (fp32
-// for bf16/fp16), then stored to every target with plain or non-temporal stores.
+// for bf16/fp16), then stored to every target with plain or non-temporal stores; an fp32 sum of at
+// most one block goes straight from the sources into the targets (AVX-512, same order and bits).
 #include "lattice/comm/reduce_kernels.hpp"
 
 #include <algorithm>
