@@ -10,14 +10,11 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 
 namespace lattice::train {
 
 double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision) {
-  if (precision == kernels::Precision::bf16 &&
-      matmul.bf16_fallback() == kernels::Bf16FallbackGemm::widened_fp32 &&
-      !kernels::amx_packed_gemm_enabled())
+  if (precision == kernels::Precision::bf16 && matmul.bf16_on_fp32_units())
     precision = kernels::Precision::fp32;
   const int64_t n = 1024;
   std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());

@@ -579,12 +579,18 @@ Bf16FallbackGemm MatmulEngine::bf16_fallback() const {
   return impl_->widen_bf16 ? Bf16FallbackGemm::widened_fp32 : Bf16FallbackGemm::onednn_bf16;
 }
 
+bool MatmulEngine::bf16_on_fp32_units() const {
+  return impl_->widen_bf16 && !amx_packed_gemm_enabled();
+}
+
 std::string MatmulEngine::bf16_gemms() const {
   const bool amx = onednn_has_amx();
-  if (impl_->widen_bf16)
-    return amx ? "bf16 GEMMs on Lattice's AMX kernels where they apply, else widened to fp32 "
-                 "(LATTICE_MATMUL_BF16_FALLBACK=fp32)"
+  if (bf16_on_fp32_units())
+    return amx ? "bf16 GEMMs on fp32 units (operands widened: LATTICE_MATMUL_BF16_FALLBACK=fp32)"
                : "bf16 GEMMs on fp32 units (operands widened: oneDNN finds no AMX on this CPU)";
+  if (impl_->widen_bf16)
+    return "bf16 GEMMs on Lattice's AMX kernels where they apply, else widened to fp32 "
+           "(LATTICE_MATMUL_BF16_FALLBACK=fp32)";
   if (amx_packed_gemm_enabled()) return "bf16 GEMMs on AMX (Lattice's kernels and oneDNN)";
   return amx ? "bf16 GEMMs on oneDNN's AMX matmul"
              : "bf16 GEMMs on oneDNN's AVX512-BF16 matmul (no AMX on this CPU; "

@@ -168,6 +168,9 @@ class MatmulEngine {
 
   // How this engine computes bf16 products off Lattice's AMX kernels (never automatic).
   Bf16FallbackGemm bf16_fallback() const;
+  // Whether every bf16 product of this engine runs on the fp32 units (widened_fp32, and Lattice's
+  // AMX kernels off or absent): then the fp32 GEMM's peak is the bf16 one.
+  bool bf16_on_fp32_units() const;
   // One phrase naming where this engine's bf16 products run, for run banners, e.g. "bf16 GEMMs on
   // fp32 units (operands widened: oneDNN finds no AMX on this CPU)".
   std::string bf16_gemms() const;
