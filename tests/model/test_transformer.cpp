@@ -53,6 +53,27 @@ TEST(ModelConfig, ParameterCountsMatchPublishedModels) {
   EXPECT_EQ(total, model_preset("llama-tiny").parameter_count());
 }
 
+TEST(Transformer, ParameterCountDeclaresWithoutAllocating) {
+  // The declare-only count equals the built store's elements, for both families, tied and untied,
+  // and for stages (an untied copy of a tied head on the last stage counts on that stage).
+  for (const char* name : {"gpt2-tiny", "llama-tiny"}) {
+    for (bool tied : {true, false}) {
+      ModelConfig c = model_preset(name);
+      c.tied_embeddings = tied;
+      for (StageRange range : {StageRange{}, StageRange{0, 1}, StageRange{1, -1}}) {
+        MemoryTracker tracker;
+        Transformer built(c, &tracker, range);
+        int64_t total = 0;
+        for (const auto& p : built.parameters().parameters()) total += p.numel;
+        EXPECT_EQ(Transformer::parameter_count(c, range), total) << name << " tied=" << tied;
+        EXPECT_GT(tracker.current(MemoryCategory::parameters), 0);
+      }
+    }
+  }
+  // A 124M model counted without a byte of parameters allocated.
+  EXPECT_EQ(Transformer::parameter_count(model_preset("gpt2-124m")), 124439808);
+}
+
 TEST(ModelConfig, RejectsDimensionsThatDoNotFit) {
   ModelConfig c = model_preset("gpt2-tiny");
   c.n_heads = 5;

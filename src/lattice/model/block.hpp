@@ -1,8 +1,10 @@
 // Block: the interface of one transformer block (GPT-2 or Llama) with a hand-written forward and
-// backward, and the scratch arena that backward passes share.
+// backward (whole, or split into input and weight halves) over caller-owned saved activations, and
+// the scratch arena that backward passes share.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "lattice/core/error.hpp"
@@ -23,28 +25,64 @@ class BackwardScratch {
   std::vector<Tensor> buffers_;
 };
 
+// What one block's forward saves for its backward: a plain struct per block type (shapes in its
+// comments), owned by the caller, one per microbatch in flight. The block itself holds none.
+struct BlockActivations {
+  virtual ~BlockActivations() = default;
+  // Frees every saved tensor (the struct can be filled again by another forward).
+  virtual void release() = 0;
+  // Selective activation checkpointing: when set before forward, the attention core's output and
+  // log-sum-exp are dropped at the end of the forward and recomputed from the saved q, k, v at the
+  // start of the backward (Korthikanti et al.'s "selective recomputation"; same bits).
+  bool recompute_attention = false;
+  // Set by backward_input, cleared by backward_weight: the weight gradients are still to run.
+  bool weight_gradients_pending = false;
+};
+
 class Block {
  public:
   virtual ~Block() = default;
-  // x_out = block(x_in) for B sequences of T tokens; saves the activations backward needs (x_in
+  // An empty set of this block type's saved activations.
+  virtual std::unique_ptr<BlockActivations> make_activations() const = 0;
+  // x_out = block(x_in) for B sequences of T tokens; saves into `saved` what backward needs (x_in
   // itself is not copied: the caller keeps it alive until backward).
-  virtual void forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                       int64_t T) = 0;
+  virtual void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out,
+                       const float* x_in, int64_t B, int64_t T) = 0;
   // d_x_in = ∂loss/∂x_in given d_x_out (d_x_in may alias d_x_out); parameter gradients accumulate.
-  virtual void backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out,
-                        const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch) = 0;
-  // Frees the saved activations.
-  virtual void release_activations() = 0;
+  // `saved` is the set the matching forward filled.
+  virtual void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                        const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                        BackwardScratch& scratch) = 0;
+  // The two halves of backward, for schedules that run them apart (zero-bubble pipelines).
+  // backward_input (B) computes d_x_in and the gradients that come out of its own passes (norm
+  // weights and biases); it keeps in `saved` the output gradient of every Linear.
+  // backward_weight (W) then runs the Linears' weight-gradient GEMMs from them and frees them.
+  // B then W accumulates exactly backward's bits.
+  virtual void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                              const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                              BackwardScratch& scratch) = 0;
+  virtual void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                               int64_t B, int64_t T) = 0;
   // Incremental inference: x_out = block(x_in) for n new tokens of each of B sequences at
   // positions [cache.length(), cache.length() + n), attending to the cached positions before them;
   // writes the new keys and values into layer `cache_layer` of `cache` (the caller advances the
-  // cache once every block has run). Overwrites the saved activations: no backward may follow.
-  virtual void forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                              int64_t n, KvCache& cache, int64_t cache_layer) {
-    (void)ctx, (void)x_out, (void)x_in, (void)B, (void)n, (void)cache, (void)cache_layer;
+  // cache once every block has run). `work` is overwritten: no backward may follow.
+  virtual void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
+                              const float* x_in, int64_t B, int64_t n, KvCache& cache,
+                              int64_t cache_layer) {
+    (void)ctx, (void)work, (void)x_out, (void)x_in, (void)B, (void)n, (void)cache,
+        (void)cache_layer;
     throw Error("this block type has no incremental (KV-cached) forward yet");
   }
 };
+
+// The block type's own activations struct behind a BlockActivations reference (checked).
+template <typename Saved>
+Saved& saved_as(BlockActivations& saved) {
+  auto* typed = dynamic_cast<Saved*>(&saved);
+  check(typed != nullptr, "a block was handed another block type's activations (internal error)");
+  return *typed;
+}
 
 // Saved activations are kept in tensors sized for the current B·T; this grows one if needed.
 void ensure_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker);

@@ -59,178 +59,284 @@ static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, i
   return s;
 }
 
-void Gpt2Block::prepare_activations(const LayerContext& ctx, int64_t B, int64_t T, bool cached) {
+void Gpt2BlockActivations::release() {
+  for (Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv16, &att, &lse, &x2, &ln2, &ln2_mean,
+                    &ln2_rstd, &fc, &gelu, &gelu_slope16, &d_qkv, &d_x2, &d_fc, &d_y})
+    t->reset();
+  for (LinearActivations* l : {&c_attn, &attn_proj, &c_fc, &mlp_proj}) l->release();
+  weight_gradients_pending = false;
+}
+
+namespace {
+// Selective checkpointing: the recomputed attention output is freed again once the block's
+// backward no longer needs it, so at most one block holds it at a time.
+void drop_recomputed_attention(BlockActivations& saved, Tensor& att, Tensor& lse) {
+  if (!saved.recompute_attention) return;
+  att.reset();
+  lse.reset();
+}
+}  // namespace
+
+std::unique_ptr<BlockActivations> Gpt2Block::make_activations() const {
+  return std::make_unique<Saved>();
+}
+
+void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T,
+                                    bool cached) {
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
   // In bf16 the LayerNorm outputs exist only as the next Linear's bf16 input (see qkv_forward),
   // and in bf16 training q, k, v only in bf16 (see qkv_forward).
   const bool bf16 = ctx.precision == k::Precision::bf16;
   if (bf16)
-    ln1_.reset();
+    a.ln1.reset();
   else
-    ensure_activation(ln1_, {rows, C_}, tr);
-  ensure_activation(ln1_mean_, {rows}, tr);
-  ensure_activation(ln1_rstd_, {rows}, tr);
+    ensure_activation(a.ln1, {rows, C_}, tr);
+  ensure_activation(a.ln1_mean, {rows}, tr);
+  ensure_activation(a.ln1_rstd, {rows}, tr);
   if (bf16 && !cached) {
-    qkv_.reset();
-    ensure_bf16_activation(qkv16_, {rows, 3 * C_}, tr);
+    a.qkv.reset();
+    ensure_bf16_activation(a.qkv16, {rows, 3 * C_}, tr);
   } else {
-    qkv16_.reset();
-    ensure_activation(qkv_, {rows, 3 * C_}, tr);
+    a.qkv16.reset();
+    ensure_activation(a.qkv, {rows, 3 * C_}, tr);
   }
-  ensure_activation(att_, {rows, C_}, tr);
-  ensure_activation(lse_, {B, heads_, T}, tr);
-  ensure_activation(x2_, {rows, C_}, tr);
+  ensure_activation(a.att, {rows, C_}, tr);
+  ensure_activation(a.lse, {B, heads_, T}, tr);
+  ensure_activation(a.x2, {rows, C_}, tr);
   if (bf16)
-    ln2_.reset();
+    a.ln2.reset();
   else
-    ensure_activation(ln2_, {rows, C_}, tr);
-  ensure_activation(ln2_mean_, {rows}, tr);
-  ensure_activation(ln2_rstd_, {rows}, tr);
+    ensure_activation(a.ln2, {rows, C_}, tr);
+  ensure_activation(a.ln2_mean, {rows}, tr);
+  ensure_activation(a.ln2_rstd, {rows}, tr);
   // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward),
   // and backward keeps the GELU's bf16 slope instead of the fp32 pre-activation, which exists only
   // chunk by chunk in cache (or whole, for a few rows: see mlp_forward_bf16).
   if (bf16) {
-    gelu_.reset();
-    ensure_bf16_activation(gelu_slope16_, {rows, F_}, tr);
+    a.gelu.reset();
+    ensure_bf16_activation(a.gelu_slope16, {rows, F_}, tr);
     if (rows >= kChunkRows)
-      fc_.reset();
+      a.fc.reset();
     else
-      ensure_activation(fc_, {rows, F_}, tr);
+      ensure_activation(a.fc, {rows, F_}, tr);
   } else {
-    gelu_slope16_.reset();
-    ensure_activation(fc_, {rows, F_}, tr);
-    ensure_activation(gelu_, {rows, F_}, tr);
+    a.gelu_slope16.reset();
+    ensure_activation(a.fc, {rows, F_}, tr);
+    ensure_activation(a.gelu, {rows, F_}, tr);
   }
 }
 
-void Gpt2Block::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows) {
+void Gpt2Block::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
   if (ctx.precision != k::Precision::bf16) {
-    k::layernorm_forward(ln1_.f32(), ln1_mean_.f32(), ln1_rstd_.f32(), x_in,
+    k::layernorm_forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x_in,
                          store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
-    c_attn_.forward(ctx, qkv_.f32(), ln1_.f32(), rows);
+    c_attn_.forward(ctx, a.c_attn, a.qkv.f32(), a.ln1.f32(), rows);
     return;
   }
   // LayerNorm writes c_attn's bf16 input directly.
-  k::layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, rows), ln1_mean_.f32(), ln1_rstd_.f32(),
-                            x_in, store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_,
-                            eps_);
-  if (qkv16_.empty()) {  // cached inference: fp32 q, k, v for the KV cache
-    c_attn_.forward_prepared(ctx, qkv_.f32(), rows);
+  k::layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, a.c_attn, rows), a.ln1_mean.f32(),
+                            a.ln1_rstd.f32(), x_in, store_.value(ln1_weight_),
+                            store_.value(ln1_bias_), rows, C_, eps_);
+  if (a.qkv16.empty()) {  // cached inference: fp32 q, k, v for the KV cache
+    c_attn_.forward_prepared(ctx, a.c_attn, a.qkv.f32(), rows);
     return;
   }
   // Training: c_attn in row chunks (bias included), each chunk rounded to bf16 while in cache:
   // the same values attention would round from an fp32 qkv, which is never stored.
-  lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
+  lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
   const int64_t width = 3 * C_;
   c_attn_.forward_prepared_in_row_chunks(
-      ctx, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
+      ctx, a.c_attn, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
         k::convert_to_bf16_on_this_thread(qkv16 + begin * width, chunk, n * width);
       });
 }
 
-void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
-                                           int64_t rows) {
-  attn_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
-  k::add_inplace(x2_.f32(), x_in, rows * C_);
+void Gpt2Block::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
+  const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, C_);
   if (ctx.precision == k::Precision::bf16) {
-    mlp_forward_bf16(ctx, x_out, rows);
+    const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
+    k::attention_forward_bf16(a.att.f32(), a.lse.f32(), qkv16, qkv16 + C_, qkv16 + 2 * C_, shape);
   } else {
-    k::layernorm_forward(ln2_.f32(), ln2_mean_.f32(), ln2_rstd_.f32(), x2_.f32(),
-                         store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
-    c_fc_.forward(ctx, fc_.f32(), ln2_.f32(), rows);
-    k::gelu_forward(gelu_.f32(), fc_.f32(), rows * F_);
-    mlp_proj_.forward(ctx, x_out, gelu_.f32(), rows);
+    const float* qkv = a.qkv.f32();
+    k::attention_forward(a.att.f32(), a.lse.f32(), qkv, qkv + C_, qkv + 2 * C_, shape,
+                         ctx.precision, ctx.matmul);
   }
-  k::add_inplace(x_out, x2_.f32(), rows * C_);
 }
 
-void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t rows) {
+void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
+                                           const float* x_in, int64_t rows) {
+  attn_proj_.forward(ctx, a.attn_proj, a.x2.f32(), a.att.f32(), rows);
+  k::add_inplace(a.x2.f32(), x_in, rows * C_);
+  if (ctx.precision == k::Precision::bf16) {
+    mlp_forward_bf16(ctx, a, x_out, rows);
+  } else {
+    k::layernorm_forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.x2.f32(),
+                         store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
+    c_fc_.forward(ctx, a.c_fc, a.fc.f32(), a.ln2.f32(), rows);
+    k::gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
+    mlp_proj_.forward(ctx, a.mlp_proj, x_out, a.gelu.f32(), rows);
+  }
+  k::add_inplace(x_out, a.x2.f32(), rows * C_);
+}
+
+void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* x_out, int64_t rows) {
   // LayerNorm 2 writes c_fc's bf16 input and the GELU mlp_proj's: no fp32 copy of either exists.
-  k::layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, rows), ln2_mean_.f32(), ln2_rstd_.f32(),
-                            x2_.f32(), store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_,
-                            eps_);
-  lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, rows);
-  lattice::bf16* slope16 = gelu_slope16_.data<lattice::bf16>();
+  k::layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, a.c_fc, rows), a.ln2_mean.f32(),
+                            a.ln2_rstd.f32(), a.x2.f32(), store_.value(ln2_weight_),
+                            store_.value(ln2_bias_), rows, C_, eps_);
+  lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows);
+  lattice::bf16* slope16 = a.gelu_slope16.data<lattice::bf16>();
   if (rows >= kChunkRows) {
     // c_fc in row chunks: each chunk of the pre-activation goes through the GELU while it is in
     // cache and is never stored; backward keeps the GELU's bf16 slope.
     c_fc_.forward_prepared_in_row_chunks(
-        ctx, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
+        ctx, a.c_fc, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
           k::gelu_forward_bf16_with_slope_on_this_thread(gelu16 + begin * F_, slope16 + begin * F_,
                                                          chunk, n * F_);
         });
   } else {  // a few rows (cached inference, tiny batches): one multi-threaded GEMM
-    c_fc_.forward_prepared(ctx, fc_.f32(), rows);
-    k::gelu_forward_bf16_with_slope(gelu16, slope16, fc_.f32(), rows * F_);
+    c_fc_.forward_prepared(ctx, a.c_fc, a.fc.f32(), rows);
+    k::gelu_forward_bf16_with_slope(gelu16, slope16, a.fc.f32(), rows * F_);
   }
-  mlp_proj_.forward_prepared(ctx, x_out, rows);
+  mlp_proj_.forward_prepared(ctx, a.mlp_proj, x_out, rows);
 }
 
-void Gpt2Block::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                        int64_t T) {
+void Gpt2Block::forward(const LayerContext& ctx, BlockActivations& saved, float* x_out,
+                        const float* x_in, int64_t B, int64_t T) {
+  Saved& a = saved_as<Saved>(saved);
   const int64_t rows = B * T;
-  prepare_activations(ctx, B, T, /*cached=*/false);
-  const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, C_);
-  qkv_forward(ctx, x_in, rows);
-  if (ctx.precision == k::Precision::bf16) {
-    const lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
-    k::attention_forward_bf16(att_.f32(), lse_.f32(), qkv16, qkv16 + C_, qkv16 + 2 * C_, shape);
-  } else {
-    const float* qkv = qkv_.f32();
-    k::attention_forward(att_.f32(), lse_.f32(), qkv, qkv + C_, qkv + 2 * C_, shape, ctx.precision,
-                         ctx.matmul);
+  prepare_activations(ctx, a, B, T, /*cached=*/false);
+  qkv_forward(ctx, a, x_in, rows);
+  attention_core(ctx, a, B, T);
+  projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
+  if (a.recompute_attention) {  // selective checkpointing: recomputed in backward
+    a.att.reset();
+    a.lse.reset();
   }
-  projection_and_mlp_forward(ctx, x_out, x_in, rows);
 }
 
-void Gpt2Block::backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out,
-                         const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch) {
+void Gpt2Block::backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                         const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                         BackwardScratch& scratch) {
+  backward_pass(ctx, saved_as<Saved>(saved), d_x_in, d_x_out, x_in, B, T, scratch, false);
+}
+
+void Gpt2Block::backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                               const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                               BackwardScratch& scratch) {
+  backward_pass(ctx, saved_as<Saved>(saved), d_x_in, d_x_out, x_in, B, T, scratch, true);
+}
+
+void Gpt2Block::backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in,
+                              const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                              BackwardScratch& scratch, bool defer) {
+  check(!a.weight_gradients_pending,
+        "backward of a block whose weight gradients are still "
+        "pending (internal error)");
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
+  const bool bf16 = ctx.precision == k::Precision::bf16;
+  if (a.recompute_attention && a.att.empty()) {  // selective checkpointing: the attention again
+    ensure_activation(a.att, {rows, C_}, tr);
+    ensure_activation(a.lse, {B, heads_, T}, tr);
+    attention_core(ctx, a, B, T);
+    // attn_proj's bf16 input was rounded from these same values: it stays valid.
+    if (!a.attn_proj.prepared && a.attn_proj.rounded_from != nullptr)
+      a.attn_proj.rounded_from = a.att.f32();
+  }
+  // The gradients each Linear's weight half reads: scratch when it runs here, kept in `a` when
+  // backward_weight runs it later.
+  auto kept = [&](Tensor& pending, int slot, int64_t numel) -> float* {
+    if (!defer) return scratch.get(slot, numel, tr);
+    ensure_activation(pending, {numel}, tr);
+    return pending.f32();
+  };
   // d gelu output: fp32 [rows, F]; in bf16 only c_proj's rounded d_out [rows, C] (d_gelu stays
   // in per-chunk buffers, see mlp_backward_bf16).
-  const bool bf16 = ctx.precision == k::Precision::bf16;
-  float* d_gelu = scratch.get(0, bf16 ? (rows * C_ + 1) / 2 : rows * F_, tr);
-  float* d_fc = scratch.get(5, rows * F_, tr);  // fp32, or bf16 in its first half (bf16 precision)
+  float* d_y16_or_gelu = bf16 ? kept(a.d_y, 0, (rows * C_ + 1) / 2) : scratch.get(0, rows * F_, tr);
+  float* d_fc = kept(a.d_fc, 5, rows * F_);     // fp32, or bf16 in its first half (bf16 precision)
   float* d_ln = scratch.get(1, rows * C_, tr);  // d of a LayerNorm output
-  float* d_x2 = scratch.get(2, rows * C_, tr);  // d residual after attention
-  float* d_qkv = scratch.get(3, rows * 3 * C_, tr);  // d q, k, v packed
+  float* d_x2 = kept(a.d_x2, 2, rows * C_);     // d residual after attention
+  float* d_qkv = kept(a.d_qkv, 3, rows * 3 * C_);  // d q, k, v packed
   float* d_att = scratch.get(4, rows * C_, tr);
 
   // MLP branch: x_out = x2 + c_proj(gelu(c_fc(ln2(x2)))).
   if (bf16) {
-    mlp_backward_bf16(ctx, d_ln, d_x_out, d_fc, d_gelu, rows);
+    mlp_backward_bf16(ctx, a, d_ln, d_x_out, d_fc, d_y16_or_gelu, rows, defer);
   } else {
-    mlp_proj_.backward(ctx, d_gelu, d_x_out, gelu_.f32(), rows);
-    k::gelu_backward(d_fc, d_gelu, fc_.f32(), rows * F_);
-    c_fc_.backward(ctx, d_ln, d_fc, ln2_.f32(), rows);
+    float* d_gelu = d_y16_or_gelu;
+    if (defer) {  // d_x_out may be overwritten by d_x_in below: c_proj's W keeps its own copy
+      k::copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
+      mlp_proj_.backward_input(ctx, a.mlp_proj, d_gelu, d_x_out, rows);
+    } else {
+      mlp_proj_.backward(ctx, a.mlp_proj, d_gelu, d_x_out, a.gelu.f32(), rows);
+    }
+    k::gelu_backward(d_fc, d_gelu, a.fc.f32(), rows * F_);
+    if (defer)
+      c_fc_.backward_input(ctx, a.c_fc, d_ln, d_fc, rows);
+    else
+      c_fc_.backward(ctx, a.c_fc, d_ln, d_fc, a.ln2.f32(), rows);
   }
-  k::layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln, x2_.f32(),
-                        store_.value(ln2_weight_), ln2_mean_.f32(), ln2_rstd_.f32(), rows, C_,
+  k::layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln, a.x2.f32(),
+                        store_.value(ln2_weight_), a.ln2_mean.f32(), a.ln2_rstd.f32(), rows, C_,
                         /*residual_grad=*/d_x_out);
 
   // Attention branch: x2 = x_in + c_proj(attention(c_attn(ln1(x_in)))).
-  attn_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
+  if (defer)
+    attn_proj_.backward_input(ctx, a.attn_proj, d_att, d_x2, rows);
+  else
+    attn_proj_.backward(ctx, a.attn_proj, d_att, d_x2, a.att.f32(), rows);
   if (bf16) {
-    attention_backward_bf16(ctx, d_ln, d_att, d_qkv, B, T);
+    attention_backward_bf16(ctx, a, d_ln, d_att, d_qkv, B, T, defer);
   } else {
-    const float* qkv = qkv_.f32();
+    const float* qkv = a.qkv.f32();
     k::attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_, qkv + 2 * C_,
-                          att_.f32(), lse_.f32(), packed_qkv_shape(B, T, heads_, C_), ctx.precision,
-                          ctx.matmul);
-    c_attn_.backward(ctx, d_ln, d_qkv, ln1_.f32(), rows);
+                          a.att.f32(), a.lse.f32(), packed_qkv_shape(B, T, heads_, C_),
+                          ctx.precision, ctx.matmul);
+    if (defer)
+      c_attn_.backward_input(ctx, a.c_attn, d_ln, d_qkv, rows);
+    else
+      c_attn_.backward(ctx, a.c_attn, d_ln, d_qkv, a.ln1.f32(), rows);
   }
   k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
-                        store_.value(ln1_weight_), ln1_mean_.f32(), ln1_rstd_.f32(), rows, C_,
+                        store_.value(ln1_weight_), a.ln1_mean.f32(), a.ln1_rstd.f32(), rows, C_,
                         /*residual_grad=*/d_x2);
+  a.weight_gradients_pending = defer;
+  if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
 
-void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_att,
-                                        float* d_qkv_buffer, int64_t B, int64_t T) {
+void Gpt2Block::backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                                int64_t B, int64_t T) {
+  Saved& a = saved_as<Saved>(saved);
+  check(a.weight_gradients_pending,
+        "backward_weight without a preceding backward_input (internal error)");
+  const int64_t rows = B * T;
+  if (ctx.precision == k::Precision::bf16) {
+    mlp_proj_.backward_rounded(ctx, a.mlp_proj, nullptr,
+                               reinterpret_cast<const lattice::bf16*>(a.d_y.f32()), nullptr, rows);
+    c_fc_.backward_rounded(ctx, a.c_fc, nullptr,
+                           reinterpret_cast<const lattice::bf16*>(a.d_fc.f32()), a.ln2.f32(), rows);
+    attn_proj_.backward_weight(ctx, a.attn_proj, a.d_x2.f32(), a.att.f32(), rows);
+    c_attn_.backward_rounded(ctx, a.c_attn, nullptr,
+                             reinterpret_cast<const lattice::bf16*>(a.d_qkv.f32()), nullptr, rows);
+  } else {
+    mlp_proj_.backward_weight(ctx, a.mlp_proj, a.d_y.f32(), a.gelu.f32(), rows);
+    c_fc_.backward_weight(ctx, a.c_fc, a.d_fc.f32(), a.ln2.f32(), rows);
+    attn_proj_.backward_weight(ctx, a.attn_proj, a.d_x2.f32(), a.att.f32(), rows);
+    c_attn_.backward_weight(ctx, a.c_attn, a.d_qkv.f32(), a.ln1.f32(), rows);
+  }
+  for (Tensor* t : {&a.d_qkv, &a.d_x2, &a.d_fc, &a.d_y}) t->reset();
+  a.weight_gradients_pending = false;
+  drop_recomputed_attention(a, a.att, a.lse);
+}
+
+void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln,
+                                        const float* d_att, float* d_qkv_buffer, int64_t B,
+                                        int64_t T, bool defer) {
   const int64_t rows = B * T, width = 3 * C_;
   auto* d_qkv16 = reinterpret_cast<lattice::bf16*>(d_qkv_buffer);
-  const lattice::bf16* qkv16 = qkv16_.data<lattice::bf16>();
+  const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
   float* bias_grad = c_attn_.bias_grad();
   k::AttentionGradientsBf16 grads{d_qkv16, d_qkv16 + C_, d_qkv16 + 2 * C_};
   if (bias_grad != nullptr) {
@@ -240,20 +346,24 @@ void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, float* d_ln, co
     grads.dv_sums = grads.dq_sums + 2 * C_;
     grads.sums_batch_stride = width;
   }
-  k::attention_backward_bf16(grads, d_att, qkv16, qkv16 + C_, qkv16 + 2 * C_, att_.f32(),
-                             lse_.f32(), packed_qkv_shape(B, T, heads_, C_));
+  k::attention_backward_bf16(grads, d_att, qkv16, qkv16 + C_, qkv16 + 2 * C_, a.att.f32(),
+                             a.lse.f32(), packed_qkv_shape(B, T, heads_, C_));
   // c_attn's bias gradient: the batches' column sums (each over its tokens in order), added in
   // batch order, so the result does not depend on the thread count.
   if (bias_grad != nullptr) add_column_sums_in_order(bias_grad, qkv_column_sums_, B, width);
-  c_attn_.backward_rounded(ctx, d_ln, d_qkv16, nullptr, rows);
+  if (defer)
+    c_attn_.backward_input_rounded(ctx, d_ln, d_qkv16, rows);
+  else
+    c_attn_.backward_rounded(ctx, a.c_attn, d_ln, d_qkv16, nullptr, rows);
 }
 
-void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_x_out,
-                                  float* d_fc_buffer, float* d_y_buffer, int64_t rows) {
+void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln,
+                                  const float* d_x_out, float* d_fc_buffer, float* d_y_buffer,
+                                  int64_t rows, bool defer) {
   // c_proj's d_out rounded once (with its bias gradient) for its weight gradient and for d_gelu.
   auto* d_y16 = reinterpret_cast<lattice::bf16*>(d_y_buffer);
   k::round_to_bf16_with_column_sums(d_y16, mlp_proj_.bias_grad(), d_x_out, rows, C_);
-  mlp_proj_.backward_rounded(ctx, nullptr, d_y16, nullptr, rows);
+  if (!defer) mlp_proj_.backward_rounded(ctx, a.mlp_proj, nullptr, d_y16, nullptr, rows);
   // d_gelu = d_y · W_proj in row chunks; each chunk goes through the GELU backward on the thread
   // that computed it, while in cache, and becomes c_fc's bf16 d_out: the fp32 d_gelu is never
   // stored. c_fc's bias gradient: per-chunk column sums (double, row by row), added in chunk
@@ -263,7 +373,7 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const fl
   float* fc_bias_grad = c_fc_.bias_grad();
   chunk_column_sums_.assign(fc_bias_grad != nullptr ? static_cast<size_t>(chunks.count * F_) : 0,
                             0.0);
-  const lattice::bf16* slope16 = gelu_slope16_.data<lattice::bf16>();
+  const lattice::bf16* slope16 = a.gelu_slope16.data<lattice::bf16>();
   mlp_proj_.backward_input_in_row_chunks(
       ctx, d_y16, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* d_gelu) {
         double* sums = fc_bias_grad != nullptr
@@ -274,31 +384,29 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const fl
       });
   if (fc_bias_grad != nullptr)
     add_column_sums_in_order(fc_bias_grad, chunk_column_sums_, chunks.count, F_);
-  c_fc_.backward_rounded(ctx, d_ln, d_fc16, ln2_.f32(), rows);
+  if (defer)
+    c_fc_.backward_input_rounded(ctx, d_ln, d_fc16, rows);
+  else
+    c_fc_.backward_rounded(ctx, a.c_fc, d_ln, d_fc16, a.ln2.f32(), rows);
 }
 
-void Gpt2Block::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                               int64_t n, KvCache& cache, int64_t cache_layer) {
+void Gpt2Block::forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
+                               const float* x_in, int64_t B, int64_t n, KvCache& cache,
+                               int64_t cache_layer) {
+  Saved& a = saved_as<Saved>(work);
   const int64_t rows = B * n;
-  prepare_activations(ctx, B, n, /*cached=*/true);
-  qkv_forward(ctx, x_in, rows);
-  const float* qkv = qkv_.f32();
+  prepare_activations(ctx, a, B, n, /*cached=*/true);
+  qkv_forward(ctx, a, x_in, rows);
+  const float* qkv = a.qkv.f32();
   cache.write(cache_layer, qkv + C_, qkv + 2 * C_, 3 * C_, n);
   // The new queries sit at the end of the cached keys: positions [length, length + n).
   k::AttentionShape shape = packed_qkv_shape(B, n, heads_, C_);
   shape.kv_len = cache.length() + n;
   shape.k_row_stride = shape.v_row_stride = cache.row_stride();
   shape.kv_batch_stride = cache.batch_stride();
-  k::attention_forward(att_.f32(), lse_.f32(), qkv, cache.keys(cache_layer),
+  k::attention_forward(a.att.f32(), a.lse.f32(), qkv, cache.keys(cache_layer),
                        cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
-  projection_and_mlp_forward(ctx, x_out, x_in, rows);
-}
-
-void Gpt2Block::release_activations() {
-  for (Tensor* t : {&ln1_, &ln1_mean_, &ln1_rstd_, &qkv_, &qkv16_, &att_, &lse_, &x2_, &ln2_,
-                    &ln2_mean_, &ln2_rstd_, &fc_, &gelu_, &gelu_slope16_})
-    t->reset();
-  for (Linear* l : {&c_attn_, &attn_proj_, &c_fc_, &mlp_proj_}) l->release_activations();
+  projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
 }
 
 }  // namespace lattice::model

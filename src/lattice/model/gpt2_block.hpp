@@ -13,42 +13,78 @@
 
 namespace lattice::model {
 
+// What a GPT-2 block's forward saves (rows = B·T, C = d_model, F = ffn_hidden, H = heads).
+struct Gpt2BlockActivations final : BlockActivations {
+  Tensor ln1;                 // [rows, C] LayerNorm 1 output (fp32; in bf16 only c_attn's in16)
+  Tensor ln1_mean, ln1_rstd;  // [rows]
+  Tensor qkv;                 // [rows, 3C] fp32 q, k, v (fp32 training, cached inference)
+  Tensor qkv16;               // [rows, 3C] bf16 q, k, v (bf16 training; qkv is then not kept)
+  Tensor att;                 // [rows, C] attention output (dropped by selective checkpointing)
+  Tensor lse;                 // [B, H, T] its log-sum-exp (dropped with it)
+  Tensor x2;                  // [rows, C] residual after attention
+  Tensor ln2;                 // [rows, C] LayerNorm 2 output (fp32; in bf16 only c_fc's in16)
+  Tensor ln2_mean, ln2_rstd;  // [rows]
+  Tensor fc;                  // [rows, F] MLP pre-activation (fp32; bf16 only below 256 rows)
+  Tensor gelu;                // [rows, F] GELU output (fp32; in bf16 only c_proj's in16)
+  Tensor gelu_slope16;        // [rows, F] bf16: the GELU's slope at the pre-activation
+  LinearActivations c_attn, attn_proj, c_fc, mlp_proj;
+  // Between backward_input and backward_weight: each Linear's output gradient. fp32: d_qkv [rows,
+  // 3C], d_x2 [rows, C], d_fc [rows, F], d_y [rows, C]; bf16: d_qkv, d_fc and d_y hold the rounded
+  // bf16 gradients (in the first half of their floats), d_x2 stays fp32.
+  Tensor d_qkv, d_x2, d_fc, d_y;
+  void release() override;
+};
+
 class Gpt2Block final : public Block {
  public:
   Gpt2Block(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
             const TensorParallelGroup& tp);
 
-  void forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-               int64_t T) override;
-  void backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out, const float* x_in,
-                int64_t B, int64_t T, BackwardScratch& scratch) override;
-  void release_activations() override;
-  void forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                      int64_t n, KvCache& cache, int64_t cache_layer) override;
+  std::unique_ptr<BlockActivations> make_activations() const override;
+  void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out, const float* x_in,
+               int64_t B, int64_t T) override;
+  void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                BackwardScratch& scratch) override;
+  void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                      const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                      BackwardScratch& scratch) override;
+  void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                       int64_t B, int64_t T) override;
+  void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
+                      const float* x_in, int64_t B, int64_t n, KvCache& cache,
+                      int64_t cache_layer) override;
 
  private:
+  using Saved = Gpt2BlockActivations;
   // The forward pieces shared by training and cached inference: activation buffers for B·T rows;
-  // LayerNorm 1 and the fused QKV projection; then, after attention has filled att_, the output
+  // LayerNorm 1 and the fused QKV projection; then, after attention has filled att, the output
   // projection, both residual adds, LayerNorm 2 and the MLP.
   // `cached`: for forward_cached, whose q, k, v go to the KV cache in fp32 whatever the precision.
-  void prepare_activations(const LayerContext& ctx, int64_t B, int64_t T, bool cached);
-  // LayerNorm 1 and c_attn into qkv_ (fp32, cached inference), or in bf16 training into qkv16_
+  void prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T, bool cached);
+  // LayerNorm 1 and c_attn into qkv (fp32, cached inference), or in bf16 training into qkv16
   // only, rounded chunk by chunk as the GEMM produces them.
-  void qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows);
+  void qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows);
+  // The attention core on the saved q, k, v into att and lse (forward, and its recomputation).
+  void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
+  // The whole backward, with the weight gradients run in place (defer = false) or left to
+  // backward_weight with their output gradients kept in `a` (defer = true).
+  void backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in, const float* d_x_out,
+                     const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch, bool defer);
   // bf16 backward of attention and c_attn, from d_att to d_ln (LayerNorm 1's output gradient):
   // attention writes c_attn's bf16 d_out (d_qkv_buffer, [rows, 3C] bf16) and its column sums.
-  void attention_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_att,
-                               float* d_qkv_buffer, int64_t B, int64_t T);
-  void projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
-                                  int64_t rows);
-  // bf16 forward of LayerNorm 2 and the MLP from x2_ to x_out (before the residual add), with
+  void attention_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_att,
+                               float* d_qkv_buffer, int64_t B, int64_t T, bool defer);
+  void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
+                                  const float* x_in, int64_t rows);
+  // bf16 forward of LayerNorm 2 and the MLP from x2 to x_out (before the residual add), with
   // c_fc's GEMM and the GELU fused in row chunks.
-  void mlp_forward_bf16(const LayerContext& ctx, float* x_out, int64_t rows);
+  void mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* x_out, int64_t rows);
   // bf16 backward of the MLP from d_x_out to d_ln (LayerNorm 2's output gradient), with c_proj's
   // input gradient and the GELU backward fused in row chunks; d_fc_buffer holds c_fc's bf16 d_out
   // [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
-  void mlp_backward_bf16(const LayerContext& ctx, float* d_ln, const float* d_x_out,
-                         float* d_fc_buffer, float* d_y_buffer, int64_t rows);
+  void mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_x_out,
+                         float* d_fc_buffer, float* d_y_buffer, int64_t rows, bool defer);
   // Rows per chunk of the fused GEMMs (c_attn and its rounding, the MLP forward and backward): a
   // chunk's fp32 output (rows x 3C, pre-activation or d_gelu rows x F) stays in cache.
   static constexpr int64_t kChunkRows = 256;
@@ -58,13 +94,9 @@ class Gpt2Block final : public Block {
   float eps_;
   int ln1_weight_, ln1_bias_, ln2_weight_, ln2_bias_;
   Linear c_attn_, attn_proj_, c_fc_, mlp_proj_;
-  // Saved activations.
-  Tensor ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, lse_, x2_, ln2_, ln2_mean_, ln2_rstd_, fc_, gelu_;
-  Tensor gelu_slope16_;  // bf16: the GELU's slope at the pre-activation, for backward
-  Tensor qkv16_;         // bf16 training: q, k, v rounded (qkv_ is then not kept)
-  // attention_backward_bf16's per-batch column sums of c_attn's d_out (its bias gradient).
+  // Backward scratch (not activations): attention_backward_bf16's per-batch column sums of
+  // c_attn's d_out (its bias gradient) and mlp_backward_bf16's per-chunk column sums of c_fc's.
   std::vector<double> qkv_column_sums_;
-  // mlp_backward_bf16's per-chunk column sums of c_fc's d_out (its bias gradient).
   std::vector<double> chunk_column_sums_;
 };
 

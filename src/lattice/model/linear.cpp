@@ -24,11 +24,19 @@ Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_feat
   if (bias) bias_ = store.declare(prefix + ".bias", {out_features}, InitKind::zeros, false);
 }
 
-void Linear::keep_bf16(const LayerContext& ctx, int64_t rows, kernels::Bf16Operands& keep) {
-  ensure_bf16(in16_, {rows, in_}, ctx.tracker);
-  keep.in = in16_.data<lattice::bf16>();
+void LinearActivations::release() {
+  in16.reset();
+  rounded_from = nullptr;
+  prepared = false;
+  rounded_rows = -1;
+}
+
+void Linear::keep_bf16(const LayerContext& ctx, LinearActivations& saved, int64_t rows,
+                       kernels::Bf16Operands& keep) {
+  ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
+  keep.in = saved.in16.data<lattice::bf16>();
   keep.weight = store_->bf16_value(weight_);
-  rounded_rows_ = rows;
+  saved.rounded_rows = rows;
 }
 
 kernels::WeightOperand Linear::weight_operand(const LayerContext& ctx) {
@@ -36,86 +44,119 @@ kernels::WeightOperand Linear::weight_operand(const LayerContext& ctx) {
   return {store_->value(weight_), bf16 ? store_->bf16_value(weight_) : nullptr};
 }
 
-void Linear::forward(const LayerContext& ctx, float* out, const float* in, int64_t rows) {
+void Linear::forward(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
+                     int64_t rows) {
   const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
   kernels::Bf16Operands keep;
-  rounded_from_ = nullptr;
-  prepared_ = false;
+  saved.rounded_from = nullptr;
+  saved.prepared = false;
   if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0) {
-    keep_bf16(ctx, rows, keep);
-    rounded_from_ = in;
+    keep_bf16(ctx, saved, rows, keep);
+    saved.rounded_from = in;
   }
   ctx.matmul.forward(out, in, store_->value(weight_), bias, rows, in_, out_, ctx.precision, keep);
 }
 
-lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, int64_t rows) {
+lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, LinearActivations& saved,
+                                          int64_t rows) {
   check(ctx.precision == kernels::Precision::bf16,
         "Linear::prepare_bf16_input is for bf16 precision only (internal error)");
-  ensure_bf16(in16_, {rows, in_}, ctx.tracker);
-  return in16_.data<lattice::bf16>();
+  ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
+  return saved.in16.data<lattice::bf16>();
 }
 
-void Linear::forward_prepared(const LayerContext& ctx, float* out, int64_t rows) {
-  check(in16_.shape() == Shape{rows, in_},
+void Linear::forward_prepared(const LayerContext& ctx, LinearActivations& saved, float* out,
+                              int64_t rows) {
+  check(saved.in16.shape() == Shape{rows, in_},
         "Linear::forward_prepared without prepare_bf16_input for " + std::to_string(rows) +
             " rows (internal error)");
   const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
   kernels::Bf16Operands keep;
-  keep_bf16(ctx, rows, keep);
-  rounded_from_ = nullptr;
-  prepared_ = true;
+  keep_bf16(ctx, saved, rows, keep);
+  saved.rounded_from = nullptr;
+  saved.prepared = true;
   // No fp32 input: the engine reads the prepared bf16 one.
   ctx.matmul.forward(out, nullptr, store_->value(weight_), bias, rows, in_, out_, ctx.precision,
                      keep);
 }
 
-void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, float* out, int64_t rows,
-                                            int64_t chunk_rows,
+void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, LinearActivations& saved,
+                                            float* out, int64_t rows, int64_t chunk_rows,
                                             const kernels::MatmulEngine::ChunkConsumer& consume) {
-  check(ctx.precision == kernels::Precision::bf16 && in16_.shape() == Shape{rows, in_},
+  check(ctx.precision == kernels::Precision::bf16 && saved.in16.shape() == Shape{rows, in_},
         "Linear::forward_prepared_in_row_chunks without prepare_bf16_input for " +
             std::to_string(rows) + " rows in bf16 (internal error)");
-  rounded_rows_ = rows;
-  rounded_from_ = nullptr;
-  prepared_ = true;
+  saved.rounded_rows = rows;
+  saved.rounded_from = nullptr;
+  saved.prepared = true;
   const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
-  ctx.matmul.multiply_in_row_chunks(in16_.data<lattice::bf16>(), weight_operand(ctx),
+  ctx.matmul.multiply_in_row_chunks(saved.in16.data<lattice::bf16>(), weight_operand(ctx),
                                     /*weight_transposed=*/true, rows, in_, out_, chunk_rows,
                                     consume, bias, out);
 }
 
-lattice::bf16* Linear::kept_input(const LayerContext& ctx, const float* in, int64_t rows) {
-  lattice::bf16* kept_in = nullptr;
-  const bool kept = prepared_ || (rounded_from_ != nullptr && rounded_from_ == in);
-  if (ctx.precision == kernels::Precision::bf16 && kept && rounded_rows_ == rows) {
-    kept_in = in16_.data<lattice::bf16>();
+const lattice::bf16* Linear::kept_input(const LayerContext& ctx, const LinearActivations& saved,
+                                        const float* in, int64_t rows) {
+  const lattice::bf16* kept_in = nullptr;
+  const bool kept = saved.prepared || (saved.rounded_from != nullptr && saved.rounded_from == in);
+  if (ctx.precision == kernels::Precision::bf16 && kept && saved.rounded_rows == rows) {
+    kept_in = saved.in16.data<lattice::bf16>();
   }
-  check(!prepared_ || kept_in != nullptr,
+  check(!saved.prepared || kept_in != nullptr,
         "Linear::backward after forward_prepared needs bf16 precision and the same rows (internal "
         "error)");
   return kept_in;
 }
 
-void Linear::backward(const LayerContext& ctx, float* d_in, const float* d_out, const float* in,
-                      int64_t rows) {
+void Linear::backward(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                      const float* d_out, const float* in, int64_t rows) {
   float* d_bias = bias_grad();
   kernels::Bf16Operands rounded;
-  rounded.in = kept_input(ctx, in, rows);
+  rounded.in = const_cast<lattice::bf16*>(kept_input(ctx, saved, in, rows));
   rounded.weight = weight_operand(ctx).rounded;
   ctx.matmul.backward(d_in, store_->grad(weight_), d_bias, d_out, in, store_->value(weight_), rows,
                       in_, out_, ctx.precision, rounded);
 }
 
-void Linear::backward_rounded(const LayerContext& ctx, float* d_in, const lattice::bf16* d_out16,
-                              const float* in, int64_t rows) {
+void Linear::backward_input(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                            const float* d_out, int64_t rows) {
+  (void)saved;  // the input gradient reads only d_out and the weight
+  kernels::Bf16Operands rounded;
+  rounded.weight = weight_operand(ctx).rounded;
+  ctx.matmul.backward(d_in, nullptr, nullptr, d_out, nullptr, store_->value(weight_), rows, in_,
+                      out_, ctx.precision, rounded);
+}
+
+void Linear::backward_weight(const LayerContext& ctx, const LinearActivations& saved,
+                             const float* d_out, const float* in, int64_t rows) {
+  kernels::Bf16Operands rounded;
+  rounded.in = const_cast<lattice::bf16*>(kept_input(ctx, saved, in, rows));
+  rounded.weight = weight_operand(ctx).rounded;
+  ctx.matmul.backward(nullptr, store_->grad(weight_), bias_grad(), d_out, in,
+                      store_->value(weight_), rows, in_, out_, ctx.precision, rounded);
+}
+
+void Linear::backward_rounded(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                              const lattice::bf16* d_out16, const float* in, int64_t rows) {
   check(ctx.precision == kernels::Precision::bf16,
         "Linear::backward_rounded is for bf16 precision only (internal error)");
   kernels::Bf16Operands rounded;
-  rounded.in = kept_input(ctx, in, rows);
+  rounded.in = const_cast<lattice::bf16*>(kept_input(ctx, saved, in, rows));
   rounded.d_out = d_out16;
   rounded.weight = weight_operand(ctx).rounded;
   ctx.matmul.backward(d_in, store_->grad(weight_), nullptr, nullptr, in, store_->value(weight_),
                       rows, in_, out_, ctx.precision, rounded);
+}
+
+void Linear::backward_input_rounded(const LayerContext& ctx, float* d_in,
+                                    const lattice::bf16* d_out16, int64_t rows) {
+  check(ctx.precision == kernels::Precision::bf16,
+        "Linear::backward_input_rounded is for bf16 precision only (internal error)");
+  kernels::Bf16Operands rounded;
+  rounded.d_out = d_out16;
+  rounded.weight = weight_operand(ctx).rounded;
+  ctx.matmul.backward(d_in, nullptr, nullptr, nullptr, nullptr, store_->value(weight_), rows, in_,
+                      out_, ctx.precision, rounded);
 }
 
 void Linear::backward_input_in_row_chunks(const LayerContext& ctx, const lattice::bf16* d_out16,
@@ -130,13 +171,6 @@ void Linear::backward_input_in_row_chunks(const LayerContext& ctx, const lattice
 
 float* Linear::bias_grad() {
   return bias_ >= 0 ? store_->grad(bias_) : nullptr;
-}
-
-void Linear::release_activations() {
-  in16_.reset();
-  rounded_from_ = nullptr;
-  prepared_ = false;
-  rounded_rows_ = -1;
 }
 
 }  // namespace lattice::model

@@ -1,5 +1,6 @@
 // Linear layer y = x·Wᵀ + b over rows of tokens, with W stored [out, in] in the ParameterStore
-// under "<prefix>.weight" (and "<prefix>.bias"). In bf16 precision it keeps the bf16 copy of its
+// under "<prefix>.weight" (and "<prefix>.bias"). The layer holds no activations: what a forward
+// saves goes into the caller's LinearActivations. In bf16 precision that is the bf16 copy of its
 // input that forward rounds (activation memory: 2 bytes per input element), and its backward reuses
 // it for the weight gradient instead of rounding again. The weight's bf16 rounding comes from the
 // ParameterStore's copy when it keeps one (rounded once per change of the weights, by the
@@ -16,34 +17,58 @@
 
 namespace lattice::model {
 
+// What one forward of a Linear saves for its backward (one per microbatch in flight, owned by the
+// caller through its block's activations): in bf16 precision the input rounded to bf16, and what
+// it was rounded from so that a backward handed the same fp32 input reuses it.
+struct LinearActivations {
+  Tensor in16;                          // bf16 [rows, in_features]
+  const float* rounded_from = nullptr;  // the fp32 input in16 was rounded from (forward)
+  bool prepared = false;                // in16 was written by a producer (forward_prepared)
+  int64_t rounded_rows = -1;
+  void release();
+};
+
 class Linear {
  public:
   Linear() = default;
   Linear(ParameterStore& store, const std::string& prefix, int64_t in_features,
          int64_t out_features, bool bias, InitKind init);
 
-  void forward(const LayerContext& ctx, float* out, const float* in, int64_t rows);
+  void forward(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
+               int64_t rows);
   // bf16 precision only: a producer writes this layer's input directly in bf16 into the buffer
   // prepare_bf16_input returns ([rows, in_features]), then forward_prepared runs the layer on it;
   // the fp32 input never exists, and backward uses the bf16 one.
-  lattice::bf16* prepare_bf16_input(const LayerContext& ctx, int64_t rows);
-  void forward_prepared(const LayerContext& ctx, float* out, int64_t rows);
+  lattice::bf16* prepare_bf16_input(const LayerContext& ctx, LinearActivations& saved,
+                                    int64_t rows);
+  void forward_prepared(const LayerContext& ctx, LinearActivations& saved, float* out,
+                        int64_t rows);
   // forward_prepared with the output (bias included) computed in row chunks into out [rows,
   // out_features], each chunk handed to consume(row_begin, rows, chunk) on the thread that computed
   // it while it is in cache (kernels::MatmulEngine::multiply_in_row_chunks).
-  void forward_prepared_in_row_chunks(const LayerContext& ctx, float* out, int64_t rows,
-                                      int64_t chunk_rows,
+  void forward_prepared_in_row_chunks(const LayerContext& ctx, LinearActivations& saved, float* out,
+                                      int64_t rows, int64_t chunk_rows,
                                       const kernels::MatmulEngine::ChunkConsumer& consume);
   // d_in overwritten (skipped when null); weight and bias gradients accumulate. In bf16, when the
-  // last forward saw this same `in` (or was forward_prepared) and row count, its bf16 input is used
-  // (bit-identical); after forward_prepared, `in` is not read.
-  void backward(const LayerContext& ctx, float* d_in, const float* d_out, const float* in,
-                int64_t rows);
+  // forward that filled `saved` saw this same `in` (or was forward_prepared) and row count, its
+  // bf16 input is used (bit-identical); after forward_prepared, `in` is not read.
+  void backward(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                const float* d_out, const float* in, int64_t rows);
+  // The two halves of backward, for schedules that run them apart (zero-bubble pipelines): B, the
+  // input gradient d_in (overwritten), and W, the weight and bias gradients (accumulated). B then W
+  // gives backward's bits; each reads d_out, which must stay alive until W.
+  void backward_input(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                      const float* d_out, int64_t rows);
+  void backward_weight(const LayerContext& ctx, const LinearActivations& saved, const float* d_out,
+                       const float* in, int64_t rows);
   // bf16 precision only: backward with d_out already rounded to bf16 by its producer (d_out16,
   // [rows, out_features]), which also accumulated the bias gradient into bias_grad(); no fp32
-  // d_out is read. Same kept-input rules as backward.
-  void backward_rounded(const LayerContext& ctx, float* d_in, const lattice::bf16* d_out16,
-                        const float* in, int64_t rows);
+  // d_out is read. Same kept-input rules as backward. A null d_in makes it the weight half (W) and
+  // backward_input_rounded is the input half (B).
+  void backward_rounded(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                        const lattice::bf16* d_out16, const float* in, int64_t rows);
+  void backward_input_rounded(const LayerContext& ctx, float* d_in, const lattice::bf16* d_out16,
+                              int64_t rows);
   // bf16 precision only: this layer's input gradient d_in = d_out16 · W computed in row chunks,
   // each handed to consume(row_begin, rows, chunk) on the thread that computed it while it is in
   // cache (kernels::MatmulEngine::multiply_in_row_chunks), e.g. to fuse the previous activation's
@@ -54,8 +79,6 @@ class Linear {
                                     const kernels::MatmulEngine::ChunkConsumer& consume);
   // The bias gradient (null without a bias).
   float* bias_grad();
-  // Frees the bf16 input kept from forward.
-  void release_activations();
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -64,16 +87,13 @@ class Linear {
   ParameterStore* store_ = nullptr;
   int weight_ = -1, bias_ = -1;
   int64_t in_ = 0, out_ = 0;
-  // The bf16 input of the last bf16 forward (activation memory), and what it was made from.
-  Tensor in16_;
-  const float* rounded_from_ = nullptr;
-  bool prepared_ = false;
-  int64_t rounded_rows_ = -1;
-  void keep_bf16(const LayerContext& ctx, int64_t rows, kernels::Bf16Operands& keep);
+  void keep_bf16(const LayerContext& ctx, LinearActivations& saved, int64_t rows,
+                 kernels::Bf16Operands& keep);
   // The weight as the engine takes it: fp32, with the store's bf16 copy in bf16 precision.
   kernels::WeightOperand weight_operand(const LayerContext& ctx);
   // The kept bf16 input for backward from `in` (null when not kept); checks forward_prepared's.
-  lattice::bf16* kept_input(const LayerContext& ctx, const float* in, int64_t rows);
+  const lattice::bf16* kept_input(const LayerContext& ctx, const LinearActivations& saved,
+                                  const float* in, int64_t rows);
 };
 
 }  // namespace lattice::model

@@ -36,122 +36,210 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
   down_proj_ = Linear(store, p + "mlp.down_proj", F_, C_, false, InitKind::normal_residual);
 }
 
-void LlamaBlock::prepare_activations(const LayerContext& ctx, int64_t B, int64_t T) {
+void LlamaBlockActivations::release() {
+  for (Tensor* t : {&n1,   &rstd1, &q, &k,   &v,   &att, &lse,  &x2,     &n2,   &rstd2,
+                    &gate, &up,    &h, &d_q, &d_k, &d_v, &d_x2, &d_gate, &d_up, &d_y})
+    t->reset();
+  for (LinearActivations* l :
+       {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj})
+    l->release();
+  weight_gradients_pending = false;
+}
+
+namespace {
+// Selective checkpointing: the recomputed attention output is freed again once the block's
+// backward no longer needs it, so at most one block holds it at a time.
+void drop_recomputed_attention(BlockActivations& saved, Tensor& att, Tensor& lse) {
+  if (!saved.recompute_attention) return;
+  att.reset();
+  lse.reset();
+}
+}  // namespace
+
+std::unique_ptr<BlockActivations> LlamaBlock::make_activations() const {
+  return std::make_unique<Saved>();
+}
+
+void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
-  ensure_activation(n1_, {rows, C_}, tr);
-  ensure_activation(rstd1_, {rows}, tr);
-  ensure_activation(q_, {rows, C_}, tr);
-  ensure_activation(k_, {rows, kv}, tr);
-  ensure_activation(v_, {rows, kv}, tr);
-  ensure_activation(att_, {rows, C_}, tr);
-  ensure_activation(lse_, {B, heads_, T}, tr);
-  ensure_activation(x2_, {rows, C_}, tr);
-  ensure_activation(n2_, {rows, C_}, tr);
-  ensure_activation(rstd2_, {rows}, tr);
-  ensure_activation(gate_, {rows, F_}, tr);
-  ensure_activation(up_, {rows, F_}, tr);
-  ensure_activation(h_, {rows, F_}, tr);
+  ensure_activation(a.n1, {rows, C_}, tr);
+  ensure_activation(a.rstd1, {rows}, tr);
+  ensure_activation(a.q, {rows, C_}, tr);
+  ensure_activation(a.k, {rows, kv}, tr);
+  ensure_activation(a.v, {rows, kv}, tr);
+  ensure_activation(a.att, {rows, C_}, tr);
+  ensure_activation(a.lse, {B, heads_, T}, tr);
+  ensure_activation(a.x2, {rows, C_}, tr);
+  ensure_activation(a.n2, {rows, C_}, tr);
+  ensure_activation(a.rstd2, {rows}, tr);
+  ensure_activation(a.gate, {rows, F_}, tr);
+  ensure_activation(a.up, {rows, F_}, tr);
+  ensure_activation(a.h, {rows, F_}, tr);
 }
 
-void LlamaBlock::qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows) {
-  k::rmsnorm_forward(n1_.f32(), rstd1_.f32(), x_in, store_.value(norm1_weight_), rows, C_, eps_);
-  q_proj_.forward(ctx, q_.f32(), n1_.f32(), rows);
-  k_proj_.forward(ctx, k_.f32(), n1_.f32(), rows);
-  v_proj_.forward(ctx, v_.f32(), n1_.f32(), rows);
+void LlamaBlock::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
+  k::rmsnorm_forward(a.n1.f32(), a.rstd1.f32(), x_in, store_.value(norm1_weight_), rows, C_, eps_);
+  q_proj_.forward(ctx, a.q_proj, a.q.f32(), a.n1.f32(), rows);
+  k_proj_.forward(ctx, a.k_proj, a.k.f32(), a.n1.f32(), rows);
+  v_proj_.forward(ctx, a.v_proj, a.v.f32(), a.n1.f32(), rows);
 }
 
-void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, float* x_out,
-                                            const float* x_in, int64_t rows) {
-  o_proj_.forward(ctx, x2_.f32(), att_.f32(), rows);
-  k::add_inplace(x2_.f32(), x_in, rows * C_);
-  k::rmsnorm_forward(n2_.f32(), rstd2_.f32(), x2_.f32(), store_.value(norm2_weight_), rows, C_,
-                     eps_);
-  gate_proj_.forward(ctx, gate_.f32(), n2_.f32(), rows);
-  up_proj_.forward(ctx, up_.f32(), n2_.f32(), rows);
-  k::swiglu_forward(h_.f32(), gate_.f32(), up_.f32(), rows * F_);
-  down_proj_.forward(ctx, x_out, h_.f32(), rows);
-  k::add_inplace(x_out, x2_.f32(), rows * C_);
-}
-
-void LlamaBlock::forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                         int64_t T) {
-  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
-  prepare_activations(ctx, B, T);
-  qkv_forward(ctx, x_in, rows);
-  rope_.apply(q_.f32(), B, T, heads_, C_, T * C_, 0, false);
-  rope_.apply(k_.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
+void LlamaBlock::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), k_.f32(), v_.f32(), shape, ctx.precision,
-                       ctx.matmul);
-  projection_and_mlp_forward(ctx, x_out, x_in, rows);
+  k::attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), a.k.f32(), a.v.f32(), shape,
+                       ctx.precision, ctx.matmul);
 }
 
-void LlamaBlock::backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out,
-                          const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch) {
+void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
+                                            const float* x_in, int64_t rows) {
+  o_proj_.forward(ctx, a.o_proj, a.x2.f32(), a.att.f32(), rows);
+  k::add_inplace(a.x2.f32(), x_in, rows * C_);
+  k::rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), rows, C_,
+                     eps_);
+  gate_proj_.forward(ctx, a.gate_proj, a.gate.f32(), a.n2.f32(), rows);
+  up_proj_.forward(ctx, a.up_proj, a.up.f32(), a.n2.f32(), rows);
+  k::swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
+  down_proj_.forward(ctx, a.down_proj, x_out, a.h.f32(), rows);
+  k::add_inplace(x_out, a.x2.f32(), rows * C_);
+}
+
+void LlamaBlock::forward(const LayerContext& ctx, BlockActivations& saved, float* x_out,
+                         const float* x_in, int64_t B, int64_t T) {
+  Saved& a = saved_as<Saved>(saved);
+  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
+  prepare_activations(ctx, a, B, T);
+  qkv_forward(ctx, a, x_in, rows);
+  rope_.apply(a.q.f32(), B, T, heads_, C_, T * C_, 0, false);
+  rope_.apply(a.k.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
+  attention_core(ctx, a, B, T);
+  projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
+  if (a.recompute_attention) {  // selective checkpointing: recomputed in backward
+    a.att.reset();
+    a.lse.reset();
+  }
+}
+
+void LlamaBlock::backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                          const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                          BackwardScratch& scratch) {
+  backward_pass(ctx, saved_as<Saved>(saved), d_x_in, d_x_out, x_in, B, T, scratch, false);
+}
+
+void LlamaBlock::backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                                BackwardScratch& scratch) {
+  backward_pass(ctx, saved_as<Saved>(saved), d_x_in, d_x_out, x_in, B, T, scratch, true);
+}
+
+void LlamaBlock::backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in,
+                               const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                               BackwardScratch& scratch, bool defer) {
+  check(!a.weight_gradients_pending,
+        "backward of a block whose weight gradients are still "
+        "pending (internal error)");
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
+  if (a.recompute_attention && a.att.empty()) {  // selective checkpointing: the attention again
+    ensure_activation(a.att, {rows, C_}, tr);
+    ensure_activation(a.lse, {B, heads_, T}, tr);
+    attention_core(ctx, a, B, T);
+    // o_proj's bf16 input was rounded from these same values: it stays valid.
+    if (a.o_proj.rounded_from != nullptr) a.o_proj.rounded_from = a.att.f32();
+  }
+  // The gradients each Linear's weight half reads: scratch when it runs here, kept in `a` when
+  // backward_weight runs it later.
+  auto kept = [&](Tensor& pending, int slot, int64_t numel) -> float* {
+    if (!defer) return scratch.get(slot, numel, tr);
+    ensure_activation(pending, {numel}, tr);
+    return pending.f32();
+  };
   float* d_h = scratch.get(0, rows * F_, tr);
-  float* d_gate = scratch.get(1, rows * F_, tr);
-  float* d_up = scratch.get(2, rows * F_, tr);
+  float* d_gate = kept(a.d_gate, 1, rows * F_);
+  float* d_up = kept(a.d_up, 2, rows * F_);
   float* d_norm = scratch.get(3, rows * C_, tr);
   float* d_part = scratch.get(4, rows * C_, tr);
-  float* d_x2 = scratch.get(5, rows * C_, tr);
+  float* d_x2 = kept(a.d_x2, 5, rows * C_);
   float* d_att = scratch.get(6, rows * C_, tr);
-  float* d_q = scratch.get(7, rows * C_, tr);
-  float* d_k = scratch.get(8, rows * kv, tr);
-  float* d_v = scratch.get(9, rows * kv, tr);
+  float* d_q = kept(a.d_q, 7, rows * C_);
+  float* d_k = kept(a.d_k, 8, rows * kv);
+  float* d_v = kept(a.d_v, 9, rows * kv);
+  // A Linear's backward: both halves now, or the input half with the weight half left for later.
+  auto linear_backward = [&](Linear& layer, LinearActivations& saved, float* d_in,
+                             const float* d_out, const float* in) {
+    if (defer)
+      layer.backward_input(ctx, saved, d_in, d_out, rows);
+    else
+      layer.backward(ctx, saved, d_in, d_out, in, rows);
+  };
 
   // MLP branch: x_out = x2 + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(x2).
-  down_proj_.backward(ctx, d_h, d_x_out, h_.f32(), rows);
-  k::swiglu_backward(d_gate, d_up, d_h, gate_.f32(), up_.f32(), rows * F_);
-  gate_proj_.backward(ctx, d_norm, d_gate, n2_.f32(), rows);
-  up_proj_.backward(ctx, d_part, d_up, n2_.f32(), rows);
+  if (defer)  // d_x_out may be overwritten by d_x_in below: down_proj's W keeps its own copy
+    k::copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
+  linear_backward(down_proj_, a.down_proj, d_h, d_x_out, a.h.f32());
+  k::swiglu_backward(d_gate, d_up, d_h, a.gate.f32(), a.up.f32(), rows * F_);
+  linear_backward(gate_proj_, a.gate_proj, d_norm, d_gate, a.n2.f32());
+  linear_backward(up_proj_, a.up_proj, d_part, d_up, a.n2.f32());
   k::add_inplace(d_norm, d_part, rows * C_);
-  k::rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, x2_.f32(),
-                      store_.value(norm2_weight_), rstd2_.f32(), rows, C_,
+  k::rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, a.x2.f32(),
+                      store_.value(norm2_weight_), a.rstd2.f32(), rows, C_,
                       /*residual_grad=*/d_x_out);
 
   // Attention branch: x2 = x_in + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
-  o_proj_.backward(ctx, d_att, d_x2, att_.f32(), rows);
+  linear_backward(o_proj_, a.o_proj, d_att, d_x2, a.att.f32());
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  k::attention_backward(d_q, d_k, d_v, d_att, q_.f32(), k_.f32(), v_.f32(), att_.f32(), lse_.f32(),
-                        shape, ctx.precision, ctx.matmul);
+  k::attention_backward(d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
+                        a.lse.f32(), shape, ctx.precision, ctx.matmul);
   rope_.apply(d_q, B, T, heads_, C_, T * C_, 0, true);
   rope_.apply(d_k, B, T, kv_heads_, kv, T * kv, 0, true);
-  q_proj_.backward(ctx, d_norm, d_q, n1_.f32(), rows);
-  k_proj_.backward(ctx, d_part, d_k, n1_.f32(), rows);
+  linear_backward(q_proj_, a.q_proj, d_norm, d_q, a.n1.f32());
+  linear_backward(k_proj_, a.k_proj, d_part, d_k, a.n1.f32());
   k::add_inplace(d_norm, d_part, rows * C_);
-  v_proj_.backward(ctx, d_part, d_v, n1_.f32(), rows);
+  linear_backward(v_proj_, a.v_proj, d_part, d_v, a.n1.f32());
   k::add_inplace(d_norm, d_part, rows * C_);
   k::rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in, store_.value(norm1_weight_),
-                      rstd1_.f32(), rows, C_, /*residual_grad=*/d_x2);
+                      a.rstd1.f32(), rows, C_,
+                      /*residual_grad=*/d_x2);
+  a.weight_gradients_pending = defer;
+  if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
 
-void LlamaBlock::forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                                int64_t n, KvCache& cache, int64_t cache_layer) {
+void LlamaBlock::backward_weight(const LayerContext& ctx, BlockActivations& saved,
+                                 const float* x_in, int64_t B, int64_t T) {
+  Saved& a = saved_as<Saved>(saved);
+  check(a.weight_gradients_pending,
+        "backward_weight without a preceding backward_input (internal error)");
+  const int64_t rows = B * T;
+  down_proj_.backward_weight(ctx, a.down_proj, a.d_y.f32(), a.h.f32(), rows);
+  gate_proj_.backward_weight(ctx, a.gate_proj, a.d_gate.f32(), a.n2.f32(), rows);
+  up_proj_.backward_weight(ctx, a.up_proj, a.d_up.f32(), a.n2.f32(), rows);
+  o_proj_.backward_weight(ctx, a.o_proj, a.d_x2.f32(), a.att.f32(), rows);
+  q_proj_.backward_weight(ctx, a.q_proj, a.d_q.f32(), a.n1.f32(), rows);
+  k_proj_.backward_weight(ctx, a.k_proj, a.d_k.f32(), a.n1.f32(), rows);
+  v_proj_.backward_weight(ctx, a.v_proj, a.d_v.f32(), a.n1.f32(), rows);
+  for (Tensor* t : {&a.d_q, &a.d_k, &a.d_v, &a.d_x2, &a.d_gate, &a.d_up, &a.d_y}) t->reset();
+  a.weight_gradients_pending = false;
+  drop_recomputed_attention(a, a.att, a.lse);
+}
+
+void LlamaBlock::forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
+                                const float* x_in, int64_t B, int64_t n, KvCache& cache,
+                                int64_t cache_layer) {
+  Saved& a = saved_as<Saved>(work);
   const int64_t rows = B * n, kv = kv_heads_ * head_dim_, start = cache.length();
-  prepare_activations(ctx, B, n);
-  qkv_forward(ctx, x_in, rows);
+  prepare_activations(ctx, a, B, n);
+  qkv_forward(ctx, a, x_in, rows);
   // RoPE at the absolute positions [start, start + n); cached keys are stored rotated.
-  rope_.apply(q_.f32(), B, n, heads_, C_, n * C_, start, false);
-  rope_.apply(k_.f32(), B, n, kv_heads_, kv, n * kv, start, false);
-  cache.write(cache_layer, k_.f32(), v_.f32(), kv, n);
+  rope_.apply(a.q.f32(), B, n, heads_, C_, n * C_, start, false);
+  rope_.apply(a.k.f32(), B, n, kv_heads_, kv, n * kv, start, false);
+  cache.write(cache_layer, a.k.f32(), a.v.f32(), kv, n);
   k::AttentionShape shape = k::AttentionShape::contiguous(B, n, heads_, kv_heads_, head_dim_);
   shape.kv_len = start + n;
   shape.k_row_stride = shape.v_row_stride = cache.row_stride();
   shape.kv_batch_stride = cache.batch_stride();
-  k::attention_forward(att_.f32(), lse_.f32(), q_.f32(), cache.keys(cache_layer),
+  k::attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), cache.keys(cache_layer),
                        cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
-  projection_and_mlp_forward(ctx, x_out, x_in, rows);
-}
-
-void LlamaBlock::release_activations() {
-  for (Tensor* t :
-       {&n1_, &rstd1_, &q_, &k_, &v_, &att_, &lse_, &x2_, &n2_, &rstd2_, &gate_, &up_, &h_})
-    t->reset();
-  for (Linear* l : {&q_proj_, &k_proj_, &v_proj_, &o_proj_, &gate_proj_, &up_proj_, &down_proj_})
-    l->release_activations();
+  projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
 }
 
 }  // namespace lattice::model

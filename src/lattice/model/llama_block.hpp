@@ -12,27 +12,56 @@
 
 namespace lattice::model {
 
+// What a Llama block's forward saves (rows = B·T, C = d_model, F = ffn_hidden, Hq / Hkv = query /
+// key-value heads, kv = Hkv · head_dim).
+struct LlamaBlockActivations final : BlockActivations {
+  Tensor n1, rstd1;    // [rows, C], [rows]: RMSNorm 1
+  Tensor q, k, v;      // [rows, C], [rows, kv], [rows, kv]: q and k after RoPE
+  Tensor att, lse;     // [rows, C], [B, Hq, T]: attention (dropped by selective checkpointing)
+  Tensor x2;           // [rows, C] residual after attention
+  Tensor n2, rstd2;    // [rows, C], [rows]: RMSNorm 2
+  Tensor gate, up, h;  // [rows, F] each: SwiGLU's inputs and output
+  LinearActivations q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+  // Between backward_input and backward_weight: each Linear's output gradient (fp32).
+  Tensor d_q, d_k, d_v, d_x2, d_gate, d_up, d_y;
+  void release() override;
+};
+
 class LlamaBlock final : public Block {
  public:
   LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
              const TensorParallelGroup& tp, const kernels::RopeTable& rope);
 
-  void forward(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-               int64_t T) override;
-  void backward(const LayerContext& ctx, float* d_x_in, const float* d_x_out, const float* x_in,
-                int64_t B, int64_t T, BackwardScratch& scratch) override;
-  void release_activations() override;
-  void forward_cached(const LayerContext& ctx, float* x_out, const float* x_in, int64_t B,
-                      int64_t n, KvCache& cache, int64_t cache_layer) override;
+  std::unique_ptr<BlockActivations> make_activations() const override;
+  void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out, const float* x_in,
+               int64_t B, int64_t T) override;
+  void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                BackwardScratch& scratch) override;
+  void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                      const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                      BackwardScratch& scratch) override;
+  void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                       int64_t B, int64_t T) override;
+  void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
+                      const float* x_in, int64_t B, int64_t n, KvCache& cache,
+                      int64_t cache_layer) override;
 
  private:
+  using Saved = LlamaBlockActivations;
   // The forward pieces shared by training and cached inference: activation buffers for B·T rows;
-  // RMSNorm 1 and the q/k/v projections (before RoPE); then, after attention has filled att_, the
+  // RMSNorm 1 and the q/k/v projections (before RoPE); then, after attention has filled att, the
   // output projection, both residual adds, RMSNorm 2 and the SwiGLU MLP.
-  void prepare_activations(const LayerContext& ctx, int64_t B, int64_t T);
-  void qkv_forward(const LayerContext& ctx, const float* x_in, int64_t rows);
-  void projection_and_mlp_forward(const LayerContext& ctx, float* x_out, const float* x_in,
-                                  int64_t rows);
+  void prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
+  void qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows);
+  // The attention core on the saved (rotated) q, k and v into att and lse.
+  void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
+  void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
+                                  const float* x_in, int64_t rows);
+  // The whole backward, with the weight gradients run in place (defer = false) or left to
+  // backward_weight with their output gradients kept in `a` (defer = true).
+  void backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in, const float* d_x_out,
+                     const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch, bool defer);
 
   ParameterStore& store_;
   const kernels::RopeTable& rope_;
@@ -40,8 +69,6 @@ class LlamaBlock final : public Block {
   float eps_;
   int norm1_weight_, norm2_weight_;
   Linear q_proj_, k_proj_, v_proj_, o_proj_, gate_proj_, up_proj_, down_proj_;
-  // Saved activations (q and k after RoPE).
-  Tensor n1_, rstd1_, q_, k_, v_, att_, lse_, x2_, n2_, rstd2_, gate_, up_, h_;
 };
 
 }  // namespace lattice::model

@@ -13,6 +13,7 @@
 #include "lattice/model/kv_cache.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
+#include "lattice/model/stage_activations.hpp"
 
 namespace lattice::model {
 
@@ -42,11 +43,28 @@ struct ParameterUnit {
 //                  take no more memory than the bf16 logits gradient they replace; else never.
 enum class HeadFusion { when_smaller, always, vocab_blocked, never };
 
+// Activation checkpointing (recomputation in backward instead of keeping activations):
+//   none:      every block keeps its activations from forward to backward;
+//   full:      every `interval`-th block (global block index % interval == 0) keeps only its
+//              input; its forward runs again right before its backward;
+//   selective: every block drops its attention core's output and log-sum-exp and recomputes them
+//              from the saved q, k, v (Korthikanti et al.).
+// Losses and gradients are bit-identical to none: the recomputation is the same arithmetic.
+struct ActivationCheckpointing {
+  enum class Mode { none, full, selective };
+  Mode mode = Mode::none;
+  int64_t interval = 1;
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range = {},
               TensorParallelGroup tp = {});
   ~Transformer();
+  // The number of parameter elements a model (or stage) of `config` holds (a tied head counted
+  // once), from the same declarations the constructor makes, without allocating them (any preset,
+  // 405B included).
+  static int64_t parameter_count(const ModelConfig& config, StageRange range = {});
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
@@ -62,6 +80,8 @@ class Transformer {
   bool head_uses_embedding() const { return has_head() && head_weight_ == token_embedding_; }
 
   void set_head_fusion(HeadFusion fusion) { head_fusion_ = fusion; }
+  void set_activation_checkpointing(ActivationCheckpointing checkpointing);
+  const ActivationCheckpointing& activation_checkpointing() const { return checkpointing_; }
 
   // Draws initial weights from `seed` (per-parameter generators: independent of the stage layout).
   void initialize(uint64_t seed);
@@ -91,11 +111,32 @@ class Transformer {
   const float* forward_cached(const LayerContext& ctx, KvCache& cache, const int32_t* tokens,
                               int64_t B, int64_t n);
 
-  // Stage-level forward/backward (pipeline seam). The first stage reads tokens, later stages read
-  // hidden_in [B·T, d_model]; the last stage computes the loss from targets, earlier ones leave
-  // their output in hidden_out(). backward_stage takes d_hidden_out (ignored on the last stage) and
-  // leaves ∂/∂hidden_in in d_hidden_in() on stages after the first. Returns the mean loss on the
-  // last stage.
+  // An empty set of this stage's saved activations (one per microbatch in flight).
+  StageActivations make_activations() const;
+
+  // Stage-level forward/backward on caller-owned activations (the pipeline seam). The first stage
+  // reads tokens, later stages read hidden_in [B·T, d_model]; the last stage computes the loss
+  // from targets, earlier ones leave their output in saved.hidden_out(). backward_stage takes
+  // d_hidden_out (ignored on the last stage) and leaves ∂/∂hidden_in in saved.d_hidden_in() on
+  // stages after the first. forward_stage returns the mean loss on the last stage. Any number of
+  // sets may be between their forward and their backward, and backwards may run in any order.
+  float forward_stage(const LayerContext& ctx, StageActivations& saved, const int32_t* tokens,
+                      const float* hidden_in, const int32_t* targets, int64_t B, int64_t T,
+                      float loss_scale);
+  void backward_stage(const LayerContext& ctx, StageActivations& saved, const float* d_hidden_out);
+  // backward_stage in two halves (zero-bubble schedules): the input half (B) leaves
+  // saved.d_hidden_in() and keeps each Linear's output gradient; the weight half (W) then
+  // accumulates the weight gradients (the embedding's among them). B then W gives
+  // backward_stage's bits. Hooks: before_backward(unit) in B, after_backward(unit) in W.
+  void backward_stage_input(const LayerContext& ctx, StageActivations& saved,
+                            const float* d_hidden_out);
+  void backward_stage_weight(const LayerContext& ctx, StageActivations& saved);
+
+  // The same on the model's own activation set (one microbatch at a time). The first stage reads
+  // tokens, later stages read hidden_in [B·T, d_model]; the last stage computes the loss from
+  // targets, earlier ones leave their output in hidden_out(). backward_stage takes d_hidden_out
+  // (ignored on the last stage) and leaves ∂/∂hidden_in in d_hidden_in() on stages after the first.
+  // Returns the mean loss on the last stage.
   float forward_stage(const LayerContext& ctx, const int32_t* tokens, const float* hidden_in,
                       const int32_t* targets, int64_t B, int64_t T, float loss_scale);
   void backward_stage(const LayerContext& ctx, const float* d_hidden_out);
@@ -105,25 +146,34 @@ class Transformer {
   void release_activations();
 
  private:
+  enum class BackwardPart { both, input, weight };
+  struct DeclareOnly {};
+  Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp, DeclareOnly);
   void check_tokens(const int32_t* tokens, int64_t n, const char* what) const;
-  void embed(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T);
-  // Embedding (or hidden_in) then this stage's blocks; leaves the output in residual_.back().
-  void trunk_forward(const LayerContext& ctx, const int32_t* tokens, const float* hidden_in,
-                     int64_t B, int64_t T);
-  // The final norm (normed_); head_forward adds the logits [B·T, vocab] in logits_.
-  void head_norm_forward(const LayerContext& ctx, int64_t rows);
-  void head_forward(const LayerContext& ctx, int64_t B, int64_t T);
+  void embed(StageActivations& a, const int32_t* tokens, int64_t B, int64_t T);
+  // Embedding (or hidden_in) then this stage's blocks; leaves the output in a.residual.back().
+  void trunk_forward(const LayerContext& ctx, StageActivations& a, const int32_t* tokens,
+                     const float* hidden_in, int64_t B, int64_t T);
+  // Whether block i of this stage recomputes its forward in backward (full checkpointing).
+  bool recomputes_block(size_t i) const;
+  // The final norm (h.normed); head_forward adds the logits [B·T, vocab] in h.logits.
+  void head_norm_forward(HeadActivations& h, const float* x, int64_t rows);
+  void head_forward(const LayerContext& ctx, StageActivations& a);
   // bf16: the head's GEMM and the cross-entropy in row chunks that stay in cache (the logits are
   // never stored). With grad_scale != 0 the head's backward either runs inside the same chunks
-  // (head_fusion_, see HeadFusion) or reads the rounded logits' gradient from d_logits16_ later.
+  // (head_fusion_, see HeadFusion) or reads the rounded logits' gradient from d_logits16 later.
   // Returns the sum of the row losses.
-  double head_loss_in_row_chunks(const LayerContext& ctx, const int32_t* targets, int64_t rows,
-                                 float grad_scale);
-  void head_backward(const LayerContext& ctx, int64_t rows);
-  // The head's GEMM backward from the stored logits gradient: d_normed_ and the weight gradient.
-  void head_backward_gemm(const LayerContext& ctx, int64_t rows);
-  // d_residual_ from d_normed_ through the final norm, and the norm's parameter gradients.
-  void final_norm_backward(int64_t rows);
+  double head_loss_in_row_chunks(const LayerContext& ctx, StageActivations& a,
+                                 const int32_t* targets, float grad_scale);
+  // The head's backward (its GEMM from the stored logits gradient, or the partials the fused
+  // forward left) and the final norm's, into a.d_residual.
+  void head_backward(const LayerContext& ctx, StageActivations& a, BackwardPart part);
+  void head_backward_gemm(const LayerContext& ctx, StageActivations& a, BackwardPart part);
+  // a.d_residual from h.d_normed through the final norm, and the norm's parameter gradients.
+  void final_norm_backward(StageActivations& a);
+  void embedding_backward(const LayerContext& ctx, StageActivations& a);
+  void backward_parts(const LayerContext& ctx, StageActivations& a, const float* d_hidden_out,
+                      BackwardPart part);
 
   ModelConfig config_;
   StageRange range_;
@@ -134,21 +184,11 @@ class Transformer {
   int token_embedding_ = -1, position_embedding_ = -1, final_norm_weight_ = -1,
       final_norm_bias_ = -1, head_weight_ = -1;
 
-  // Activations of the last forward.
-  int64_t B_ = 0, T_ = 0;
-  std::vector<Tensor> residual_;  // residual_[i] is the input of block i; the last is the output
-  Tensor normed_, norm_mean_, norm_rstd_, logits_, d_residual_, d_normed_;
-  // bf16 precision: the head's input and the logits' gradient, rounded once for its GEMMs.
-  Tensor normed16_, d_logits16_;
-  bool logits_grad_bf16_ = false;
-  // bf16 training forward: whether the head's backward ran inside it
-  // (MatmulEngine::forward_backward_in_row_chunks), leaving d_normed_ and the head weight
-  // gradient's per-lane partials [lanes, V, C] for head_backward to add.
   HeadFusion head_fusion_ = HeadFusion::when_smaller;
-  bool head_backward_in_forward_ = false;
-  Tensor head_grad_partials_;
-  Tensor tokens_;  // copy of the last forward's tokens (embedding backward needs them)
-  bool gradient_ready_ = false;
+  ActivationCheckpointing checkpointing_;
+  // The activations of the single-microbatch API (forward, backward, forward_stage without a set,
+  // logits, forward_cached).
+  StageActivations own_;
   BackwardScratch scratch_;
   Tensor last_hidden_;  // forward_cached: each sequence's last hidden state [B, d_model]
   std::vector<ParameterUnit> units_;
