@@ -1,20 +1,12 @@
 // Transformer model: see transformer.hpp.
 #include "lattice/model/transformer.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/convert.hpp"
-#include "lattice/kernels/cpu/cross_entropy.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
-#include "lattice/kernels/cpu/embedding.hpp"
-#include "lattice/kernels/cpu/layernorm.hpp"
-#include "lattice/kernels/cpu/rmsnorm.hpp"
-#include "lattice/kernels/cpu/row_chunks.hpp"
 #include "lattice/model/gpt2_block.hpp"
 #include "lattice/model/llama_block.hpp"
 
@@ -63,15 +55,7 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
             std::to_string(range_.last_block) + ") does not fit a model of " +
             std::to_string(config_.n_layers) + " layers");
   const bool gpt2 = config_.family == Family::gpt2;
-  const int64_t C = config_.d_model, V = config_.vocab_size;
-  if (has_embedding()) {
-    token_embedding_ =
-        params_.declare(gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", {V, C},
-                        InitKind::normal, true);
-    if (gpt2)
-      position_embedding_ = params_.declare("transformer.wpe.weight", {config_.max_seq_len, C},
-                                            InitKind::normal, true);
-  }
+  if (has_embedding()) embedding_.emplace(params_, config_);
   // Units are contiguous ranges of the flat buffer: parameters are laid out in declaration order.
   auto close_unit = [&](bool outer) {
     const int64_t begin = units_.empty() ? 0 : units_.back().end;
@@ -89,18 +73,13 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
     close_unit(false);
   }
   if (has_head()) {
-    final_norm_weight_ = params_.declare(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight",
-                                         {C}, InitKind::ones, false);
-    if (gpt2)
-      final_norm_bias_ = params_.declare("transformer.ln_f.bias", {C}, InitKind::zeros, false);
-    // A tied head shares the token embedding when this stage holds both.
+    // A tied head shares the token embedding when this stage holds both; an untied copy of a tied
+    // head (a last stage without the embedding) starts equal to the embedding.
+    const bool shares = config_.tied_embeddings && has_embedding();
     const std::string embedding_name =
         gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
-    if (config_.tied_embeddings && has_embedding())
-      head_weight_ = token_embedding_;
-    else  // an untied copy of a tied head starts equal to the embedding
-      head_weight_ = params_.declare("lm_head.weight", {V, C}, InitKind::normal, true,
-                                     config_.tied_embeddings ? embedding_name : "");
+    head_.emplace(params_, config_, shares ? embedding_->token_weight() : -1,
+                  config_.tied_embeddings ? embedding_name : "");
     head_unit_ = close_unit(true);
   }
 }
@@ -131,24 +110,6 @@ StageActivations Transformer::make_activations() const {
   return a;
 }
 
-void Transformer::check_tokens(const int32_t* tokens, int64_t n, const char* what) const {
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
-      throw Error(std::string(what) + " id " + std::to_string(tokens[i]) +
-                  " is outside the vocabulary [0, " + std::to_string(config_.vocab_size) +
-                  "): the data does not match model.vocab_size");
-  }
-}
-
-void Transformer::embed(StageActivations& a, const int32_t* tokens, int64_t B, int64_t T) {
-  check_tokens(tokens, B * T, "token");
-  if (a.tokens.numel() != B * T) a.tokens = Tensor({B * T}, DType::i32);
-  std::memcpy(a.tokens.raw(), tokens, sizeof(int32_t) * static_cast<size_t>(B * T));
-  const float* wpe = position_embedding_ >= 0 ? params_.value(position_embedding_) : nullptr;
-  k::embedding_forward(a.residual[0].f32(), tokens, params_.value(token_embedding_), wpe, B, T,
-                       config_.d_model);
-}
-
 void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, const int32_t* tokens,
                                 const float* hidden_in, int64_t B, int64_t T) {
   check(B > 0 && T > 0, "batch and sequence length must be positive");
@@ -170,7 +131,10 @@ void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, co
   for (auto& r : a.residual) ensure_activation(r, {rows, C}, tracker_);
   if (has_embedding()) {
     hook_before_forward(ctx, embedding_unit_);
-    embed(a, tokens, B, T);
+    embedding_->check_tokens(tokens, B * T, "token");
+    if (a.tokens.numel() != B * T) a.tokens = Tensor({B * T}, DType::i32);
+    std::memcpy(a.tokens.raw(), tokens, sizeof(int32_t) * static_cast<size_t>(B * T));
+    embedding_->forward(a.residual[0].f32(), tokens, B, T);
     hook_after_forward(ctx, embedding_unit_);
   } else {
     k::copy(a.residual[0].f32(), hidden_in, rows * C);
@@ -206,199 +170,12 @@ float Transformer::forward_stage(const LayerContext& ctx, StageActivations& a,
   }
   check(counted > 0, "the batch has no target to train on (every target is ignored)");
   const float grad_scale = loss_scale / static_cast<float>(counted);
-  HeadActivations& h = a.head;
-  double loss_sum;
-  if (ctx.precision == k::Precision::bf16) {
-    loss_sum = head_loss_in_row_chunks(ctx, a, targets, grad_scale);
-    h.logits_grad_bf16 = loss_scale != 0.0f;
-  } else {
-    head_forward(ctx, a);
-    h.logits_grad_bf16 = false;
-    h.backward_in_forward = false;
-    if (loss_scale != 0.0f)
-      loss_sum = k::cross_entropy_forward_backward(h.logits.f32(), h.logits.f32(), targets, rows, V,
-                                                   grad_scale);
-    else
-      loss_sum = k::cross_entropy_forward(h.logits.f32(), targets, rows, V);
-  }
+  hook_before_forward(ctx, head_unit_);
+  const double loss_sum = head_->forward_loss(ctx, a.head, a.residual.back().f32(), targets, rows,
+                                              loss_scale != 0.0f ? grad_scale : 0.0f, tracker_);
+  hook_after_forward(ctx, head_unit_);
   a.gradient_ready = loss_scale != 0.0f;
   return static_cast<float>(loss_sum / static_cast<double>(counted));
-}
-
-void Transformer::head_norm_forward(HeadActivations& h, const float* x, int64_t rows) {
-  const int64_t C = config_.d_model;
-  ensure_activation(h.normed, {rows, C}, tracker_);
-  ensure_activation(h.norm_rstd, {rows}, tracker_);
-  if (config_.family == Family::gpt2) {
-    ensure_activation(h.norm_mean, {rows}, tracker_);
-    k::layernorm_forward(h.normed.f32(), h.norm_mean.f32(), h.norm_rstd.f32(), x,
-                         params_.value(final_norm_weight_), params_.value(final_norm_bias_), rows,
-                         C, config_.norm_eps);
-  } else {
-    k::rmsnorm_forward(h.normed.f32(), h.norm_rstd.f32(), x, params_.value(final_norm_weight_),
-                       rows, C, config_.norm_eps);
-  }
-}
-
-double Transformer::head_loss_in_row_chunks(const LayerContext& ctx, StageActivations& a,
-                                            const int32_t* targets, float grad_scale) {
-  const int64_t rows = a.B * a.T, C = config_.d_model, V = config_.vocab_size;
-  HeadActivations& h = a.head;
-  hook_before_forward(ctx, head_unit_);
-  ensure_bf16_activation(h.normed16, {rows, C}, tracker_);  // kept for the weight gradient
-  if (config_.family == Family::gpt2) {  // the LayerNorm writes the GEMM's bf16 input directly
-    ensure_activation(h.norm_mean, {rows}, tracker_);
-    ensure_activation(h.norm_rstd, {rows}, tracker_);
-    h.normed.reset();
-    k::layernorm_forward_bf16(h.normed16.data<lattice::bf16>(), h.norm_mean.f32(),
-                              h.norm_rstd.f32(), a.residual.back().f32(),
-                              params_.value(final_norm_weight_), params_.value(final_norm_bias_),
-                              rows, C, config_.norm_eps);
-  } else {
-    head_norm_forward(h, a.residual.back().f32(), rows);
-    k::convert_to_bf16(h.normed16.data<lattice::bf16>(), h.normed.f32(), rows * C);
-  }
-  h.logits.reset();  // the whole [rows, V] logits never exist here
-  std::vector<double> row_losses(static_cast<size_t>(rows), 0.0);
-  std::vector<std::vector<float>> work(static_cast<size_t>(omp_get_max_threads()));
-  auto row_work = [&]() -> float* {
-    auto& row = work[static_cast<size_t>(omp_get_thread_num())];
-    if (row.empty()) row.resize(static_cast<size_t>(V));
-    return row.data();
-  };
-  // Rows per chunk: each chunk's GEMM reads the whole head weight again (V·C bf16) and saves
-  // writing and re-reading its rows' fp32 logits (8·V bytes per row), so chunks of at least C rows
-  // re-read less than they save; 256 was fastest on the small bench shape (L4 d256 V8192: 64, 128,
-  // 512 and 1024 rows were 2-8% slower); the chunks are split evenly between the threads.
-  const int64_t chunk_rows = std::max<int64_t>(256, (C + 15) / 16 * 16);
-  const bool vocab_blocked =
-      head_fusion_ != HeadFusion::always && k::MatmulEngine::vocab_blocked_head_applies(C);
-  const int lanes = vocab_blocked ? k::MatmulEngine::vocab_blocked_lanes(rows)
-                                  : k::MatmulEngine::gradient_lanes(rows, chunk_rows);
-  h.backward_in_forward =
-      grad_scale != 0.0f &&
-      (head_fusion_ == HeadFusion::always || head_fusion_ == HeadFusion::vocab_blocked ||
-       (head_fusion_ == HeadFusion::when_smaller && lanes * V * C * 4 <= rows * V * 2));
-  // The head weight with the store's bf16 copy (when it keeps one): this path is bf16 only.
-  const k::WeightOperand head_weight{params_.value(head_weight_), params_.bf16_value(head_weight_)};
-  if (h.backward_in_forward && vocab_blocked) {
-    // The head and its cross-entropy in blocks of the vocabulary: the logits are computed twice
-    // and neither they nor their gradient leave the cache (MatmulEngine's
-    // head_cross_entropy_vocab_blocked); d_normed and per-lane partials as below.
-    h.d_logits16.reset();
-    ensure_activation(h.d_normed, {rows, C}, tracker_);
-    ensure_activation(h.grad_partials, {lanes, V, C}, tracker_);
-    ctx.matmul.head_cross_entropy_vocab_blocked(h.normed16.data<lattice::bf16>(), head_weight, rows,
-                                                C, V, targets, grad_scale, row_losses.data(),
-                                                h.d_normed.f32(), h.grad_partials.f32(), lanes);
-  } else if (h.backward_in_forward) {
-    // The head's whole backward runs chunk by chunk inside the forward: d_normed and the weight
-    // gradient's per-lane partials (added to the parameter gradient in head_backward) come out
-    // while each chunk's logits gradient is in cache, and that gradient is never stored.
-    h.d_logits16.reset();
-    ensure_activation(h.d_normed, {rows, C}, tracker_);
-    ensure_activation(h.grad_partials, {lanes, V, C}, tracker_);
-    ctx.matmul.forward_backward_in_row_chunks(
-        h.normed16.data<lattice::bf16>(), head_weight, rows, C, V, chunk_rows,
-        [&](int64_t begin, int64_t n, const float* chunk, lattice::bf16* d_chunk16,
-            int64_t stride) {
-          k::cross_entropy_rows_bf16(d_chunk16, row_losses.data() + begin, chunk, targets + begin,
-                                     n, V, grad_scale, row_work(), stride);
-        },
-        h.d_normed.f32(), h.grad_partials.f32(), lanes);
-  } else {
-    h.grad_partials.reset();
-    lattice::bf16* d_logits16 = nullptr;
-    if (grad_scale != 0.0f) {
-      ensure_bf16_activation(h.d_logits16, {rows, V}, tracker_);
-      d_logits16 = h.d_logits16.data<lattice::bf16>();
-    }
-    ctx.matmul.multiply_in_row_chunks(
-        h.normed16.data<lattice::bf16>(), head_weight, /*weight_transposed=*/true, rows, C, V,
-        chunk_rows, [&](int64_t begin, int64_t n, const float* chunk) {
-          k::cross_entropy_rows_bf16(d_logits16 != nullptr ? d_logits16 + begin * V : nullptr,
-                                     row_losses.data() + begin, chunk, targets + begin, n, V,
-                                     grad_scale, row_work(), V);
-        });
-  }
-  hook_after_forward(ctx, head_unit_);
-  double total = 0.0;  // row order: independent of the thread count
-  for (double loss : row_losses) total += loss;
-  return total;
-}
-
-void Transformer::head_forward(const LayerContext& ctx, StageActivations& a) {
-  const int64_t rows = a.B * a.T, C = config_.d_model, V = config_.vocab_size;
-  HeadActivations& h = a.head;
-  hook_before_forward(ctx, head_unit_);
-  head_norm_forward(h, a.residual.back().f32(), rows);
-  ensure_activation(h.logits, {rows, V}, tracker_);
-  k::Bf16Operands keep;  // bf16: the rounded normed is kept for the weight gradient
-  if (ctx.precision == k::Precision::bf16) {
-    ensure_bf16_activation(h.normed16, {rows, C}, tracker_);
-    keep.in = h.normed16.data<lattice::bf16>();
-    keep.weight = params_.bf16_value(head_weight_);
-  }
-  ctx.matmul.forward(h.logits.f32(), h.normed.f32(), params_.value(head_weight_), nullptr, rows, C,
-                     V, ctx.precision, keep);
-  hook_after_forward(ctx, head_unit_);
-}
-
-void Transformer::head_backward(const LayerContext& ctx, StageActivations& a, BackwardPart part) {
-  const int64_t C = config_.d_model, V = config_.vocab_size;
-  HeadActivations& h = a.head;
-  if (part != BackwardPart::weight) hook_before_backward(ctx, head_unit_);
-  if (h.backward_in_forward) {  // d_normed is there; the weight gradient is in lanes
-    if (part != BackwardPart::input) {
-      const int64_t lanes = h.grad_partials.shape()[0];
-      k::add_chunk_partials(params_.grad(head_weight_), h.grad_partials.f32(), lanes, V * C, V * C);
-    }
-  } else {
-    head_backward_gemm(ctx, a, part);
-  }
-  if (part != BackwardPart::weight) final_norm_backward(a);
-  if (part != BackwardPart::input) hook_after_backward(ctx, head_unit_);
-}
-
-void Transformer::head_backward_gemm(const LayerContext& ctx, StageActivations& a,
-                                     BackwardPart part) {
-  const int64_t rows = a.B * a.T, C = config_.d_model, V = config_.vocab_size;
-  HeadActivations& h = a.head;
-  if (part != BackwardPart::weight) ensure_activation(h.d_normed, {rows, C}, tracker_);
-  k::Bf16Operands rounded;  // bf16: the gradient and input rounded in forward_stage / head_forward
-  const float* d_logits = h.logits.f32();
-  if (ctx.precision == k::Precision::bf16 && h.logits_grad_bf16 &&
-      h.normed16.shape() == Shape{rows, C}) {
-    rounded.d_out = h.d_logits16.data<lattice::bf16>();
-    rounded.in = h.normed16.data<lattice::bf16>();
-    rounded.weight = params_.bf16_value(head_weight_);
-    d_logits = nullptr;
-  }
-  float* d_in = part != BackwardPart::weight ? h.d_normed.f32() : nullptr;
-  float* d_weight = part != BackwardPart::input ? params_.grad(head_weight_) : nullptr;
-  ctx.matmul.backward(d_in, d_weight, nullptr, d_logits, h.normed.f32(),
-                      params_.value(head_weight_), rows, C, V, ctx.precision, rounded);
-}
-
-void Transformer::final_norm_backward(StageActivations& a) {
-  const int64_t rows = a.B * a.T, C = config_.d_model;
-  HeadActivations& h = a.head;
-  const float* x = a.residual.back().f32();
-  if (config_.family == Family::gpt2) {
-    k::layernorm_backward(a.d_residual.f32(), params_.grad(final_norm_weight_),
-                          params_.grad(final_norm_bias_), h.d_normed.f32(), x,
-                          params_.value(final_norm_weight_), h.norm_mean.f32(), h.norm_rstd.f32(),
-                          rows, C);
-  } else {
-    k::rmsnorm_backward(a.d_residual.f32(), params_.grad(final_norm_weight_), h.d_normed.f32(), x,
-                        params_.value(final_norm_weight_), h.norm_rstd.f32(), rows, C);
-  }
-}
-
-void Transformer::embedding_backward(const LayerContext& ctx, StageActivations& a) {
-  float* d_wpe = position_embedding_ >= 0 ? params_.grad(position_embedding_) : nullptr;
-  k::embedding_backward(params_.grad(token_embedding_), d_wpe, a.d_residual.f32(),
-                        a.tokens.data<int32_t>(), a.B, a.T, config_.d_model);
 }
 
 void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
@@ -408,9 +185,12 @@ void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
     check(a.gradient_ready, "backward() needs a preceding training forward (loss_scale != 0)");
     a.gradient_ready = false;
     ensure_activation(a.d_residual, {rows, C}, tracker_);
-    if (has_head())
-      head_backward(ctx, a, part);
-    else
+    if (has_head()) {
+      hook_before_backward(ctx, head_unit_);
+      head_->backward(ctx, a.head, a.d_residual.f32(), a.residual.back().f32(), rows, part,
+                      tracker_);
+      if (part == BackwardPart::both) hook_after_backward(ctx, head_unit_);
+    } else
       k::copy(a.d_residual.f32(), d_hidden_out, rows * C);
     // Each block's d_x_in overwrites its d_x_out in place.
     for (size_t i = blocks_.size(); i-- > 0;) {
@@ -434,7 +214,7 @@ void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
     if (has_embedding()) {
       hook_before_backward(ctx, embedding_unit_);
       if (part == BackwardPart::both) {
-        embedding_backward(ctx, a);
+        embedding_->backward(a.d_residual.f32(), a.tokens.data<int32_t>(), B, T);
         hook_after_backward(ctx, embedding_unit_);
       }
     }
@@ -444,14 +224,18 @@ void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
   // The weight half, in the same unit order as the whole backward.
   check(a.weight_gradients_pending,
         "backward_stage_weight needs a preceding backward_stage_input on the same activations");
-  if (has_head()) head_backward(ctx, a, BackwardPart::weight);
+  if (has_head()) {
+    head_->backward(ctx, a.head, nullptr, a.residual.back().f32(), rows, BackwardPart::weight,
+                    tracker_);
+    hook_after_backward(ctx, head_unit_);
+  }
   for (size_t i = blocks_.size(); i-- > 0;) {
     blocks_[i]->backward_weight(ctx, *a.blocks[i], a.residual[i].f32(), B, T);
     if (recomputes_block(i)) a.blocks[i]->release();
     hook_after_backward(ctx, first_block_unit_ + static_cast<int>(i));
   }
   if (has_embedding()) {
-    embedding_backward(ctx, a);
+    embedding_->backward(a.d_residual.f32(), a.tokens.data<int32_t>(), B, T);
     hook_after_backward(ctx, embedding_unit_);
   }
   a.weight_gradients_pending = false;
@@ -502,8 +286,10 @@ const float* Transformer::logits(const LayerContext& ctx, const int32_t* tokens,
   check(has_embedding() && has_head(), "logits() needs the whole model");
   if (own_.blocks.size() != blocks_.size()) own_ = make_activations();
   trunk_forward(ctx, own_, tokens, nullptr, B, T);
-  head_forward(ctx, own_);
-  return own_.head.logits.f32();
+  hook_before_forward(ctx, head_unit_);
+  const float* logits = head_->logits(ctx, own_.head, own_.hidden_out(), B * T, tracker_);
+  hook_after_forward(ctx, head_unit_);
+  return logits;
 }
 
 const float* Transformer::hidden_out() const {

@@ -1,6 +1,7 @@
-// Transformer: a GPT-2 or Llama model (or one contiguous range of its blocks, the seam for pipeline
-// stages: the first range owns the embedding, the last owns the final norm, the head and the loss),
-// with hand-written forward and backward over flat parameter and gradient buffers.
+// Transformer: a GPT-2 or Llama model, or one pipeline stage of it — a container of a contiguous
+// run of its modules (the Embedding on the first stage, a range of blocks, the LmHead with the
+// final norm and the loss on the last) — with hand-written forward and backward over flat
+// parameter and gradient buffers and caller-owned activations (StageActivations).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,9 @@
 
 #include "lattice/kernels/cpu/rope.hpp"
 #include "lattice/model/block.hpp"
+#include "lattice/model/embedding.hpp"
 #include "lattice/model/kv_cache.hpp"
+#include "lattice/model/lm_head.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/model/stage_activations.hpp"
@@ -30,18 +33,6 @@ struct ParameterUnit {
   int64_t begin = 0, end = 0;
   bool outer = false;  // the embedding or the head
 };
-
-// bf16 training: when and how the LM head's backward runs inside its forward, so that the logits'
-// gradient [B·T, vocab] is never stored, at the cost of one weight-gradient partial [vocab,
-// d_model] fp32 per thread:
-//   always:        in row chunks (MatmulEngine::forward_backward_in_row_chunks)
-//   vocab_blocked: in blocks of the vocabulary with the logits computed twice
-//                  (MatmulEngine::head_cross_entropy_vocab_blocked; only where it applies, else
-//                  as always)
-//   never:         the backward reads the stored bf16 logits' gradient
-//   when_smaller (the default): vocab_blocked where it applies, else always, when the partials
-//                  take no more memory than the bf16 logits gradient they replace; else never.
-enum class HeadFusion { when_smaller, always, vocab_blocked, never };
 
 // Activation checkpointing (recomputation in backward instead of keeping activations):
 //   none:      every block keeps its activations from forward to backward;
@@ -77,9 +68,13 @@ class Transformer {
   // The parameter units in forward order (see ParameterUnit); hooks receive indices into it.
   const std::vector<ParameterUnit>& units() const { return units_; }
   // True when the head reads the embedding's weight (tied embeddings in one store).
-  bool head_uses_embedding() const { return has_head() && head_weight_ == token_embedding_; }
+  bool head_uses_embedding() const {
+    return has_head() && has_embedding() && head_->weight() == embedding_->token_weight();
+  }
 
-  void set_head_fusion(HeadFusion fusion) { head_fusion_ = fusion; }
+  void set_head_fusion(HeadFusion fusion) {
+    if (head_) head_->set_fusion(fusion);
+  }
   void set_activation_checkpointing(ActivationCheckpointing checkpointing);
   const ActivationCheckpointing& activation_checkpointing() const { return checkpointing_; }
 
@@ -146,32 +141,13 @@ class Transformer {
   void release_activations();
 
  private:
-  enum class BackwardPart { both, input, weight };
   struct DeclareOnly {};
   Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp, DeclareOnly);
-  void check_tokens(const int32_t* tokens, int64_t n, const char* what) const;
-  void embed(StageActivations& a, const int32_t* tokens, int64_t B, int64_t T);
   // Embedding (or hidden_in) then this stage's blocks; leaves the output in a.residual.back().
   void trunk_forward(const LayerContext& ctx, StageActivations& a, const int32_t* tokens,
                      const float* hidden_in, int64_t B, int64_t T);
   // Whether block i of this stage recomputes its forward in backward (full checkpointing).
   bool recomputes_block(size_t i) const;
-  // The final norm (h.normed); head_forward adds the logits [B·T, vocab] in h.logits.
-  void head_norm_forward(HeadActivations& h, const float* x, int64_t rows);
-  void head_forward(const LayerContext& ctx, StageActivations& a);
-  // bf16: the head's GEMM and the cross-entropy in row chunks that stay in cache (the logits are
-  // never stored). With grad_scale != 0 the head's backward either runs inside the same chunks
-  // (head_fusion_, see HeadFusion) or reads the rounded logits' gradient from d_logits16 later.
-  // Returns the sum of the row losses.
-  double head_loss_in_row_chunks(const LayerContext& ctx, StageActivations& a,
-                                 const int32_t* targets, float grad_scale);
-  // The head's backward (its GEMM from the stored logits gradient, or the partials the fused
-  // forward left) and the final norm's, into a.d_residual.
-  void head_backward(const LayerContext& ctx, StageActivations& a, BackwardPart part);
-  void head_backward_gemm(const LayerContext& ctx, StageActivations& a, BackwardPart part);
-  // a.d_residual from h.d_normed through the final norm, and the norm's parameter gradients.
-  void final_norm_backward(StageActivations& a);
-  void embedding_backward(const LayerContext& ctx, StageActivations& a);
   void backward_parts(const LayerContext& ctx, StageActivations& a, const float* d_hidden_out,
                       BackwardPart part);
 
@@ -180,11 +156,12 @@ class Transformer {
   MemoryTracker* tracker_;
   ParameterStore params_;
   std::optional<kernels::RopeTable> rope_;
+  // The stage's modules in forward order: the embedding (first stage), its blocks, the head
+  // (last stage).
+  std::optional<Embedding> embedding_;
   std::vector<std::unique_ptr<Block>> blocks_;
-  int token_embedding_ = -1, position_embedding_ = -1, final_norm_weight_ = -1,
-      final_norm_bias_ = -1, head_weight_ = -1;
+  std::optional<LmHead> head_;
 
-  HeadFusion head_fusion_ = HeadFusion::when_smaller;
   ActivationCheckpointing checkpointing_;
   // The activations of the single-microbatch API (forward, backward, forward_stage without a set,
   // logits, forward_cached).

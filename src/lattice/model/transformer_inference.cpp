@@ -5,9 +5,6 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
-#include "lattice/kernels/cpu/embedding.hpp"
-#include "lattice/kernels/cpu/layernorm.hpp"
-#include "lattice/kernels/cpu/rmsnorm.hpp"
 #include "lattice/model/transformer.hpp"
 
 namespace lattice::model {
@@ -34,8 +31,8 @@ const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache
                                " exceed the KV cache's " + std::to_string(cache.capacity()) +
                                " (model.max_seq_len): clear the cache and re-prefill a shorter "
                                "window");
-  check_tokens(tokens, B * n, "token");
-  const int64_t rows = B * n, C = config_.d_model, V = config_.vocab_size;
+  embedding_->check_tokens(tokens, B * n, "token");
+  const int64_t rows = B * n, C = config_.d_model;
   // The model's own activation set is the work space: no backward may follow.
   if (own_.blocks.size() != blocks_.size()) own_ = make_activations();
   StageActivations& a = own_;
@@ -44,9 +41,7 @@ const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache
   a.residual.resize(blocks_.size() + 1);
   for (auto& r : a.residual) ensure_activation(r, {rows, C}, tracker_);
   // Learned positions (GPT-2) are read from the absolute position `start` on.
-  const float* wpe = position_embedding_ >= 0 ? params_.value(position_embedding_) : nullptr;
-  k::embedding_forward(a.residual[0].f32(), tokens, params_.value(token_embedding_), wpe, B, n, C,
-                       start);
+  embedding_->forward(a.residual[0].f32(), tokens, B, n, start);
   for (size_t i = 0; i < blocks_.size(); ++i)
     blocks_[i]->forward_cached(ctx, *a.blocks[i], a.residual[i + 1].f32(), a.residual[i].f32(), B,
                                n, cache, static_cast<int64_t>(i));
@@ -56,21 +51,7 @@ const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache
   ensure_activation(last_hidden_, {B, C}, tracker_);
   for (int64_t b = 0; b < B; ++b)
     k::copy(last_hidden_.f32() + b * C, a.residual.back().f32() + ((b + 1) * n - 1) * C, C);
-  ensure_activation(h.normed, {B, C}, tracker_);
-  ensure_activation(h.norm_rstd, {B}, tracker_);
-  ensure_activation(h.logits, {B, V}, tracker_);
-  if (config_.family == Family::gpt2) {
-    ensure_activation(h.norm_mean, {B}, tracker_);
-    k::layernorm_forward(h.normed.f32(), h.norm_mean.f32(), h.norm_rstd.f32(), last_hidden_.f32(),
-                         params_.value(final_norm_weight_), params_.value(final_norm_bias_), B, C,
-                         config_.norm_eps);
-  } else {
-    k::rmsnorm_forward(h.normed.f32(), h.norm_rstd.f32(), last_hidden_.f32(),
-                       params_.value(final_norm_weight_), B, C, config_.norm_eps);
-  }
-  ctx.matmul.forward(h.logits.f32(), h.normed.f32(), params_.value(head_weight_), nullptr, B, C, V,
-                     ctx.precision);
-  return h.logits.f32();
+  return head_->inference_logits(ctx, h, last_hidden_.f32(), B, tracker_);
 }
 
 }  // namespace lattice::model

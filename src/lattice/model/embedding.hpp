@@ -1,0 +1,36 @@
+// Embedding: the first stage's input layer. Token embedding [vocab, d_model] (Hugging Face
+// "transformer.wte.weight" / "model.embed_tokens.weight") plus, for GPT-2, learned positions
+// [max_seq_len, d_model] ("transformer.wpe.weight"); Llama's positions come from RoPE in the
+// blocks. Its forward writes the stage's first residual; its backward is a weight gradient only
+// (the scatter-add of the residual's gradient), which a split backward runs in its W half.
+#pragma once
+
+#include <cstdint>
+
+#include "lattice/model/model_config.hpp"
+#include "lattice/model/parameter_store.hpp"
+
+namespace lattice::model {
+
+class Embedding {
+ public:
+  Embedding(ParameterStore& store, const ModelConfig& config);
+
+  // x[B·T, d_model] = wte[tokens] (+ wpe[start + t]) for tokens [B, T] at positions start + t.
+  // Token ids must be in [0, vocab) (check_tokens).
+  void forward(float* x, const int32_t* tokens, int64_t B, int64_t T, int64_t start = 0) const;
+  // Accumulates the gradients of wte (and wpe) from d_x [B·T, d_model].
+  void backward(const float* d_x, const int32_t* tokens, int64_t B, int64_t T);
+  // Throws naming the first id outside the vocabulary (`what`: "token", for the message).
+  void check_tokens(const int32_t* tokens, int64_t n, const char* what) const;
+
+  // The token embedding's parameter index (a tied head reads it).
+  int token_weight() const { return token_weight_; }
+
+ private:
+  ParameterStore& store_;
+  int64_t vocab_, d_model_;
+  int token_weight_ = -1, position_weight_ = -1;
+};
+
+}  // namespace lattice::model
