@@ -43,7 +43,7 @@ TEST(ModelSpec, ParameterCountsMatchReleasedCheckpoints) {
 
 TEST(ModelSpec, RejectsInconsistentDimensions) {
   ModelSpec bad = model_preset("gpt2-124m");
-  bad.heads = 7;
+  bad.n_heads = 7;
   EXPECT_THROW(count_parameters(bad), Error);
   EXPECT_THROW(model_preset("gpt5"), Error);
 }
@@ -89,7 +89,7 @@ TEST(MemoryEstimate, ReproducesKorthikantiActivationFormulas) {
 // microbatches of L/p layers); interleaving with v chunks multiplies that by 1 + (p-1)/(p v).
 TEST(MemoryEstimate, PipelineFirstStageHoldsLLayersOfActivations) {
   ModelSpec m = model_preset("korthikanti-530b");
-  m.dropout = false;  // leave out the embedding's dropout mask to compare the layer term alone
+  m.dropout = 0;  // leave out the embedding's dropout mask to compare the layer term alone
   ParallelLayout l;
   l.tp = 8;
   l.pp = 35;
@@ -98,11 +98,11 @@ TEST(MemoryEstimate, PipelineFirstStageHoldsLLayersOfActivations) {
   l.global_batch_size = 280;
   const double per_layer = activation_bytes_per_layer(m, l);
   const MemoryEstimate one_f_one_b = estimate_memory(m, l);
-  EXPECT_NEAR(one_f_one_b.stages[0].activation_bytes / (m.layers * per_layer), 1.0, 1e-12);
+  EXPECT_NEAR(one_f_one_b.stages[0].activation_bytes / (m.n_layers * per_layer), 1.0, 1e-12);
   EXPECT_LT(one_f_one_b.stages[34].activation_bytes, one_f_one_b.stages[0].activation_bytes);
 
   ModelSpec m96 = megatron_gpt("gpt-96", 96, 12288, 96);
-  m96.dropout = false;
+  m96.dropout = 0;
   l.pp = 8;
   l.global_batch_size = 64;
   l.schedule = pipeline::ScheduleKind::kInterleaved;
@@ -110,7 +110,7 @@ TEST(MemoryEstimate, PipelineFirstStageHoldsLLayersOfActivations) {
   for (int v : {2, 3, 4}) {
     l.virtual_stages = v;
     const MemoryEstimate interleaved = estimate_memory(m96, l);
-    const double expected = m96.layers * per_layer_96 * (1 + (l.pp - 1.0) / (l.pp * v));
+    const double expected = m96.n_layers * per_layer_96 * (1 + (l.pp - 1.0) / (l.pp * v));
     EXPECT_NEAR(interleaved.stages[0].activation_bytes / expected, 1.0, 1e-12) << "v=" << v;
   }
   l.schedule = pipeline::ScheduleKind::kGPipe;
@@ -155,10 +155,10 @@ TEST(MemoryEstimate, ExpertAndContextParallelismShardWhatTheyShould) {
   l.dp = 8;
   l.global_batch_size = 8;
   const double dense_params =
-      static_cast<double>(count.total - mixtral.layers * count.per_layer_experts);
+      static_cast<double>(count.total - mixtral.n_layers * count.per_layer_experts);
   for (int ep : {1, 2, 8}) {
     l.ep = ep;
-    const double expected = dense_params + mixtral.layers * count.per_layer_experts / double(ep);
+    const double expected = dense_params + mixtral.n_layers * count.per_layer_experts / double(ep);
     EXPECT_NEAR(estimate_memory(mixtral, l).peak().parameters / expected, 1.0, 1e-12)
         << "ep=" << ep;
   }

@@ -1,9 +1,6 @@
 // Model configuration and presets: see model_config.hpp.
 #include "lattice/model/model_config.hpp"
 
-#include <functional>
-#include <map>
-
 #include "lattice/core/error.hpp"
 
 namespace lattice::model {
@@ -45,6 +42,13 @@ void ModelConfig::validate() const {
     check(head_dim() % 2 == 0, "llama models need an even head dimension for RoPE, got " +
                                    std::to_string(head_dim()) + ": change d_model or n_heads");
   }
+  check(n_experts >= 1 && top_k >= 1 && top_k <= n_experts,
+        "model.top_k (" + std::to_string(top_k) +
+            ") must be in [1, model.n_experts = " + std::to_string(n_experts) +
+            "]: route each token to at least one and at most every "
+            "expert (n_experts = 1: a dense model)");
+  check(dropout >= 0 && dropout < 1,
+        "model.dropout = " + std::to_string(dropout) + " must be in [0, 1) (0: no dropout)");
   check(norm_eps > 0, "model.norm_eps must be positive");
   check(init_std > 0, "model.init_std must be positive");
 }
@@ -77,10 +81,8 @@ double ModelConfig::flops_per_token(int64_t seq_len) const {
                                                                  static_cast<double>(d_model);
 }
 
-namespace {
-
-ModelConfig gpt2(const std::string& name, int64_t layers, int64_t d, int64_t heads, int64_t vocab,
-                 int64_t seq) {
+ModelConfig gpt2_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
+                        int64_t vocab, int64_t seq) {
   ModelConfig c;
   c.name = name;
   c.family = Family::gpt2;
@@ -95,8 +97,8 @@ ModelConfig gpt2(const std::string& name, int64_t layers, int64_t d, int64_t hea
   return c;
 }
 
-ModelConfig llama(const std::string& name, int64_t layers, int64_t d, int64_t heads,
-                  int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t seq) {
+ModelConfig llama_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
+                         int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t seq) {
   ModelConfig c;
   c.name = name;
   c.family = Family::llama;
@@ -113,37 +115,95 @@ ModelConfig llama(const std::string& name, int64_t layers, int64_t d, int64_t he
   return c;
 }
 
-const std::map<std::string, std::function<ModelConfig()>>& presets() {
-  static const std::map<std::string, std::function<ModelConfig()>> table = {
-      {"gpt2-tiny", [] { return gpt2("gpt2-tiny", 2, 32, 4, 64, 32); }},
-      {"gpt2-small-test", [] { return gpt2("gpt2-small-test", 4, 256, 4, 8192, 256); }},
-      {"gpt2-demo", [] { return gpt2("gpt2-demo", 4, 192, 6, 256, 128); }},
-      {"gpt2-124m", [] { return gpt2("gpt2-124m", 12, 768, 12, 50257, 1024); }},
-      {"gpt2-350m", [] { return gpt2("gpt2-350m", 24, 1024, 16, 50257, 1024); }},
-      {"gpt2-774m", [] { return gpt2("gpt2-774m", 36, 1280, 20, 50257, 1024); }},
-      {"llama-tiny", [] { return llama("llama-tiny", 2, 32, 4, 2, 64, 64, 32); }},
-      {"llama-small-test", [] { return llama("llama-small-test", 4, 256, 8, 4, 688, 8192, 256); }},
-      {"llama-60m", [] { return llama("llama-60m", 8, 512, 8, 4, 1376, 32000, 1024); }},
-      {"llama-1b", [] { return llama("llama-1b", 16, 2048, 32, 8, 8192, 128256, 2048); }},
-  };
-  return table;
+namespace {
+
+// The GPT models of the published Megatron-LM and Korthikanti tables: V = 51200, s = 2048, and
+// dropout (its masks are part of the tables' activation memory).
+ModelConfig megatron_gpt(const std::string& name, int64_t layers, int64_t d, int64_t heads,
+                         int64_t vocab = 51200, int64_t seq = 2048) {
+  ModelConfig c = gpt2_config(name, layers, d, heads, vocab, seq);
+  c.dropout = 0.1f;
+  return c;
+}
+
+ModelConfig with_rope_theta(ModelConfig c, float theta) {
+  c.rope_theta = theta;
+  return c;
+}
+
+std::vector<ModelConfig> build_presets() {
+  std::vector<ModelConfig> p;
+  // The trainer's small models (tests, the demo, benchmarks).
+  p.push_back(gpt2_config("gpt2-tiny", 2, 32, 4, 64, 32));
+  p.push_back(gpt2_config("gpt2-small-test", 4, 256, 4, 8192, 256));
+  p.push_back(gpt2_config("gpt2-demo", 4, 192, 6, 256, 128));
+  p.push_back(llama_config("llama-tiny", 2, 32, 4, 2, 64, 64, 32));
+  p.push_back(llama_config("llama-small-test", 4, 256, 8, 4, 688, 8192, 256));
+  p.push_back(llama_config("llama-60m", 8, 512, 8, 4, 1376, 32000, 1024));
+  p.push_back(llama_config("llama-1b", 16, 2048, 32, 8, 8192, 128256, 2048));
+  // GPT-2 (Radford et al. 2019; Hugging Face configs): V = 50257, s = 1024, tied embeddings, and
+  // trained here without dropout.
+  p.push_back(gpt2_config("gpt2-124m", 12, 768, 12, 50257, 1024));
+  p.push_back(gpt2_config("gpt2-350m", 24, 1024, 16, 50257, 1024));
+  p.push_back(gpt2_config("gpt2-774m", 36, 1280, 20, 50257, 1024));
+  p.push_back(gpt2_config("gpt2-1.5b", 48, 1600, 25, 50257, 1024));
+  // GPT-3 175B (Brown et al. 2020, Table 2.1): 96 layers, d = 12288, 96 heads, s = 2048.
+  p.push_back(megatron_gpt("gpt3-175b", 96, 12288, 96, 50257, 2048));
+  // Llama 2 (Touvron et al. 2023): V = 32000, s = 4096; 70B uses 8 KV heads.
+  p.push_back(llama_config("llama-7b", 32, 4096, 32, 32, 11008, 32000, 4096));
+  p.push_back(llama_config("llama-13b", 40, 5120, 40, 40, 13824, 32000, 4096));
+  p.push_back(llama_config("llama-70b", 80, 8192, 64, 8, 28672, 32000, 4096));
+  // Llama 3 / 3.1 (Dubey et al. 2024): V = 128256, 8 KV heads, s = 8192, RoPE base 500000.
+  p.push_back(
+      with_rope_theta(llama_config("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192), 500000.0f));
+  p.push_back(
+      with_rope_theta(llama_config("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192), 500000.0f));
+  p.push_back(with_rope_theta(llama_config("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+                              500000.0f));
+  // Mixtral 8x7B (Jiang et al. 2024): Mistral-7B blocks with 8 experts, top-2 routing.
+  ModelConfig mixtral = with_rope_theta(
+      llama_config("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096), 1000000.0f);
+  mixtral.n_experts = 8;
+  mixtral.top_k = 2;
+  p.push_back(mixtral);
+  // Megatron-LM weak scaling (Narayanan et al., SC21, Table 1): V = 51200, s = 2048.
+  p.push_back(megatron_gpt("megatron-1.7b", 24, 2304, 24));
+  p.push_back(megatron_gpt("megatron-3.6b", 30, 3072, 32));
+  p.push_back(megatron_gpt("megatron-7.5b", 36, 4096, 32));
+  p.push_back(megatron_gpt("megatron-18.4b", 40, 6144, 48));
+  p.push_back(megatron_gpt("megatron-39.1b", 48, 8192, 64));
+  p.push_back(megatron_gpt("megatron-76.1b", 60, 10240, 80));
+  p.push_back(megatron_gpt("megatron-145.6b", 80, 12288, 96));
+  p.push_back(megatron_gpt("megatron-310.1b", 96, 16384, 128));
+  p.push_back(megatron_gpt("megatron-529.6b", 105, 20480, 128));
+  p.push_back(megatron_gpt("megatron-1t", 128, 25600, 160));
+  // Korthikanti et al. (MLSys 2023), Table 3: V = 51200, s = 2048.
+  p.push_back(megatron_gpt("korthikanti-22b", 48, 6144, 64));
+  p.push_back(megatron_gpt("korthikanti-175b", 96, 12288, 96));
+  p.push_back(megatron_gpt("korthikanti-530b", 105, 20480, 128));
+  p.push_back(megatron_gpt("korthikanti-1t", 128, 25600, 160));
+  return p;
 }
 
 }  // namespace
 
+const std::vector<ModelConfig>& model_presets() {
+  static const std::vector<ModelConfig> table = build_presets();
+  return table;
+}
+
 ModelConfig model_preset(const std::string& name) {
-  auto it = presets().find(name);
-  if (it == presets().end()) {
-    std::string names;
-    for (const auto& [key, _] : presets()) names += (names.empty() ? "" : ", ") + key;
-    throw Error("unknown model preset '" + name + "': choose one of " + names);
-  }
-  return it->second();
+  for (const ModelConfig& preset : model_presets())
+    if (preset.name == name) return preset;
+  std::string names;
+  for (const ModelConfig& preset : model_presets())
+    names += (names.empty() ? "" : ", ") + preset.name;
+  throw Error("unknown model preset '" + name + "': choose one of " + names);
 }
 
 std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
-  for (const auto& [key, _] : presets()) names.push_back(key);
+  for (const ModelConfig& preset : model_presets()) names.push_back(preset.name);
   return names;
 }
 

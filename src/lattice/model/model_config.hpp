@@ -1,5 +1,7 @@
 // Model configuration: the architecture family (GPT-2 or Llama), its dimensions, the named presets
-// and the checks that refuse a model whose dimensions do not fit together.
+// and the checks that refuse a model whose dimensions do not fit together. This is the one model
+// description of Lattice: the trainer builds it, the planner (`lattice estimate/simulate/plan`)
+// estimates it, and both read the same preset table.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,8 @@
 
 namespace lattice::model {
 
+// gpt2: learned positions, LayerNorm with bias, biased projections, GELU MLP (2 matrices).
+// llama: RoPE, RMSNorm, no biases, SwiGLU MLP (3 matrices).
 enum class Family { gpt2, llama };
 
 struct ModelConfig {
@@ -19,17 +23,33 @@ struct ModelConfig {
   int64_t n_layers = 2;
   int64_t n_heads = 4;
   int64_t n_kv_heads = 4;    // grouped-query attention: n_heads must be a multiple of it
-  int64_t ffn_hidden = 512;  // GPT-2: 4·d_model; Llama: SwiGLU inner size
+  int64_t ffn_hidden = 512;  // GPT-2: 4·d_model; Llama: SwiGLU inner size (per expert for MoE)
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
   bool tied_embeddings = true;  // GPT-2 ties the head to the token embedding
   float init_std = 0.02f;
+  // Mixture of experts: MLP experts per layer (1 = dense) and experts each token is routed to.
+  // The planner estimates MoE models; the trainer builds dense ones only (its config refuses more).
+  int64_t n_experts = 1;
+  int64_t top_k = 1;
+  // Dropout probability after the embedding, the attention output and the MLP output (Megatron's
+  // recipe, 0.1 in the published GPT tables). The planner counts the masks it stores; the trainer
+  // has no dropout yet and refuses a nonzero value.
+  float dropout = 0.0f;
 
   int64_t head_dim() const { return d_model / n_heads; }
+  bool is_moe() const { return n_experts > 1; }
+  bool has_dropout() const { return dropout > 0; }
+  // What the family implies for parameter and activation counts.
+  bool gated_mlp() const { return family == Family::llama; }         // SwiGLU: 3 MLP matrices
+  bool learned_positions() const { return family == Family::gpt2; }  // a wpe table
+  bool norm_has_bias() const { return family == Family::gpt2; }      // LayerNorm vs RMSNorm
+  bool linear_bias() const { return family == Family::gpt2; }        // biased projections
   // Throws lattice::Error naming the first inconsistency and how to fix it.
   void validate() const;
-  // Number of parameters; `with_position_embedding=false` leaves out GPT-2's learned positions (the
-  // N of the 6N FLOP formula).
+  // Number of parameters of a dense model (the trainer's closed form);
+  // `with_position_embedding=false` leaves out GPT-2's learned positions (the N of the 6N FLOP
+  // formula).
   int64_t parameter_count(bool with_position_embedding = true) const;
   // Model FLOPs per trained token at sequence length T: 6N + 12·L·T·d (forward + backward, the
   // attention score and value products counted as in PaLM's MFU definition; N without positions).
@@ -39,10 +59,20 @@ struct ModelConfig {
 std::string family_name(Family family);
 Family parse_family(const std::string& name);
 
-// Presets: gpt2-tiny, gpt2-small-test, gpt2-124m, gpt2-350m, gpt2-774m, llama-tiny,
-// llama-small-test, llama-60m, llama-1b. Throws lattice::Error listing the names for an unknown
-// one.
+// A GPT-2-family model (learned positions, tied embeddings, 4·d MLP) and a Llama-family model
+// (untied head) from their dimensions.
+ModelConfig gpt2_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
+                        int64_t vocab, int64_t max_seq_len);
+ModelConfig llama_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
+                         int64_t kv_heads, int64_t ffn_hidden, int64_t vocab, int64_t max_seq_len);
+
+// The presets, in table order: the trainer's small models (gpt2-tiny, gpt2-small-test, gpt2-demo,
+// llama-tiny, llama-small-test, llama-60m, llama-1b), GPT-2 124M-1.5B, GPT-3 175B, Llama 2 and 3
+// (7B-405B), Mixtral 8x7B, the Megatron-LM weak-scaling models (Narayanan et al. 2021, Table 1) and
+// the Korthikanti et al. (2023, Table 3) models. Throws lattice::Error listing the names for an
+// unknown one.
 ModelConfig model_preset(const std::string& name);
+const std::vector<ModelConfig>& model_presets();
 std::vector<std::string> model_preset_names();
 
 }  // namespace lattice::model

@@ -8,19 +8,26 @@
 namespace lattice::model {
 
 std::string model_config_to_json(const ModelConfig& c) {
-  const nlohmann::json j = {{"name", c.name},
-                            {"family", family_name(c.family)},
-                            {"vocab_size", c.vocab_size},
-                            {"max_seq_len", c.max_seq_len},
-                            {"d_model", c.d_model},
-                            {"n_layers", c.n_layers},
-                            {"n_heads", c.n_heads},
-                            {"n_kv_heads", c.n_kv_heads},
-                            {"ffn_hidden", c.ffn_hidden},
-                            {"norm_eps", c.norm_eps},
-                            {"rope_theta", c.rope_theta},
-                            {"tied_embeddings", c.tied_embeddings},
-                            {"init_std", c.init_std}};
+  nlohmann::json j = {{"name", c.name},
+                      {"family", family_name(c.family)},
+                      {"vocab_size", c.vocab_size},
+                      {"max_seq_len", c.max_seq_len},
+                      {"d_model", c.d_model},
+                      {"n_layers", c.n_layers},
+                      {"n_heads", c.n_heads},
+                      {"n_kv_heads", c.n_kv_heads},
+                      {"ffn_hidden", c.ffn_hidden},
+                      {"norm_eps", c.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"tied_embeddings", c.tied_embeddings},
+                      {"init_std", c.init_std}};
+  // Written only when they differ from a dense model without dropout, so that the metadata of every
+  // model the trainer builds stays what it was before these fields existed.
+  if (c.n_experts != 1 || c.top_k != 1) {
+    j["n_experts"] = c.n_experts;
+    j["top_k"] = c.top_k;
+  }
+  if (c.dropout != 0) j["dropout"] = c.dropout;
   return j.dump();
 }
 
@@ -41,6 +48,9 @@ ModelConfig model_config_from_json(const std::string& json) {
     c.rope_theta = j.at("rope_theta").get<float>();
     c.tied_embeddings = j.at("tied_embeddings").get<bool>();
     c.init_std = j.at("init_std").get<float>();
+    c.n_experts = j.value("n_experts", int64_t{1});
+    c.top_k = j.value("top_k", int64_t{1});
+    c.dropout = j.value("dropout", 0.0f);
     return c;
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("model configuration JSON is damaged: ") + e.what());

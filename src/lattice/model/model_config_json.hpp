@@ -1,5 +1,6 @@
 // ModelConfig <-> JSON: the form stored in checkpoints' "lattice.model" metadata and read by the
-// PyTorch reference scripts (tests/reference/lattice_torch.py).
+// PyTorch reference scripts (tests/reference/lattice_torch.py). The MoE and dropout fields are
+// written only when set, and read as absent = dense, no dropout.
 #pragma once
 
 #include <string>

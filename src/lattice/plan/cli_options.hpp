@@ -30,7 +30,7 @@ inline void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_option("--kv-heads", o.kv_heads, "key/value heads (GQA); default: heads");
   app.add_option("--ffn-hidden", o.ffn_hidden, "MLP inner width; default 4 x hidden");
   app.add_option("--vocab", o.vocab, "vocabulary size");
-  app.add_option("--seq-len", o.seq_len, "sequence length");
+  app.add_option("--seq-len", o.seq_len, "sequence length (and the model's position table)");
   app.add_option("--experts", o.experts, "MoE experts per layer");
   app.add_option("--top-k", o.top_k, "experts per token");
   app.add_option("--mlp", o.mlp, "gelu (GPT) or swiglu (Llama) when giving explicit dimensions");
@@ -45,25 +45,22 @@ inline ModelSpec resolve_model(const ModelOptions& o) {
           "give --model <preset> or at least --layers, --hidden and --heads");
     m = megatron_gpt("custom", o.layers, o.hidden, o.heads, 51200, 2048);
   }
-  if (o.layers) m.layers = o.layers;
-  if (o.hidden) m.hidden = o.hidden;
-  if (o.heads) m.heads = o.heads;
-  if (o.kv_heads) m.kv_heads = o.kv_heads;
-  if (o.heads && !o.kv_heads) m.kv_heads = o.heads;
+  if (o.layers) m.n_layers = o.layers;
+  if (o.hidden) m.d_model = o.hidden;
+  if (o.heads) m.n_heads = o.heads;
+  if (o.kv_heads) m.n_kv_heads = o.kv_heads;
+  if (o.heads && !o.kv_heads) m.n_kv_heads = o.heads;
   if (o.ffn_hidden)
     m.ffn_hidden = o.ffn_hidden;
   else if (o.preset.empty())
-    m.ffn_hidden = 4 * m.hidden;
-  if (o.vocab) m.vocab = o.vocab;
-  if (o.seq_len) m.seq_len = o.seq_len;
-  if (o.experts) m.experts = o.experts;
+    m.ffn_hidden = 4 * m.d_model;
+  if (o.vocab) m.vocab_size = o.vocab;
+  if (o.seq_len) m.seq_len = m.max_seq_len = o.seq_len;  // trained at, and positions for
+  if (o.experts) m.n_experts = o.experts;
   if (o.top_k) m.top_k = o.top_k;
-  if (o.mlp == "swiglu") {
-    m.gated_mlp = true;
-    m.dropout = false;
-    m.linear_bias = false;
-    m.layernorm_with_bias = false;
-    m.learned_position_embeddings = false;
+  if (o.mlp == "swiglu") {  // the Llama family: RoPE, RMSNorm, no biases, untied, no dropout
+    m.family = model::Family::llama;
+    m.dropout = 0;
     m.tied_embeddings = false;
   } else if (!o.mlp.empty()) {
     check(o.mlp == "gelu", "unknown --mlp '" + o.mlp + "': use gelu or swiglu");
@@ -74,6 +71,7 @@ inline ModelSpec resolve_model(const ModelOptions& o) {
 
 struct LayoutOptions {
   int gpus = 0, dp = 0, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0, virtual_stages = 1;
+  int recompute_interval = 1;
   int micro_batch = 1, global_batch = 0;
   bool sequence_parallel = false, overlap_grad_reduce = false, flash_attention = false;
   std::string recompute = "none", schedule = "1f1b";
@@ -89,7 +87,10 @@ inline void add_layout_options(CLI::App& app, LayoutOptions& o) {
   app.add_option("--ep", o.ep, "expert-parallel size");
   app.add_option("--zero", o.zero, "ZeRO stage 0-3");
   app.add_flag("--sp", o.sequence_parallel, "sequence parallelism (with tp > 1)");
-  app.add_option("--recompute", o.recompute, "none, selective or full");
+  app.add_option("--recompute", o.recompute,
+                 "none, selective or full (as the trainer's activation_checkpoint.mode)");
+  app.add_option("--recompute-interval", o.recompute_interval,
+                 "with full: recompute every k-th block (activation_checkpoint.interval)");
   app.add_option("--schedule", o.schedule, "gpipe, 1f1b, interleaved, zb-h1 or zb-v");
   app.add_option("--virtual-stages", o.virtual_stages, "chunks per pipeline rank (interleaved)");
   app.add_option("--micro-batch", o.micro_batch, "sequences per microbatch");
@@ -124,6 +125,7 @@ inline ParallelLayout resolve_layout(const LayoutOptions& o) {
   l.overlap_grad_reduce = o.overlap_grad_reduce;
   l.flash_attention = o.flash_attention;
   l.recompute = parse_recompute(o.recompute);
+  l.recompute_interval = o.recompute_interval;
   l.schedule = pipeline::parse_schedule_kind(o.schedule);
   l.virtual_stages = o.virtual_stages;
   const bool chunked = l.schedule == pipeline::ScheduleKind::kInterleaved ||

@@ -7,17 +7,17 @@ namespace lattice::plan {
 
 ForwardFlops forward_flops_per_sequence(const ModelSpec& m) {
   const double s = static_cast<double>(m.seq_len);
-  const double h = static_cast<double>(m.hidden);
-  const double kv_width = static_cast<double>(m.kv_heads * m.head_dim());
+  const double h = static_cast<double>(m.d_model);
+  const double kv_width = static_cast<double>(m.n_kv_heads * m.head_dim());
   const double f = static_cast<double>(m.ffn_hidden);
   const double per_token_layer =
-      2 * (h * h + 2 * h * kv_width + h * h) +                    // QKV + out
-      2 * (m.gated_mlp ? 3 : 2) * h * f * m.top_k +               // MLP
-      (m.is_moe() ? 2 * h * static_cast<double>(m.experts) : 0);  // router
+      2 * (h * h + 2 * h * kv_width + h * h) +                      // QKV + out
+      2 * (m.gated_mlp() ? 3 : 2) * h * f * m.top_k +               // MLP
+      (m.is_moe() ? 2 * h * static_cast<double>(m.n_experts) : 0);  // router
   ForwardFlops flops;
-  flops.dense_gemms = per_token_layer * s * m.layers;
-  flops.attention_core = 4 * s * s * h * m.layers;
-  flops.logits = 2 * s * h * static_cast<double>(m.vocab);
+  flops.dense_gemms = per_token_layer * s * m.n_layers;
+  flops.attention_core = 4 * s * s * h * m.n_layers;
+  flops.logits = 2 * s * h * static_cast<double>(m.vocab_size);
   return flops;
 }
 
@@ -34,17 +34,17 @@ double hardware_flops_per_sequence(const ModelSpec& m, Recompute recompute) {
 }
 
 double korthikanti_model_flops(const ModelSpec& m, double batch) {
-  const double s = m.seq_len, h = m.hidden, L = m.layers, V = m.vocab;
+  const double s = m.seq_len, h = m.d_model, L = m.n_layers, V = m.vocab_size;
   return 72 * batch * L * s * h * h * (1 + s / (6 * h) + V / (12 * h * L));
 }
 
 double korthikanti_selective_hardware_flops(const ModelSpec& m, double batch) {
-  const double s = m.seq_len, h = m.hidden, L = m.layers, V = m.vocab;
+  const double s = m.seq_len, h = m.d_model, L = m.n_layers, V = m.vocab_size;
   return 72 * batch * L * s * h * h * (1 + s / (3 * h) + V / (12 * h * L));
 }
 
 double megatron_flops_with_recompute(const ModelSpec& m, double batch) {
-  const double s = m.seq_len, h = m.hidden, l = m.layers, V = m.vocab;
+  const double s = m.seq_len, h = m.d_model, l = m.n_layers, V = m.vocab_size;
   return 96 * batch * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
 }
 
@@ -53,7 +53,7 @@ double palm_flops_per_token(const ModelSpec& m) {
   const double n_active_non_embedding =
       static_cast<double>(count.active - count.embedding - count.output_head);
   return 6 * n_active_non_embedding +
-         12.0 * m.layers * m.hidden * static_cast<double>(m.seq_len);  // H * Q = hidden
+         12.0 * m.n_layers * m.d_model * static_cast<double>(m.seq_len);  // H * Q = hidden
 }
 
 double megatron_training_seconds(double tokens, double parameters, int devices,

@@ -50,23 +50,23 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
   const double b = l.micro_batch_size;
   const double s_local = static_cast<double>(m.seq_len) / l.cp;
   const double tokens = b * s_local;
-  const double h = static_cast<double>(m.hidden);
+  const double h = static_cast<double>(m.d_model);
   const double f = static_cast<double>(m.ffn_hidden);
   const double hd = static_cast<double>(m.head_dim());
-  const double kv_width = static_cast<double>(m.kv_heads * m.head_dim());
-  const double heads_local = static_cast<double>(m.heads) / t;
-  const double local_experts = static_cast<double>(m.experts) / l.ep;
+  const double kv_width = static_cast<double>(m.n_kv_heads * m.head_dim());
+  const double heads_local = static_cast<double>(m.n_heads) / t;
+  const double local_experts = static_cast<double>(m.n_experts) / l.ep;
   // Tokens each local expert sees (balanced routing); the dense MLP is one expert seeing every
   // token.
-  const double expert_tokens = tokens * m.top_k / static_cast<double>(m.experts) * l.ep;
-  const double up_width = f * (m.gated_mlp ? 2 : 1) / t;
+  const double expert_tokens = tokens * m.top_k / static_cast<double>(m.n_experts) * l.ep;
+  const double up_width = f * (m.gated_mlp() ? 2 : 1) / t;
 
   // Forward GEMMs (backward runs the same shapes twice: input and weight gradients).
   double dense_gemm = gemm_seconds(tokens, h, (h + 2 * kv_width) / t, hw, cost) +  // QKV
                       gemm_seconds(tokens, h / t, h, hw, cost) +                   // output proj
                       local_experts * (gemm_seconds(expert_tokens, h, up_width, hw, cost) +
                                        gemm_seconds(expert_tokens, f / t, h, hw, cost));  // MLP
-  if (m.is_moe()) dense_gemm += gemm_seconds(tokens, h, static_cast<double>(m.experts), hw, cost);
+  if (m.is_moe()) dense_gemm += gemm_seconds(tokens, h, static_cast<double>(m.n_experts), hw, cost);
   // QK^T and attention x V per head, queries local, keys all; FlashAttention skips the masked half.
   const double causal_share = l.flash_attention ? 0.5 : 1.0;
   const double attention_gemm =
@@ -75,16 +75,16 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
        gemm_seconds(s_local, static_cast<double>(m.seq_len), hd, hw, cost, b * heads_local));
 
   // Memory-bound traffic, bytes per forward (counted kernel by kernel; bf16 = 2 bytes).
-  const double dropout_mask = m.dropout ? 1 : 0;
+  const double dropout_mask = m.has_dropout() ? 1 : 0;
   const double replicated_per_token = 2 * 4 * h                      // two norms: read + write
                                       + 2 * (6 + dropout_mask) * h;  // two bias-dropout-residual
   const double sharded_per_token =
-      (m.gated_mlp ? 6 : 4) * f * m.top_k / t                          // activation function
-      + (m.learned_position_embeddings ? 0 : 4 * (h + kv_width) / t);  // rotary embedding on q, k
+      (m.gated_mlp() ? 6 : 4) * f * m.top_k / t                // activation function
+      + (m.learned_positions() ? 0 : 4 * (h + kv_width) / t);  // rotary embedding on q, k
   const double score_bytes = l.flash_attention
                                  ? 0  // scores stay on chip
                                  : b * heads_local * s_local * static_cast<double>(m.seq_len) *
-                                       (4 + (m.dropout ? 5 : 0));  // softmax, dropout
+                                       (4 + (m.has_dropout() ? 5 : 0));  // softmax, dropout
   const double elementwise_bytes =
       tokens * (replicated_per_token / (l.sequence_parallel ? t : 1) + sharded_per_token);
   const double elementwise = memory_seconds(elementwise_bytes, hw, cost);
@@ -146,8 +146,8 @@ EdgeCosts edge_costs(const ModelSpec& m, const ParallelLayout& l, const Hardware
                      const CostParameters& cost) {
   const double t = l.tp;
   const double tokens = l.micro_batch_size * static_cast<double>(m.seq_len) / l.cp;
-  const double h = static_cast<double>(m.hidden);
-  const double vocab = static_cast<double>(m.vocab);
+  const double h = static_cast<double>(m.d_model);
+  const double vocab = static_cast<double>(m.vocab_size);
   EdgeCosts e;
   // Embedding: gather rows (+ position add, dropout), and its gradient scatter.
   e.embedding_forward = memory_seconds(tokens * h * 2 * 3, hw, cost);
@@ -169,7 +169,7 @@ EdgeCosts edge_costs(const ModelSpec& m, const ParallelLayout& l, const Hardware
 double pipeline_transfer_seconds(const ModelSpec& m, const ParallelLayout& l,
                                  const HardwareSpec& hw, const CostParameters& cost) {
   if (l.pp <= 1) return 0;
-  const double bytes = l.micro_batch_size * static_cast<double>(m.seq_len) / l.cp * m.hidden * 2;
+  const double bytes = l.micro_batch_size * static_cast<double>(m.seq_len) / l.cp * m.d_model * 2;
   const int ranks_per_stage = l.tp * l.cp * l.dp;  // pp is outermost in the rank order
   const bool crosses_nodes = ranks_per_stage >= hw.devices_per_node;
   // Each TP rank sends its 1/t share over its own link (Megatron's scatter-gather); with a node

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "lattice/core/error.hpp"
 
@@ -25,32 +26,70 @@ double model_state_bytes(double params, int zero_stage, int shard_ranks, int par
   throw Error("zero stage must be 0, 1, 2 or 3 (got " + std::to_string(zero_stage) + ")");
 }
 
-double activation_bytes_per_layer(const ModelSpec& m, const ParallelLayout& l) {
+namespace {
+
+// One layer's activation bytes when it is checkpointed with `mode`.
+double layer_activation_bytes(const ModelSpec& m, const ParallelLayout& l, Recompute mode) {
   const double s = static_cast<double>(m.seq_len) / l.cp;  // tokens of the sequence on this rank
   const double b = l.micro_batch_size;
-  const double h = static_cast<double>(m.hidden);
-  const double a = static_cast<double>(m.heads);
+  const double h = static_cast<double>(m.d_model);
+  const double a = static_cast<double>(m.n_heads);
   const double t = l.tp;
   const double f = static_cast<double>(m.ffn_hidden);
-  const double kv_share = static_cast<double>(m.kv_heads) / m.heads;
+  const double kv_share = static_cast<double>(m.n_kv_heads) / m.n_heads;
   const double sbh = s * b * h;
-  if (l.recompute == Recompute::kFull)  // only the layer input is kept (sharded over tp with SP)
+  if (mode == Recompute::kFull)  // only the layer input is kept (sharded over tp with SP)
     return 2 * sbh / (l.sequence_parallel ? t : 1);
-  const double masks = m.dropout ? 2 : 0;  // attention-output and MLP-output dropout masks (1 byte)
+  const double masks =
+      m.has_dropout() ? 2 : 0;  // attention-output and MLP-output dropout masks (1 byte)
   // Kept whole on every TP rank unless sequence parallel: two norm inputs, QKV input, MLP input,
   // masks.
   const double replicated = sbh * (4 + 2 + 2 + masks);
   // Sharded over TP: Q, K, V, the projection input, and the MLP's activation inputs/outputs.
   const double mlp_per_token =
-      (m.gated_mlp ? 6 : 4) * f * m.top_k + (m.is_moe() ? 2 * h * m.top_k : 0);
+      (m.gated_mlp() ? 6 : 4) * f * m.top_k + (m.is_moe() ? 2 * h * m.top_k : 0);
   const double sharded = sbh * (2 + 4 * kv_share + 2) + s * b * mlp_per_token;
   // Attention scores: softmax output (2 bytes), with dropout also its mask (1) and output (2); none
   // with FlashAttention. FlashAttention keeps only the fp32 log-sum-exp per query and head.
-  const double scores = l.flash_attention ? b * a * s * 4
-                        : l.recompute == Recompute::kSelective
-                            ? 0
-                            : b * a * s * s * (m.dropout ? 5 : 2);
+  const double scores = l.flash_attention               ? b * a * s * 4
+                        : mode == Recompute::kSelective ? 0
+                                                        : b * a * s * s * (m.has_dropout() ? 5 : 2);
   return replicated / (l.sequence_parallel ? t : 1) + (sharded + scores) / t;
+}
+
+// The virtual stages (chunks of n_layers / (pp v) consecutive layers) pipeline rank `stage` owns:
+// interleaved rank r owns r, r + p, r + 2p, ...; ZB-V's V owns r and 2p - 1 - r.
+std::vector<int> virtual_stages_of(const ParallelLayout& l, int stage) {
+  if (l.pp > 1 && l.schedule == pipeline::ScheduleKind::kZeroBubbleV)
+    return {stage, 2 * l.pp - 1 - stage};
+  std::vector<int> owned;
+  for (int chunk = 0; chunk < l.virtual_stages; ++chunk) owned.push_back(chunk * l.pp + stage);
+  return owned;
+}
+
+// Mean activation bytes per layer on pipeline rank `stage`: with full recomputation of every k-th
+// block (k > 1) its recomputed blocks keep only their input and the others keep everything.
+double stage_bytes_per_layer(const ModelSpec& m, const ParallelLayout& l, int stage) {
+  if (l.recompute != Recompute::kFull || l.recompute_interval <= 1)
+    return layer_activation_bytes(m, l, l.recompute);
+  const model::ActivationCheckpoint checkpoint = l.activation_checkpoint();
+  const int64_t per_chunk = m.n_layers / (l.pp * l.virtual_stages);
+  int64_t layers = 0, recomputed = 0;
+  for (int chunk : virtual_stages_of(l, stage)) {
+    layers += per_chunk;
+    recomputed += checkpoint.full_blocks_in(chunk * per_chunk, per_chunk);
+  }
+  const double full = layer_activation_bytes(m, l, Recompute::kFull);
+  const double kept = layer_activation_bytes(m, l, Recompute::kNone);
+  return (static_cast<double>(recomputed) * full +
+          static_cast<double>(layers - recomputed) * kept) /
+         static_cast<double>(layers);
+}
+
+}  // namespace
+
+double activation_bytes_per_layer(const ModelSpec& m, const ParallelLayout& l) {
+  return layer_activation_bytes(m, l, l.recompute);
 }
 
 int peak_chunks_in_flight(const ParallelLayout& l, int stage) {
@@ -82,14 +121,13 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ParallelLayout& l) {
   validate_layout(m, l);
   const ParameterCount count = count_parameters(m);
   const double t = l.tp;
-  const double layers_per_rank = static_cast<double>(m.layers) / l.pp;
+  const double layers_per_rank = static_cast<double>(m.n_layers) / l.pp;
   const double layers_per_chunk = layers_per_rank / l.virtual_stages;
   const int dense_shards = l.dp * l.cp;
   const int expert_shards = std::max(1, dense_shards / l.ep);
-  const double per_layer_bytes = activation_bytes_per_layer(m, l);
   const double s = static_cast<double>(m.seq_len) / l.cp;
   const double b = l.micro_batch_size;
-  const double h = static_cast<double>(m.hidden);
+  const double h = static_cast<double>(m.d_model);
   MemoryEstimate estimate;
   for (int stage = 0; stage < l.pp; ++stage) {
     StageMemory mem;
@@ -104,7 +142,7 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ParallelLayout& l) {
     if (last) {
       dense += count.final_norm + count.output_head / t;
       if (m.tied_embeddings && l.pp > 1)
-        dense += m.vocab * h / t;  // the head's copy of the embedding
+        dense += m.vocab_size * h / t;  // the head's copy of the embedding
     }
     mem.parameters = dense + experts;
     auto states = [&](int p_bytes, int g_bytes, int k_bytes) {
@@ -115,12 +153,12 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ParallelLayout& l) {
     mem.gradient_bytes = states(0, l.grad_bytes, 0);
     mem.optimizer_bytes = states(0, 0, l.optimizer_bytes);
     const int chunks = peak_chunks_in_flight(l, stage);
-    mem.activation_bytes = chunks * layers_per_chunk * per_layer_bytes;
+    mem.activation_bytes = chunks * layers_per_chunk * stage_bytes_per_layer(m, l, stage);
     const int microbatches_in_flight = (chunks + l.virtual_stages - 1) / l.virtual_stages;
-    if (first && m.dropout)  // embedding dropout mask
+    if (first && m.has_dropout())  // embedding dropout mask
       mem.activation_bytes += microbatches_in_flight * s * b * h / (l.sequence_parallel ? t : 1);
     if (last)  // final norm input, bf16 logits and fp32 loss softmax of one microbatch
-      mem.temporary_bytes += 2 * s * b * h + 6 * s * b * static_cast<double>(m.vocab) / t;
+      mem.temporary_bytes += 2 * s * b * h + 6 * s * b * static_cast<double>(m.vocab_size) / t;
     if (l.zero_stage == 3)  // current and prefetched layer gathered in full
       mem.temporary_bytes +=
           2 * l.param_bytes * (count.per_layer_dense + count.per_layer_experts / l.ep) / t;

@@ -19,7 +19,9 @@ double model_state_bytes(double params, int zero_stage, int shard_ranks, int par
                          int grad_bytes = 2, int optimizer_bytes = 12);
 
 // Activation bytes of one transformer layer for one microbatch on one rank (Korthikanti Table 2,
-// generalised to GQA, gated MLPs, MoE top-k, models without dropout, and context parallelism).
+// generalised to GQA, gated MLPs, MoE top-k, models without dropout, and context parallelism),
+// under layout.recompute. With full recomputation of every k-th block (recompute_interval k > 1)
+// this is a recomputed layer's; estimate_memory mixes recomputed and kept layers per stage.
 double activation_bytes_per_layer(const ModelSpec& model, const ParallelLayout& layout);
 
 // Microbatches (in units of one chunk of layers) whose activations pipeline rank `stage` holds at

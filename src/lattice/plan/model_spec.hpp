@@ -1,36 +1,22 @@
-// Model dimensions as the planner sees them (independent of the trainer's model config): layers,
-// widths, heads, vocabulary, sequence, experts, and the architectural switches that change
-// parameter and FLOP counts. Presets cover GPT-2/3, Llama 2/3, Mixtral and the models of the
-// Megatron-LM and Korthikanti tables.
+// The model as the planner sees it: the trainer's model description (model::ModelConfig, with its
+// one preset table) plus the sequence length the plan trains at. Exact parameter counts by the
+// planner's own formula (tests/plan checks them against the ParameterStore of the built model).
 #pragma once
 
 #include <cstdint>
 #include <string>
-#include <vector>
+
+#include "lattice/model/model_config.hpp"
 
 namespace lattice::plan {
 
-struct ModelSpec {
-  std::string name;
-  int64_t layers = 0;
-  int64_t hidden = 0;
-  int64_t heads = 0;
-  int64_t kv_heads = 0;    // grouped-query attention; equal to heads for multi-head attention
-  int64_t ffn_hidden = 0;  // MLP inner width (per expert for MoE)
-  int64_t vocab = 0;
+struct ModelSpec : model::ModelConfig {
+  // Tokens per sequence in training (training.seq_len); the presets train at their max_seq_len.
   int64_t seq_len = 0;
-  int64_t experts = 1;  // MLP experts per layer (1 = dense)
-  int64_t top_k = 1;    // experts each token is routed to
-  bool tied_embeddings = true;
-  bool gated_mlp = false;                   // SwiGLU: three MLP matrices instead of two
-  bool learned_position_embeddings = true;  // GPT-style wpe table (Llama uses RoPE: none)
-  bool layernorm_with_bias = true;          // LayerNorm (weight + bias) or RMSNorm (weight only)
-  bool linear_bias = true;                  // biases on the attention and MLP projections
-  bool dropout = true;                      // dropout masks stored (GPT/Megatron) or not (Llama)
-
-  int64_t head_dim() const { return hidden / heads; }
-  bool is_moe() const { return experts > 1; }
 };
+
+// `config` trained at `seq_len` tokens per sequence (0: its max_seq_len).
+ModelSpec planning_model(const model::ModelConfig& config, int64_t seq_len = 0);
 
 // Exact parameter counts from the dimensions.
 struct ParameterCount {
@@ -46,20 +32,16 @@ struct ParameterCount {
 
 ParameterCount count_parameters(const ModelSpec& model);
 
-// Throws lattice::Error when dimensions are inconsistent (hidden not divisible by heads, heads not
-// by kv_heads, top_k > experts, non-positive sizes).
+// Throws lattice::Error when the model is inconsistent (ModelConfig::validate) or the sequence
+// length is not positive.
 void validate(const ModelSpec& model);
 
-// Presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, gpt3-175b, llama-7b, llama-13b, llama-70b,
-// llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b, megatron-1.7b, megatron-7.5b, megatron-39.1b,
-// megatron-145.6b, megatron-1t (Narayanan et al. Table 1), korthikanti-22b, korthikanti-175b,
-// korthikanti-530b, korthikanti-1t (Korthikanti et al. Table 3).
-const std::vector<ModelSpec>& model_presets();
-// The preset called `name`; throws lattice::Error listing the presets when there is none.
+// The preset called `name` (model::model_preset) at its max_seq_len; throws lattice::Error listing
+// the presets when there is none.
 ModelSpec model_preset(const std::string& name);
 
 // A GPT-style (Megatron) model from the dimensions of the published tables: learned positions, tied
-// embeddings, LayerNorm and biases, 4h MLP, dropout.
+// embeddings, LayerNorm and biases, 4h MLP, dropout 0.1, trained at its full sequence length.
 ModelSpec megatron_gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t heads,
                        int64_t vocab = 51200, int64_t seq_len = 2048);
 

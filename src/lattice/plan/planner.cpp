@@ -70,7 +70,7 @@ PlanResult plan_layouts(const PlanRequest& request) {
   std::vector<int> cp_options = {1};
   for (int cp = 2; cp <= 8 && model.seq_len / cp >= 4096; cp *= 2) cp_options.push_back(cp);
   const std::vector<int> ep_options =
-      model.is_moe() ? divisors(static_cast<int>(model.experts)) : std::vector<int>{1};
+      model.is_moe() ? divisors(static_cast<int>(model.n_experts)) : std::vector<int>{1};
   // With FlashAttention selective recompute saves nothing more: leave it out.
   const std::vector<Recompute> recomputes =
       request.flash_attention
@@ -86,7 +86,7 @@ PlanResult plan_layouts(const PlanRequest& request) {
   double smallest_need = std::numeric_limits<double>::infinity();
   std::string last_error;
   for (int tp : powers_of_two_up_to(std::min(hw.devices_per_node, request.devices))) {
-    for (int pp : divisors(static_cast<int>(model.layers))) {
+    for (int pp : divisors(static_cast<int>(model.n_layers))) {
       for (int cp : cp_options) {
         if (request.devices % (tp * pp * cp) != 0) continue;
         const int dp = request.devices / (tp * pp * cp);
@@ -101,10 +101,10 @@ PlanResult plan_layouts(const PlanRequest& request) {
             if (pp > 1) {
               schedules.push_back({pipeline::ScheduleKind::kGPipe, 1});
               schedules.push_back({pipeline::ScheduleKind::kZeroBubbleH1, 1});
-              if (model.layers % (2 * pp) == 0)
+              if (model.n_layers % (2 * pp) == 0)
                 schedules.push_back({pipeline::ScheduleKind::kZeroBubbleV, 2});
               for (int v : {2, 4})
-                if (model.layers % (pp * v) == 0 && microbatches % pp == 0)
+                if (model.n_layers % (pp * v) == 0 && microbatches % pp == 0)
                   schedules.push_back({pipeline::ScheduleKind::kInterleaved, v});
             }
             for (auto [schedule, chunks] : schedules) {

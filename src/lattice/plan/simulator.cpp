@@ -23,7 +23,7 @@ SimulationResult simulate(const ModelSpec& model, const ParallelLayout& layout,
   const EdgeCosts edge = edge_costs(model, layout, hw, cost);
   const double transfer = pipeline_transfer_seconds(model, layout, hw, cost);
   const int stages = r.schedule.num_stages();
-  const double layers_per_stage = static_cast<double>(model.layers) / stages;
+  const double layers_per_stage = static_cast<double>(model.n_layers) / stages;
   const bool split = r.schedule.splits_weight_gradient;
 
   // Durations of F, B and W per virtual stage.

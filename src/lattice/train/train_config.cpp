@@ -179,6 +179,9 @@ const Schema& schema() {
         {"norm_eps", model_float(&model::ModelConfig::norm_eps)},
         {"rope_theta", model_float(&model::ModelConfig::rope_theta)},
         {"init_std", model_float(&model::ModelConfig::init_std)},
+        {"n_experts", model_int(&model::ModelConfig::n_experts)},
+        {"top_k", model_int(&model::ModelConfig::top_k)},
+        {"dropout", model_float(&model::ModelConfig::dropout)},
         {"tied_embeddings",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {
             c.model.tied_embeddings = as_bool(n, k);
@@ -239,7 +242,21 @@ const Schema& schema() {
         {"baseline_tokens_per_second", float_key(&TrainConfig::baseline_tokens_per_second)},
         {"hsdp_shard_size", int_key(&TrainConfig::hsdp_shard_size)},
         {"offload_dir", string_key(&TrainConfig::offload_dir)}}},
-      {"activation_checkpoint", {{"mode", string_key(&TrainConfig::recompute)}}},
+      {"activation_checkpoint",
+       {{"mode",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.activation_checkpoint.mode = model::parse_recompute(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, model::recompute_name(c.activation_checkpoint.mode));
+          }}},
+        {"interval",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.activation_checkpoint.interval = as_int(n, k);
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, c.activation_checkpoint.interval);
+          }}}}},
       {"checkpoint",
        {{"enable", bool_key(&TrainConfig::checkpoint_enable)},
         {"interval", int_key(&TrainConfig::checkpoint_interval)},
@@ -320,10 +337,9 @@ void resolve_data_keys(TrainConfig& c) {
     return;
   }
   // A missing dataset is reported when the data is opened (generation never opens it).
-  const bool prepared = format != data::TokenFormat::llmc &&
-                        format != data::TokenFormat::megatron &&
-                        std::filesystem::exists(std::filesystem::path(c.dataset) /
-                                                data::kManifestName);
+  const bool prepared =
+      format != data::TokenFormat::llmc && format != data::TokenFormat::megatron &&
+      std::filesystem::exists(std::filesystem::path(c.dataset) / data::kManifestName);
   if (!prepared) return;
   const auto manifest = data::read_manifest(c.dataset);
   if (c.tokenizer == "byte") {
@@ -334,6 +350,39 @@ void resolve_data_keys(TrainConfig& c) {
               "' was prepared with ('" + manifest.tokenizer +
               "'): drop data.tokenizer or set it to that path");
   }
+}
+
+// Models the planner describes but this trainer does not build yet.
+void refuse_unbuilt_model(const model::ModelConfig& m) {
+  check(!m.is_moe(), "model.n_experts = " + std::to_string(m.n_experts) +
+                         " is not available yet: mixture-of-experts layers come with the "
+                         "expert-parallelism issue that follows #20 (`lattice estimate` plans them "
+                         "today); set model.n_experts = 1");
+  check(!m.has_dropout(), "model.dropout = " + std::to_string(m.dropout) +
+                              " is not available yet: the trainer has no dropout; set "
+                              "model.dropout = 0");
+}
+
+// Layouts the validator accepts but this trainer cannot run yet: one line each, naming the issue
+// that brings the axis.
+void refuse_unavailable_parallelism(const TrainConfig& c) {
+  struct Axis {
+    const char* key;
+    int64_t value;
+    const char* what;
+  };
+  for (const Axis& axis :
+       {Axis{"tp", c.tp,
+             "tensor parallelism comes with the tensor- and sequence-parallelism issue"},
+        Axis{"pp", c.pp, "pipeline parallelism comes with the pipeline-execution issue"},
+        Axis{"cp", c.cp,
+             "context parallelism comes with the context-parallelism (ring attention) "
+             "issue"},
+        Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue"}})
+    check(axis.value == 1, std::string("parallelism.") + axis.key + " = " +
+                               std::to_string(axis.value) + " is not available yet: " + axis.what +
+                               " that follows #20 (`lattice simulate --" + axis.key +
+                               "` models it today); set parallelism." + axis.key + " = 1");
 }
 
 }  // namespace
@@ -350,29 +399,23 @@ optim::LrSchedule TrainConfig::lr_schedule() const {
 
 void TrainConfig::finalize() {
   model.validate();
-  // dp = -1: every rank the launcher started (one rank without a launcher).
-  if (dp == -1) dp = comm::detect_launch().world_size;
-  check(dp >= 1, "parallelism.dp = " + std::to_string(dp) +
-                     " is not a rank count: use a positive number, or -1 for the launcher's world size");
-  for (auto [name, value] : {std::pair{"tp", tp}, {"pp", pp}, {"cp", cp}, {"ep", ep}})
-    check(value == 1, std::string("parallelism.") + name + " = " + std::to_string(value) +
-                          " is not available in this version (data parallelism only): set it to 1");
-  check(zero >= 0 && zero <= 3, "parallelism.zero = " + std::to_string(zero) +
-                                    " is not a ZeRO stage: use 0 (plain data parallelism), 1, 2 or 3");
+  refuse_unbuilt_model(model);
+  // dp = -1: the rest of the launcher's world (one rank without a launcher) once tp x pp x cp is
+  // taken; the mesh's resolution names the keys when the world does not divide.
+  if (dp == -1) {
+    mesh::MeshShape requested = layout().mesh_shape();
+    requested.dp = -1;
+    dp = mesh::resolve_layout(requested, comm::detect_launch().world_size).dp;
+  }
+  check(dp >= 1,
+        "parallelism.dp = " + std::to_string(dp) +
+            " is not a rank count: use a positive number, or -1 for the launcher's world size");
   check(bucket_mb > 0 && bucket_mb <= 4096, "parallelism.bucket_mb = " + std::to_string(bucket_mb) +
                                                 " must be in (0, 4096] MiB (25 is a good default)");
   check(backend == "auto" || backend == "local" || backend == "mpi",
         "parallelism.backend '" + backend + "' is unknown: use \"auto\", \"local\" or \"mpi\"");
-  check(hsdp_shard_size >= 0 && (hsdp_shard_size == 0 || dp % hsdp_shard_size == 0),
-        "parallelism.hsdp_shard_size = " + std::to_string(hsdp_shard_size) +
-            " must divide parallelism.dp = " + std::to_string(dp) + " (0 shards over every rank)");
-  check(hsdp_shard_size == 0 || zero >= 1,
-        "parallelism.hsdp_shard_size needs a ZeRO stage to shard with: set parallelism.zero to 1, 2 "
-        "or 3");
   check(baseline_tokens_per_second >= 0,
         "parallelism.baseline_tokens_per_second must not be negative (0: no scaling efficiency)");
-  check(recompute == "none",
-        "activation_checkpoint.mode '" + recompute + "' is not available yet: use \"none\"");
   resolve_data_keys(*this);
   check(steps > 0, "training.steps must be positive");
   check(seq_len > 0 && seq_len <= model.max_seq_len,
@@ -417,6 +460,34 @@ void TrainConfig::finalize() {
             ") must equal micro_batch_size (" + std::to_string(micro_batch_size) +
             ") × gradient_accumulation_steps (" + std::to_string(gradient_accumulation_steps) +
             ") × dp (" + std::to_string(dp) + "): give only two of the three");
+  // The one layout check the planner runs too, then what this trainer cannot run yet.
+  parallel::validate_layout(model, seq_len, layout());
+  refuse_unavailable_parallelism(*this);
+}
+
+parallel::ParallelLayout TrainConfig::layout() const {
+  parallel::ParallelLayout l;
+  l.dp = static_cast<int>(dp);
+  l.tp = static_cast<int>(tp);
+  l.pp = static_cast<int>(pp);
+  l.cp = static_cast<int>(cp);
+  l.ep = static_cast<int>(ep);
+  l.zero_stage = static_cast<int>(zero);
+  l.hsdp_shard_size = static_cast<int>(hsdp_shard_size);
+  l.recompute = activation_checkpoint.mode;
+  l.recompute_interval = static_cast<int>(activation_checkpoint.interval);
+  l.micro_batch_size = static_cast<int>(micro_batch_size);
+  l.global_batch_size = static_cast<int>(global_batch_size);
+  l.param_bytes = precision == kernels::Precision::bf16 && zero < 3 ? 4 + 2 : 4;
+  l.grad_bytes = 4;
+  l.optimizer_bytes = 8;
+  l.overlap_grad_reduce = true;
+  l.flash_attention = true;
+  return l;
+}
+
+mesh::MeshShape resolve_layout(const TrainConfig& config, int world_size) {
+  return mesh::resolve_layout(config.layout().mesh_shape(), world_size);
 }
 
 std::string TrainConfig::to_toml() const {

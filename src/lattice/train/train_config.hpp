@@ -9,9 +9,12 @@
 #include <vector>
 
 #include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/mesh/mesh_shape.hpp"
+#include "lattice/model/activation_checkpoint.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/optim/lr_schedule.hpp"
+#include "lattice/parallel/parallel_layout.hpp"
 
 namespace lattice::train {
 
@@ -38,17 +41,19 @@ struct TrainConfig {
   int64_t warmup_steps = 0;
   optim::DecayKind decay = optim::DecayKind::cosine;
   float min_lr_ratio = 0.1f;
-  // [parallelism] dp ranks (-1: the launcher's world size) with ZeRO stage `zero` (0-3); tp, pp,
-  // cp and ep only 1 until their issues land.
+  // [parallelism] The world is dp x tp x pp x cp ranks (dp = -1: the rest of the launcher's world
+  // size), with ZeRO stage `zero` (0-3). tp, pp, cp and ep are refused above 1 until their issues
+  // land.
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
-  double bucket_mb = 25;        // gradient bucket size (MiB of fp32 gradients)
-  bool check_replicas = false;  // verify after each step that replicated parameters agree
+  double bucket_mb = 25;         // gradient bucket size (MiB of fp32 gradients)
+  bool check_replicas = false;   // verify after each step that replicated parameters agree
   std::string backend = "auto";  // "auto" (mpi under a launcher, else local), "local" or "mpi"
   double baseline_tokens_per_second = 0;  // single-rank rate for the DP scaling efficiency; 0: none
-  int64_t hsdp_shard_size = 0;  // HSDP: shard the state within groups of this many dp ranks (0: all)
-  std::string offload_dir;      // AdamW moments in files under <dir>/rank<r> (empty: in memory)
-  // [activation_checkpoint]
-  std::string recompute = "none";
+  int64_t hsdp_shard_size =
+      0;                    // HSDP: shard the state within groups of this many dp ranks (0: all)
+  std::string offload_dir;  // AdamW moments in files under <dir>/rank<r> (empty: in memory)
+  // [activation_checkpoint] mode = none | selective | full, interval (full: every k-th block)
+  model::ActivationCheckpoint activation_checkpoint;
   // [checkpoint]
   bool checkpoint_enable = true;
   int64_t checkpoint_interval = 0;  // steps between checkpoints; 0 = only at the end
@@ -74,11 +79,22 @@ struct TrainConfig {
   int64_t val_batches = 4;
 
   optim::LrSchedule lr_schedule() const;
+  // Ranks of the run: dp x tp x pp x cp.
+  int64_t world_size() const { return dp * tp * pp * cp; }
+  // The run's parallel layout (the planner's type): degrees, ZeRO and HSDP, batch, recompute, and
+  // the trainer's storage (fp32 weights and gradients, two fp32 Adam moments, bf16 weight copies in
+  // bf16 below ZeRO-3; fused attention; reduction overlapped with backward).
+  parallel::ParallelLayout layout() const;
   // Derives the missing batch quantity and checks every cross-key constraint.
   void finalize();
   // The resolved configuration as TOML (written into the run directory).
   std::string to_toml() const;
 };
+
+// The rank grid of `config` on a world of `world_size` ranks (the communicator's size): what the
+// trainer builds its mesh from. Throws lattice::Error with one line when dp x tp x pp x cp is not
+// the world size (dp = -1 is resolved by finalize).
+mesh::MeshShape resolve_layout(const TrainConfig& config, int world_size);
 
 // Reads a TOML file (empty path: defaults only) and applies overrides of the form
 // "section.key=value" (values parsed as TOML, or taken as strings when they do not parse).

@@ -1,0 +1,246 @@
+// TrainConfig's [activation_checkpoint] section and its layout: parsing, overrides, the resolved
+// TOML, bad values named with their key, and the dp x tp x pp x cp world: accepted by the one
+// layout validator, resolved against a launcher's world size, and refused with one line per axis
+// this trainer does not run yet — in process and through the `lattice train` binary.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli_runner.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/train/train_config.hpp"
+
+namespace lattice::train {
+namespace {
+
+namespace fs = std::filesystem;
+using lattice::testing::expect_one_error_line;
+using lattice::testing::fresh_directory;
+using lattice::testing::run_lattice;
+
+// The message load_train_config throws for `overrides` (empty when it accepts them).
+std::string refusal(const std::vector<std::string>& overrides, const std::string& path = "") {
+  try {
+    load_train_config(path, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Sets an environment variable for the scope of a test (the launcher a run would see).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (previous_)
+      setenv(name_, previous_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> previous_;
+};
+
+TEST(ActivationCheckpointConfig, DefaultsToNoneEveryBlock) {
+  const TrainConfig config = load_train_config("", {});
+  EXPECT_EQ(config.activation_checkpoint.mode, model::Recompute::kNone);
+  EXPECT_EQ(config.activation_checkpoint.interval, 1);
+  EXPECT_EQ(config.layout().recompute, model::Recompute::kNone);
+}
+
+TEST(ActivationCheckpointConfig, ParsesTheSectionAndOverrides) {
+  const fs::path dir = fresh_directory("activation-checkpoint-config");
+  std::ofstream(dir / "full.toml") << "[activation_checkpoint]\nmode = \"full\"\ninterval = 3\n";
+  const TrainConfig full = load_train_config((dir / "full.toml").string(), {});
+  EXPECT_EQ(full.activation_checkpoint.mode, model::Recompute::kFull);
+  EXPECT_EQ(full.activation_checkpoint.interval, 3);
+  // The layout the planner estimates carries the same setting.
+  EXPECT_EQ(full.layout().recompute, model::Recompute::kFull);
+  EXPECT_EQ(full.layout().recompute_interval, 3);
+  EXPECT_TRUE(full.activation_checkpoint.recomputes_block(3));
+  EXPECT_FALSE(full.activation_checkpoint.recomputes_block(4));
+
+  const TrainConfig selective = load_train_config("", {"--activation_checkpoint.mode=selective"});
+  EXPECT_EQ(selective.activation_checkpoint.mode, model::Recompute::kSelective);
+  // A command-line override wins over the file.
+  const TrainConfig overridden =
+      load_train_config((dir / "full.toml").string(),
+                        {"activation_checkpoint.mode=full", "activation_checkpoint.interval=1"});
+  EXPECT_EQ(overridden.activation_checkpoint.interval, 1);
+  fs::remove_all(dir);
+}
+
+TEST(ActivationCheckpointConfig, ResolvedTomlRoundTrips) {
+  const TrainConfig config = load_train_config(
+      "", {"activation_checkpoint.mode=full", "activation_checkpoint.interval=2"});
+  const std::string toml = config.to_toml();
+  EXPECT_NE(toml.find("[activation_checkpoint]"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("mode = 'full'"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("interval = 2"), std::string::npos) << toml;
+  const fs::path dir = fresh_directory("activation-checkpoint-toml");
+  std::ofstream(dir / "resolved.toml") << toml;
+  const TrainConfig again = load_train_config((dir / "resolved.toml").string(), {});
+  EXPECT_EQ(again.activation_checkpoint.mode, model::Recompute::kFull);
+  EXPECT_EQ(again.activation_checkpoint.interval, 2);
+  EXPECT_EQ(again.to_toml(), toml);
+  fs::remove_all(dir);
+}
+
+TEST(ActivationCheckpointConfig, BadValuesNameTheKey) {
+  EXPECT_NE(refusal({"activation_checkpoint.mode=sometimes"})
+                .find("recompute mode 'sometimes' is unknown (activation_checkpoint.mode"),
+            std::string::npos);
+  EXPECT_NE(refusal({"activation_checkpoint.mode=3"})
+                .find("config key activation_checkpoint.mode must be a string"),
+            std::string::npos);
+  EXPECT_NE(refusal({"activation_checkpoint.mode=full", "activation_checkpoint.interval=0"})
+                .find("activation_checkpoint.interval = 0 is not a block interval"),
+            std::string::npos);
+  EXPECT_NE(refusal({"activation_checkpoint.interval=\"2\""})
+                .find("config key activation_checkpoint.interval must be an integer"),
+            std::string::npos);
+  EXPECT_NE(refusal({"activation_checkpoint.mode=selective", "activation_checkpoint.interval=2"})
+                .find("applies to mode = \"full\" only"),
+            std::string::npos);
+  EXPECT_NE(refusal({"activation_checkpoint.every=2"})
+                .find("unknown config key activation_checkpoint.every"),
+            std::string::npos);
+}
+
+// The world is dp x tp x pp x cp: the one validator accepts such layouts (the planner runs the same
+// check), and the trainer's mesh resolves them against the communicator's size.
+TEST(LayoutConfig, WorldOfDpTpPpCpIsAcceptedByTheValidatorAndResolved) {
+  TrainConfig config = load_train_config("", {"training.global_batch_size=16"});
+  config.tp = 2;
+  config.pp = 2;
+  config.cp = 2;
+  config.dp = 2;
+  config.micro_batch_size = 4;  // 16 sequences = 4 x 2 accumulation steps x dp 2
+  parallel::ParallelLayout layout = config.layout();
+  EXPECT_EQ(layout.world_size(), 16);
+  EXPECT_EQ(config.world_size(), 16);
+  // gpt2-demo: 6 heads, 4 layers, sequence 128.
+  EXPECT_NO_THROW(parallel::validate_layout(config.model, config.seq_len, layout));
+  EXPECT_EQ(resolve_layout(config, 16), (mesh::MeshShape{2, 2, 2, 2, 1}));
+  config.dp = -1;  // the rest of the world
+  EXPECT_EQ(resolve_layout(config, 32), (mesh::MeshShape{2, 4, 2, 2, 1}));
+  // A world the product does not make.
+  config.dp = 2;
+  try {
+    resolve_layout(config, 12);
+    ADD_FAILURE() << "a 16-rank layout on 12 ranks was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not equal the world size 12"), std::string::npos)
+        << e.what();
+  }
+  // The validator still refuses what does not divide the model.
+  layout.tp = 4;  // 6 heads
+  EXPECT_THROW(parallel::validate_layout(config.model, config.seq_len, layout), Error);
+}
+
+TEST(LayoutConfig, AxesNotAvailableYetAreRefusedWithOneLineEach) {
+  for (const char* axis : {"tp", "pp", "cp"}) {
+    SCOPED_TRACE(axis);
+    const std::string message = refusal({std::string("parallelism.") + axis + "=2"});
+    EXPECT_NE(message.find(std::string("parallelism.") + axis + " = 2 is not available yet"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("that follows #20"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::string("set parallelism.") + axis + " = 1"), std::string::npos)
+        << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+  EXPECT_NE(refusal({"parallelism.tp=2"}).find("tensor parallelism"), std::string::npos);
+  EXPECT_NE(refusal({"parallelism.pp=2"}).find("pipeline parallelism"), std::string::npos);
+  EXPECT_NE(refusal({"parallelism.cp=2"}).find("context parallelism"), std::string::npos);
+  // A layout that does not fit the model is named by the validator first (6 heads, tp = 4).
+  EXPECT_NE(refusal({"parallelism.tp=4"}).find("does not divide the 6 attention heads"),
+            std::string::npos);
+  // Models the planner describes and the trainer does not build yet.
+  EXPECT_NE(refusal({"model.preset=mixtral-8x7b"}).find("model.n_experts = 8 is not available yet"),
+            std::string::npos);
+  EXPECT_NE(refusal({"model.dropout=0.1"}).find("model.dropout"), std::string::npos);
+}
+
+// dp = -1 under a launcher: the rest of its world once tp x pp x cp is taken, or one clear line
+// when that does not divide.
+TEST(LayoutConfig, DpMinusOneTakesTheRestOfTheLaunchersWorld) {
+  ScopedEnv size("OMPI_COMM_WORLD_SIZE", "6");
+  ScopedEnv rank("OMPI_COMM_WORLD_RANK", "0");
+  const TrainConfig config = load_train_config("", {"parallelism.dp=-1"});
+  EXPECT_EQ(config.dp, 6);
+  const std::string message = refusal({"parallelism.dp=-1", "parallelism.tp=4"});
+  EXPECT_NE(message.find("world size 6 is not divisible by pp x cp x tp = 4"), std::string::npos)
+      << message;
+  // Divisible, then refused for the axis that is not available yet.
+  EXPECT_NE(refusal({"parallelism.dp=-1", "parallelism.tp=2", "training.global_batch_size=24"})
+                .find("parallelism.tp = 2 is not available yet"),
+            std::string::npos);
+}
+
+// Through the binary, as a user meets them: exit status 2 and one error line.
+class LayoutCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::ofstream(dir_ / "corpus.txt") << std::string(4000, 'a');
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  static std::string tiny(const std::string& extra) {
+    return "train --job.run_dir=run --model.preset=gpt2-tiny --model.vocab_size=256"
+           " --model.max_seq_len=32 --training.seq_len=32 --training.micro_batch_size=2"
+           " --training.threads=1 --training.steps=2 --data.train_files=corpus.txt"
+           " --validation.freq=0 --metrics.peak_tflops=1 " +
+           extra;
+  }
+  fs::path dir_;
+};
+
+TEST_F(LayoutCli, EachUnavailableAxisGetsOneLine) {
+  expect_one_error_line(run_lattice(tiny("--tp 2"), dir_),
+                        "parallelism.tp = 2 is not available yet: tensor parallelism");
+  expect_one_error_line(run_lattice(tiny("--pp 2"), dir_),
+                        "parallelism.pp = 2 is not available yet: pipeline parallelism");
+  expect_one_error_line(run_lattice(tiny("--cp 2"), dir_),
+                        "parallelism.cp = 2 is not available yet: context parallelism");
+  expect_one_error_line(run_lattice(tiny("--tp 3"), dir_),
+                        "parallelism.tp = 3 does not divide the 4 attention heads");
+  EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(LayoutCli, WorldThatDoesNotDivideGetsOneLine) {
+  ScopedEnv size("OMPI_COMM_WORLD_SIZE", "3");
+  ScopedEnv rank("OMPI_COMM_WORLD_RANK", "0");
+  expect_one_error_line(run_lattice(tiny("--dp -1 --tp 2"), dir_),
+                        "world size 3 is not divisible by pp x cp x tp = 2");
+}
+
+TEST_F(LayoutCli, ActivationCheckpointIsWrittenIntoTheRunDirectory) {
+  const auto r = run_lattice(
+      tiny("--activation_checkpoint.mode=full --activation_checkpoint.interval=2"), dir_);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const std::string resolved = lattice::testing::slurp(dir_ / "run" / "config.toml");
+  EXPECT_NE(resolved.find("[activation_checkpoint]\ninterval = 2\nmode = 'full'"),
+            std::string::npos)
+      << resolved;
+  expect_one_error_line(run_lattice(tiny("--activation_checkpoint.mode=half"), dir_),
+                        "recompute mode 'half' is unknown");
+  expect_one_error_line(
+      run_lattice(tiny("--activation_checkpoint.mode=full --activation_checkpoint.interval=-1"),
+                  dir_),
+      "activation_checkpoint.interval = -1 is not a block interval");
+}
+
+}  // namespace
+}  // namespace lattice::train
