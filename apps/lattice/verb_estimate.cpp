@@ -9,6 +9,7 @@
 #include "lattice/plan/memory_estimate.hpp"
 #include "lattice/plan/report.hpp"
 #include "lattice/plan/simulator.hpp"
+#include "lattice/train/train_config.hpp"
 #include "verbs.hpp"
 
 namespace lattice::cli {
@@ -23,7 +24,36 @@ struct EstimateOptions {
   double mfu = 0;
   double tflops = 0;
   bool simulate = false;
+  std::string train_config;  // estimate memory --config: a `lattice train` TOML
 };
+
+// The options that describe the model or the layout by hand (not with --config).
+// clang-format off
+constexpr const char* kModelAndLayoutOptions[] = {
+    "--model", "--layers", "--hidden", "--heads", "--kv-heads", "--ffn-hidden", "--vocab",
+    "--seq-len", "--experts", "--top-k", "--mlp", "--gpus", "--dp", "--tp", "--pp", "--cp", "--ep",
+    "--zero", "--sp", "--recompute", "--recompute-interval", "--schedule", "--virtual-stages",
+    "--micro-batch", "--global-batch", "--overlap-grad-reduce", "--flash-attention"};
+// clang-format on
+
+// The model and layout of a training config, as `lattice train` would build them: the same
+// loading, overrides (--section.key=value) and validation.
+void resolve_from_train_config(const CLI::App& verb, const EstimateOptions& o,
+                               plan::ModelSpec& model, plan::ParallelLayout& layout) {
+  for (const char* name : kModelAndLayoutOptions)
+    check(verb.count(name) == 0, std::string("estimate memory: ") + name +
+                                     " describes the model or layout by hand, --config takes "
+                                     "them from the training config: give one or the other");
+  std::vector<std::string> overrides;
+  for (const std::string& arg : verb.remaining()) {
+    check(arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos,
+          "unexpected argument '" + arg + "': config overrides look like --section.key=value");
+    overrides.push_back(arg);
+  }
+  const train::TrainConfig config = train::load_train_config(o.train_config, overrides);
+  model = plan::planning_model(config.model, config.seq_len);
+  layout = config.layout();
+}
 
 std::string fixed(double value, int decimals) {
   char text[64];
@@ -31,9 +61,18 @@ std::string fixed(double value, int decimals) {
   return text;
 }
 
-void run_memory(const EstimateOptions& o) {
-  const plan::ModelSpec model = plan::cli::resolve_model(o.model);
-  const plan::ParallelLayout layout = plan::cli::resolve_layout(o.layout);
+void run_memory(const CLI::App& verb, const EstimateOptions& o) {
+  plan::ModelSpec model;
+  plan::ParallelLayout layout;
+  if (!o.train_config.empty()) {
+    resolve_from_train_config(verb, o, model, layout);
+  } else {
+    check(verb.remaining().empty(), "unexpected argument '" +
+                                        (verb.remaining().empty() ? "" : verb.remaining()[0]) +
+                                        "': config overrides need --config <train.toml>");
+    model = plan::cli::resolve_model(o.model);
+    layout = plan::cli::resolve_layout(o.layout);
+  }
   const plan::HardwareSpec hw = plan::cli::resolve_hardware(o.hardware);
   const plan::MemoryEstimate memory = plan::estimate_memory(model, layout);
   if (o.json)
@@ -87,7 +126,11 @@ void register_estimate_verb(CLI::App& app) {
   plan::cli::add_layout_options(*memory, options->layout);
   plan::cli::add_hardware_options(*memory, options->hardware);
   memory->add_flag("--json", options->json, "print JSON");
-  memory->callback([options] { run_memory(*options); });
+  memory->add_option("--config", options->train_config,
+                     "the model and layout of a `lattice train` TOML config (overrides as "
+                     "--section.key=value may follow), instead of --model and --tp ...");
+  memory->allow_extras();
+  memory->callback([memory, options] { run_memory(*memory, *options); });
 
   CLI::App* compute = verb->add_subcommand("compute", "FLOPs and training time for a token budget");
   plan::cli::add_model_options(*compute, options->model);

@@ -13,6 +13,7 @@
 
 #include "cli_runner.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/model/transformer.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::train {
@@ -68,11 +69,18 @@ TEST(ActivationCheckpointConfig, ParsesTheSectionAndOverrides) {
   // The layout the planner estimates carries the same setting.
   EXPECT_EQ(full.layout().recompute, model::Recompute::kFull);
   EXPECT_EQ(full.layout().recompute_interval, 3);
+  // And the Transformer is handed the same.
+  EXPECT_EQ(full.activation_checkpointing().mode, model::ActivationCheckpointing::Mode::full);
+  EXPECT_EQ(full.activation_checkpointing().interval, 3);
   EXPECT_TRUE(full.activation_checkpoint.recomputes_block(3));
   EXPECT_FALSE(full.activation_checkpoint.recomputes_block(4));
 
   const TrainConfig selective = load_train_config("", {"--activation_checkpoint.mode=selective"});
   EXPECT_EQ(selective.activation_checkpoint.mode, model::Recompute::kSelective);
+  EXPECT_EQ(selective.activation_checkpointing().mode,
+            model::ActivationCheckpointing::Mode::selective);
+  EXPECT_EQ(load_train_config("", {}).activation_checkpointing().mode,
+            model::ActivationCheckpointing::Mode::none);
   // A command-line override wins over the file.
   const TrainConfig overridden =
       load_train_config((dir / "full.toml").string(),
@@ -240,6 +248,43 @@ TEST_F(LayoutCli, ActivationCheckpointIsWrittenIntoTheRunDirectory) {
       run_lattice(tiny("--activation_checkpoint.mode=full --activation_checkpoint.interval=-1"),
                   dir_),
       "activation_checkpoint.interval = -1 is not a block interval");
+}
+
+// `lattice estimate memory --config`: the planner estimates the model and layout the trainer would
+// build from the same config and overrides.
+TEST_F(LayoutCli, EstimateMemoryReadsATrainingConfig) {
+  std::ofstream(dir_ / "demo.toml")
+      << "[model]\npreset = \"gpt2-demo\"\n[training]\nseq_len = 128\n";
+  auto estimate = [&](const std::string& extra) {
+    const auto r = run_lattice("estimate memory --config demo.toml --json " + extra, dir_);
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json none = estimate("--training.micro_batch_size=2");
+  EXPECT_EQ(none["parameters"].get<int64_t>(),
+            model::Transformer::parameter_count(model::model_preset("gpt2-demo")));
+  EXPECT_EQ(none["layout"]["micro_batch_size"].get<int>(), 2);
+  EXPECT_EQ(none["layout"]["recompute"], "none");
+  const nlohmann::json every_other = estimate(
+      "--training.micro_batch_size=2 --activation_checkpoint.mode=full "
+      "--activation_checkpoint.interval=2");
+  EXPECT_EQ(every_other["layout"]["recompute"], "full");
+  EXPECT_EQ(every_other["layout"]["recompute_interval"].get<int>(), 2);
+  const nlohmann::json full =
+      estimate("--training.micro_batch_size=2 --activation_checkpoint.mode=full");
+  auto activations = [](const nlohmann::json& j) {
+    return j["stages"][0]["activation_bytes"].get<double>();
+  };
+  EXPECT_LT(activations(full), activations(every_other));
+  EXPECT_LT(activations(every_other), activations(none));
+  // The config's checks are the trainer's; by-hand options do not mix with --config.
+  expect_one_error_line(run_lattice("estimate memory --config demo.toml --tp 2", dir_),
+                        "--tp describes the model or layout by hand");
+  expect_one_error_line(
+      run_lattice("estimate memory --config demo.toml --activation_checkpoint.mode=most", dir_),
+      "recompute mode 'most' is unknown");
+  expect_one_error_line(run_lattice("estimate memory --model gpt2-124m --training.steps=3", dir_),
+                        "config overrides need --config");
 }
 
 }  // namespace

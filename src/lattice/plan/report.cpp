@@ -25,6 +25,8 @@ nlohmann::json layout_json(const ParallelLayout& l) {
           {"zero_stage", l.zero_stage},
           {"sequence_parallel", l.sequence_parallel},
           {"recompute", recompute_name(l.recompute)},
+          {"recompute_interval", l.recompute_interval},
+          {"hsdp_shard_size", l.hsdp_shard_size},
           {"schedule", pipeline::schedule_kind_name(l.schedule)},
           {"virtual_stages", l.virtual_stages},
           {"micro_batch_size", l.micro_batch_size},

@@ -486,6 +486,24 @@ parallel::ParallelLayout TrainConfig::layout() const {
   return l;
 }
 
+model::ActivationCheckpointing TrainConfig::activation_checkpointing() const {
+  using Mode = model::ActivationCheckpointing::Mode;
+  model::ActivationCheckpointing checkpointing;
+  switch (activation_checkpoint.mode) {
+    case model::Recompute::kNone:
+      checkpointing.mode = Mode::none;
+      break;
+    case model::Recompute::kSelective:
+      checkpointing.mode = Mode::selective;
+      break;
+    case model::Recompute::kFull:
+      checkpointing.mode = Mode::full;
+      break;
+  }
+  checkpointing.interval = activation_checkpoint.interval;
+  return checkpointing;
+}
+
 mesh::MeshShape resolve_layout(const TrainConfig& config, int world_size) {
   return mesh::resolve_layout(config.layout().mesh_shape(), world_size);
 }

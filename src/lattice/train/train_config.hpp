@@ -12,6 +12,7 @@
 #include "lattice/mesh/mesh_shape.hpp"
 #include "lattice/model/activation_checkpoint.hpp"
 #include "lattice/model/model_config.hpp"
+#include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/optim/lr_schedule.hpp"
 #include "lattice/parallel/parallel_layout.hpp"
@@ -85,6 +86,8 @@ struct TrainConfig {
   // the trainer's storage (fp32 weights and gradients, two fp32 Adam moments, bf16 weight copies in
   // bf16 below ZeRO-3; fused attention; reduction overlapped with backward).
   parallel::ParallelLayout layout() const;
+  // [activation_checkpoint] as the Transformer takes it (Transformer::set_activation_checkpointing).
+  model::ActivationCheckpointing activation_checkpointing() const;
   // Derives the missing batch quantity and checks every cross-key constraint.
   void finalize();
   // The resolved configuration as TOML (written into the run directory).
