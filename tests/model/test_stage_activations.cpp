@@ -203,14 +203,14 @@ TEST_P(Checkpointing, FullAndSelectiveRecomputationAreBitIdenticalAndSaveMemory)
   const ModelConfig config = four_block_tiny(family);
   kernels::MatmulEngine matmul;
   const auto batches = microbatches(2, config.vocab_size, 51);
-  using Mode = ActivationCheckpointing::Mode;
+  using Mode = Recompute;
   struct Run {
-    ActivationCheckpointing checkpointing;
+    ActivationCheckpoint checkpointing;
     bool split = false;
   };
-  const Run runs[] = {{{Mode::none, 1}},       {{Mode::full, 1}},
-                      {{Mode::full, 2}},       {{Mode::selective, 1}},
-                      {{Mode::full, 1}, true}, {{Mode::selective, 1}, true}};
+  const Run runs[] = {{{Mode::kNone, 1}},       {{Mode::kFull, 1}},
+                      {{Mode::kFull, 2}},       {{Mode::kSelective, 1}},
+                      {{Mode::kFull, 1}, true}, {{Mode::kSelective, 1}, true}};
   std::vector<std::unique_ptr<Transformer>> models;
   std::vector<int64_t> peaks;
   std::vector<std::vector<float>> losses;
@@ -256,5 +256,5 @@ INSTANTIATE_TEST_SUITE_P(FamiliesAndPrecisions, Checkpointing,
 
 TEST(Checkpointing, AnIntervalBelowOneIsRefused) {
   Transformer model(four_block_tiny(Family::gpt2), nullptr);
-  EXPECT_THROW(model.set_activation_checkpointing({ActivationCheckpointing::Mode::full, 0}), Error);
+  EXPECT_THROW(model.set_activation_checkpointing({Recompute::kFull, 0}), Error);
 }

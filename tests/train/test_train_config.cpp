@@ -69,18 +69,12 @@ TEST(ActivationCheckpointConfig, ParsesTheSectionAndOverrides) {
   // The layout the planner estimates carries the same setting.
   EXPECT_EQ(full.layout().recompute, model::Recompute::kFull);
   EXPECT_EQ(full.layout().recompute_interval, 3);
-  // And the Transformer is handed the same.
-  EXPECT_EQ(full.activation_checkpointing().mode, model::ActivationCheckpointing::Mode::full);
-  EXPECT_EQ(full.activation_checkpointing().interval, 3);
   EXPECT_TRUE(full.activation_checkpoint.recomputes_block(3));
   EXPECT_FALSE(full.activation_checkpoint.recomputes_block(4));
 
   const TrainConfig selective = load_train_config("", {"--activation_checkpoint.mode=selective"});
   EXPECT_EQ(selective.activation_checkpoint.mode, model::Recompute::kSelective);
-  EXPECT_EQ(selective.activation_checkpointing().mode,
-            model::ActivationCheckpointing::Mode::selective);
-  EXPECT_EQ(load_train_config("", {}).activation_checkpointing().mode,
-            model::ActivationCheckpointing::Mode::none);
+  EXPECT_EQ(load_train_config("", {}).activation_checkpoint.mode, model::Recompute::kNone);
   // A command-line override wins over the file.
   const TrainConfig overridden =
       load_train_config((dir / "full.toml").string(),
@@ -164,14 +158,23 @@ TEST(LayoutConfig, AxesNotAvailableYetAreRefusedWithOneLineEach) {
     EXPECT_NE(message.find(std::string("parallelism.") + axis + " = 2 is not available yet"),
               std::string::npos)
         << message;
-    EXPECT_NE(message.find("that follows #20"), std::string::npos) << message;
     EXPECT_NE(message.find(std::string("set parallelism.") + axis + " = 1"), std::string::npos)
         << message;
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
-  EXPECT_NE(refusal({"parallelism.tp=2"}).find("tensor parallelism"), std::string::npos);
-  EXPECT_NE(refusal({"parallelism.pp=2"}).find("pipeline parallelism"), std::string::npos);
-  EXPECT_NE(refusal({"parallelism.cp=2"}).find("context parallelism"), std::string::npos);
+  // Each names its capability and the issue that brings it.
+  EXPECT_NE(refusal({"parallelism.tp=2"})
+                .find("tensor parallelism comes with the tensor- and "
+                      "sequence-parallelism issue (#21"),
+            std::string::npos);
+  EXPECT_NE(refusal({"parallelism.pp=2"})
+                .find("pipeline parallelism comes with the "
+                      "pipeline-execution issue (#22"),
+            std::string::npos);
+  EXPECT_NE(refusal({"parallelism.cp=2"})
+                .find("context parallelism comes with the "
+                      "ring-attention issue (#23"),
+            std::string::npos);
   // A layout that does not fit the model is named by the validator first (6 heads, tp = 4).
   EXPECT_NE(refusal({"parallelism.tp=4"}).find("does not divide the 6 attention heads"),
             std::string::npos);

@@ -90,18 +90,14 @@ void Transformer::initialize(uint64_t seed) {
   params_.initialize(seed, config_.init_std, config_.n_layers);
 }
 
-void Transformer::set_activation_checkpointing(ActivationCheckpointing checkpointing) {
-  check(checkpointing.interval >= 1,
-        "activation_checkpoint.interval must be at least 1 (recompute every interval-th block), "
-        "got " +
-            std::to_string(checkpointing.interval));
+void Transformer::set_activation_checkpointing(const ActivationCheckpoint& checkpointing) {
+  checkpointing.validate();
   checkpointing_ = checkpointing;
 }
 
 bool Transformer::recomputes_block(size_t i) const {
   const int64_t global = range_.first_block + static_cast<int64_t>(i);
-  return checkpointing_.mode == ActivationCheckpointing::Mode::full &&
-         global % checkpointing_.interval == 0;
+  return checkpointing_.recomputes_block(global);
 }
 
 StageActivations Transformer::make_activations() const {
@@ -139,7 +135,7 @@ void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, co
   } else {
     k::copy(a.residual[0].f32(), hidden_in, rows * C);
   }
-  const bool selective = checkpointing_.mode == ActivationCheckpointing::Mode::selective;
+  const bool selective = checkpointing_.mode == Recompute::kSelective;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const int unit = first_block_unit_ + static_cast<int>(i);
     hook_before_forward(ctx, unit);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lattice/kernels/cpu/rope.hpp"
+#include "lattice/model/activation_checkpoint.hpp"
 #include "lattice/model/block.hpp"
 #include "lattice/model/embedding.hpp"
 #include "lattice/model/kv_cache.hpp"
@@ -32,19 +33,6 @@ struct StageRange {
 struct ParameterUnit {
   int64_t begin = 0, end = 0;
   bool outer = false;  // the embedding or the head
-};
-
-// Activation checkpointing (recomputation in backward instead of keeping activations):
-//   none:      every block keeps its activations from forward to backward;
-//   full:      every `interval`-th block (global block index % interval == 0) keeps only its
-//              input; its forward runs again right before its backward;
-//   selective: every block drops its attention core's output and log-sum-exp and recomputes them
-//              from the saved q, k, v (Korthikanti et al.).
-// Losses and gradients are bit-identical to none: the recomputation is the same arithmetic.
-struct ActivationCheckpointing {
-  enum class Mode { none, full, selective };
-  Mode mode = Mode::none;
-  int64_t interval = 1;
 };
 
 class Transformer {
@@ -75,8 +63,12 @@ class Transformer {
   void set_head_fusion(HeadFusion fusion) {
     if (head_) head_->set_fusion(fusion);
   }
-  void set_activation_checkpointing(ActivationCheckpointing checkpointing);
-  const ActivationCheckpointing& activation_checkpointing() const { return checkpointing_; }
+  // Activation checkpointing (activation_checkpoint.hpp): full reruns the forward of every
+  // interval-th block (global index) right before its backward, keeping only its input;
+  // selective drops each block's attention output and log-sum-exp and recomputes them from the
+  // saved q, k, v. Losses and gradients are bit-identical to none: the same arithmetic again.
+  void set_activation_checkpointing(const ActivationCheckpoint& checkpointing);
+  const ActivationCheckpoint& activation_checkpointing() const { return checkpointing_; }
 
   // Draws initial weights from `seed` (per-parameter generators: independent of the stage layout).
   void initialize(uint64_t seed);
@@ -162,7 +154,7 @@ class Transformer {
   std::vector<std::unique_ptr<Block>> blocks_;
   std::optional<LmHead> head_;
 
-  ActivationCheckpointing checkpointing_;
+  ActivationCheckpoint checkpointing_;
   // The activations of the single-microbatch API (forward, backward, forward_stage without a set,
   // logits, forward_cached).
   StageActivations own_;

@@ -356,8 +356,8 @@ void resolve_data_keys(TrainConfig& c) {
 void refuse_unbuilt_model(const model::ModelConfig& m) {
   check(!m.is_moe(), "model.n_experts = " + std::to_string(m.n_experts) +
                          " is not available yet: mixture-of-experts layers come with the "
-                         "expert-parallelism issue that follows #20 (`lattice estimate` plans them "
-                         "today); set model.n_experts = 1");
+                         "mixture-of-experts issue (#24; `lattice estimate` plans them today); set "
+                         "model.n_experts = 1");
   check(!m.has_dropout(), "model.dropout = " + std::to_string(m.dropout) +
                               " is not available yet: the trainer has no dropout; set "
                               "model.dropout = 0");
@@ -373,15 +373,13 @@ void refuse_unavailable_parallelism(const TrainConfig& c) {
   };
   for (const Axis& axis :
        {Axis{"tp", c.tp,
-             "tensor parallelism comes with the tensor- and sequence-parallelism issue"},
-        Axis{"pp", c.pp, "pipeline parallelism comes with the pipeline-execution issue"},
-        Axis{"cp", c.cp,
-             "context parallelism comes with the context-parallelism (ring attention) "
-             "issue"},
-        Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue"}})
+             "tensor parallelism comes with the tensor- and sequence-parallelism issue (#21"},
+        Axis{"pp", c.pp, "pipeline parallelism comes with the pipeline-execution issue (#22"},
+        Axis{"cp", c.cp, "context parallelism comes with the ring-attention issue (#23"},
+        Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue (#24"}})
     check(axis.value == 1, std::string("parallelism.") + axis.key + " = " +
                                std::to_string(axis.value) + " is not available yet: " + axis.what +
-                               " that follows #20 (`lattice simulate --" + axis.key +
+                               "; `lattice simulate --" + axis.key +
                                "` models it today); set parallelism." + axis.key + " = 1");
 }
 
@@ -484,24 +482,6 @@ parallel::ParallelLayout TrainConfig::layout() const {
   l.overlap_grad_reduce = true;
   l.flash_attention = true;
   return l;
-}
-
-model::ActivationCheckpointing TrainConfig::activation_checkpointing() const {
-  using Mode = model::ActivationCheckpointing::Mode;
-  model::ActivationCheckpointing checkpointing;
-  switch (activation_checkpoint.mode) {
-    case model::Recompute::kNone:
-      checkpointing.mode = Mode::none;
-      break;
-    case model::Recompute::kSelective:
-      checkpointing.mode = Mode::selective;
-      break;
-    case model::Recompute::kFull:
-      checkpointing.mode = Mode::full;
-      break;
-  }
-  checkpointing.interval = activation_checkpoint.interval;
-  return checkpointing;
 }
 
 mesh::MeshShape resolve_layout(const TrainConfig& config, int world_size) {

@@ -86,8 +86,6 @@ struct TrainConfig {
   // the trainer's storage (fp32 weights and gradients, two fp32 Adam moments, bf16 weight copies in
   // bf16 below ZeRO-3; fused attention; reduction overlapped with backward).
   parallel::ParallelLayout layout() const;
-  // [activation_checkpoint] as the Transformer takes it (Transformer::set_activation_checkpointing).
-  model::ActivationCheckpointing activation_checkpointing() const;
   // Derives the missing batch quantity and checks every cross-key constraint.
   void finalize();
   // The resolved configuration as TOML (written into the run directory).
