@@ -6,8 +6,6 @@
 // recomputes each tile's probabilities from it. Extra memory is O(T * head_dim) per thread.
 #include "lattice/kernels/cpu/attention.hpp"
 
-#include <cstdlib>
-
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/attention_paths.hpp"
 
@@ -16,21 +14,19 @@ namespace lattice::kernels {
 #if defined(LATTICE_HAS_AMX)
 namespace attention_detail {
 
-// AMX unless the environment sets LATTICE_ATTENTION_NO_AMX (read per call: it selects the portable
-// bf16 path for comparison and debugging, like oneDNN's ONEDNN_MAX_CPU_ISA).
-bool use_amx() {
-  const char* disable = std::getenv("LATTICE_ATTENTION_NO_AMX");
-  return amx_tile_state_granted() && (disable == nullptr || *disable == '\0' || *disable == '0');
+bool use_amx(const AttentionOptions& options) {
+  return options.allow_amx && amx_tile_state_granted();
 }
 
 }  // namespace attention_detail
 #endif
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/) {
+                       const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/,
+                       const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_forward");
 #if defined(LATTICE_HAS_AMX)
-  if (precision == Precision::bf16 && attention_detail::use_amx()) {
+  if (precision == Precision::bf16 && attention_detail::use_amx(options)) {
     attention_detail::attention_forward_amx(out, lse, q, k, v, shape);
     return;
   }
@@ -40,13 +36,13 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* d_out, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionShape& shape, Precision precision,
-                        MatmulEngine& /*matmul*/) {
+                        const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/,
+                        const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_backward");
   check(shape.q_len == shape.kv_len,
         "attention_backward: q_len must equal kv_len (no backward through a KV cache)");
 #if defined(LATTICE_HAS_AMX)
-  if (precision == Precision::bf16 && attention_detail::use_amx()) {
+  if (precision == Precision::bf16 && attention_detail::use_amx(options)) {
     attention_detail::attention_backward_amx(attention_detail::Fp32GradientRows{dq, dk, dv}, d_out,
                                              q, k, v, out, lse, shape);
     return;

@@ -25,29 +25,40 @@ struct AttentionShape {
                                    int64_t head_dim);
 };
 
+// How a call runs, not what it computes (the defaults are what the model uses).
+struct AttentionOptions {
+  // Precision::bf16 multiplies on AMX tiles where the build targets AMX and Linux grants the tile
+  // state; false forces the portable bf16 path (the same rounding with fp32 products: its results
+  // differ from AMX's only in the order of fp32 accumulation), for comparison and tests.
+  bool allow_amx = true;
+};
+
 // out: [batch, q_len, q_heads * head_dim] contiguous. lse: [batch, q_heads, q_len], the log-sum-exp
 // of each query's scaled scores, saved for backward.
 // Precision::fp32 computes in fp32. Precision::bf16 rounds q, k, v (and d_out) and the
 // probabilities P (and dS) to bf16 before the products, accumulating in fp32 with fp32 softmax
-// statistics (PyTorch autocast's bf16 SDPA); the products run on AMX where the CPU has it (set
-// LATTICE_ATTENTION_NO_AMX=1 to force the portable path). Results do not depend on the thread
+// statistics (PyTorch autocast's bf16 SDPA); the products run on AMX where the CPU has it (unless
+// options.allow_amx is false). Results do not depend on the thread
 // count. Scratch per thread: about 2 * kv_len * head_dim floats (forward) and 3 * (q_heads /
 // kv_heads) * q_len * head_dim floats (backward); never O(T^2). `matmul` is not used (tile products
 // run on the kernel's own micro-GEMMs); it stays in the signature for callers and later backends.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const AttentionShape& shape, Precision precision, MatmulEngine& matmul);
+                       const AttentionShape& shape, Precision precision, MatmulEngine& matmul,
+                       const AttentionOptions& options = {});
 
 // Requires q_len == kv_len. dq, dk, dv use the same strides as q, k, v and are overwritten.
 void attention_backward(float* dq, float* dk, float* dv, const float* d_out, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionShape& shape, Precision precision, MatmulEngine& matmul);
+                        const AttentionShape& shape, Precision precision, MatmulEngine& matmul,
+                        const AttentionOptions& options = {});
 
 // Precision::bf16 attention on q, k, v that are already bf16 (e.g. a QKV projection's output
 // rounded as it is produced: the fp32 q, k, v never exist). Same layout rules as above; the results
 // equal attention_forward / attention_backward's with Precision::bf16 on the fp32 values these
 // round from, bit for bit.
 void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, const lattice::bf16* k,
-                            const lattice::bf16* v, const AttentionShape& shape);
+                            const lattice::bf16* v, const AttentionShape& shape,
+                            const AttentionOptions& options = {});
 
 // Where attention_backward_bf16 writes: dq, dk, dv rounded to bf16 (same strides as q, k, v) and,
 // when dq_sums, dk_sums and dv_sums are all given, each batch's column sums of the unrounded
@@ -67,6 +78,7 @@ struct AttentionGradientsBf16 {
 // Requires q_len == kv_len. d_out and out are fp32 [batch, q_len, q_heads * head_dim].
 void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d_out,
                              const lattice::bf16* q, const lattice::bf16* k, const lattice::bf16* v,
-                             const float* out, const float* lse, const AttentionShape& shape);
+                             const float* out, const float* lse, const AttentionShape& shape,
+                             const AttentionOptions& options = {});
 
 }  // namespace lattice::kernels

@@ -62,10 +62,11 @@ void narrow_rows(lattice::bf16* dst, double* sums, int64_t sums_batch_stride, co
 }  // namespace
 
 void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, const lattice::bf16* k,
-                            const lattice::bf16* v, const AttentionShape& shape) {
+                            const lattice::bf16* v, const AttentionShape& shape,
+                            const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_forward_bf16");
 #if defined(LATTICE_HAS_AMX)
-  if (attention_detail::use_amx()) {
+  if (attention_detail::use_amx(options)) {
     attention_detail::attention_forward_amx(out, lse, q, k, v, shape);
     return;
   }
@@ -82,12 +83,14 @@ void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, cons
   dense.kv_len = s.kv_len;
   dense.kv_batch_stride = s.kv_len * s.kv_heads * s.head_dim;
   MatmulEngine unused;
-  attention_forward(out, lse, q32.get(), k32.get(), v32.get(), dense, Precision::bf16, unused);
+  attention_forward(out, lse, q32.get(), k32.get(), v32.get(), dense, Precision::bf16, unused,
+                    options);
 }
 
 void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d_out,
                              const lattice::bf16* q, const lattice::bf16* k, const lattice::bf16* v,
-                             const float* out, const float* lse, const AttentionShape& shape) {
+                             const float* out, const float* lse, const AttentionShape& shape,
+                             const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_backward_bf16");
   check(shape.q_len == shape.kv_len,
         "attention_backward_bf16: q_len must equal kv_len (no backward through a KV cache)");
@@ -95,7 +98,7 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
   check(sums == (grads.dk_sums != nullptr) && sums == (grads.dv_sums != nullptr),
         "attention_backward_bf16: give all three column-sum arrays (dq, dk, dv) or none");
 #if defined(LATTICE_HAS_AMX)
-  if (attention_detail::use_amx()) {
+  if (attention_detail::use_amx(options)) {
     attention_detail::attention_backward_amx(grads, d_out, q, k, v, out, lse, shape);
     return;
   }
@@ -113,7 +116,7 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
       AttentionShape::contiguous(s.batch, T, s.q_heads, s.kv_heads, s.head_dim);
   MatmulEngine unused;
   attention_backward(dq32.get(), dk32.get(), dv32.get(), d_out, q32.get(), k32.get(), v32.get(),
-                     out, lse, dense, Precision::bf16, unused);
+                     out, lse, dense, Precision::bf16, unused, options);
   narrow_rows(grads.dq, grads.dq_sums, grads.sums_batch_stride, dq32.get(), s.batch, T, q_width,
               s.q_row_stride, s.q_batch_stride);
   narrow_rows(grads.dk, grads.dk_sums, grads.sums_batch_stride, dk32.get(), s.batch, T, kv_width,

@@ -25,9 +25,9 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
                                  Precision precision);
 
 #if defined(LATTICE_HAS_AMX)
-// Whether Precision::bf16 runs on the AMX tiles: the tile state is granted and the environment does
-// not set LATTICE_ATTENTION_NO_AMX.
-bool use_amx();
+// Whether Precision::bf16 runs on the AMX tiles: the options allow it and Linux granted the tile
+// state.
+bool use_amx(const AttentionOptions& options);
 
 // Where the backward puts dQ, dK and dV: fp32 rows (the strides of q, k, v), or bf16 rows plus
 // each batch's column sums of the unrounded values (AttentionGradientsBf16).
