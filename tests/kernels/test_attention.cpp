@@ -283,8 +283,9 @@ TEST(AttentionForward, RejectsImpossibleShapes) {
   EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), s,
                                  Precision::fp32, engine),
                Error);
-  s = AttentionShape::contiguous(1, 4, 2, 2, 8);
-  s.kv_len = 6;  // backward needs q_len == kv_len
+  // (Backward with kv_len != q_len is general attention now: test_attention_general.cpp.)
+  s = AttentionShape::contiguous(1, 4, 3, 1, 8);  // backward too: 3 heads over 1 kv head is fine,
+  s.kv_heads = 2;                                 // over 2 it is not
   EXPECT_THROW(
       attention_backward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
                          buf.data(), buf.data(), buf.data(), s, Precision::fp32, engine),

@@ -6,7 +6,6 @@
 // recomputes each tile's probabilities from it. Extra memory is O(T * head_dim) per thread.
 #include "lattice/kernels/cpu/attention.hpp"
 
-#include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/attention_paths.hpp"
 
 namespace lattice::kernels {
@@ -39,17 +38,17 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
                         const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/,
                         const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_backward");
-  check(shape.q_len == shape.kv_len,
-        "attention_backward: q_len must equal kv_len (no backward through a KV cache)");
 #if defined(LATTICE_HAS_AMX)
   if (precision == Precision::bf16 && attention_detail::use_amx(options)) {
-    attention_detail::attention_backward_amx(attention_detail::Fp32GradientRows{dq, dk, dv}, d_out,
-                                             q, k, v, out, lse, shape);
+    attention_detail::attention_backward_amx(
+        attention_detail::Fp32GradientRows{
+            .dq = dq, .dk = dk, .dv = dv, .accumulate_dq = options.accumulate_dq},
+        d_out, q, k, v, out, lse, shape);
     return;
   }
 #endif
   attention_detail::attention_backward_portable(dq, dk, dv, d_out, q, k, v, out, lse, shape,
-                                                precision);
+                                                precision, options.accumulate_dq);
 }
 
 }  // namespace lattice::kernels

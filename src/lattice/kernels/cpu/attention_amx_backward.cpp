@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <omp.h>
@@ -157,15 +158,23 @@ void write_rows(Out* rows, int64_t row_stride, const float* acc, int64_t Dp, int
   }
 }
 
-// Causal backward with bf16 q, k, v, dO, P and dS on AMX (FlashAttention-2 order, fp32 softmax
+// rows[t * row_stride + d] += acc[t * Dp + d] for t < T, d < D (a head's dQ added to fp32 rows).
+inline void add_rows(float* rows, int64_t row_stride, const float* acc, int64_t Dp, int64_t T,
+                     int64_t D) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t d = 0; d < D; ++d) rows[t * row_stride + d] += acc[t * Dp + d];
+}
+
+// Backward with bf16 q, k, v, dO, P and dS on AMX (FlashAttention-2 order, fp32 softmax
 // statistics). Per task (batch, kv head): Q and dO of the group as bf16 rows and transposed, dQ
 // accumulators; per key block: K^T, V^T and K as B operands, dK^T and dV^T accumulators.
 template <class Src, class Grads>
 void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Src* k, const Src* v,
                   const float* out, const float* lse, const AttentionShape& shape) {
-  const int64_t B = shape.batch, T = shape.q_len, Hq = shape.q_heads, Hkv = shape.kv_heads;
-  const int64_t D = shape.head_dim, Dp = round_up(D, 32), Tp = round_up(T, 32);
-  const int64_t group = Hq / Hkv, out_row = Hq * D;
+  const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
+  const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, 32);
+  const int64_t Tp = round_up(Tq, 32), group = Hq / Hkv, out_row = Hq * D;
+  const int64_t causal_offset = attention_detail::causal_offset(shape);  // sees keys <= it + i
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const int64_t tasks = B * Hkv;
@@ -188,10 +197,10 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
     uint16_t* p_vnni = ds_b + tile;
     uint16_t* ds_vnni = p_vnni + tile;
     // fp32: dQ accumulators [group][Tp][Dp], D_i, S and dP tiles, dK^T and dV^T [Dp][kBlockK].
-    Scratch<float> scratch(group * head_panel + group * T + 2 * tile + 2 * block);
+    Scratch<float> scratch(group * head_panel + group * Tq + 2 * tile + 2 * block);
     float* dq_acc = scratch.get();
     float* delta = dq_acc + group * head_panel;
-    float* s_buf = delta + group * T;
+    float* s_buf = delta + group * Tq;
     float* dp_buf = s_buf + tile;
     float* dkt_acc = dp_buf + tile;
     float* dvt_acc = dkt_acc + block;
@@ -211,18 +220,18 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
         uint16_t* dob = do_rows_b + g * head_panel;
         uint16_t* qt = q_t + g * head_panel;
         uint16_t* dot = do_t + g * head_panel;
-        pack_rows_bf16(qb, Dp, q + b * shape.q_batch_stride + h * D, shape.q_row_stride, T, D);
-        pack_rows_bf16(dob, Dp, d_out + b * T * out_row + h * D, out_row, T, D);
-        std::fill(qb + T * Dp, qb + Tp * Dp, uint16_t{0});
-        std::fill(dob + T * Dp, dob + Tp * Dp, uint16_t{0});
+        pack_rows_bf16(qb, Dp, q + b * shape.q_batch_stride + h * D, shape.q_row_stride, Tq, D);
+        pack_rows_bf16(dob, Dp, d_out + b * Tq * out_row + h * D, out_row, Tq, D);
+        std::fill(qb + Tq * Dp, qb + Tp * Dp, uint16_t{0});
+        std::fill(dob + Tq * Dp, dob + Tp * Dp, uint16_t{0});
         transpose_bf16(qt, Tp, qb, Dp, Tp, Dp);
         transpose_bf16(dot, Tp, dob, Dp, Tp, Dp);
-        for (int64_t t = 0; t < T; ++t) {
-          const float* o_row = out + (b * T + t) * out_row + h * D;
-          const float* do_row = d_out + (b * T + t) * out_row + h * D;
-          prefetch_ahead(out + b * T * out_row + h * D, out_row, t, T, D);
-          prefetch_ahead(d_out + b * T * out_row + h * D, out_row, t, T, D);
-          delta[g * T + t] = dot_product(do_row, o_row, D);
+        for (int64_t t = 0; t < Tq; ++t) {
+          const float* o_row = out + (b * Tq + t) * out_row + h * D;
+          const float* do_row = d_out + (b * Tq + t) * out_row + h * D;
+          prefetch_ahead(out + b * Tq * out_row + h * D, out_row, t, Tq, D);
+          prefetch_ahead(d_out + b * Tq * out_row + h * D, out_row, t, Tq, D);
+          delta[g * Tq + t] = dot_product(do_row, o_row, D);
         }
       }
       std::fill(dq_acc, dq_acc + group * head_panel, 0.0f);
@@ -230,8 +239,10 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
       const Src* v_src = v + b * shape.kv_batch_stride + kvh * D;
       std::fill(dk_sums, dk_sums + 2 * Dp, 0.0);
 
-      for (int64_t j0 = 0; j0 < T; j0 += kBlockK) {
-        const int64_t cols = std::min(kBlockK, T - j0), cols_p = round_up(cols, 32);
+      for (int64_t j0 = 0; j0 < Tk; j0 += kBlockK) {
+        const int64_t cols = std::min(kBlockK, Tk - j0), cols_p = round_up(cols, 32);
+        // Query rows from first_query on see key j0 or later ones of the block.
+        const int64_t first_query = std::clamp<int64_t>(j0 - causal_offset, 0, Tq);
         if (cols != cols_p || D != Dp)  // padding keys or head dims meet the tiles as zeros
           std::fill(kt_vnni, kt_vnni + 3 * block, uint16_t{0});
         pack_pairs_transposed(kt_vnni, kBlockK, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
@@ -244,9 +255,9 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
 
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
-          const float* lse_head = lse + (b * Hq + h) * T;
-          for (int64_t i0 = j0 / kBlockQ * kBlockQ; i0 < T; i0 += kBlockQ) {
-            const int64_t rows = std::min(kBlockQ, T - i0), rows_p = round_up(rows, 32);
+          const float* lse_head = lse + (b * Hq + h) * Tq;
+          for (int64_t i0 = first_query / kBlockQ * kBlockQ; i0 < Tq; i0 += kBlockQ) {
+            const int64_t rows = std::min(kBlockQ, Tq - i0), rows_p = round_up(rows, 32);
             amx_gemm(rows_p, cols_p, Dp, q_rows_b + g * head_panel + i0 * Dp, Dp, kt_vnni,
                      2 * kBlockK, s_buf, kBlockK, false);
             amx_gemm(rows_p, cols_p, Dp, do_rows_b + g * head_panel + i0 * Dp, Dp, vt_vnni,
@@ -258,9 +269,10 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
               for (int e = 0; e < 2; ++e) {
                 const int64_t row = r + e;
                 if (row >= rows) continue;
-                const int64_t visible = std::clamp<int64_t>(i0 + row - j0 + 1, 0, cols);
+                const int64_t visible =
+                    std::clamp<int64_t>(causal_offset + i0 + row - j0 + 1, 0, cols);
                 const f32x16 visible_v = splat(static_cast<float>(visible));
-                const float row_lse = lse_head[i0 + row], row_delta = delta[g * T + i0 + row];
+                const float row_lse = lse_head[i0 + row], row_delta = delta[g * Tq + i0 + row];
                 for (int64_t c = 0; c < cols_p; c += kLanes) {
                   // Keys past the causal edge: P = 0 without its exponential (dS is still formed
                   // from it: its zeros keep the sign that 0 * (dP - D_i) gives).
@@ -310,8 +322,15 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = kvh * group + g;
         if (sums_wanted) std::fill(dq_sums, dq_sums + Dp, 0.0);
+        if constexpr (std::is_same_v<Grads, Fp32GradientRows>) {
+          if (grads.accumulate_dq) {
+            add_rows(grads.dq + b * shape.q_batch_stride + h * D, shape.q_row_stride,
+                     dq_acc + g * head_panel, Dp, Tq, D);
+            continue;
+          }
+        }
         write_rows(grads.dq + b * shape.q_batch_stride + h * D, shape.q_row_stride,
-                   dq_acc + g * head_panel, Dp, T, D, sums_wanted ? dq_sums : nullptr);
+                   dq_acc + g * head_panel, Dp, Tq, D, sums_wanted ? dq_sums : nullptr);
         if (sums_wanted)
           store_column_sums(grads.dq_sums + b * grads.sums_batch_stride + h * D, dq_sums, D);
       }

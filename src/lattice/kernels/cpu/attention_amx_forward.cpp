@@ -17,14 +17,15 @@
 namespace lattice::kernels::attention_detail {
 namespace {
 
-// Causal forward with bf16 q, k, v, P on AMX; same tasks, tiles and online softmax (fp32) as the
-// fp32 path. Tiles are padded to multiples of 32 rows, keys and head_dim with zeros.
+// Forward with bf16 q, k, v, P on AMX (any mask and offsets); same tasks, tiles and online softmax
+// (fp32) as the fp32 path. Tiles are padded to multiples of 32 rows, keys and head_dim with zeros.
 template <class Src>
 void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* v,
                  const AttentionShape& shape) {
   const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
   const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, 32);
-  const int64_t group = Hq / Hkv, causal_offset = Tk - Tq;
+  const int64_t group = Hq / Hkv;
+  const int64_t causal_offset = attention_detail::causal_offset(shape);  // sees keys <= it + i
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t q_blocks = (Tq + kBlockQ - 1) / kBlockQ;
   const int64_t key_blocks = (Tk + kForwardBlockK - 1) / kForwardBlockK;
@@ -57,7 +58,9 @@ void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* 
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t chunk = task % chunks, kvh = (task / chunks) % Hkv, b = task / (chunks * Hkv);
       const int64_t last_qb = chunk + (q_blocks - 1 - chunk) / chunks * chunks;
-      const int64_t keys = causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ);
+      // Keys [0, keys) are seen by some row of the chunk (its last block sees the most).
+      const int64_t keys =
+          std::clamp<int64_t>(causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ), 0, Tk);
       const int64_t keys_p = round_up(keys, 32);
       const Src* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const Src* v_src = v + b * shape.kv_batch_stride + kvh * D;
@@ -74,7 +77,7 @@ void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* 
       for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
         const int64_t rows_p = round_up(rows, 32);
-        const int64_t key_end = causal_offset + i0 + rows;
+        const int64_t key_end = std::clamp<int64_t>(causal_offset + i0 + rows, 0, Tk);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
           pack_rows_bf16(q_bf16, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
@@ -137,6 +140,11 @@ void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* 
           float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
           float* lse_rows = lse + (b * Hq + h) * Tq + i0;
           for (int64_t r = 0; r < rows; ++r) {
+            if (row_sum[r] == 0.0f) {  // the row saw no key (row_sum >= 1 once it sees one)
+              std::fill(out_rows + r * Hq * D, out_rows + r * Hq * D + D, 0.0f);
+              lse_rows[r] = neg_inf;
+              continue;
+            }
             const float inv_sum = 1.0f / row_sum[r];
             for (int64_t d = 0; d < D; ++d) out_rows[r * Hq * D + d] = o_acc[r * Dp + d] * inv_sum;
             lse_rows[r] = row_max[r] + std::log(row_sum[r]);

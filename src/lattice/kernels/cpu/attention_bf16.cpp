@@ -59,6 +59,16 @@ void narrow_rows(lattice::bf16* dst, double* sums, int64_t sums_batch_stride, co
   }
 }
 
+// The shape of dense copies of the rows `s` describes: same lengths, heads, positions and mask.
+AttentionShape dense_shape(const AttentionShape& s) {
+  AttentionShape dense =
+      AttentionShape::contiguous(s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim);
+  dense.q_offset = s.q_offset;
+  dense.k_offset = s.k_offset;
+  dense.mask = s.mask;
+  return dense;
+}
+
 }  // namespace
 
 void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, const lattice::bf16* k,
@@ -78,10 +88,7 @@ void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, cons
       widen_rows(k, s.batch, s.kv_len, s.kv_heads * s.head_dim, s.k_row_stride, s.kv_batch_stride);
   const auto v32 =
       widen_rows(v, s.batch, s.kv_len, s.kv_heads * s.head_dim, s.v_row_stride, s.kv_batch_stride);
-  AttentionShape dense =
-      AttentionShape::contiguous(s.batch, s.q_len, s.q_heads, s.kv_heads, s.head_dim);
-  dense.kv_len = s.kv_len;
-  dense.kv_batch_stride = s.kv_len * s.kv_heads * s.head_dim;
+  const AttentionShape dense = dense_shape(s);
   MatmulEngine unused;
   attention_forward(out, lse, q32.get(), k32.get(), v32.get(), dense, Precision::bf16, unused,
                     options);
@@ -92,8 +99,9 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
                              const float* out, const float* lse, const AttentionShape& shape,
                              const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_backward_bf16");
-  check(shape.q_len == shape.kv_len,
-        "attention_backward_bf16: q_len must equal kv_len (no backward through a KV cache)");
+  check(!options.accumulate_dq,
+        "attention_backward_bf16: accumulate_dq is not supported (dq is rounded to bf16 per call); "
+        "sum block gradients in fp32 with attention_backward and Precision::bf16");
   const bool sums = grads.dq_sums != nullptr;
   check(sums == (grads.dk_sums != nullptr) && sums == (grads.dv_sums != nullptr),
         "attention_backward_bf16: give all three column-sum arrays (dq, dk, dv) or none");
@@ -104,24 +112,24 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
   }
 #endif
   const AttentionShape& s = shape;
-  const int64_t T = s.q_len, q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
-  const auto q32 = widen_rows(q, s.batch, T, q_width, s.q_row_stride, s.q_batch_stride);
-  const auto k32 = widen_rows(k, s.batch, T, kv_width, s.k_row_stride, s.kv_batch_stride);
-  const auto v32 = widen_rows(v, s.batch, T, kv_width, s.v_row_stride, s.kv_batch_stride);
+  const int64_t Tq = s.q_len, Tk = s.kv_len;
+  const int64_t q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  const auto q32 = widen_rows(q, s.batch, Tq, q_width, s.q_row_stride, s.q_batch_stride);
+  const auto k32 = widen_rows(k, s.batch, Tk, kv_width, s.k_row_stride, s.kv_batch_stride);
+  const auto v32 = widen_rows(v, s.batch, Tk, kv_width, s.v_row_stride, s.kv_batch_stride);
   // Overwritten by attention_backward: no zero fill.
-  auto dq32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * T * q_width));
-  auto dk32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * T * kv_width));
-  auto dv32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * T * kv_width));
-  const AttentionShape dense =
-      AttentionShape::contiguous(s.batch, T, s.q_heads, s.kv_heads, s.head_dim);
+  auto dq32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * Tq * q_width));
+  auto dk32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * Tk * kv_width));
+  auto dv32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * Tk * kv_width));
+  const AttentionShape dense = dense_shape(s);
   MatmulEngine unused;
   attention_backward(dq32.get(), dk32.get(), dv32.get(), d_out, q32.get(), k32.get(), v32.get(),
                      out, lse, dense, Precision::bf16, unused, options);
-  narrow_rows(grads.dq, grads.dq_sums, grads.sums_batch_stride, dq32.get(), s.batch, T, q_width,
+  narrow_rows(grads.dq, grads.dq_sums, grads.sums_batch_stride, dq32.get(), s.batch, Tq, q_width,
               s.q_row_stride, s.q_batch_stride);
-  narrow_rows(grads.dk, grads.dk_sums, grads.sums_batch_stride, dk32.get(), s.batch, T, kv_width,
+  narrow_rows(grads.dk, grads.dk_sums, grads.sums_batch_stride, dk32.get(), s.batch, Tk, kv_width,
               s.k_row_stride, s.kv_batch_stride);
-  narrow_rows(grads.dv, grads.dv_sums, grads.sums_batch_stride, dv32.get(), s.batch, T, kv_width,
+  narrow_rows(grads.dv, grads.dv_sums, grads.sums_batch_stride, dv32.get(), s.batch, Tk, kv_width,
               s.v_row_stride, s.kv_batch_stride);
 }
 }  // namespace lattice::kernels

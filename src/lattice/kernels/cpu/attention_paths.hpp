@@ -16,13 +16,20 @@ namespace lattice::kernels::attention_detail {
 // Throws lattice::Error naming `who` and the fix when the shape is impossible.
 void validate(const AttentionShape& s, const char* who);
 
+// Query i of a call (0-based) sees the keys j (0-based) with j <= causal_offset + i, clamped to
+// [0, kv_len): its relative position under the causal mask, kv_len (every key) without a mask.
+inline int64_t causal_offset(const AttentionShape& s) {
+  return s.mask == AttentionMask::none ? s.kv_len : s.query_offset() - s.k_offset;
+}
+
 // The portable path: Precision::fp32, or Precision::bf16's rounding with fp32 products.
 void attention_forward_portable(float* out, float* lse, const float* q, const float* k,
                                 const float* v, const AttentionShape& shape, Precision precision);
+// dq is overwritten, or added to with accumulate_dq.
 void attention_backward_portable(float* dq, float* dk, float* dv, const float* d_out,
                                  const float* q, const float* k, const float* v, const float* out,
-                                 const float* lse, const AttentionShape& shape,
-                                 Precision precision);
+                                 const float* lse, const AttentionShape& shape, Precision precision,
+                                 bool accumulate_dq);
 
 #if defined(LATTICE_HAS_AMX)
 // Whether Precision::bf16 runs on the AMX tiles: the options allow it and Linux granted the tile
@@ -39,6 +46,7 @@ struct Fp32GradientRows {
   double* dk_sums = nullptr;
   double* dv_sums = nullptr;
   int64_t sums_batch_stride = 0;
+  bool accumulate_dq = false;  // dq += the call's dQ
 };
 
 // Precision::bf16 on AMX tiles, on fp32 q, k, v (rounded as they are packed) or bf16 ones.

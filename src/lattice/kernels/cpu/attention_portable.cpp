@@ -24,7 +24,7 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
   const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
   const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, kLanes);
   const int64_t group = Hq / Hkv;
-  const int64_t causal_offset = Tk - Tq;  // query i sits at absolute position causal_offset + i
+  const int64_t causal_offset = attention_detail::causal_offset(shape);  // sees keys <= it + i
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool to_bf16 = precision == Precision::bf16;
   const int64_t q_blocks = (Tq + kBlockQ - 1) / kBlockQ;
@@ -60,7 +60,9 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t chunk = task % chunks, kvh = (task / chunks) % Hkv, b = task / (chunks * Hkv);
       const int64_t last_qb = chunk + (q_blocks - 1 - chunk) / chunks * chunks;
-      const int64_t keys = causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ);
+      // Keys [0, keys) are seen by some row of the chunk (its last block sees the most).
+      const int64_t keys =
+          std::clamp<int64_t>(causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ), 0, Tk);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
       for (int64_t j0 = 0; j0 < keys; j0 += kForwardBlockK)
@@ -71,8 +73,8 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
 
       for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
-        const int64_t key_end =
-            causal_offset + i0 + rows;  // keys [0, key_end) are seen by some row
+        // Keys [0, key_end) are seen by some row of the block.
+        const int64_t key_end = std::clamp<int64_t>(causal_offset + i0 + rows, 0, Tk);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
           pack_rows(q_pack, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
@@ -135,6 +137,11 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
           float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
           float* lse_rows = lse + (b * Hq + h) * Tq + i0;
           for (int64_t r = 0; r < rows; ++r) {
+            if (row_sum[r] == 0.0f) {  // the row saw no key (row_sum >= 1 once it sees one)
+              std::fill(out_rows + r * Hq * D, out_rows + r * Hq * D + D, 0.0f);
+              lse_rows[r] = neg_inf;
+              continue;
+            }
             const float inv_sum = 1.0f / row_sum[r];
             for (int64_t d = 0; d < D; ++d) out_rows[r * Hq * D + d] = o_acc[r * Dp + d] * inv_sum;
             lse_rows[r] = row_max[r] + std::log(row_sum[r]);
@@ -147,14 +154,16 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
 
 void attention_backward_portable(float* dq, float* dk, float* dv, const float* d_out,
                                  const float* q, const float* k, const float* v, const float* out,
-                                 const float* lse, const AttentionShape& shape,
-                                 Precision precision) {
-  const int64_t B = shape.batch, T = shape.q_len, Hq = shape.q_heads, Hkv = shape.kv_heads;
-  const int64_t D = shape.head_dim, Dp = round_up(D, kLanes), group = Hq / Hkv;
+                                 const float* lse, const AttentionShape& shape, Precision precision,
+                                 bool accumulate_dq) {
+  const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
+  const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, kLanes);
+  const int64_t group = Hq / Hkv;
+  const int64_t causal_offset = attention_detail::causal_offset(shape);  // sees keys <= it + i
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool to_bf16 = precision == Precision::bf16;
   const int64_t tasks = B * Hkv;
-  const int64_t out_row = Hq * D;  // out and d_out are [B, T, Hq*D] contiguous
+  const int64_t out_row = Hq * D;  // out and d_out are [B, Tq, Hq*D] contiguous
   const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 #pragma omp parallel
@@ -162,14 +171,14 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
     // Per thread, for one (batch, kv head): packed Q, dO and dQ accumulator of the whole query-head
     // group, D_i = rowsum(dO * O) per query, packed K block (rows and transposed), V^T block, dK
     // and dV block accumulators, and the P and dS tiles.
-    const int64_t group_panel = group * T * Dp;
+    const int64_t group_panel = group * Tq * Dp;
     const int64_t block_rows = kBlockK * Dp, tile = kBlockQ * kBlockK;
-    Scratch<float> scratch(3 * group_panel + group * T + 5 * block_rows + 2 * tile);
+    Scratch<float> scratch(3 * group_panel + group * Tq + 5 * block_rows + 2 * tile);
     float* q_pack = scratch.get();
     float* do_pack = q_pack + group_panel;
     float* dq_acc = do_pack + group_panel;
     float* delta = dq_acc + group_panel;
-    float* k_pack = delta + group * T;
+    float* k_pack = delta + group * Tq;
     float* kt_pack = k_pack + block_rows;
     float* vt_pack = kt_pack + block_rows;
     float* dk_acc = vt_pack + block_rows;
@@ -182,22 +191,24 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
       const int64_t b = task / Hkv, kvh = task % Hkv;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = kvh * group + g;
-        pack_rows(q_pack + g * T * Dp, Dp, q + b * shape.q_batch_stride + h * D, shape.q_row_stride,
-                  T, D, to_bf16);
-        pack_rows(do_pack + g * T * Dp, Dp, d_out + b * T * out_row + h * D, out_row, T, D,
+        pack_rows(q_pack + g * Tq * Dp, Dp, q + b * shape.q_batch_stride + h * D,
+                  shape.q_row_stride, Tq, D, to_bf16);
+        pack_rows(do_pack + g * Tq * Dp, Dp, d_out + b * Tq * out_row + h * D, out_row, Tq, D,
                   to_bf16);
-        for (int64_t t = 0; t < T; ++t) {
-          const float* o_row = out + (b * T + t) * out_row + h * D;
-          const float* do_row = d_out + (b * T + t) * out_row + h * D;
-          delta[g * T + t] = dot_product(do_row, o_row, D);
+        for (int64_t t = 0; t < Tq; ++t) {
+          const float* o_row = out + (b * Tq + t) * out_row + h * D;
+          const float* do_row = d_out + (b * Tq + t) * out_row + h * D;
+          delta[g * Tq + t] = dot_product(do_row, o_row, D);
         }
       }
       std::fill(dq_acc, dq_acc + group_panel, 0.0f);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
       const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
 
-      for (int64_t j0 = 0; j0 < T; j0 += kBlockK) {
-        const int64_t cols = std::min(kBlockK, T - j0), cols_p = round_up(cols, kLanes);
+      for (int64_t j0 = 0; j0 < Tk; j0 += kBlockK) {
+        const int64_t cols = std::min(kBlockK, Tk - j0), cols_p = round_up(cols, kLanes);
+        // Query rows from first_query on see key j0 or later ones of the block.
+        const int64_t first_query = std::clamp<int64_t>(j0 - causal_offset, 0, Tq);
         pack_rows(k_pack, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride, cols, D,
                   to_bf16);
         pack_transposed(kt_pack, kBlockK, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
@@ -209,18 +220,19 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
 
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
-          const float* lse_head = lse + (b * Hq + h) * T;
-          // Query blocks that see at least key j0 (causal): those ending after j0.
-          for (int64_t i0 = j0 / kBlockQ * kBlockQ; i0 < T; i0 += kBlockQ) {
-            const int64_t rows = std::min(kBlockQ, T - i0);
-            const float* q_rows = q_pack + (g * T + i0) * Dp;
-            const float* do_rows = do_pack + (g * T + i0) * Dp;
+          const float* lse_head = lse + (b * Hq + h) * Tq;
+          // Query blocks that see some key of the block: those ending after first_query.
+          for (int64_t i0 = first_query / kBlockQ * kBlockQ; i0 < Tq; i0 += kBlockQ) {
+            const int64_t rows = std::min(kBlockQ, Tq - i0);
+            const float* q_rows = q_pack + (g * Tq + i0) * Dp;
+            const float* do_rows = do_pack + (g * Tq + i0) * Dp;
             // Row groups: S = Q K^T and dP = dO V^T on the columns the group sees, then
             // P = exp(S * scale - lse) and dS = P * (dP - D_i) * scale (zero where masked), then
             // dQ_i += dS K_j.
             for (int64_t m0 = 0; m0 < rows; m0 += kMicroRows) {
               const int64_t group_rows = std::min<int64_t>(kMicroRows, rows - m0);
-              const int64_t group_visible = std::min(cols, i0 + m0 + group_rows - j0);
+              const int64_t group_visible =
+                  std::min(cols, causal_offset + i0 + m0 + group_rows - j0);
               if (group_visible <= 0) continue;
               const int64_t n_eff = round_up(group_visible, kLanes);
               gemm_rows(group_rows, n_eff, Dp, q_rows + m0 * Dp, Dp, 1, kt_pack, kBlockK,
@@ -228,10 +240,11 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
               gemm_rows(group_rows, n_eff, Dp, do_rows + m0 * Dp, Dp, 1, vt_pack, kBlockK,
                         ds_buf + m0 * kBlockK, kBlockK, false);
               for (int64_t r = m0; r < m0 + group_rows; ++r) {
-                const int64_t visible = std::clamp<int64_t>(i0 + r - j0 + 1, 0, cols);
+                const int64_t visible =
+                    std::clamp<int64_t>(causal_offset + i0 + r - j0 + 1, 0, cols);
                 float* p_row = p_buf + r * kBlockK;
                 float* ds_row = ds_buf + r * kBlockK;
-                const float row_lse = lse_head[i0 + r], row_delta = delta[g * T + i0 + r];
+                const float row_lse = lse_head[i0 + r], row_delta = delta[g * Tq + i0 + r];
                 const f32x16 visible_v = splat(static_cast<float>(visible));
                 for (int64_t c = 0; c < n_eff; c += kLanes) {
                   const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
@@ -249,12 +262,12 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
                 std::fill(ds_row + n_eff, ds_row + cols_p, 0.0f);
               }
               gemm_rows(group_rows, Dp, group_visible, ds_buf + m0 * kBlockK, kBlockK, 1, k_pack,
-                        Dp, dq_acc + (g * T + i0 + m0) * Dp, Dp, true);
+                        Dp, dq_acc + (g * Tq + i0 + m0) * Dp, Dp, true);
             }
             // Column groups: dV_j += P^T dO_i and dK_j += dS^T Q_i over the rows that see them.
             for (int64_t c0 = 0; c0 < cols; c0 += kMicroRows) {
               const int64_t group_cols = std::min<int64_t>(kMicroRows, cols - c0);
-              const int64_t first_row = std::clamp<int64_t>(j0 + c0 - i0, 0, rows);
+              const int64_t first_row = std::clamp<int64_t>(j0 + c0 - causal_offset - i0, 0, rows);
               if (first_row >= rows) continue;
               gemm_rows(group_cols, Dp, rows - first_row, p_buf + first_row * kBlockK + c0, 1,
                         kBlockK, do_rows + first_row * Dp, Dp, dv_acc + c0 * Dp, Dp, true);
@@ -275,9 +288,15 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = kvh * group + g;
         float* dq_rows = dq + b * shape.q_batch_stride + h * D;
-        for (int64_t t = 0; t < T; ++t)
-          std::memcpy(dq_rows + t * shape.q_row_stride, dq_acc + (g * T + t) * Dp,
-                      static_cast<size_t>(D) * sizeof(float));
+        for (int64_t t = 0; t < Tq; ++t) {
+          float* dq_row = dq_rows + t * shape.q_row_stride;
+          const float* acc_row = dq_acc + (g * Tq + t) * Dp;
+          if (accumulate_dq) {
+            for (int64_t d = 0; d < D; ++d) dq_row[d] += acc_row[d];
+          } else {
+            std::memcpy(dq_row, acc_row, static_cast<size_t>(D) * sizeof(float));
+          }
+        }
       }
     }
   }
