@@ -15,6 +15,7 @@
 #include "gradcheck.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/amx_tiles.hpp"
 #include "lattice/kernels/cpu/attention.hpp"
 
 namespace lattice::kernels {
@@ -178,13 +179,14 @@ struct ForwardResult {
   std::vector<float> out, lse;
 };
 
-ForwardResult run_forward(const Case& c, Precision precision) {
+ForwardResult run_forward(const Case& c, Precision precision,
+                          const AttentionOptions& options = {}) {
   const auto& s = c.layout.shape;
   ForwardResult r;
   r.out.assign(static_cast<size_t>(s.batch * s.q_len * s.q_heads * s.head_dim), 0.0f);
   r.lse.assign(static_cast<size_t>(s.batch * s.q_heads * s.q_len), 0.0f);
   MatmulEngine engine;
-  attention_forward(r.out.data(), r.lse.data(), c.q(), c.k(), c.v(), s, precision, engine);
+  attention_forward(r.out.data(), r.lse.data(), c.q(), c.k(), c.v(), s, precision, engine, options);
   return r;
 }
 
@@ -195,7 +197,7 @@ struct BackwardResult {
 };
 
 BackwardResult run_backward(const Case& c, const ForwardResult& f, const std::vector<float>& d_out,
-                            Precision precision) {
+                            Precision precision, const AttentionOptions& options = {}) {
   const auto& s = c.layout.shape;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   BackwardResult r;
@@ -206,7 +208,7 @@ BackwardResult run_backward(const Case& c, const ForwardResult& f, const std::ve
   float* dv = (c.layout.packed ? r.dq_buf : r.dkv_buf).data() + c.layout.v_offset;
   MatmulEngine engine;
   attention_backward(dq, dk, dv, d_out.data(), c.q(), c.k(), c.v(), f.out.data(), f.lse.data(), s,
-                     precision, engine);
+                     precision, engine, options);
   r.dq = gather(dq, s.batch, s.q_len, s.q_heads, s.head_dim, s.q_row_stride, s.q_batch_stride);
   r.dk = gather(dk, s.batch, s.kv_len, s.kv_heads, s.head_dim, s.k_row_stride, s.kv_batch_stride);
   r.dv = gather(dv, s.batch, s.kv_len, s.kv_heads, s.head_dim, s.v_row_stride, s.kv_batch_stride);
@@ -281,8 +283,9 @@ TEST(AttentionForward, RejectsImpossibleShapes) {
   EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), s,
                                  Precision::fp32, engine),
                Error);
-  s = AttentionShape::contiguous(1, 4, 2, 2, 8);
-  s.kv_len = 6;  // backward needs q_len == kv_len
+  // (Backward with kv_len != q_len is general attention now: test_attention_general.cpp.)
+  s = AttentionShape::contiguous(1, 4, 3, 1, 8);  // backward too: 3 heads over 1 kv head is fine,
+  s.kv_heads = 2;                                 // over 2 it is not
   EXPECT_THROW(
       attention_backward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
                          buf.data(), buf.data(), buf.data(), s, Precision::fp32, engine),
@@ -344,15 +347,15 @@ TEST(AttentionBackward, MatchesFiniteDifferences) {
   EXPECT_LT(max_relative_error(analytic, numeric), 2e-3);
 }
 
-// Runs body() on the default bf16 path (AMX where available) and on the portable one.
+// Runs body(options) on the default bf16 path (AMX where available) and on the portable one.
 template <class Body>
 void for_each_bf16_path(Body body) {
-  for (const char* no_amx : {"0", "1"}) {
-    SCOPED_TRACE(::testing::Message() << "LATTICE_ATTENTION_NO_AMX=" << no_amx);
-    setenv("LATTICE_ATTENTION_NO_AMX", no_amx, 1);
-    body();
+  for (const bool allow_amx : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "allow_amx=" << allow_amx);
+    AttentionOptions options;
+    options.allow_amx = allow_amx;
+    body(options);
   }
-  unsetenv("LATTICE_ATTENTION_NO_AMX");
 }
 
 TEST(AttentionBf16, WithinBf16ToleranceOfDoubleReference) {
@@ -360,12 +363,12 @@ TEST(AttentionBf16, WithinBf16ToleranceOfDoubleReference) {
   // accumulates in fp32; errors of a few of those rounding steps relative to the outputs' scale are
   // expected, so the bound is 1.5e-2 (fp32 stays below 2e-5). The error must also exceed fp32's,
   // which shows the rounding really happens.
-  for_each_bf16_path([] {
+  for_each_bf16_path([](const AttentionOptions& options) {
     const Layout layout = make_layout(2, 100, 100, 4, 2, 64, false);
     const Case c = make_case(layout, 80);
-    const ForwardResult f = run_forward(c, Precision::bf16);
+    const ForwardResult f = run_forward(c, Precision::bf16, options);
     const std::vector<float> d_out = random_vector(static_cast<int64_t>(f.out.size()), 81);
-    const BackwardResult g = run_backward(c, f, d_out, Precision::bf16);
+    const BackwardResult g = run_backward(c, f, d_out, Precision::bf16, options);
     const Reference ref =
         naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), layout.shape, &d_out);
     const double out_error = max_relative_error(f.out, ref.out);
@@ -381,7 +384,7 @@ TEST(AttentionBf16, WithinBf16ToleranceOfDoubleReference) {
 TEST(AttentionBf16, ForwardAcrossShapesAndLayouts) {
   // The bf16 forward has its own tile code (AMX where the CPU has it): T = 1, ragged T, GQA 1/2/4,
   // head_dim 16, 24 and 64, packed qkv and a KV cache with q_len < kv_len. Same 1.5e-2 bound.
-  for_each_bf16_path([] {
+  for_each_bf16_path([](const AttentionOptions& options) {
     const Layout layouts[] = {make_layout(1, 1, 1, 2, 1, 64, false),
                               make_layout(2, 100, 100, 4, 1, 16, false),
                               make_layout(1, 77, 77, 2, 2, 24, false, 3),
@@ -396,7 +399,7 @@ TEST(AttentionBf16, ForwardAcrossShapesAndLayouts) {
                    << "Tq=" << s.q_len << " Tk=" << s.kv_len << " Hq=" << s.q_heads
                    << " Hkv=" << s.kv_heads << " D=" << s.head_dim);
       const Case c = make_case(layout, seed++);
-      const ForwardResult f = run_forward(c, Precision::bf16);
+      const ForwardResult f = run_forward(c, Precision::bf16, options);
       const Reference ref = naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), s, nullptr);
       EXPECT_LT(max_relative_error(f.out, ref.out), 1.5e-2);
       EXPECT_LT(max_relative_error(f.lse, ref.lse), 1.5e-2);
@@ -408,7 +411,7 @@ TEST(AttentionBf16, BackwardAcrossShapesAndLayouts) {
   // The bf16 backward (AMX where the CPU has it): one key, ragged T, GQA 1/2/4, head_dim 16, 24 and
   // 64, packed qkv and padded rows. Errors relative to the largest gradient, bound 1.5e-2 as above;
   // padding keeps its NaN sentinels.
-  for_each_bf16_path([] {
+  for_each_bf16_path([](const AttentionOptions& options) {
     const Layout layouts[] = {
         make_layout(1, 1, 1, 2, 1, 16, false), make_layout(2, 100, 100, 4, 1, 16, false),
         make_layout(1, 77, 77, 2, 2, 24, false, 3), make_layout(2, 70, 70, 4, 2, 64, true),
@@ -419,10 +422,10 @@ TEST(AttentionBf16, BackwardAcrossShapesAndLayouts) {
       SCOPED_TRACE(::testing::Message() << "T=" << s.q_len << " Hq=" << s.q_heads
                                         << " Hkv=" << s.kv_heads << " D=" << s.head_dim);
       const Case c = make_case(layout, seed);
-      const ForwardResult f = run_forward(c, Precision::bf16);
+      const ForwardResult f = run_forward(c, Precision::bf16, options);
       const std::vector<float> d_out = random_vector(static_cast<int64_t>(f.out.size()), seed + 1);
       seed += 2;
-      const BackwardResult g = run_backward(c, f, d_out, Precision::bf16);
+      const BackwardResult g = run_backward(c, f, d_out, Precision::bf16, options);
       const Reference ref = naive_attention(c.dense_q(), c.dense_k(), c.dense_v(), s, &d_out);
       const double scale = std::max({max_abs(ref.dq), max_abs(ref.dk), max_abs(ref.dv)});
       EXPECT_LT(max_abs_difference(g.dq, ref.dq) / scale, 1.5e-2);
@@ -446,7 +449,8 @@ std::vector<lattice::bf16> to_bf16_vector(const std::vector<float>& x) {
 // attention_forward / attention_backward with Precision::bf16 on the fp32 ones: the kernels round
 // the fp32 inputs to exactly those bf16 values, so the results must agree bit for bit; the bf16
 // gradients must be the fp32 ones rounded, and each batch's column sums their sum in token order.
-void expect_bf16_inputs_match(const Layout& layout, uint64_t seed, bool backward) {
+void expect_bf16_inputs_match(const Layout& layout, uint64_t seed, bool backward,
+                              const AttentionOptions& options) {
   const Case c = make_case(layout, seed);
   const auto& s = layout.shape;
   const std::vector<lattice::bf16> q16 = to_bf16_vector(c.q_buf), kv16 = to_bf16_vector(c.kv_buf);
@@ -454,18 +458,18 @@ void expect_bf16_inputs_match(const Layout& layout, uint64_t seed, bool backward
   const lattice::bf16* k = (layout.packed ? q16 : kv16).data() + layout.k_offset;
   const lattice::bf16* v = (layout.packed ? q16 : kv16).data() + layout.v_offset;
 
-  const ForwardResult expected = run_forward(c, Precision::bf16);
+  const ForwardResult expected = run_forward(c, Precision::bf16, options);
   ForwardResult got;
   got.out.assign(expected.out.size(), -1.0f);
   got.lse.assign(expected.lse.size(), -1.0f);
-  attention_forward_bf16(got.out.data(), got.lse.data(), q, k, v, s);
+  attention_forward_bf16(got.out.data(), got.lse.data(), q, k, v, s, options);
   EXPECT_EQ(got.out, expected.out);
   EXPECT_EQ(got.lse, expected.lse);
   if (!backward) return;
 
   const std::vector<float> d_out =
       random_vector(static_cast<int64_t>(expected.out.size()), seed + 1);
-  const BackwardResult fp32 = run_backward(c, expected, d_out, Precision::bf16);
+  const BackwardResult fp32 = run_backward(c, expected, d_out, Precision::bf16, options);
   const lattice::bf16 sentinel{0x7fc1};  // a NaN: untouched padding keeps it
   std::vector<lattice::bf16> dq_buf(q16.size(), sentinel), dkv_buf(kv16.size(), sentinel);
   const int64_t q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
@@ -479,8 +483,8 @@ void expect_bf16_inputs_match(const Layout& layout, uint64_t seed, bool backward
   grads.dk_sums = sums.data() + q_width;
   grads.dv_sums = sums.data() + q_width + kv_width;
   grads.sums_batch_stride = sums_stride;
-  attention_backward_bf16(grads, d_out.data(), q, k, v, expected.out.data(), expected.lse.data(),
-                          s);
+  attention_backward_bf16(grads, d_out.data(), q, k, v, expected.out.data(), expected.lse.data(), s,
+                          options);
   // Every element of the bf16 buffers: the rounded fp32 gradient where one is written, the
   // sentinel elsewhere.
   const std::vector<float>& fp32_dq = fp32.dq_buf;
@@ -516,7 +520,7 @@ void expect_bf16_inputs_match(const Layout& layout, uint64_t seed, bool backward
   rows_only.dk = (layout.packed ? dq_again : dkv_again).data() + layout.k_offset;
   rows_only.dv = (layout.packed ? dq_again : dkv_again).data() + layout.v_offset;
   attention_backward_bf16(rows_only, d_out.data(), q, k, v, expected.out.data(),
-                          expected.lse.data(), s);
+                          expected.lse.data(), s, options);
   EXPECT_TRUE(std::equal(dq_again.begin(), dq_again.end(), dq_buf.begin(),
                          [](lattice::bf16 a, lattice::bf16 b) { return a.bits == b.bits; }));
 }
@@ -524,13 +528,13 @@ void expect_bf16_inputs_match(const Layout& layout, uint64_t seed, bool backward
 TEST(AttentionBf16Inputs, EqualTheFp32InputsBitForBit) {
   // Packed qkv with and without row padding, separate buffers with GQA 2 and 4, head_dim 16, 24
   // and 64, T = 1, ragged T, T over two key blocks; a KV cache (q_len < kv_len) forward only.
-  for_each_bf16_path([] {
-    expect_bf16_inputs_match(make_layout(2, 70, 70, 4, 4, 64, true), 400, true);
-    expect_bf16_inputs_match(make_layout(1, 130, 130, 2, 2, 64, true, 5), 402, true);
-    expect_bf16_inputs_match(make_layout(2, 100, 100, 4, 2, 16, false), 404, true);
-    expect_bf16_inputs_match(make_layout(1, 77, 77, 4, 1, 24, false, 3), 406, true);
-    expect_bf16_inputs_match(make_layout(1, 1, 1, 2, 1, 64, false), 408, true);
-    expect_bf16_inputs_match(make_layout(2, 70, 150, 4, 1, 32, false, 0, 160), 410, false);
+  for_each_bf16_path([](const AttentionOptions& options) {
+    expect_bf16_inputs_match(make_layout(2, 70, 70, 4, 4, 64, true), 400, true, options);
+    expect_bf16_inputs_match(make_layout(1, 130, 130, 2, 2, 64, true, 5), 402, true, options);
+    expect_bf16_inputs_match(make_layout(2, 100, 100, 4, 2, 16, false), 404, true, options);
+    expect_bf16_inputs_match(make_layout(1, 77, 77, 4, 1, 24, false, 3), 406, true, options);
+    expect_bf16_inputs_match(make_layout(1, 1, 1, 2, 1, 64, false), 408, true, options);
+    expect_bf16_inputs_match(make_layout(2, 70, 150, 4, 1, 32, false, 0, 160), 410, false, options);
   });
 }
 
@@ -550,6 +554,20 @@ TEST(AttentionBf16Inputs, RejectsPartialColumnSums) {
   }
 }
 
+TEST(AttentionBf16, AllowAmxFalseRunsThePortablePath) {
+  // Where AMX runs, the portable path accumulates in another order, so some bits differ; where it
+  // does not, both options run the portable path and agree bit for bit.
+  const Case c = make_case(make_layout(2, 100, 100, 4, 2, 64, false), 95);
+  AttentionOptions portable;
+  portable.allow_amx = false;
+  const ForwardResult amx_or_portable = run_forward(c, Precision::bf16);
+  const ForwardResult forced = run_forward(c, Precision::bf16, portable);
+  if (amx_tile_state_granted())
+    EXPECT_NE(amx_or_portable.out, forced.out);
+  else
+    EXPECT_EQ(amx_or_portable.out, forced.out);
+}
+
 TEST(AttentionThreads, ResultsAreBitwiseIndependentOfThreadCount) {
   // Each query row's forward and each (batch, kv head)'s backward run on one thread in a fixed
   // order, so 1 and 3 threads must agree bit for bit, in both precisions.
@@ -558,19 +576,19 @@ TEST(AttentionThreads, ResultsAreBitwiseIndependentOfThreadCount) {
   const int saved_threads = omp_get_max_threads();
   for (const char* path : {"fp32", "bf16", "bf16-portable"}) {
     const Precision precision = path[0] == 'f' ? Precision::fp32 : Precision::bf16;
-    setenv("LATTICE_ATTENTION_NO_AMX", std::string_view(path) == "bf16-portable" ? "1" : "0", 1);
+    AttentionOptions options;
+    options.allow_amx = std::string_view(path) != "bf16-portable";
     std::vector<std::vector<float>> outs, grads;
     for (int threads : {1, 3}) {
       omp_set_num_threads(threads);
-      const ForwardResult f = run_forward(c, precision);
+      const ForwardResult f = run_forward(c, precision, options);
       const std::vector<float> d_out = random_vector(static_cast<int64_t>(f.out.size()), 91);
       outs.push_back(f.out);
-      grads.push_back(run_backward(c, f, d_out, precision).dq_buf);
+      grads.push_back(run_backward(c, f, d_out, precision, options).dq_buf);
     }
     EXPECT_EQ(outs[0], outs[1]) << path;
     EXPECT_EQ(grads[0], grads[1]) << path;
   }
-  unsetenv("LATTICE_ATTENTION_NO_AMX");
   omp_set_num_threads(saved_threads);
 }
 

@@ -1,8 +1,11 @@
-// Causal self-attention with grouped-query heads, forward and backward, tiled as flash attention:
-// the extra memory is O(T) (the log-sum-exp per query), never O(T^2).
+// Grouped-query attention (causal or unmasked, query and key positions given by offsets), forward
+// and backward, tiled as flash attention: the extra memory is O(T) (the log-sum-exp per query),
+// never O(T^2). The forward's log-sum-exp lets results over separate key blocks be merged exactly
+// (attention_merge_partial) and the backward run block by block (ring attention).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
@@ -10,44 +13,90 @@
 
 namespace lattice::kernels {
 
+// Which keys a query attends: causal (keys at positions <= the query's own) or none (every key).
+enum class AttentionMask { causal, none };
+
 // Layout of q, k, v: token rows of [heads, head_dim]; `*_row_stride` elements between consecutive
 // tokens and `*_batch_stride` between batches, so q/k/v may be slices of one packed qkv buffer or a
-// KV cache. Query i (0-based among q_len) sits at absolute position kv_len - q_len + i and attends
-// keys 0..that position. Query head h uses kv head h / (q_heads / kv_heads). Scale is
-// 1/sqrt(head_dim).
+// KV cache. Query head h uses kv head h / (q_heads / kv_heads). Scale is 1/sqrt(head_dim).
+//
+// Positions: query i (0 <= i < q_len) sits at absolute position q_offset + i and key j
+// (0 <= j < kv_len) at k_offset + j. Without q_offset the queries are the last q_len positions of
+// the keys, q_offset = k_offset + kv_len - q_len (training, where q_len == kv_len, and a KV cache's
+// new tokens); that rule needs kv_len >= q_len. With explicit offsets the lengths are free, so a
+// call can cover one block of keys (ring attention, chunked long sequences). Offsets are
+// non-negative.
+//
+// A query that sees no key (causal, its position before k_offset) gets output 0 and lse -inf, and
+// its rows contribute nothing to dq, dk, dv (dq rows 0); a key no query sees gets dk = dv = 0.
 struct AttentionShape {
   int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
   int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0;
   int64_t q_batch_stride = 0, kv_batch_stride = 0;
+  std::optional<int64_t> q_offset;  // unset: k_offset + kv_len - q_len
+  int64_t k_offset = 0;
+  AttentionMask mask = AttentionMask::causal;
+
+  // q_offset, or the default rule above.
+  int64_t query_offset() const { return q_offset.value_or(k_offset + kv_len - q_len); }
 
   // Training layout: separate contiguous q [B,T,Hq*D], k and v [B,T,Hkv*D].
   static AttentionShape contiguous(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads,
                                    int64_t head_dim);
+  // Contiguous q [B,q_len,Hq*D], k and v [B,kv_len,Hkv*D] (offsets and mask left at defaults).
+  static AttentionShape contiguous(int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads,
+                                   int64_t kv_heads, int64_t head_dim);
+};
+
+// Choices of a call beyond its shape (the defaults are what the model uses).
+struct AttentionOptions {
+  // Precision::bf16 multiplies on AMX tiles where the build targets AMX and Linux grants the tile
+  // state; false forces the portable bf16 path (the same rounding with fp32 products: its results
+  // differ from AMX's only in the order of fp32 accumulation), for comparison and tests.
+  bool allow_amx = true;
+  // Backward only: dq += this call's dQ instead of dq = it (dk and dv are always overwritten).
+  // attention_backward_bf16 rejects it (its dq is rounded to bf16 per call).
+  bool accumulate_dq = false;
 };
 
 // out: [batch, q_len, q_heads * head_dim] contiguous. lse: [batch, q_heads, q_len], the log-sum-exp
 // of each query's scaled scores, saved for backward.
 // Precision::fp32 computes in fp32. Precision::bf16 rounds q, k, v (and d_out) and the
 // probabilities P (and dS) to bf16 before the products, accumulating in fp32 with fp32 softmax
-// statistics (PyTorch autocast's bf16 SDPA); the products run on AMX where the CPU has it (set
-// LATTICE_ATTENTION_NO_AMX=1 to force the portable path). Results do not depend on the thread
-// count. Scratch per thread: about 2 * kv_len * head_dim floats (forward) and 3 * (q_heads /
-// kv_heads) * q_len * head_dim floats (backward); never O(T^2). `matmul` is not used (tile products
-// run on the kernel's own micro-GEMMs); it stays in the signature for callers and later backends.
+// statistics (PyTorch autocast's bf16 SDPA); the products run on AMX where the CPU has it (unless
+// options.allow_amx is false; every shape, offset and mask runs on either path). Results do not
+// depend on the thread count. Scratch per thread: about 2 * kv_len * head_dim floats (forward) and
+// 3 * (q_heads / kv_heads) * q_len * head_dim floats (backward); never O(T^2). `matmul` is not used
+// (tile products run on the kernel's own micro-GEMMs); it stays in the signature for callers and
+// later backends.
+//
+// Block by block (ring attention, chunked long sequences): call once per block of keys with that
+// block's k, v and kv_len, k_offset its first position and the full call's q_offset given
+// explicitly, and fold the blocks' out and lse together with attention_merge_partial.
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       const AttentionShape& shape, Precision precision, MatmulEngine& matmul);
+                       const AttentionShape& shape, Precision precision, MatmulEngine& matmul,
+                       const AttentionOptions& options = {});
 
-// Requires q_len == kv_len. dq, dk, dv use the same strides as q, k, v and are overwritten.
+// dq, dk, dv use the same strides as q, k, v; dk and dv are overwritten, dq too unless
+// options.accumulate_dq. `out` and `lse` are the forward's over all the keys the queries attend.
+//
+// Block by block (ring attention): split the keys into blocks, each a call with that block's k, v,
+// dk, dv (pointers and kv_len of the block, k_offset its first position) and the same explicit
+// q_offset; pass every call the final out and lse (merged over all blocks) and d_out, and
+// options.accumulate_dq with dq zeroed before the first block. The blocks' dk, dv and the summed
+// dq equal the full backward's up to the order of dq's fp32 sums over the blocks.
 void attention_backward(float* dq, float* dk, float* dv, const float* d_out, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
-                        const AttentionShape& shape, Precision precision, MatmulEngine& matmul);
+                        const AttentionShape& shape, Precision precision, MatmulEngine& matmul,
+                        const AttentionOptions& options = {});
 
 // Precision::bf16 attention on q, k, v that are already bf16 (e.g. a QKV projection's output
 // rounded as it is produced: the fp32 q, k, v never exist). Same layout rules as above; the results
 // equal attention_forward / attention_backward's with Precision::bf16 on the fp32 values these
 // round from, bit for bit.
 void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, const lattice::bf16* k,
-                            const lattice::bf16* v, const AttentionShape& shape);
+                            const lattice::bf16* v, const AttentionShape& shape,
+                            const AttentionOptions& options = {});
 
 // Where attention_backward_bf16 writes: dq, dk, dv rounded to bf16 (same strides as q, k, v) and,
 // when dq_sums, dk_sums and dv_sums are all given, each batch's column sums of the unrounded
@@ -64,9 +113,22 @@ struct AttentionGradientsBf16 {
   int64_t sums_batch_stride = 0;
 };
 
-// Requires q_len == kv_len. d_out and out are fp32 [batch, q_len, q_heads * head_dim].
+// d_out and out are fp32 [batch, q_len, q_heads * head_dim]; any AttentionShape the fp32 calls
+// take (general offsets and masks included). options.accumulate_dq is an error here.
 void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d_out,
                              const lattice::bf16* q, const lattice::bf16* k, const lattice::bf16* v,
-                             const float* out, const float* lse, const AttentionShape& shape);
+                             const float* out, const float* lse, const AttentionShape& shape,
+                             const AttentionOptions& options = {});
+
+// Merges a partial attention result over one block of keys into a running result over others, as
+// if the softmax had run over both: with w = e^lse and w_p = e^part_lse per query,
+// out = (w out + w_p part_out) / (w + w_p) and lse = log(w + w_p), computed relative to
+// max(lse, part_lse) in double, so nothing overflows. A part with lse -inf (its block holds no key
+// the query sees) changes nothing; a running lse of -inf (no key so far) takes the part as it is.
+// Start from out 0 and lse -inf, or from the first block's result. out and part_out: [batch, q_len,
+// q_heads * head_dim] contiguous; lse and part_lse: [batch, q_heads, q_len]. Element-wise:
+// independent of the thread count.
+void attention_merge_partial(float* out, float* lse, const float* part_out, const float* part_lse,
+                             int64_t batch, int64_t q_len, int64_t q_heads, int64_t head_dim);
 
 }  // namespace lattice::kernels
