@@ -3,7 +3,10 @@
 // Parses options and prints; the estimates live in lattice/plan.
 #include <cstdio>
 #include <memory>
+#include <optional>
 
+#include "lattice/model/activation_memory.hpp"
+#include "lattice/model/transformer.hpp"
 #include "lattice/plan/cli_options.hpp"
 #include "lattice/plan/compute_estimate.hpp"
 #include "lattice/plan/memory_estimate.hpp"
@@ -38,8 +41,8 @@ constexpr const char* kModelAndLayoutOptions[] = {
 
 // The model and layout of a training config, as `lattice train` would build them: the same
 // loading, overrides (--section.key=value) and validation.
-void resolve_from_train_config(const CLI::App& verb, const EstimateOptions& o,
-                               plan::ModelSpec& model, plan::ParallelLayout& layout) {
+train::TrainConfig resolve_from_train_config(const CLI::App& verb, const EstimateOptions& o,
+                                             plan::ModelSpec& model, plan::ParallelLayout& layout) {
   for (const char* name : kModelAndLayoutOptions)
     check(verb.count(name) == 0, std::string("estimate memory: ") + name +
                                      " describes the model or layout by hand, --config takes "
@@ -53,6 +56,23 @@ void resolve_from_train_config(const CLI::App& verb, const EstimateOptions& o,
   const train::TrainConfig config = train::load_train_config(o.train_config, overrides);
   model = plan::planning_model(config.model, config.seq_len);
   layout = config.layout();
+  return config;
+}
+
+// This trainer's own activations on the CPU for the config's micro-batch (activation_memory.hpp):
+// the tensors its layers save, in its precision, with its checkpointing — where the estimate above
+// counts 16-bit activations as GPU trainers keep them.
+model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
+  auto declared = model::Transformer::declared_only(config.model);
+  declared->set_activation_checkpointing(config.activation_checkpoint);
+  return model::estimate_activation_memory(*declared, config.precision, config.micro_batch_size,
+                                           config.seq_len);
+}
+
+std::string mib(int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
 }
 
 std::string fixed(double value, int decimals) {
@@ -64,8 +84,9 @@ std::string fixed(double value, int decimals) {
 void run_memory(const CLI::App& verb, const EstimateOptions& o) {
   plan::ModelSpec model;
   plan::ParallelLayout layout;
+  std::optional<train::TrainConfig> config;
   if (!o.train_config.empty()) {
-    resolve_from_train_config(verb, o, model, layout);
+    config = resolve_from_train_config(verb, o, model, layout);
   } else {
     check(verb.remaining().empty(), "unexpected argument '" +
                                         (verb.remaining().empty() ? "" : verb.remaining()[0]) +
@@ -75,10 +96,33 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
   }
   const plan::HardwareSpec hw = plan::cli::resolve_hardware(o.hardware);
   const plan::MemoryEstimate memory = plan::estimate_memory(model, layout);
-  if (o.json)
-    std::printf("%s\n", plan::memory_json(model, layout, memory, hw).dump(2).c_str());
-  else
-    std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
+  std::optional<model::ActivationMemory> trainer;
+  if (config) trainer = trainer_activations(*config);
+  if (o.json) {
+    nlohmann::json out = plan::memory_json(model, layout, memory, hw);
+    if (trainer)
+      out["trainer_activations"] = {
+          {"precision", config->precision == kernels::Precision::bf16 ? "bf16" : "fp32"},
+          {"residual_bytes", trainer->residuals},
+          {"block_bytes", trainer->blocks},
+          {"recomputed_bytes", trainer->transient},
+          {"head_bytes", trainer->head},
+          {"backward_bytes", trainer->backward},
+          {"total_bytes", trainer->total()}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
+  if (trainer)
+    std::printf(
+        "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s): activations peak "
+        "%s = residuals %s + blocks %s + recomputed block %s + head %s + backward %s\n",
+        config->precision == kernels::Precision::bf16 ? "bf16" : "fp32",
+        static_cast<long long>(config->micro_batch_size), static_cast<long long>(config->seq_len),
+        config->activation_checkpoint.describe().c_str(), mib(trainer->total()).c_str(),
+        mib(trainer->residuals).c_str(), mib(trainer->blocks).c_str(),
+        mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
+        mib(trainer->backward).c_str());
 }
 
 void run_compute(const EstimateOptions& o) {

@@ -63,6 +63,12 @@ class Block {
                               BackwardScratch& scratch) = 0;
   virtual void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
                                int64_t B, int64_t T) = 0;
+  // Bytes a training forward of B sequences of T tokens leaves in this block's activations (the
+  // terms of the activation-memory estimate, activation_memory.hpp), of which the attention
+  // output and log-sum-exp that selective checkpointing drops; and the backward scratch it uses.
+  virtual int64_t saved_bytes(kernels::Precision precision, int64_t B, int64_t T) const = 0;
+  virtual int64_t attention_output_bytes(int64_t B, int64_t T) const = 0;
+  virtual int64_t scratch_bytes(kernels::Precision precision, int64_t B, int64_t T) const = 0;
   // Incremental inference: x_out = block(x_in) for n new tokens of each of B sequences at
   // positions [cache.length(), cache.length() + n), attending to the cached positions before them;
   // writes the new keys and values into layer `cache_layer` of `cache` (the caller advances the

@@ -81,6 +81,32 @@ std::unique_ptr<BlockActivations> Gpt2Block::make_activations() const {
   return std::make_unique<Saved>();
 }
 
+int64_t Gpt2Block::saved_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // prepare_activations' tensors and the Linears' kept bf16 inputs, per row of rows = B·T.
+  const int64_t rows = B * T, C = C_, F = F_;
+  const int64_t stats = 2 * 2 * 4;      // LayerNorm 1 and 2: mean and rstd
+  if (precision != k::Precision::bf16)  // ln1, qkv, x2, ln2, fc, gelu fp32 (att, lse below)
+    return rows * (4 * (C + 3 * C + C + C + 2 * F) + stats) + attention_output_bytes(B, T);
+  // bf16: c_attn's input and q, k, v in bf16; att and x2 fp32 with attn_proj's bf16 copy of att;
+  // c_fc's input, the GELU slope and c_proj's input in bf16; the fp32 pre-activation only below
+  // one chunk of rows.
+  const int64_t fc = rows >= kChunkRows ? 0 : rows * F * 4;
+  return rows * (2 * C + 6 * C + 2 * C + 4 * C + 2 * C + 2 * F + 2 * F + stats) +
+         attention_output_bytes(B, T) + fc;
+}
+
+int64_t Gpt2Block::attention_output_bytes(int64_t B, int64_t T) const {
+  return B * T * C_ * 4 + B * heads_ * T * 4;  // att [rows, C] and lse [B, H, T], fp32
+}
+
+int64_t Gpt2Block::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // backward_pass's scratch slots: d_gelu (fp32 [rows, F]; bf16: c_proj's rounded d_out), d_fc,
+  // d_ln, d_x2, d_qkv, d_att.
+  const int64_t rows = B * T;
+  const int64_t slot0 = precision == k::Precision::bf16 ? (rows * C_ + 1) / 2 : rows * F_;
+  return 4 * (slot0 + rows * F_ + rows * C_ + rows * C_ + rows * 3 * C_ + rows * C_);
+}
+
 void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T,
                                     bool cached) {
   const int64_t rows = B * T;

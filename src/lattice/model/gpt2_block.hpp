@@ -54,6 +54,9 @@ class Gpt2Block final : public Block {
   void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
                       const float* x_in, int64_t B, int64_t n, KvCache& cache,
                       int64_t cache_layer) override;
+  int64_t saved_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
+  int64_t attention_output_bytes(int64_t B, int64_t T) const override;
+  int64_t scratch_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
 
  private:
   using Saved = Gpt2BlockActivations;

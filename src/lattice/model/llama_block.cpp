@@ -60,6 +60,28 @@ std::unique_ptr<BlockActivations> LlamaBlock::make_activations() const {
   return std::make_unique<Saved>();
 }
 
+int64_t LlamaBlock::saved_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // prepare_activations' fp32 tensors (n1, q, k, v, x2, n2, gate, up, h, the two rstd; att and
+  // lse below) and, in bf16, each Linear's kept bf16 input: n1 for q/k/v, att for o, n2 for
+  // gate/up, h for down.
+  const int64_t rows = B * T, C = C_, F = F_, kv = kv_heads_ * head_dim_;
+  int64_t bytes = rows * 4 * (C + C + 2 * kv + C + C + 3 * F + 2) + attention_output_bytes(B, T);
+  if (precision == k::Precision::bf16) bytes += rows * 2 * (3 * C + C + 2 * C + F);
+  return bytes;
+}
+
+int64_t LlamaBlock::attention_output_bytes(int64_t B, int64_t T) const {
+  return B * T * C_ * 4 + B * heads_ * T * 4;  // att [rows, C] and lse [B, Hq, T], fp32
+}
+
+int64_t LlamaBlock::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // backward_pass's scratch slots: d_h, d_gate, d_up [rows, F]; d_norm, d_part, d_x2, d_att, d_q
+  // [rows, C]; d_k, d_v [rows, kv].
+  (void)precision;
+  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
+  return 4 * rows * (3 * F_ + 5 * C_ + 2 * kv);
+}
+
 void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;

@@ -49,6 +49,10 @@ class LmHead {
   // Logits [rows, vocab] in h.logits (no loss, no gradient).
   const float* logits(const LayerContext& ctx, HeadActivations& h, const float* x, int64_t rows,
                       MemoryTracker* tracker);
+  // The bytes of HeadActivations a training forward and backward of `rows` rows leave allocated
+  // (the terms of activation_memory.hpp's estimate; the same decisions forward_loss makes).
+  int64_t saved_bytes(kernels::Precision precision, int64_t rows) const;
+
   // Incremental inference: logits [rows, vocab] in h.logits of rows x (each sequence's last
   // position), computed in the engine's precision with no operand kept for a backward.
   const float* inference_logits(const LayerContext& ctx, HeadActivations& h, const float* x,
@@ -59,6 +63,14 @@ class LmHead {
                 int64_t rows, BackwardPart part, MemoryTracker* tracker);
 
  private:
+  // bf16 training: how the head's GEMM and loss run for `rows` rows.
+  struct HeadPlan {
+    int64_t chunk_rows = 0;
+    bool vocab_blocked = false;  // on the AMX vocabulary-blocked kernel
+    int lanes = 1;               // weight-gradient partials (one per thread)
+    bool backward_in_forward = false;
+  };
+  HeadPlan plan_bf16(int64_t rows, bool with_gradient) const;
   void norm_forward(HeadActivations& h, const float* x, int64_t rows, MemoryTracker* tracker);
   double loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, const float* x,
                             const int32_t* targets, int64_t rows, float grad_scale,

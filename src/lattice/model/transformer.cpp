@@ -44,6 +44,11 @@ int64_t Transformer::parameter_count(const ModelConfig& config, StageRange range
   return count;
 }
 
+std::unique_ptr<Transformer> Transformer::declared_only(const ModelConfig& config,
+                                                        StageRange range) {
+  return std::unique_ptr<Transformer>(new Transformer(config, range, {}, DeclareOnly{}));
+}
+
 Transformer::Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp,
                          DeclareOnly)
     : config_(config), range_(range), tracker_(nullptr) {

@@ -44,6 +44,10 @@ class Transformer {
   // once), from the same declarations the constructor makes, without allocating them (any preset,
   // 405B included).
   static int64_t parameter_count(const ModelConfig& config, StageRange range = {});
+  // A model whose parameters are declared but not allocated (no values, no gradients): its
+  // structure for counts and estimates (activation_memory.hpp) of any size; it cannot run.
+  static std::unique_ptr<Transformer> declared_only(const ModelConfig& config,
+                                                    StageRange range = {});
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
@@ -52,6 +56,12 @@ class Transformer {
   const ParameterStore& parameters() const { return params_; }
   bool has_embedding() const { return range_.first_block == 0; }
   bool has_head() const { return range_.last_block == config_.n_layers; }
+  const StageRange& stage_range() const { return range_; }
+  // The stage's modules (block(i) is global block stage_range().first_block + i; head() only
+  // where has_head()).
+  int64_t block_count() const { return static_cast<int64_t>(blocks_.size()); }
+  const Block& block(int64_t i) const { return *blocks_.at(static_cast<size_t>(i)); }
+  const LmHead& head() const { return *head_; }
 
   // The parameter units in forward order (see ParameterUnit); hooks receive indices into it.
   const std::vector<ParameterUnit>& units() const { return units_; }

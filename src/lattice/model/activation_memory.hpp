@@ -1,0 +1,38 @@
+// The activation memory of one training forward and backward of a Transformer stage on this
+// trainer, as a formula over the tensors its layers save (each layer states its own terms:
+// Block::saved_bytes, Block::attention_output_bytes, Block::scratch_bytes, LmHead::saved_bytes),
+// for a given precision, batch and activation-checkpointing mode. `lattice estimate memory
+// --config` prints it beside the Korthikanti-style 16-bit estimate (which describes GPU trainers
+// that keep bf16 activations); tests hold it to the MemoryTracker's measured peak.
+//
+// The peak is reached in the backward of the stage's last block, where everything is allocated:
+//   residuals   (blocks + 1) · rows · d_model · 4    every block's input and the stage's output
+//   blocks      what each block keeps from its forward (none for blocks full checkpointing
+//               recomputes; selective: less the attention output and log-sum-exp)
+//   transient   the one block being recomputed (full: its whole set; selective: its attention
+//               output), alive only during its backward
+//   head        the final norm, head input and logits (or their gradient, or the fused head's
+//               per-thread weight-gradient partials)
+//   backward    the gradient flowing down (rows · d_model · 4) and the blocks' shared scratch
+#pragma once
+
+#include <cstdint>
+
+#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/model/activation_checkpoint.hpp"
+
+namespace lattice::model {
+
+class Transformer;
+
+struct ActivationMemory {
+  int64_t residuals = 0, blocks = 0, transient = 0, head = 0, backward = 0;
+  int64_t total() const { return residuals + blocks + transient + head + backward; }
+};
+
+// For `model`'s stage (its config, blocks and head) on B sequences of T tokens, with `model`'s
+// activation checkpointing and head fusion.
+ActivationMemory estimate_activation_memory(const Transformer& model, kernels::Precision precision,
+                                            int64_t B, int64_t T);
+
+}  // namespace lattice::model
