@@ -80,6 +80,15 @@ DataParallel::DataParallel(model::Transformer& model, comm::Communicator& group,
   }
   check(layout_.total_elements() == model.parameters().size(),
         "data parallelism: the model's units do not cover its parameters (internal error)");
+  // Placements: data parallelism averages and shards only what every batch rank holds alike.
+  for (const auto& p : model.parameters().parameters())
+    for (mesh::Axis axis : {mesh::Axis::dp, mesh::Axis::cp})
+      check(p.replicated.contains(axis),
+            "data parallelism: parameter '" + p.name + "' is not replicated over " +
+                std::string(mesh::axis_name(axis)) +
+                ", so its gradient cannot be averaged over the batch ranks (internal error: "
+                "such parameters need their own reduction group)");
+  norm_classes_ = NormClasses(model.parameters(), mesh::AxisGroups{});
   for (size_t b = 0; b < layout_.buckets().size(); ++b)
     state_.push_back(std::make_unique<BucketState>());
   const int stage = settings_.zero_stage;
@@ -218,9 +227,9 @@ double DataParallel::finish_gradients() {
   if (replicate_)
     for (auto& s : state_) wait(s->reduction);
   if (settings_.zero_stage == 0)
-    return replicated_gradient_norm(layout_, model_.parameters().grads());
+    return replicated_gradient_norm(layout_, model_.parameters().grads(), norm_classes_);
   const auto start = Clock::now();
-  const double norm = sharded_gradient_norm(layout_, shard_grads_.f32(), *shard_);
+  const double norm = sharded_gradient_norm(layout_, shard_grads_.f32(), *shard_, norm_classes_);
   exposed_seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
   return norm;
 }

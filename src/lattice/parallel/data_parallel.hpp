@@ -38,6 +38,7 @@
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/optim/offload_adamw_state.hpp"
 #include "lattice/parallel/bucket_layout.hpp"
+#include "lattice/parallel/global_norm.hpp"
 
 namespace lattice::parallel {
 
@@ -122,6 +123,7 @@ class DataParallel final : public model::ModelHooks {
   optim::AdamWSettings adamw_;
   MemoryTracker* tracker_;
   BucketLayout layout_;
+  NormClasses norm_classes_;  // from the parameters' placements
   std::vector<std::unique_ptr<BucketState>> state_;
   Tensor m_, v_;  // AdamW moments: whole buffer (stage 0) or this rank's shards
   std::unique_ptr<optim::OffloadedAdamWState> offload_;  // instead of m_ and v_
