@@ -85,8 +85,9 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     }
     // Data parallelism over the local backend: each rank a thread with its share of the batch,
     // gradients averaged by the bucketed allreduce overlapping the backward.
-    parallel::DataParallel dp(model, *group, parallel::DataParallelSettings{},
-                              optim::AdamWSettings{}, &tracker);
+    mesh::Mesh mesh(*group, {.dp = ranks});
+    parallel::DataParallel dp(model, mesh, parallel::DataParallelSettings{}, optim::AdamWSettings{},
+                              &tracker);
     model::LayerContext ctx{matmul, precision, &tracker, &dp};
     auto step = [&] {
       dp.begin_micro_batch(true, true);

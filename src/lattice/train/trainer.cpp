@@ -42,7 +42,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   shape.cp = static_cast<int>(config_.cp);
   shape.tp = static_cast<int>(config_.tp);
   shape.ep = static_cast<int>(config_.ep);
-  mesh_ = std::make_unique<mesh::Mesh>(*world, shape);
+  // HSDP: dp split into dp_replicate x dp_shard mesh axes (0: shard over every dp rank).
+  mesh_ = std::make_unique<mesh::Mesh>(*world, shape, static_cast<int>(config_.hsdp_shard_size));
   group_ = &mesh_->dp_cp();
   printing_ = group_->rank() == 0;
   // Fault injection for the fault-tolerance tests: this rank dies (SIGKILL) after the given step.
@@ -58,10 +59,9 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   settings.bucket_elements =
       std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024 * 1024 / 4));
   settings.check_replicas = config_.check_replicas;
-  settings.shard_group_size = static_cast<int>(config_.hsdp_shard_size);
   settings.offload_dir = config_.offload_dir;
-  dp_ = std::make_unique<parallel::DataParallel>(*model_, *group_, settings, config_.adamw,
-                                                 &tracker_);
+  dp_ =
+      std::make_unique<parallel::DataParallel>(*model_, *mesh_, settings, config_.adamw, &tracker_);
   // bf16: the GEMMs read the weights' bf16 copies, rounded once per optimizer step (2 bytes per
   // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
   if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
