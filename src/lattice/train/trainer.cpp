@@ -18,6 +18,7 @@
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/metrics.hpp"
+#include "lattice/train/training_step.hpp"
 
 namespace lattice::train {
 
@@ -171,7 +172,6 @@ TrainResult Trainer::run() {
   MetricsLogger logger(
       printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
   model::LayerContext ctx{*matmul_, config_.precision, &tracker_, dp_.get()};
-  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
   const auto schedule = config_.lr_schedule();
   TrainResult result;
   result.first_step = start_step_ + 1;
@@ -187,30 +187,20 @@ TrainResult Trainer::run() {
       m.scaling_efficiency = m.tokens_per_second / config_.baseline_tokens_per_second;
   };
 
+  const StepShape shape{B, T, accumulation};
+  const MicroBatchSource next_micro_batch = [&](int32_t* inputs, int32_t* targets) {
+    batches_->next(inputs, targets, B);
+  };
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
-    auto start = std::chrono::steady_clock::now();
-    double loss = 0;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      dp_->begin_micro_batch(micro == 0, micro == accumulation - 1);
-      batches_->next(inputs.data(), targets.data(), B);
-      loss += model_->forward(ctx, inputs.data(), targets.data(), B, T,
-                              1.0f / static_cast<float>(accumulation));
-      model_->backward(ctx);
-    }
-    const double norm = dp_->finish_gradients();
-    loss = dp_->average(loss / static_cast<double>(accumulation));
-    check(std::isfinite(loss), "the training loss became " + std::to_string(loss) + " at step " +
-                                   std::to_string(step) +
-                                   ": lower optimizer.lr or raise lr_scheduler.warmup_steps");
     const float lr = schedule.at(step);
-    dp_->update(lr, norm);
+    const StepOutcome outcome =
+        training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
       std::raise(SIGKILL);
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const parallel::CommunicationTimes comm_times = dp_->take_communication_times();
+    const double loss = outcome.loss, norm = outcome.grad_norm, seconds = outcome.seconds;
+    const parallel::CommunicationTimes& comm_times = outcome.communication;
     result.losses.push_back(loss);
     result.grad_norms.push_back(norm);
     window_seconds += seconds;
