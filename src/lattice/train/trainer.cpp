@@ -24,26 +24,47 @@ namespace lattice::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The whole layout from [parallelism]: the world is pp x dp x cp x tp ranks (ep carved out of
+// dp x cp). Only dp > 1 trains in parallel yet; the config refuses tp, pp, cp and ep > 1.
+mesh::MeshShape layout_of(const TrainConfig& config) {
+  mesh::MeshShape shape;
+  shape.pp = static_cast<int>(config.pp);
+  shape.dp = static_cast<int>(config.dp);
+  shape.cp = static_cast<int>(config.cp);
+  shape.tp = static_cast<int>(config.tp);
+  shape.ep = static_cast<int>(config.ep);
+  return shape;
+}
+
+// "pp x dp x cp x tp = 1 x 2 x 1 x 1 = 2 ranks".
+std::string world_text(const mesh::MeshShape& shape) {
+  return "pp x dp x cp x tp = " + std::to_string(shape.pp) + " x " + std::to_string(shape.dp) +
+         " x " + std::to_string(shape.cp) + " x " + std::to_string(shape.tp) + " = " +
+         std::to_string(shape.world()) + " ranks";
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::move(config)) {
+  const mesh::MeshShape shape = layout_of(config_);
   if (!world) {
-    check(config_.dp == 1, "parallelism.dp = " + std::to_string(config_.dp) +
-                               " needs its ranks: run through train_on_ranks (lattice train)");
+    check(shape.world() == 1, "parallelism: " + world_text(shape) +
+                                  " are needed: run through train_on_ranks (lattice train)");
     if (config_.threads > 0) omp_set_num_threads(static_cast<int>(config_.threads));
     own_world_ = std::make_unique<comm::LocalWorld>(1);
     own_group_ = own_world_->take(0);
     world = own_group_.get();
   }
+  // Until the layout validator accepts tp, pp and cp > 1 (train_config), the world is dp ranks;
+  // then this check becomes world->size() == shape.world() (the mesh checks it too).
   check(world->size() == config_.dp,
         "parallelism.dp = " + std::to_string(config_.dp) + " but this run has " +
             std::to_string(world->size()) + " ranks: set parallelism.dp to " +
             std::to_string(world->size()) + " (or -1 under a launcher)");
-  mesh::MeshShape shape;
-  shape.pp = static_cast<int>(config_.pp);
-  shape.dp = static_cast<int>(config_.dp);
-  shape.cp = static_cast<int>(config_.cp);
-  shape.tp = static_cast<int>(config_.tp);
-  shape.ep = static_cast<int>(config_.ep);
-  // HSDP: dp split into dp_replicate x dp_shard mesh axes (0: shard over every dp rank).
+  // The mesh of the whole layout; HSDP: dp split into dp_replicate x dp_shard mesh axes (0: shard
+  // over every dp rank).
   mesh_ = std::make_unique<mesh::Mesh>(*world, shape, static_cast<int>(config_.hsdp_shard_size));
   group_ = &mesh_->dp_cp();
   printing_ = group_->rank() == 0;
@@ -287,10 +308,12 @@ TrainResult train_on_ranks(const TrainConfig& config) {
           "use the local backend (lattice train --dp N without mpirun)");
     comm::MpiSession session;
     std::unique_ptr<comm::Communicator> world = session.world();
-    check(world->size() == config.dp, "parallelism.dp = " + std::to_string(config.dp) +
-                                          " but the launcher started " +
-                                          std::to_string(world->size()) + " ranks: pass --dp " +
-                                          std::to_string(world->size()) + " (or --dp -1)");
+    const mesh::MeshShape shape = layout_of(config);
+    check(world->size() == shape.world(),
+          "parallelism: " + world_text(shape) + ", but the launcher started " +
+              std::to_string(world->size()) + ": pass --dp " +
+              std::to_string(world->size() / (shape.pp * shape.cp * shape.tp)) +
+              " (or --dp -1), or start " + std::to_string(shape.world()) + " ranks");
     omp_set_num_threads(config.threads > 0 ? static_cast<int>(config.threads)
                                            : threads_per_rank(config, launch.local_size));
     TrainResult result;
@@ -301,7 +324,7 @@ TrainResult train_on_ranks(const TrainConfig& config) {
     world.reset();  // before the session finalizes MPI
     return result;
   }
-  const int ranks = static_cast<int>(config.dp);
+  const int ranks = layout_of(config).world();
   const int threads = threads_per_rank(config, ranks);
   TrainResult result;
   comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {
