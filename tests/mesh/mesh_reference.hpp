@@ -1,6 +1,7 @@
 // An independent reference for the mesh tests (local threads and mpirun): every valid layout of a
-// world, each rank's coordinates by brute-force enumeration in tp-cp-ep-dp-pp order, the members
-// each group must have, and a check that runs on every rank of a Mesh and returns the failures.
+// world, each rank's coordinates by brute-force enumeration in tp-cp-ep-dp-pp order (dp split as
+// dp_shard fastest, then dp_replicate), the members each group must have, and a check that runs
+// on every rank of a Mesh and returns the failures.
 #pragma once
 
 #include <algorithm>
@@ -28,37 +29,52 @@ inline std::vector<MeshShape> all_layouts(int world) {
   return layouts;
 }
 
-// One rank's place found by counting: ranks are numbered with tp fastest, then cp, dp, pp.
+// The dp_shard sizes a layout allows: every divisor of dp.
+inline std::vector<int> dp_shard_sizes(const MeshShape& shape) {
+  std::vector<int> sizes;
+  for (int s = 1; s <= shape.dp; ++s)
+    if (shape.dp % s == 0) sizes.push_back(s);
+  return sizes;
+}
+
+// One rank's place found by counting: ranks are numbered with tp fastest, then cp, dp, pp; the dp
+// positions with dp_shard fastest, then dp_replicate.
 struct ReferencePlace {
   int rank, pp, dp, cp, tp;
   int batch;    // cp + cp_size x dp, counted in the same nested loops
   int ep, edp;  // batch split as ep fastest, then expert dp
+  int dp_replicate, dp_shard;
 };
 
-inline std::vector<ReferencePlace> enumerate_places(const MeshShape& s) {
+inline std::vector<ReferencePlace> enumerate_places(const MeshShape& s, int dp_shard) {
   std::vector<ReferencePlace> places;
   int rank = 0;
   for (int pp = 0; pp < s.pp; ++pp) {
-    int batch = 0;
-    for (int dp = 0; dp < s.dp; ++dp)
-      for (int cp = 0; cp < s.cp; ++cp, ++batch)
-        for (int tp = 0; tp < s.tp; ++tp)
-          places.push_back({rank++, pp, dp, cp, tp, batch, batch % s.ep, batch / s.ep});
+    int batch = 0, dp = 0;
+    for (int replica = 0; replica < s.dp / dp_shard; ++replica)
+      for (int shard = 0; shard < dp_shard; ++shard, ++dp)
+        for (int cp = 0; cp < s.cp; ++cp, ++batch)
+          for (int tp = 0; tp < s.tp; ++tp)
+            places.push_back(
+                {rank++, pp, dp, cp, tp, batch, batch % s.ep, batch / s.ep, replica, shard});
   }
   return places;
 }
 
-enum class Group { pp, dp, cp, tp, ep, dp_cp, expert_dp };
+enum class Group { pp, dp, cp, tp, ep, dp_cp, expert_dp, dp_replicate, dp_shard, dp_shard_cp };
 inline const char* group_name(Group g) {
-  const char* names[] = {"pp", "dp", "cp", "tp", "ep", "dp_cp", "expert_dp"};
+  const char* names[] = {"pp",    "dp",        "cp",           "tp",       "ep",
+                         "dp_cp", "expert_dp", "dp_replicate", "dp_shard", "dp_shard_cp"};
   return names[static_cast<int>(g)];
 }
-inline constexpr Group kAllGroups[] = {Group::pp, Group::dp,    Group::cp,       Group::tp,
-                                       Group::ep, Group::dp_cp, Group::expert_dp};
+inline constexpr Group kAllGroups[] = {
+    Group::pp,    Group::dp,        Group::cp,           Group::tp,       Group::ep,
+    Group::dp_cp, Group::expert_dp, Group::dp_replicate, Group::dp_shard, Group::dp_shard_cp};
 
 // The global ranks of `self`'s group, in the group's rank order (by the varying index).
-inline std::vector<int> expected_members(const MeshShape& shape, int self, Group group) {
-  std::vector<ReferencePlace> places = enumerate_places(shape);
+inline std::vector<int> expected_members(const MeshShape& shape, int dp_shard, int self,
+                                         Group group) {
+  std::vector<ReferencePlace> places = enumerate_places(shape, dp_shard);
   const ReferencePlace& me = places[static_cast<size_t>(self)];
   std::vector<std::pair<int, int>> members;  // (order key, rank)
   for (const ReferencePlace& p : places) {
@@ -85,6 +101,18 @@ inline std::vector<int> expected_members(const MeshShape& shape, int self, Group
       case Group::expert_dp:
         if (same_pp && same_tp && p.ep == me.ep) members.push_back({p.edp, p.rank});
         break;
+      case Group::dp_replicate:
+        if (same_pp && same_tp && p.cp == me.cp && p.dp_shard == me.dp_shard)
+          members.push_back({p.dp_replicate, p.rank});
+        break;
+      case Group::dp_shard:
+        if (same_pp && same_tp && p.cp == me.cp && p.dp_replicate == me.dp_replicate)
+          members.push_back({p.dp_shard, p.rank});
+        break;
+      case Group::dp_shard_cp:
+        if (same_pp && same_tp && p.dp_replicate == me.dp_replicate)
+          members.push_back({p.batch, p.rank});
+        break;
     }
   }
   std::sort(members.begin(), members.end());
@@ -109,6 +137,12 @@ inline comm::Communicator& group_of(Mesh& mesh, Group group) {
       return mesh.dp_cp();
     case Group::expert_dp:
       return mesh.expert_data_parallel();
+    case Group::dp_replicate:
+      return mesh.group(Axis::dp_replicate);
+    case Group::dp_shard:
+      return mesh.group(Axis::dp_shard);
+    case Group::dp_shard_cp:
+      return mesh.dp_shard_cp();
   }
   return mesh.world();
 }
@@ -119,12 +153,19 @@ inline std::vector<std::string> check_mesh(Mesh& mesh) {
   std::vector<std::string> failures;
   const MeshShape& shape = mesh.shape();
   const int self = mesh.world().rank();
-  const std::string where = describe(shape) + " rank " + std::to_string(self) + ": ";
-  std::vector<ReferencePlace> places = enumerate_places(shape);
+  const int dp_shard = mesh.size(Axis::dp_shard);
+  const std::string where = mesh.describe() + " rank " + std::to_string(self) + ": ";
+  if (dp_shard * mesh.size(Axis::dp_replicate) != shape.dp) {
+    failures.push_back(where + "dp_shard x dp_replicate is not dp");
+    return failures;
+  }
+  std::vector<ReferencePlace> places = enumerate_places(shape, dp_shard);
   const ReferencePlace& me = places[static_cast<size_t>(self)];
   if (mesh.coordinate(Axis::pp) != me.pp || mesh.coordinate(Axis::dp) != me.dp ||
       mesh.coordinate(Axis::cp) != me.cp || mesh.coordinate(Axis::tp) != me.tp ||
-      mesh.coordinate(Axis::ep) != me.ep || mesh.expert_data_parallel_index() != me.edp)
+      mesh.coordinate(Axis::ep) != me.ep || mesh.expert_data_parallel_index() != me.edp ||
+      mesh.coordinate(Axis::dp_replicate) != me.dp_replicate ||
+      mesh.coordinate(Axis::dp_shard) != me.dp_shard)
     failures.push_back(where + "coordinates " + mesh.describe_rank());
   for (const ReferencePlace& p : places) {
     if (mesh.rank_of(p.pp, p.dp, p.cp, p.tp) != p.rank)
@@ -136,7 +177,7 @@ inline std::vector<std::string> check_mesh(Mesh& mesh) {
   }
   for (Group group : kAllGroups) {
     comm::Communicator& comm = group_of(mesh, group);
-    std::vector<int> expected = expected_members(shape, self, group);
+    std::vector<int> expected = expected_members(shape, dp_shard, self, group);
     std::string name = where + group_name(group) + " group: ";
     if (comm.size() != static_cast<int>(expected.size())) {
       failures.push_back(name + "size " + std::to_string(comm.size()) + ", expected " +
@@ -160,6 +201,12 @@ inline std::vector<std::string> check_mesh(Mesh& mesh) {
   }
   if (mesh.size(Axis::ep) != shape.ep || mesh.group(Axis::ep).size() != shape.ep)
     failures.push_back(where + "ep size");
+  // axis_groups() hands out the same communicators as group().
+  const AxisGroups groups = mesh.axis_groups();
+  for (Axis axis : kAllAxes)
+    if (groups[static_cast<size_t>(axis)] != &mesh.group(axis) ||
+        mesh.group(axis).size() != mesh.size(axis))
+      failures.push_back(where + std::string(axis_name(axis)) + " in axis_groups()");
   return failures;
 }
 

@@ -1,6 +1,6 @@
 // Mesh: layout resolution (dp inference, one-line errors for layouts that do not divide), rank
 // order against a brute-force enumeration, and every group's members and allreduce on 1, 2, 4 and 8
-// local ranks for every valid layout.
+// local ranks for every valid layout and every split of dp into dp_replicate x dp_shard.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -126,11 +126,16 @@ class MeshOnLocalRanks : public ::testing::TestWithParam<int> {};
 TEST_P(MeshOnLocalRanks, EveryLayoutHasTheReferenceGroups) {
   const int world = GetParam();
   for (const MeshShape& shape : testing::all_layouts(world)) {
-    comm::run_local_ranks(world, [&](comm::Communicator& comm) {
-      Mesh mesh(comm, shape);
-      EXPECT_EQ(mesh.shape(), shape);
-      for (const std::string& failure : testing::check_mesh(mesh)) ADD_FAILURE() << failure;
-    });
+    // Every split of dp into dp_replicate x dp_shard (dp_shard = dp first: the default, 0).
+    for (int dp_shard : testing::dp_shard_sizes(shape)) {
+      comm::run_local_ranks(world, [&](comm::Communicator& comm) {
+        Mesh mesh(comm, shape, dp_shard == shape.dp ? 0 : dp_shard);
+        EXPECT_EQ(mesh.shape(), shape);
+        EXPECT_EQ(mesh.size(Axis::dp_shard), dp_shard);
+        EXPECT_EQ(mesh.size(Axis::dp_replicate), shape.dp / dp_shard);
+        for (const std::string& failure : testing::check_mesh(mesh)) ADD_FAILURE() << failure;
+      });
+    }
   }
 }
 
@@ -146,6 +151,40 @@ TEST(Mesh, InfersDataParallelAndDescribesItself) {
     }
     EXPECT_EQ(&mesh.world(), &comm);
   });
+}
+
+TEST(Mesh, DataParallelSubAxesForHybridSharding) {
+  // dp 4 as 2 replicas x 2 shards (tp 2 innermost): the ranks that shard are consecutive dp ranks.
+  comm::run_local_ranks(8, [](comm::Communicator& comm) {
+    Mesh mesh(comm, {.dp = 4, .tp = 2}, 2);
+    EXPECT_EQ(mesh.describe(), "pp 1 x dp 4 x cp 1 x tp 2 (ep 1) (dp_replicate 2 x dp_shard 2)");
+    if (comm.rank() == 5) {  // tp 1, dp 2: shard 0 of replica 1
+      EXPECT_EQ(mesh.coordinate(Axis::dp), 2);
+      EXPECT_EQ(mesh.coordinate(Axis::dp_shard), 0);
+      EXPECT_EQ(mesh.coordinate(Axis::dp_replicate), 1);
+    }
+    int32_t shard_peer = comm.rank(), replica_peer = comm.rank();
+    std::vector<int32_t> shard(2), replicas(2);
+    mesh.group(Axis::dp_shard).all_gather(&shard_peer, shard.data(), 1, DType::i32);
+    mesh.group(Axis::dp_replicate).all_gather(&replica_peer, replicas.data(), 1, DType::i32);
+    if (comm.rank() == 5) {
+      EXPECT_EQ(shard, (std::vector<int32_t>{5, 7}));
+      EXPECT_EQ(replicas, (std::vector<int32_t>{1, 5}));
+    }
+    EXPECT_EQ(mesh.dp_shard_cp().size(), 2);
+    EXPECT_EQ(mesh.dp_cp().size(), 4);
+  });
+}
+
+TEST(Mesh, RefusesADpShardThatDoesNotDivideDp) {
+  try {
+    comm::run_local_ranks(4, [](comm::Communicator& comm) { Mesh mesh(comm, {.dp = 4}, 3); });
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "parallelism.hsdp_shard_size = 3 does not divide dp = 4: choose a divisor of dp (0 "
+              "shards over every dp rank)");
+  }
 }
 
 TEST(Mesh, RefusesALayoutThatDoesNotFitTheWorld) {

@@ -1,5 +1,6 @@
-// Mesh under real mpirun: 4 processes build a Mesh for every valid layout of 4 ranks and check
-// every group against the brute-force reference (tests/mesh/mpi_worker).
+// Mesh under real mpirun: 4 processes build a Mesh for every valid layout of 4 ranks (and every
+// split of its dp for HSDP) and check every group against the brute-force reference
+// (tests/mesh/mpi_worker).
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -24,8 +25,11 @@ TEST(MeshMpi, EveryLayoutOfFourProcessesHasTheReferenceGroups) {
   while (size_t n = fread(chunk.data(), 1, chunk.size(), pipe)) output.append(chunk.data(), n);
   int status = pclose(pipe);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
-  // 4 ranks: 10 (pp, dp, cp, tp) factorizations, 20 layouts counting ep.
-  EXPECT_NE(output.find("mesh ok on 4 ranks, 20 layouts"), std::string::npos) << output;
+  // 4 ranks: 10 (pp, dp, cp, tp) factorizations, 20 layouts counting ep, 33 meshes counting each
+  // split of dp into dp_replicate x dp_shard.
+  EXPECT_NE(output.find("mesh ok on 4 ranks, 20 layouts (33 with the dp splits)"),
+            std::string::npos)
+      << output;
 }
 
 #else

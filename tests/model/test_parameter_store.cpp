@@ -2,11 +2,15 @@
 // lattice::to_bf16 of its values, rounded again after a write through mutable_values and not on
 // reads, taken as written by an optimizer's pass, tracked as parameter memory; and a bf16 model
 // reading them gives the losses and gradients of one that rounds its weights at every use.
+// And of placements: a declared parameter is whole and replicated over every mesh axis, a declared
+// shard records its logical shape, slice and axes, and initialises to exactly its slice of the
+// whole parameter's values.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
+#include "lattice/core/error.hpp"
 #include "lattice/core/memory.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
@@ -133,3 +137,103 @@ TEST_P(Bf16CopiesParity, ModelLossesAndGradientsAreBitIdentical) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, Bf16CopiesParity, ::testing::Values("gpt2-tiny", "llama-tiny"));
+
+TEST(ParameterPlacement, DeclaredParametersAreWholeAndReplicatedOverEveryAxis) {
+  ParameterStore store;
+  const int w = store.declare("w", {40, 33}, InitKind::normal, true);
+  const ParameterInfo& p = store.info(w);
+  EXPECT_EQ(p.global_shape, (Shape{40, 33}));
+  EXPECT_EQ(p.shape, p.global_shape);
+  EXPECT_TRUE(p.shard.whole());
+  EXPECT_EQ(p.replicated, mesh::AxisSet::all());
+  for (mesh::Axis axis : mesh::kAllAxes) EXPECT_TRUE(p.replicated.contains(axis));
+}
+
+TEST(ParameterPlacement, ADeclaredShardRecordsItsSliceAndAxes) {
+  ParameterStore store;
+  const mesh::AxisSet not_tp = mesh::AxisSet::all().without(mesh::Axis::tp);
+  const int column = store.declare_shard("c", {64, 48}, {.dim = 0, .index = 1, .count = 2}, not_tp,
+                                         InitKind::normal, true);
+  const int row = store.declare_shard("r", {64, 48}, {.dim = 1, .index = 2, .count = 4}, not_tp,
+                                      InitKind::normal, true);
+  const int bias = store.declare("b", {7}, InitKind::zeros, false);
+  EXPECT_EQ(store.info(column).shape, (Shape{32, 48}));
+  EXPECT_EQ(store.info(column).numel, 32 * 48);
+  EXPECT_EQ(store.info(column).global_shape, (Shape{64, 48}));
+  EXPECT_EQ(store.info(column).shard, (TensorShard{0, 1, 2}));
+  EXPECT_FALSE(store.info(column).replicated.contains(mesh::Axis::tp));
+  EXPECT_TRUE(store.info(column).replicated.contains(mesh::Axis::dp));
+  EXPECT_EQ(store.info(row).shape, (Shape{64, 12}));
+  EXPECT_EQ(store.info(row).replicated.names(), "pp,dp,cp,ep,dp_replicate,dp_shard");
+  // Offsets stay 16-element aligned and follow the local sizes.
+  EXPECT_EQ(store.info(row).offset, 32 * 48);
+  EXPECT_EQ(store.info(bias).offset, 32 * 48 + 64 * 12);
+  // A count of 1 is the whole tensor whatever the dim and index given.
+  const int whole = store.declare_shard("x", {5, 3}, {.dim = 1, .index = 0, .count = 1},
+                                        mesh::AxisSet::all(), InitKind::ones, false);
+  EXPECT_TRUE(store.info(whole).shard.whole());
+  EXPECT_EQ(store.info(whole).shape, (Shape{5, 3}));
+}
+
+TEST(ParameterPlacement, ShardsThatAreNotSlicesAreRefused) {
+  ParameterStore store;
+  const mesh::AxisSet all = mesh::AxisSet::all();
+  try {
+    store.declare_shard("w", {10, 6}, {.dim = 0, .index = 0, .count = 4}, all, InitKind::normal,
+                        true);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "parameter 'w': dimension 0 (10) does not split into 4 equal shards: choose a size "
+              "it divides");
+  }
+  EXPECT_THROW(store.declare_shard("w", {8}, {.dim = 1, .index = 0, .count = 2}, all,
+                                   InitKind::normal, true),
+               Error);
+  EXPECT_THROW(store.declare_shard("w", {8}, {.dim = 0, .index = 2, .count = 2}, all,
+                                   InitKind::normal, true),
+               Error);
+}
+
+TEST(ParameterPlacement, AShardInitialisesToItsSliceOfTheWholeParameter) {
+  // The whole parameters, initialised once; then every shard of every dimension, each in a store
+  // of its own (with other parameters around it), must hold exactly its slice of them.
+  const Shape shape{6, 8, 10};
+  ParameterStore whole;
+  whole.declare("first", {33}, InitKind::normal, true);
+  const int w = whole.declare("w", shape, InitKind::normal, true);
+  const int v = whole.declare("v", shape, InitKind::normal_residual, true);
+  whole.allocate(nullptr);
+  whole.initialize(11, 0.02f, 4);
+  for (int dim = 0; dim < 3; ++dim) {
+    for (int count : {2, 3, 5}) {
+      if (shape[static_cast<size_t>(dim)] % count != 0) continue;
+      for (int index = 0; index < count; ++index) {
+        ParameterStore part;
+        const TensorShard shard{dim, index, count};
+        const int pw =
+            part.declare_shard("w", shape, shard, mesh::AxisSet::all(), InitKind::normal, true);
+        part.declare("between", {3}, InitKind::normal, true);
+        const int pv = part.declare_shard("v", shape, shard, mesh::AxisSet::all(),
+                                          InitKind::normal_residual, true);
+        part.allocate(nullptr);
+        part.initialize(11, 0.02f, 4);
+        // The slice by its coordinates in the whole tensor.
+        const Shape& local = part.info(pw).shape;
+        for (int which = 0; which < 2; ++which) {
+          const float* got = part.value(which == 0 ? pw : pv);
+          const float* all = whole.value(which == 0 ? w : v);
+          int64_t i = 0;
+          for (int64_t a = 0; a < local[0]; ++a)
+            for (int64_t b = 0; b < local[1]; ++b)
+              for (int64_t c = 0; c < local[2]; ++c, ++i) {
+                int64_t at[3] = {a, b, c};
+                at[dim] += index * local[static_cast<size_t>(dim)];
+                const float want = all[(at[0] * shape[1] + at[1]) * shape[2] + at[2]];
+                ASSERT_EQ(got[i], want) << "dim " << dim << " shard " << index << "/" << count;
+              }
+        }
+      }
+    }
+  }
+}

@@ -190,9 +190,19 @@ TEST_F(DataParallelTest, BadSettingsAreOneClearError) {
   EXPECT_NE(message({"parallelism.backend=\"nccl2\""}).find("parallelism.backend"),
             std::string::npos);
   EXPECT_NE(message({"training.global_batch_size=7"}).find("not divisible"), std::string::npos);
-  // A group whose size disagrees with parallelism.dp.
+  // A group whose size disagrees with parallelism.dp, and a layout of two ranks given none.
   train::TrainConfig config = tiny_dp_config(dir_, 2, 0, 8, 1);
-  EXPECT_THROW(train::Trainer trainer(config), Error);
+  try {
+    train::Trainer trainer(config);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "parallelism: pp x dp x cp x tp = 1 x 2 x 1 x 1 = 2 ranks are needed: run through "
+              "train_on_ranks (lattice train)");
+  }
+  comm::run_local_ranks(4, [&](comm::Communicator& world) {
+    EXPECT_THROW(train::Trainer trainer(config, &world), Error);
+  });
 }
 
 TEST_F(DataParallelTest, HybridShardingMatchesDataParallelWithinTolerance) {

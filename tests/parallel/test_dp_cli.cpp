@@ -127,6 +127,16 @@ TEST_F(DpCli, TrainUnderMpirunMatchesLocalThreads) {
   EXPECT_EQ(final_loss(mpi.out), final_loss(local.out)) << mpi.out << local.out;
 }
 
+TEST_F(DpCli, ALayoutThatIsNotTheLaunchersWorldIsOneErrorLine) {
+  // The trainer's world is the whole layout, pp x dp x cp x tp ranks.
+  CliResult r = run_mpi(2, "train --dp 4" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(r.status, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("error: parallelism: pp x dp x cp x tp = 1 x 4 x 1 x 1 = 4 ranks, but the "
+                       "launcher started 2: pass --dp 2 (or --dp -1), or start 4 ranks\n"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(DpCli, KilledRankEndsTheJobAndTheLastCheckpointResumes) {
   CliResult r = run_mpi(
       2, "train --dp 2 --zero 2 --training.steps=6 --checkpoint.interval=2" + tiny_flags(dir_),

@@ -12,25 +12,13 @@ size_t axis_slot(Axis axis) {
 
 }  // namespace
 
-std::string_view axis_name(Axis axis) {
-  switch (axis) {
-    case Axis::pp:
-      return "pp";
-    case Axis::dp:
-      return "dp";
-    case Axis::cp:
-      return "cp";
-    case Axis::tp:
-      return "tp";
-    case Axis::ep:
-      return "ep";
-  }
-  return "?";
-}
-
-Mesh::Mesh(comm::Communicator& world, MeshShape shape)
+Mesh::Mesh(comm::Communicator& world, MeshShape shape, int dp_shard)
     : world_(world), shape_(resolve_layout(shape, world.size())) {
-  check_same_shape_on_every_rank();
+  dp_shard_ = dp_shard == 0 ? shape_.dp : dp_shard;
+  check_same_shape_on_every_rank();  // first, so that every rank refuses a bad dp_shard alike
+  check(dp_shard_ >= 1 && shape_.dp % dp_shard_ == 0,
+        "parallelism.hsdp_shard_size = " + std::to_string(dp_shard) + " does not divide dp = " +
+            std::to_string(shape_.dp) + ": choose a divisor of dp (0 shards over every dp rank)");
   coordinate_ = mesh::coordinate_of(shape_, world_.rank());
   // Each group is split with color = the smallest global rank in it and key = this rank's index
   // along the group, so members come out in axis order.
@@ -59,7 +47,16 @@ Mesh::Mesh(comm::Communicator& world, MeshShape shape)
   axis_groups_[axis_slot(Axis::pp)] =
       world_.split(with([](MeshCoordinate& c) { c.pp = 0; }), coordinate_.pp);
   axis_groups_[axis_slot(Axis::ep)] = world_.split(at_batch(edp_index * shape_.ep), ep_index);
+  // dp = dp_shard index + dp_shard x dp_replicate index.
+  const int shard_index = coordinate_.dp % dp_shard_, replica = coordinate_.dp / dp_shard_;
+  axis_groups_[axis_slot(Axis::dp_shard)] =
+      world_.split(with([&](MeshCoordinate& c) { c.dp = replica * dp_shard_; }), shard_index);
+  axis_groups_[axis_slot(Axis::dp_replicate)] =
+      world_.split(with([&](MeshCoordinate& c) { c.dp = shard_index; }), replica);
   dp_cp_ = world_.split(at_batch(0), batch);
+  // The first batch position of this replica: its dp_shard x cp positions are consecutive.
+  dp_shard_cp_ = world_.split(at_batch(replica * dp_shard_ * shape_.cp),
+                              batch - replica * dp_shard_ * shape_.cp);
   expert_data_parallel_ = world_.split(at_batch(ep_index), edp_index);
 }
 
@@ -67,14 +64,13 @@ Mesh::~Mesh() = default;
 
 void Mesh::check_same_shape_on_every_rank() {
   // Largest and smallest of each size over the ranks in one allreduce (max of v and of -v).
-  int32_t sizes[10] = {shape_.pp,  shape_.dp,  shape_.cp,  shape_.tp,  shape_.ep,
-                       -shape_.pp, -shape_.dp, -shape_.cp, -shape_.tp, -shape_.ep};
-  world_.allreduce(sizes, 10, DType::i32, comm::ReduceOp::max);
+  int32_t sizes[12] = {shape_.pp,  shape_.dp,  shape_.cp,  shape_.tp,  shape_.ep,  dp_shard_,
+                       -shape_.pp, -shape_.dp, -shape_.cp, -shape_.tp, -shape_.ep, -dp_shard_};
+  world_.allreduce(sizes, 12, DType::i32, comm::ReduceOp::max);
   bool same = true;
-  for (int i = 0; i < 5; ++i) same = same && sizes[i] == -sizes[i + 5];
+  for (int i = 0; i < 6; ++i) same = same && sizes[i] == -sizes[i + 6];
   check(same, "mesh: ranks disagree on the layout (rank " + std::to_string(world_.rank()) +
-                  " has " + mesh::describe(shape_) +
-                  "); give every rank the same [parallelism] settings");
+                  " has " + describe() + "); give every rank the same [parallelism] settings");
 }
 
 int Mesh::coordinate(Axis axis) const {
@@ -89,6 +85,10 @@ int Mesh::coordinate(Axis axis) const {
       return coordinate_.tp;
     case Axis::ep:
       return expert_parallel_index(shape_, coordinate_);
+    case Axis::dp_replicate:
+      return coordinate_.dp / dp_shard_;
+    case Axis::dp_shard:
+      return coordinate_.dp % dp_shard_;
   }
   return 0;
 }
@@ -105,12 +105,22 @@ int Mesh::size(Axis axis) const {
       return shape_.tp;
     case Axis::ep:
       return shape_.ep;
+    case Axis::dp_replicate:
+      return shape_.dp / dp_shard_;
+    case Axis::dp_shard:
+      return dp_shard_;
   }
   return 0;
 }
 
 comm::Communicator& Mesh::group(Axis axis) {
   return *axis_groups_[axis_slot(axis)];
+}
+
+AxisGroups Mesh::axis_groups() {
+  AxisGroups groups{};
+  for (Axis axis : kAllAxes) groups[axis_slot(axis)] = axis_groups_[axis_slot(axis)].get();
+  return groups;
 }
 
 int Mesh::expert_data_parallel_index() const {
@@ -126,7 +136,11 @@ MeshCoordinate Mesh::coordinate_of(int rank) const {
 }
 
 std::string Mesh::describe() const {
-  return mesh::describe(shape_);
+  std::string text = mesh::describe(shape_);
+  if (dp_shard_ != shape_.dp)
+    text += " (dp_replicate " + std::to_string(shape_.dp / dp_shard_) + " x dp_shard " +
+            std::to_string(dp_shard_) + ")";
+  return text;
 }
 
 std::string Mesh::describe_rank() const {

@@ -12,12 +12,40 @@ namespace lattice::model {
 
 int ParameterStore::declare(std::string name, Shape shape, InitKind init, bool weight_decay,
                             std::string init_stream) {
+  Shape global = shape;
+  return declare_shard(std::move(name), std::move(global), TensorShard{}, mesh::AxisSet::all(),
+                       init, weight_decay, std::move(init_stream));
+}
+
+int ParameterStore::declare_shard(std::string name, Shape global_shape, TensorShard shard,
+                                  mesh::AxisSet replicated, InitKind init, bool weight_decay,
+                                  std::string init_stream) {
   check(values_.empty(), "parameter '" + name + "' declared after the store was allocated");
   check(!by_name_.contains(name), "parameter '" + name + "' declared twice");
+  check(shard.count >= 1 && shard.index >= 0 && shard.index < shard.count,
+        "parameter '" + name + "': shard " + std::to_string(shard.index) + " of " +
+            std::to_string(shard.count) + " is not a slice (internal error)");
+  Shape local = global_shape;
+  if (!shard.whole()) {
+    check(shard.dim >= 0 && shard.dim < static_cast<int>(global_shape.size()),
+          "parameter '" + name + "': shard dimension " + std::to_string(shard.dim) +
+              " is not a dimension of its shape (internal error)");
+    const int64_t extent = global_shape[static_cast<size_t>(shard.dim)];
+    check(extent % shard.count == 0, "parameter '" + name + "': dimension " +
+                                         std::to_string(shard.dim) + " (" + std::to_string(extent) +
+                                         ") does not split into " + std::to_string(shard.count) +
+                                         " equal shards: choose a size it divides");
+    local[static_cast<size_t>(shard.dim)] = extent / shard.count;
+  } else {
+    shard = TensorShard{};
+  }
   ParameterInfo info;
   info.name = std::move(name);
-  info.numel = shape_numel(shape);
-  info.shape = std::move(shape);
+  info.numel = shape_numel(local);
+  info.shape = std::move(local);
+  info.global_shape = std::move(global_shape);
+  info.shard = shard;
+  info.replicated = replicated;
   info.offset = total_;
   info.init = init;
   info.weight_decay = weight_decay;
@@ -72,6 +100,32 @@ static uint64_t fnv1a(const std::string& s, uint64_t seed) {
   return h;
 }
 
+namespace {
+
+// Where the slice of `p` starts and how it walks the logical tensor (row-major): `outer` runs of
+// `run` consecutive elements, run o starting at logical element o * stride + first.
+struct SliceWalk {
+  int64_t outer = 1, run = 0, stride = 0, first = 0;
+};
+
+SliceWalk slice_walk(const ParameterInfo& p) {
+  SliceWalk w;
+  if (p.shard.whole()) {
+    w.run = w.stride = p.numel;
+    return w;
+  }
+  const auto dim = static_cast<size_t>(p.shard.dim);
+  int64_t inner = 1;
+  for (size_t d = dim + 1; d < p.global_shape.size(); ++d) inner *= p.global_shape[d];
+  for (size_t d = 0; d < dim; ++d) w.outer *= p.global_shape[d];
+  w.run = p.shape[dim] * inner;
+  w.stride = p.global_shape[dim] * inner;
+  w.first = p.shard.index * w.run;
+  return w;
+}
+
+}  // namespace
+
 void ParameterStore::initialize(uint64_t seed, float std, int64_t n_layers) {
   float* all = mutable_values();
   for (const auto& p : params_) {
@@ -88,9 +142,24 @@ void ParameterStore::initialize(uint64_t seed, float std, int64_t n_layers) {
       case InitKind::normal_residual:
         scale = std / std::sqrt(2.0f * static_cast<float>(n_layers));
         [[fallthrough]];
-      case InitKind::normal:
-        for (int64_t i = 0; i < p.numel; ++i) v[i] = rng.normal() * scale;
+      case InitKind::normal: {
+        if (p.shard.whole()) {
+          for (int64_t i = 0; i < p.numel; ++i) v[i] = rng.normal() * scale;
+          break;
+        }
+        // A shard: the whole parameter's sequence of draws, keeping this slice's elements.
+        const SliceWalk w = slice_walk(p);
+        int64_t logical = 0;
+        for (int64_t o = 0; o < w.outer; ++o) {
+          const int64_t begin = o * w.stride + w.first;
+          for (; logical < begin; ++logical) {  // a skipped draw: normal() takes two words
+            rng.next_u64();
+            rng.next_u64();
+          }
+          for (int64_t i = 0; i < w.run; ++i, ++logical) *v++ = rng.normal() * scale;
+        }
         break;
+      }
     }
   }
 }

@@ -3,6 +3,15 @@
 // storage is what the optimizer, the gradient norm, checkpoints and (later) data-parallel buckets
 // and ZeRO shards use. In bf16 precision the store can also keep every parameter rounded to bf16
 // (the GEMMs' weight operand), rounded once per change of the values instead of once per use.
+//
+// Placements: each parameter records its logical (whole-model) shape, which slice of it this store
+// holds (TensorShard: dimension, index, count; count 1 is the whole tensor) and the mesh axes over
+// which the ranks hold identical copies of that slice (`replicated`). On the axes it is not
+// replicated over, the ranks hold different elements (the other slices of a tensor-parallel split,
+// another pipeline stage's parameters), so the global gradient norm adds its sums of squares over
+// those axes and takes a replicated one once; data parallelism and ZeRO reduce and shard only
+// parameters replicated over the batch axes; checkpoints record the placement beside the tensor.
+// By default a parameter is whole and replicated over every axis.
 #pragma once
 
 #include <cstdint>
@@ -12,15 +21,31 @@
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/tensor.hpp"
+#include "lattice/mesh/mesh_axis.hpp"
 
 namespace lattice::model {
 
 // How a parameter is initialised and whether AdamW decays it.
 enum class InitKind { normal, normal_residual, zeros, ones };
 
+// The slice of a logical tensor one store holds: slice `index` of `count` equal slices along
+// dimension `dim` (count 1: the whole tensor; dim and index are then 0).
+struct TensorShard {
+  int dim = 0;
+  int index = 0;
+  int count = 1;
+
+  bool whole() const { return count == 1; }
+  bool operator==(const TensorShard&) const = default;
+};
+
 struct ParameterInfo {
-  std::string name;  // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
-  Shape shape;
+  std::string name;    // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"
+  Shape shape;         // this store's tensor (the local shard)
+  Shape global_shape;  // the logical parameter (equal to shape when whole)
+  TensorShard shard;
+  // The axes whose ranks hold identical copies of this tensor (default: every axis).
+  mesh::AxisSet replicated = mesh::AxisSet::all();
   int64_t offset = 0;  // element offset into the flat buffers
   int64_t numel = 0;
   InitKind init = InitKind::normal;
@@ -33,14 +58,23 @@ class ParameterStore {
   // Declares a parameter; returns its index. Only before allocate(). A non-empty `init_stream`
   // makes it start as a copy of the parameter of that name (e.g. an untied copy of a tied head on a
   // stage without the embedding), whether or not that parameter lives in this store.
+  // The parameter is whole and replicated over every mesh axis.
   int declare(std::string name, Shape shape, InitKind init, bool weight_decay,
               std::string init_stream = "");
+  // Declares this store's slice `shard` of a logical parameter of shape `global_shape`, held
+  // identically by the ranks of the axes in `replicated` (a tensor-parallel slice: every axis but
+  // tp). The local shape is global_shape with dimension shard.dim divided by shard.count, which
+  // must divide it. initialize() gives the slice the values it has in the whole parameter.
+  int declare_shard(std::string name, Shape global_shape, TensorShard shard,
+                    mesh::AxisSet replicated, InitKind init, bool weight_decay,
+                    std::string init_stream = "");
   // Allocates the flat parameter and gradient buffers (zero-filled).
   void allocate(MemoryTracker* tracker);
   bool allocated() const { return !values_.empty() || total_ == 0; }
 
   // Initialises every parameter from `seed`: each parameter draws from its own generator seeded by
-  // a hash of (seed, name), so the values do not depend on which parameters live on this rank.
+  // a hash of (seed, name), so the values do not depend on which parameters live on this rank;
+  // a shard draws the whole logical parameter's sequence and keeps its slice.
   // normal: N(0, std); normal_residual: N(0, std/sqrt(2·n_layers)) (GPT-2's scaled projections).
   void initialize(uint64_t seed, float std, int64_t n_layers);
 

@@ -3,26 +3,87 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/reduce.hpp"
 
 namespace lattice::parallel {
 
-void shard_chunk_sums(const Bucket& bucket, int rank, const float* data,
-                      std::vector<double>& partials) {
-  const int64_t begin = bucket.begin + bucket.shard * rank;
-  for (int64_t c = 0; c < bucket.shard; c += kNormChunk) {
-    const int64_t lo = begin + c, hi = std::min(bucket.end, lo + kNormChunk);
-    // One chunk of at most kNormChunk elements: the kernel sums it in one pass, thread-independent.
-    partials.push_back(hi > lo ? kernels::sum_of_squares(data + c, hi - lo) : 0.0);
+namespace {
+
+int group_size(const mesh::AxisGroups& groups, mesh::Axis axis) {
+  const comm::Communicator* group = groups[static_cast<size_t>(axis)];
+  return group ? group->size() : 1;
+}
+
+}  // namespace
+
+NormClasses::NormClasses(const model::ParameterStore& store, const mesh::AxisGroups& groups) {
+  // The axes each parameter's sums are added over: the partition axes of more than one rank it is
+  // not replicated over.
+  mesh::AxisSet partition;
+  for (mesh::Axis axis : mesh::kAllAxes)
+    if (kModelPartitionAxes.contains(axis) && group_size(groups, axis) > 1)
+      partition = partition.with(axis);
+  const auto& params = store.parameters();
+  std::vector<mesh::AxisSet> of_param;
+  for (const auto& p : params)
+    of_param.push_back(
+        mesh::AxisSet::from_bits(p.replicated.complement().bits() & partition.bits()));
+  axes_ = of_param;
+  std::sort(axes_.begin(), axes_.end(),
+            [](mesh::AxisSet a, mesh::AxisSet b) { return a.bits() < b.bits(); });
+  axes_.erase(std::unique(axes_.begin(), axes_.end()), axes_.end());
+  if (axes_.size() <= 1) {  // one class: the plain chunked sum (runs_ stays empty)
+    if (axes_.empty()) axes_.push_back(mesh::AxisSet{});
+    return;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int cls =
+        static_cast<int>(std::find(axes_.begin(), axes_.end(), of_param[i]) - axes_.begin());
+    const int64_t begin = i == 0 ? 0 : params[i].offset;
+    const int64_t end = i + 1 < params.size() ? params[i + 1].offset : store.size();
+    if (!runs_.empty() && runs_.back().cls == cls)
+      runs_.back().end = end;
+    else
+      runs_.push_back({begin, end, cls});
   }
 }
 
-double norm_from_partials(const BucketLayout& layout, const std::vector<double>& all_partials) {
+void shard_chunk_sums(const Bucket& bucket, int rank, const float* data,
+                      std::vector<double>& partials, const NormClasses& classes) {
+  const int64_t begin = bucket.begin + bucket.shard * rank;
+  const auto& runs = classes.runs();
+  const size_t count = static_cast<size_t>(classes.count());
+  // The first class run that may overlap this shard.
+  auto run = std::upper_bound(runs.begin(), runs.end(), begin,
+                              [](int64_t at, const NormClasses::Run& r) { return at < r.end; });
+  for (int64_t c = 0; c < bucket.shard; c += kNormChunk) {
+    const int64_t lo = begin + c, hi = std::min(bucket.end, lo + kNormChunk);
+    if (runs.empty()) {
+      // One chunk of at most kNormChunk elements: the kernel sums it in one pass,
+      // thread-independent.
+      partials.push_back(hi > lo ? kernels::sum_of_squares(data + c, hi - lo) : 0.0);
+      continue;
+    }
+    // Several classes: the chunk's pieces of each class, summed separately (in buffer order).
+    const size_t base = partials.size();
+    partials.resize(base + count, 0.0);
+    for (; run != runs.end() && run->begin < hi; ++run) {
+      const int64_t a = std::max(lo, run->begin), e = std::min(hi, run->end);
+      if (a < e)
+        partials[base + static_cast<size_t>(run->cls)] +=
+            kernels::sum_of_squares(data + (a - begin), e - a);
+      if (run->end > hi) break;  // continues into the next chunk
+    }
+  }
+}
+
+double norm_from_partials(const BucketLayout& layout, const std::vector<double>& all_partials,
+                          const NormClasses& classes, const mesh::AxisGroups& groups) {
   const int ranks = layout.ranks();
-  const int64_t per_rank = layout.shard_elements() / kNormChunk;
+  const auto count = static_cast<int64_t>(classes.count());
+  const int64_t per_rank = layout.shard_elements() / kNormChunk * count;
   check(static_cast<int64_t>(all_partials.size()) == per_rank * ranks,
         "gradient norm: partial sums of the wrong size (internal error)");
   // Buckets by ascending position in the buffer; inside a bucket, rank order is buffer order.
@@ -30,40 +91,68 @@ double norm_from_partials(const BucketLayout& layout, const std::vector<double>&
   for (const Bucket& b : layout.buckets()) ordered.push_back(&b);
   std::sort(ordered.begin(), ordered.end(),
             [](const Bucket* a, const Bucket* b) { return a->begin < b->begin; });
-  double total = 0.0;
+  std::vector<double> totals(static_cast<size_t>(count), 0.0);
   for (const Bucket* b : ordered) {
     const int64_t chunks = b->shard / kNormChunk, first = b->shard_offset / kNormChunk;
     for (int r = 0; r < ranks; ++r)
       for (int64_t c = 0; c < chunks; ++c)
-        total += all_partials[static_cast<size_t>(r * per_rank + first + c)];
+        for (int64_t k = 0; k < count; ++k)
+          totals[static_cast<size_t>(k)] +=
+              all_partials[static_cast<size_t>(r * per_rank + (first + c) * count + k)];
   }
+  if (count == 1 && classes.axes(0).empty()) return std::sqrt(totals[0]);
+  // Each class added over its axes: a fixed-size table by axis set, so that ranks whose stores
+  // hold different classes (pipeline stages) still exchange the same amount.
+  std::vector<double> by_axes(mesh::kAxisSetCount, 0.0);
+  for (int64_t k = 0; k < count; ++k)
+    by_axes[classes.axes(static_cast<int>(k)).bits()] = totals[static_cast<size_t>(k)];
+  for (mesh::Axis axis : mesh::kAllAxes) {
+    comm::Communicator* group = groups[static_cast<size_t>(axis)];
+    if (!kModelPartitionAxes.contains(axis) || group == nullptr || group->size() == 1) continue;
+    std::vector<double> gathered(by_axes.size() * static_cast<size_t>(group->size()));
+    // The doubles travel as 64-bit integers: an all-gather only moves bits.
+    group->all_gather(by_axes.data(), gathered.data(), static_cast<int64_t>(by_axes.size()),
+                      DType::i64);
+    for (uint32_t set = 0; set < mesh::kAxisSetCount; ++set) {
+      if (!mesh::AxisSet::from_bits(set).contains(axis)) continue;
+      double sum = 0.0;
+      for (int r = 0; r < group->size(); ++r)
+        sum += gathered[static_cast<size_t>(r) * by_axes.size() + set];
+      by_axes[set] = sum;
+    }
+  }
+  double total = 0.0;
+  for (double t : by_axes) total += t;
   return std::sqrt(total);
 }
 
-double replicated_gradient_norm(const BucketLayout& layout, const float* grads) {
+double replicated_gradient_norm(const BucketLayout& layout, const float* grads,
+                                const NormClasses& classes, const mesh::AxisGroups& groups) {
   const int ranks = layout.ranks();
-  const int64_t per_rank = layout.shard_elements() / kNormChunk;
+  const int64_t per_rank = layout.shard_elements() / kNormChunk * classes.count();
   std::vector<double> all(static_cast<size_t>(per_rank * ranks));
   std::vector<double> one;
   for (int r = 0; r < ranks; ++r) {
     one.clear();
-    for (const Bucket& b : layout.buckets()) shard_chunk_sums(b, r, grads + b.shard_begin(r), one);
+    for (const Bucket& b : layout.buckets())
+      shard_chunk_sums(b, r, grads + b.shard_begin(r), one, classes);
     std::copy(one.begin(), one.end(), all.begin() + r * per_rank);
   }
-  return norm_from_partials(layout, all);
+  return norm_from_partials(layout, all, classes, groups);
 }
 
 double sharded_gradient_norm(const BucketLayout& layout, const float* shard_grads,
-                             comm::Communicator& group) {
-  const int64_t per_rank = layout.shard_elements() / kNormChunk;
+                             comm::Communicator& group, const NormClasses& classes,
+                             const mesh::AxisGroups& groups) {
+  const int64_t per_rank = layout.shard_elements() / kNormChunk * classes.count();
   std::vector<double> mine;
   mine.reserve(static_cast<size_t>(per_rank));
   for (const Bucket& b : layout.buckets())
-    shard_chunk_sums(b, group.rank(), shard_grads + b.shard_offset, mine);
+    shard_chunk_sums(b, group.rank(), shard_grads + b.shard_offset, mine, classes);
   std::vector<double> all(static_cast<size_t>(per_rank * layout.ranks()));
   // The doubles travel as 64-bit integers: an all-gather only moves bits.
   group.all_gather(mine.data(), all.data(), per_rank, DType::i64);
-  return norm_from_partials(layout, all);
+  return norm_from_partials(layout, all, classes, groups);
 }
 
 }  // namespace lattice::parallel

@@ -39,6 +39,68 @@ std::vector<SafetensorsEntry> parameter_entries(const model::ParameterStore& par
   return entries;
 }
 
+// The placement of every parameter (model::ParameterInfo), for the metadata: name ->
+// {"global_shape", "shard": {"dim", "index", "count"}, "replicated": [axis names]}. A later reshard
+// reads it to know which slice of which logical tensor each stored tensor is.
+std::string placements_json(const model::ParameterStore& params) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& p : params.parameters()) {
+    nlohmann::json replicated = nlohmann::json::array();
+    for (mesh::Axis axis : mesh::kAllAxes)
+      if (p.replicated.contains(axis)) replicated.push_back(std::string(mesh::axis_name(axis)));
+    j[p.name] = {
+        {"global_shape", p.global_shape},
+        {"shard", {{"dim", p.shard.dim}, {"index", p.shard.index}, {"count", p.shard.count}}},
+        {"replicated", replicated}};
+  }
+  return j.dump();
+}
+
+// Refuses a checkpoint whose recorded placements do not match this store's (a checkpoint written
+// before placements were recorded has none and is taken as whole).
+void check_placements(const SafetensorsFile& file, const std::string& path,
+                      const model::ParameterStore& params) {
+  auto it = file.metadata().find("lattice.placements");
+  if (it == file.metadata().end()) return;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(it->second);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("checkpoint " + path + " has damaged placement metadata (" + e.what() +
+                "): resume from an earlier checkpoint");
+  }
+  auto shape_text = [](const Shape& shape) {
+    std::string text = "[";
+    for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+  };
+  for (const auto& p : params.parameters()) {
+    Shape global;
+    model::TensorShard shard;
+    try {
+      const nlohmann::json& entry = j.at(p.name);
+      global = entry.at("global_shape").get<Shape>();
+      shard.dim = entry.at("shard").at("dim").get<int>();
+      shard.index = entry.at("shard").at("index").get<int>();
+      shard.count = entry.at("shard").at("count").get<int>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("checkpoint " + path + ": the placement of '" + p.name +
+                  "' is missing or damaged (" + e.what() + "): resume from an earlier checkpoint");
+    }
+    check(global == p.global_shape, "checkpoint " + path + " holds '" + p.name +
+                                        "' with logical shape " + shape_text(global) +
+                                        ", this model's is " + shape_text(p.global_shape) +
+                                        ": use the same [model] settings or a new job.run_dir");
+    check(
+        shard == p.shard,
+        "checkpoint " + path + " holds shard " + std::to_string(shard.index) + " of " +
+            std::to_string(shard.count) + " (dimension " + std::to_string(shard.dim) + ") of '" +
+            p.name + "', this rank needs shard " + std::to_string(p.shard.index) + " of " +
+            std::to_string(p.shard.count) +
+            ": resharding a checkpoint is not supported yet; resume with the layout that wrote it");
+  }
+}
+
 void prune_checkpoints(const fs::path& folder, int64_t keep_latest) {
   std::vector<fs::path> steps;
   for (const auto& entry : fs::directory_iterator(folder)) {
@@ -66,16 +128,18 @@ std::string save_checkpoint(const std::string& run_dir, const model::Transformer
                       parameter_entries(params, params.values(), ""),
                       {{"format", "lattice"},
                        {"lattice.model", model::model_config_to_json(model.config())},
+                       {"lattice.placements", placements_json(params)},
                        {"lattice.weight_layout", "[out, in] for every Linear weight"}});
-    write_safetensors(
-        stage.file_path("optimizer.safetensors"),
-        [&] {
-          auto entries = parameter_entries(params, optimizer.exp_avg(), "exp_avg/");
-          auto sq = parameter_entries(params, optimizer.exp_avg_sq(), "exp_avg_sq/");
-          entries.insert(entries.end(), sq.begin(), sq.end());
-          return entries;
-        }(),
-        {{"optimizer", "AdamW"}, {"steps_taken", std::to_string(optimizer.steps_taken())}});
+    write_safetensors(stage.file_path("optimizer.safetensors"),
+                      [&] {
+                        auto entries = parameter_entries(params, optimizer.exp_avg(), "exp_avg/");
+                        auto sq = parameter_entries(params, optimizer.exp_avg_sq(), "exp_avg_sq/");
+                        entries.insert(entries.end(), sq.begin(), sq.end());
+                        return entries;
+                      }(),
+                      {{"optimizer", "AdamW"},
+                       {"steps_taken", std::to_string(optimizer.steps_taken())},
+                       {"lattice.placements", placements_json(params)}});
     nlohmann::json j = {{"step", state.step},
                         {"samples_consumed", state.samples_consumed},
                         {"seed", state.seed},
@@ -142,6 +206,7 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
                         "): use the same [model] settings or a new job.run_dir");
   auto& params = model.parameters();
   SafetensorsFile weights((dir / "model.safetensors").string());
+  check_placements(weights, (dir / "model.safetensors").string(), params);
   float* values = params.mutable_values();
   for (const auto& p : params.parameters()) weights.read_f32(p.name, values + p.offset, p.numel);
   TrainerState state;
@@ -158,6 +223,7 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
   }
   if (optimizer) {
     SafetensorsFile moments((dir / "optimizer.safetensors").string());
+    check_placements(moments, (dir / "optimizer.safetensors").string(), params);
     for (const auto& p : params.parameters()) {
       moments.read_f32("exp_avg/" + p.name, optimizer->exp_avg() + p.offset, p.numel);
       moments.read_f32("exp_avg_sq/" + p.name, optimizer->exp_avg_sq() + p.offset, p.numel);

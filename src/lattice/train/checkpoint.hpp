@@ -1,8 +1,12 @@
 // Single-rank checkpoints: <run_dir>/checkpoints/step_<N>/ holding model.safetensors (weights under
-// their Hugging Face names, the model configuration in the metadata), optimizer.safetensors (AdamW
-// moments), state.json (step, data position, seed) and config.toml. Each checkpoint directory is
-// staged under a temporary name and renamed into place, and the `latest` pointer is replaced
-// atomically after it, so a crash never leaves a half-written checkpoint as the latest.
+// their Hugging Face names, the model configuration and every parameter's placement in the
+// metadata), optimizer.safetensors (AdamW moments, the same placements), state.json (step, data
+// position, seed) and config.toml. The placements ("lattice.placements": name -> logical shape,
+// shard {dim, index, count}, replicated axes) say which slice of which logical tensor each stored
+// tensor is; a load refuses placements that differ from the model's (resharding comes later). Each
+// checkpoint directory is staged under a temporary name and renamed into place, and the `latest`
+// pointer is replaced atomically after it, so a crash never leaves a half-written checkpoint as the
+// latest.
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
+#include "lattice/train/training_step.hpp"
 
 namespace lattice::train {
 
@@ -62,7 +64,15 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
   const int threads = std::max(1, omp_get_max_threads() / ranks);
   double seconds = 0;
   comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {
-    const int rank = group != nullptr ? group->rank() : 0;
+    // One rank: a private one-rank world, so that it runs the trainer's step as every layout does.
+    std::unique_ptr<comm::LocalWorld> own_world;
+    std::unique_ptr<comm::Communicator> own_group;
+    if (group == nullptr) {
+      own_world = std::make_unique<comm::LocalWorld>(1);
+      own_group = own_world->take(0);
+      group = own_group.get();
+    }
+    const int rank = group->rank();
     const kernels::ScopedOmpThreads kernel_threads(threads);
     MemoryTracker tracker;
     kernels::MatmulEngine matmul;
@@ -72,31 +82,23 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     if (precision == kernels::Precision::bf16) model.parameters().keep_bf16_copies(&tracker);
     const auto tokens = random_tokens(n, c.model.vocab_size, 1 + 2 * static_cast<uint64_t>(rank));
     const auto targets = random_tokens(n, c.model.vocab_size, 2 + 2 * static_cast<uint64_t>(rank));
-    if (group == nullptr) {
-      optim::AdamWOptimizer optimizer(model.parameters(), optim::AdamWSettings{}, &tracker);
-      model::LayerContext ctx{matmul, precision, &tracker};
-      seconds = seconds_for(steps, warmup, [&] {
-        model.parameters().zero_grads();
-        model.forward(ctx, tokens.data(), targets.data(), batch, c.seq_len, 1.0f);
-        model.backward(ctx);
-        optimizer.step(3e-4f);  // clips to norm 1 first
-      });
-      return;
-    }
-    // Data parallelism over the local backend: each rank a thread with its share of the batch,
-    // gradients averaged by the bucketed allreduce overlapping the backward.
-    parallel::DataParallel dp(model, *group, parallel::DataParallelSettings{},
-                              optim::AdamWSettings{}, &tracker);
+    // Plain data parallelism over the local backend (each rank a thread with its share of the
+    // batch, gradients averaged by the bucketed reduction overlapping the backward), clipping to
+    // norm 1 and AdamW: the trainer's step (training_step.hpp) on a fixed batch.
+    mesh::Mesh mesh(*group, {.dp = ranks});
+    parallel::DataParallel dp(model, mesh, parallel::DataParallelSettings{}, optim::AdamWSettings{},
+                              &tracker);
     model::LayerContext ctx{matmul, precision, &tracker, &dp};
-    auto step = [&] {
-      dp.begin_micro_batch(true, true);
-      model.forward(ctx, tokens.data(), targets.data(), batch, c.seq_len, 1.0f);
-      model.backward(ctx);
-      dp.update(3e-4f, dp.finish_gradients());  // clips to norm 1 first
+    const StepShape shape{batch, c.seq_len, 1};
+    const MicroBatchSource fixed_batch = [&](int32_t* inputs, int32_t* target_ids) {
+      std::copy(tokens.begin(), tokens.end(), inputs);
+      std::copy(targets.begin(), targets.end(), target_ids);
     };
-    for (int64_t i = 0; i < warmup; ++i) step();
+    int64_t step = 0;
+    auto one_step = [&] { training_step(model, dp, ctx, shape, fixed_batch, 3e-4f, ++step); };
+    for (int64_t i = 0; i < warmup; ++i) one_step();
     group->barrier();
-    const double elapsed = seconds_for(steps, 0, step);
+    const double elapsed = seconds_for(steps, 0, one_step);
     dp.settle_parameters();
     group->barrier();
     if (rank == 0) seconds = elapsed;

@@ -1,5 +1,6 @@
-// Training benchmark: times Lattice's training step (forward, backward, clipping, AdamW) on a fixed
-// random batch, on one rank or data-parallel over local ranks, and runs the PyTorch peer
+// Training benchmark: times Lattice's training step (train/training_step.hpp: forward, backward,
+// gradient reduction, clipping, AdamW) on a fixed random batch, on one rank or data-parallel over
+// local ranks, and runs the PyTorch peer
 // (bench/pytorch_train.py, alone or under DDP) on the same model and batch so the two are measured
 // side by side in one invocation.
 #pragma once

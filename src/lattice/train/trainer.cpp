@@ -18,31 +18,54 @@
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/metrics.hpp"
+#include "lattice/train/training_step.hpp"
 
 namespace lattice::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// The whole layout from [parallelism]: the world is pp x dp x cp x tp ranks (ep carved out of
+// dp x cp). Only dp > 1 trains in parallel yet; the config refuses tp, pp, cp and ep > 1.
+mesh::MeshShape layout_of(const TrainConfig& config) {
+  mesh::MeshShape shape;
+  shape.pp = static_cast<int>(config.pp);
+  shape.dp = static_cast<int>(config.dp);
+  shape.cp = static_cast<int>(config.cp);
+  shape.tp = static_cast<int>(config.tp);
+  shape.ep = static_cast<int>(config.ep);
+  return shape;
+}
+
+// "pp x dp x cp x tp = 1 x 2 x 1 x 1 = 2 ranks".
+std::string world_text(const mesh::MeshShape& shape) {
+  return "pp x dp x cp x tp = " + std::to_string(shape.pp) + " x " + std::to_string(shape.dp) +
+         " x " + std::to_string(shape.cp) + " x " + std::to_string(shape.tp) + " = " +
+         std::to_string(shape.world()) + " ranks";
+}
+
+}  // namespace
+
 Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::move(config)) {
+  const mesh::MeshShape shape = layout_of(config_);
   if (!world) {
-    check(config_.dp == 1, "parallelism.dp = " + std::to_string(config_.dp) +
-                               " needs its ranks: run through train_on_ranks (lattice train)");
+    check(shape.world() == 1, "parallelism: " + world_text(shape) +
+                                  " are needed: run through train_on_ranks (lattice train)");
     if (config_.threads > 0) omp_set_num_threads(static_cast<int>(config_.threads));
     own_world_ = std::make_unique<comm::LocalWorld>(1);
     own_group_ = own_world_->take(0);
     world = own_group_.get();
   }
+  // Until the layout validator accepts tp, pp and cp > 1 (train_config), the world is dp ranks;
+  // then this check becomes world->size() == shape.world() (the mesh checks it too).
   check(world->size() == config_.dp,
         "parallelism.dp = " + std::to_string(config_.dp) + " but this run has " +
             std::to_string(world->size()) + " ranks: set parallelism.dp to " +
             std::to_string(world->size()) + " (or -1 under a launcher)");
-  mesh::MeshShape shape;
-  shape.pp = static_cast<int>(config_.pp);
-  shape.dp = static_cast<int>(config_.dp);
-  shape.cp = static_cast<int>(config_.cp);
-  shape.tp = static_cast<int>(config_.tp);
-  shape.ep = static_cast<int>(config_.ep);
-  mesh_ = std::make_unique<mesh::Mesh>(*world, shape);
+  // The mesh of the whole layout; HSDP: dp split into dp_replicate x dp_shard mesh axes (0: shard
+  // over every dp rank).
+  mesh_ = std::make_unique<mesh::Mesh>(*world, shape, static_cast<int>(config_.hsdp_shard_size));
   group_ = &mesh_->dp_cp();
   printing_ = group_->rank() == 0;
   // Fault injection for the fault-tolerance tests: this rank dies (SIGKILL) after the given step.
@@ -58,10 +81,9 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   settings.bucket_elements =
       std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024 * 1024 / 4));
   settings.check_replicas = config_.check_replicas;
-  settings.shard_group_size = static_cast<int>(config_.hsdp_shard_size);
   settings.offload_dir = config_.offload_dir;
-  dp_ = std::make_unique<parallel::DataParallel>(*model_, *group_, settings, config_.adamw,
-                                                 &tracker_);
+  dp_ =
+      std::make_unique<parallel::DataParallel>(*model_, *mesh_, settings, config_.adamw, &tracker_);
   // bf16: the GEMMs read the weights' bf16 copies, rounded once per optimizer step (2 bytes per
   // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
   if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
@@ -171,7 +193,6 @@ TrainResult Trainer::run() {
   MetricsLogger logger(
       printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
   model::LayerContext ctx{*matmul_, config_.precision, &tracker_, dp_.get()};
-  std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
   const auto schedule = config_.lr_schedule();
   TrainResult result;
   result.first_step = start_step_ + 1;
@@ -187,30 +208,20 @@ TrainResult Trainer::run() {
       m.scaling_efficiency = m.tokens_per_second / config_.baseline_tokens_per_second;
   };
 
+  const StepShape shape{B, T, accumulation};
+  const MicroBatchSource next_micro_batch = [&](int32_t* inputs, int32_t* targets) {
+    batches_->next(inputs, targets, B);
+  };
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
-    auto start = std::chrono::steady_clock::now();
-    double loss = 0;
-    for (int64_t micro = 0; micro < accumulation; ++micro) {
-      dp_->begin_micro_batch(micro == 0, micro == accumulation - 1);
-      batches_->next(inputs.data(), targets.data(), B);
-      loss += model_->forward(ctx, inputs.data(), targets.data(), B, T,
-                              1.0f / static_cast<float>(accumulation));
-      model_->backward(ctx);
-    }
-    const double norm = dp_->finish_gradients();
-    loss = dp_->average(loss / static_cast<double>(accumulation));
-    check(std::isfinite(loss), "the training loss became " + std::to_string(loss) + " at step " +
-                                   std::to_string(step) +
-                                   ": lower optimizer.lr or raise lr_scheduler.warmup_steps");
     const float lr = schedule.at(step);
-    dp_->update(lr, norm);
+    const StepOutcome outcome =
+        training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
       std::raise(SIGKILL);
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const parallel::CommunicationTimes comm_times = dp_->take_communication_times();
+    const double loss = outcome.loss, norm = outcome.grad_norm, seconds = outcome.seconds;
+    const parallel::CommunicationTimes& comm_times = outcome.communication;
     result.losses.push_back(loss);
     result.grad_norms.push_back(norm);
     window_seconds += seconds;
@@ -297,10 +308,12 @@ TrainResult train_on_ranks(const TrainConfig& config) {
           "use the local backend (lattice train --dp N without mpirun)");
     comm::MpiSession session;
     std::unique_ptr<comm::Communicator> world = session.world();
-    check(world->size() == config.dp, "parallelism.dp = " + std::to_string(config.dp) +
-                                          " but the launcher started " +
-                                          std::to_string(world->size()) + " ranks: pass --dp " +
-                                          std::to_string(world->size()) + " (or --dp -1)");
+    const mesh::MeshShape shape = layout_of(config);
+    check(world->size() == shape.world(),
+          "parallelism: " + world_text(shape) + ", but the launcher started " +
+              std::to_string(world->size()) + ": pass --dp " +
+              std::to_string(world->size() / (shape.pp * shape.cp * shape.tp)) +
+              " (or --dp -1), or start " + std::to_string(shape.world()) + " ranks");
     omp_set_num_threads(config.threads > 0 ? static_cast<int>(config.threads)
                                            : threads_per_rank(config, launch.local_size));
     TrainResult result;
@@ -311,7 +324,7 @@ TrainResult train_on_ranks(const TrainConfig& config) {
     world.reset();  // before the session finalizes MPI
     return result;
   }
-  const int ranks = static_cast<int>(config.dp);
+  const int ranks = layout_of(config).world();
   const int threads = threads_per_rank(config, ranks);
   TrainResult result;
   comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {

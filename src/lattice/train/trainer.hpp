@@ -1,7 +1,8 @@
 // Trainer: the training loop of one data-parallel rank — this rank's share of each global batch,
-// forward and backward over the micro-batches of a step (gradient accumulation) with gradient
-// buckets reduced during the last backward, the global gradient norm and clipping, AdamW on this
-// rank's part of the state (plain DP or ZeRO-1/2/3, see parallel/data_parallel.hpp), periodic
+// the training step of training_step.hpp (forward and backward over the micro-batches of a step
+// with gradient buckets reduced during the last backward, the global gradient norm and clipping,
+// AdamW on this rank's part of the state: plain DP or ZeRO-1/2/3, see parallel/data_parallel.hpp),
+// periodic
 // validation, metrics and checkpoints (full and layout-independent, written by rank 0), and
 // bit-identical resumption. train_on_ranks() runs it on every rank: threads of this process
 // (`local` backend) or one process per rank under mpirun (`mpi` backend).
@@ -41,8 +42,9 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // `world`: every rank of this run; the trainer lays them out in a mesh::Mesh from
-  // [parallelism] and trains data-parallel over its dp x cp group. Null runs one rank on a private
+  // `world`: every rank of this run; the trainer lays them out in a mesh::Mesh of the whole
+  // [parallelism] layout (pp, dp, cp, tp, ep; dp split for HSDP) and trains data-parallel over its
+  // dp x cp group. Null runs one rank on a private
   // one-rank world.
   explicit Trainer(TrainConfig config, comm::Communicator* world = nullptr);
   ~Trainer();
@@ -78,9 +80,10 @@ class Trainer {
   int64_t fault_kill_after_step_ = -1;  // LATTICE_FAULT_KILL_* (tests only)
 };
 
-// Runs training on config.dp ranks: under a launcher (mpirun, srun, torchrun variables) one
-// process per rank on the mpi backend, else config.dp threads of this process on the local
-// backend, each with training.threads / dp kernel threads (every core / dp when 0). Returns rank
+// Runs training on the layout's pp x dp x cp x tp ranks: under a launcher (mpirun, srun,
+// torchrun variables) one process per rank on the mpi backend, else that many threads of this
+// process on the local backend, each with training.threads / ranks kernel threads (every core /
+// ranks when 0). Returns rank
 // 0's result (or this process's rank's under MPI). parallelism.backend forces a backend.
 TrainResult train_on_ranks(const TrainConfig& config);
 

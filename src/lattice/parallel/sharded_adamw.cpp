@@ -1,0 +1,153 @@
+// ShardedAdamW: see sharded_adamw.hpp.
+#include "lattice/parallel/sharded_adamw.hpp"
+
+#include <algorithm>
+
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/adamw.hpp"
+
+namespace lattice::parallel {
+
+ShardedAdamW::ShardedAdamW(const model::ParameterStore& store, const BucketLayout& layout,
+                           int zero_stage, int shard_rank, optim::AdamWSettings settings,
+                           const std::string& offload_directory, MemoryTracker* tracker)
+    : layout_(layout),
+      zero_stage_(zero_stage),
+      shard_rank_(shard_rank),
+      settings_(settings),
+      tracker_(tracker) {
+  const int64_t elements = state_elements();
+  if (offload_directory.empty()) {
+    m_ = Tensor({elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
+    v_ = Tensor({elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
+    return;
+  }
+  optim::OffloadSettings offload;
+  offload.directory = offload_directory;
+  offload_ = std::make_unique<optim::OffloadedAdamWState>(offload, elements, tracker);
+  // Weight decay ranges in state offsets (sorted, disjoint).
+  if (zero_stage_ == 0) {
+    for (const auto& p : store.parameters())
+      if (p.weight_decay) decay_.push_back({p.offset, p.numel});
+    return;
+  }
+  for (const Bucket& bucket : layout_.buckets()) {
+    const int64_t lo = bucket.shard_begin(shard_rank_), hi = bucket.shard_end(shard_rank_);
+    const int64_t base = bucket.begin + bucket.shard * shard_rank_;
+    for (const auto& p : store.parameters()) {
+      const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (p.weight_decay && a < e) decay_.push_back({bucket.shard_offset + a - base, e - a});
+    }
+  }
+  std::sort(decay_.begin(), decay_.end(),
+            [](const auto& x, const auto& y) { return x.offset < y.offset; });
+}
+
+int64_t ShardedAdamW::state_elements() const {
+  return zero_stage_ == 0 ? layout_.total_elements() : layout_.shard_elements();
+}
+
+void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters,
+                        const float* shard_grads, float lr, float clip) {
+  ++step_;
+  const optim::AdamWSettings& s = settings_;
+  if (offload_) {
+    const kernels::AdamWHyper hyper{lr, s.beta1, s.beta2, s.eps, s.weight_decay};
+    if (zero_stage_ == 0) {
+      offload_->step(store.mutable_values(), store.grads(), decay_, hyper, step_, clip);
+    } else if (zero_stage_ == 3) {
+      offload_->step(parameters.master_shards(), shard_grads, decay_, hyper, step_, clip);
+    } else {
+      // The shards' parameters side by side for the streamed update, then back in place.
+      Tensor shard({layout_.shard_elements()}, DType::f32, tracker_, MemoryCategory::other);
+      for (const Bucket& bucket : layout_.buckets())
+        std::copy(store.values() + bucket.shard_begin(shard_rank_),
+                  store.values() + bucket.shard_end(shard_rank_),
+                  shard.f32() + bucket.shard_offset);
+      offload_->step(shard.f32(), shard_grads, decay_, hyper, step_, clip);
+      for (const Bucket& bucket : layout_.buckets()) {
+        const int64_t n = bucket.shard_end(shard_rank_) - bucket.shard_begin(shard_rank_);
+        std::copy(shard.f32() + bucket.shard_offset, shard.f32() + bucket.shard_offset + n,
+                  store.mutable_values() + bucket.shard_begin(shard_rank_));
+      }
+    }
+    return;
+  }
+  if (zero_stage_ == 0) {
+    optim::adamw_update_store(store, m_.f32(), v_.f32(), lr, s, step_, clip);
+    return;
+  }
+  // This rank's shard of each bucket, parameter by parameter (the kernel is elementwise).
+  for (const Bucket& bucket : layout_.buckets()) {
+    const int64_t lo = bucket.shard_begin(shard_rank_), hi = bucket.shard_end(shard_rank_);
+    const int64_t base = bucket.begin + bucket.shard * shard_rank_;
+    float* params = parameters.shard_values(bucket);
+    for (const auto& p : store.parameters()) {
+      const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+      if (a >= e) continue;
+      const int64_t local = a - base;  // position inside this rank's shard of the bucket
+      const int64_t at = bucket.shard_offset + local;
+      const kernels::AdamWHyper hyper{lr, s.beta1, s.beta2, s.eps,
+                                      p.weight_decay ? s.weight_decay : 0.0f};
+      kernels::adamw_update(params + local, shard_grads + at, m_.f32() + at, v_.f32() + at, e - a,
+                            hyper, step_, clip);
+    }
+  }
+}
+
+void ShardedAdamW::export_state(comm::Communicator& shard_group, optim::AdamWOptimizer* full) {
+  if (full) full->set_steps_taken(step_);
+  // The moments of this rank: in memory, or read back from the offload files.
+  Tensor read_m, read_v;
+  const float *m = m_.empty() ? nullptr : m_.f32(), *v = v_.empty() ? nullptr : v_.f32();
+  if (offload_) {
+    read_m = Tensor({offload_->numel()}, DType::f32);
+    read_v = Tensor({offload_->numel()}, DType::f32);
+    offload_->read_moments(0, offload_->numel(), read_m.f32(), read_v.f32());
+    m = read_m.f32();
+    v = read_v.f32();
+  }
+  if (zero_stage_ == 0) {
+    if (full) {
+      const int64_t n = layout_.total_elements();
+      std::copy(m, m + n, full->exp_avg());
+      std::copy(v, v + n, full->exp_avg_sq());
+    }
+    return;
+  }
+  // Rank 0 of the data-parallel group is rank 0 of its shard group, which holds every shard.
+  for (const Bucket& bucket : layout_.buckets()) {
+    Tensor gathered({bucket.shard * shard_group.size()}, DType::f32);
+    for (auto [source, target] : {std::pair{m, full ? full->exp_avg() : nullptr},
+                                  std::pair{v, full ? full->exp_avg_sq() : nullptr}}) {
+      shard_group.all_gather(source + bucket.shard_offset, gathered.f32(), bucket.shard,
+                             DType::f32);
+      if (target) std::copy(gathered.f32(), gathered.f32() + bucket.size(), target + bucket.begin);
+    }
+  }
+}
+
+void ShardedAdamW::import_state(const optim::AdamWOptimizer& full) {
+  step_ = full.steps_taken();
+  const int64_t elements = state_elements();
+  Tensor staged_m, staged_v;  // offload: the state to write into the files
+  if (offload_) {
+    staged_m = Tensor({elements}, DType::f32);
+    staged_v = Tensor({elements}, DType::f32);
+  }
+  float* m = offload_ ? staged_m.f32() : m_.f32();
+  float* v = offload_ ? staged_v.f32() : v_.f32();
+  if (zero_stage_ == 0) {
+    std::copy(full.exp_avg(), full.exp_avg() + elements, m);
+    std::copy(full.exp_avg_sq(), full.exp_avg_sq() + elements, v);
+  } else {
+    for (const Bucket& bucket : layout_.buckets()) {
+      const int64_t lo = bucket.shard_begin(shard_rank_), hi = bucket.shard_end(shard_rank_);
+      std::copy(full.exp_avg() + lo, full.exp_avg() + hi, m + bucket.shard_offset);
+      std::copy(full.exp_avg_sq() + lo, full.exp_avg_sq() + hi, v + bucket.shard_offset);
+    }
+  }
+  if (offload_) offload_->write_moments(0, elements, m, v);
+}
+
+}  // namespace lattice::parallel

@@ -1,0 +1,57 @@
+// ShardedAdamW: AdamW on this data-parallel rank's part of the state: the whole buffer under plain
+// DP (stage 0), this rank's shard of every bucket under ZeRO (stages 1-3), element by element with
+// the same kernel, so every stage computes the same bits. The moments live in memory or, with an
+// offload directory, in files (optim::OffloadedAdamWState, streamed through the same kernel:
+// bit-identical). Also the export of the full state to rank 0 for checkpoints, and the import of
+// this rank's part from a full state.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lattice/comm/communicator.hpp"
+#include "lattice/core/tensor.hpp"
+#include "lattice/model/parameter_store.hpp"
+#include "lattice/optim/adamw_optimizer.hpp"
+#include "lattice/optim/offload_adamw_state.hpp"
+#include "lattice/parallel/bucket_layout.hpp"
+#include "lattice/parallel/zero_parameters.hpp"
+
+namespace lattice::parallel {
+
+class ShardedAdamW {
+ public:
+  // `offload_directory` empty: moments in memory. `shard_rank`: this rank's shard of each bucket.
+  ShardedAdamW(const model::ParameterStore& store, const BucketLayout& layout, int zero_stage,
+               int shard_rank, optim::AdamWSettings settings, const std::string& offload_directory,
+               MemoryTracker* tracker);
+
+  // One update at learning rate lr with gradients scaled by `clip`: stage 0 over the store's
+  // values and gradients; stages 1-3 over this rank's shards (values where `parameters` keeps
+  // them, gradients from `shard_grads`).
+  void step(model::ParameterStore& store, ZeroParameters& parameters, const float* shard_grads,
+            float lr, float clip);
+  int64_t steps_taken() const { return step_; }
+
+  // Collective over `shard_group`. Writes the full AdamW state into `full` on shard rank 0 (null
+  // elsewhere).
+  void export_state(comm::Communicator& shard_group, optim::AdamWOptimizer* full);
+  // Takes this rank's part of a full AdamW state.
+  void import_state(const optim::AdamWOptimizer& full);
+
+ private:
+  int64_t state_elements() const;
+
+  const BucketLayout& layout_;
+  int zero_stage_;
+  int shard_rank_;
+  optim::AdamWSettings settings_;
+  Tensor m_, v_;  // AdamW moments: whole buffer (stage 0) or this rank's shards
+  std::unique_ptr<optim::OffloadedAdamWState> offload_;  // instead of m_ and v_
+  std::vector<optim::DecayRange> decay_;  // offload: where weight decay applies (state offsets)
+  MemoryTracker* tracker_;
+  int64_t step_ = 0;
+};
+
+}  // namespace lattice::parallel
