@@ -1,6 +1,8 @@
 // The `lattice estimate` verb: `estimate memory` (per-rank memory of a layout, whether it fits,
 // minimum device counts) and `estimate compute` (FLOPs per token/step/budget and training time).
 // Parses options and prints; the estimates live in lattice/plan.
+#include <omp.h>
+
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -63,6 +65,8 @@ train::TrainConfig resolve_from_train_config(const CLI::App& verb, const Estimat
 // the tensors its layers save, in its precision, with its checkpointing — where the estimate above
 // counts 16-bit activations as GPU trainers keep them.
 model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
+  // The fused LM head keeps one weight-gradient partial per kernel thread: count the run's.
+  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   auto declared = model::Transformer::declared_only(config.model);
   declared->set_activation_checkpointing(config.activation_checkpoint);
   return model::estimate_activation_memory(*declared, config.precision, config.micro_batch_size,

@@ -85,6 +85,7 @@ void MetricsLogger::record(const StepMetrics& m) {
                         {"gradients", m.gradient_bytes},
                         {"optimizer_state", m.optimizer_bytes},
                         {"activations", m.activation_bytes},
+                        {"peak_activations", m.peak_activation_bytes},
                         {"tracked", m.tracked_bytes},
                         {"peak_tracked", m.peak_tracked_bytes},
                         {"rss", m.rss_bytes}}}};

@@ -19,6 +19,7 @@ struct StepMetrics {
   double step_seconds = 0, tokens_per_second = 0, tflops = 0, mfu = 0;
   int64_t tracked_bytes = 0, peak_tracked_bytes = 0, rss_bytes = 0;
   int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+  int64_t peak_activation_bytes = 0;  // the activations' peak since the run started
   std::optional<double> val_loss;
   // Data parallelism: communication the step waited for (exposed) and ran in total, and tokens/s
   // against the configured single-rank rate.

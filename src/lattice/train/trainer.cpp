@@ -26,16 +26,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The whole layout from [parallelism]: the world is pp x dp x cp x tp ranks (ep carved out of
-// dp x cp). Only dp > 1 trains in parallel yet; the config refuses tp, pp, cp and ep > 1.
+// The whole layout from [parallelism] (the validator's type): the world is pp x dp x cp x tp
+// ranks (ep carved out of dp x cp). Only dp > 1 trains in parallel yet; the config refuses tp,
+// pp, cp and ep > 1.
 mesh::MeshShape layout_of(const TrainConfig& config) {
-  mesh::MeshShape shape;
-  shape.pp = static_cast<int>(config.pp);
-  shape.dp = static_cast<int>(config.dp);
-  shape.cp = static_cast<int>(config.cp);
-  shape.tp = static_cast<int>(config.tp);
-  shape.ep = static_cast<int>(config.ep);
-  return shape;
+  return config.layout().mesh_shape();
 }
 
 // "pp x dp x cp x tp = 1 x 2 x 1 x 1 = 2 ranks".
@@ -57,12 +52,11 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
     own_group_ = own_world_->take(0);
     world = own_group_.get();
   }
-  // Until the layout validator accepts tp, pp and cp > 1 (train_config), the world is dp ranks;
-  // then this check becomes world->size() == shape.world() (the mesh checks it too).
-  check(world->size() == config_.dp,
-        "parallelism.dp = " + std::to_string(config_.dp) + " but this run has " +
-            std::to_string(world->size()) + " ranks: set parallelism.dp to " +
-            std::to_string(world->size()) + " (or -1 under a launcher)");
+  check(world->size() == shape.world(),
+        "parallelism: " + world_text(shape) + " but this run has " + std::to_string(world->size()) +
+            " ranks: set parallelism.dp to " +
+            std::to_string(world->size() / (shape.pp * shape.cp * shape.tp)) +
+            " (or -1 under a launcher)");
   // The mesh of the whole layout; HSDP: dp split into dp_replicate x dp_shard mesh axes (0: shard
   // over every dp rank).
   mesh_ = std::make_unique<mesh::Mesh>(*world, shape, static_cast<int>(config_.hsdp_shard_size));
@@ -75,6 +69,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   batches_ = std::make_unique<BatchSource>(config_, group_->rank(), group_->size());
   matmul_ = std::make_unique<kernels::MatmulEngine>();
   model_ = std::make_unique<model::Transformer>(config_.model, &tracker_);
+  model_->set_activation_checkpointing(config_.activation_checkpoint);
   model_->initialize(config_.seed);
   parallel::DataParallelSettings settings;
   settings.zero_stage = static_cast<int>(config_.zero);
@@ -251,6 +246,7 @@ TrainResult Trainer::run() {
       m.gradient_bytes = tracker_.current(MemoryCategory::gradients);
       m.optimizer_bytes = tracker_.current(MemoryCategory::optimizer_state);
       m.activation_bytes = tracker_.current(MemoryCategory::activations);
+      m.peak_activation_bytes = tracker_.peak(MemoryCategory::activations);
       if (ranks > 1) {
         m.exposed_comm_seconds = comm_times.exposed_seconds;
         m.comm_seconds = comm_times.total_seconds;
