@@ -279,18 +279,56 @@ bool onednn_has_amx() {
   return (isa & amx) == amx;
 }
 
+// Whether oneDNN builds bf16 matmul primitives on this CPU at all: oneDNN 2.6 has them from
+// AVX-512 (avx512_core) up and none below, so on an AVX2-only CPU (AMD Zen 3), or under
+// ONEDNN_MAX_CPU_ISA=AVX2, creating one fails ("could not create a primitive descriptor
+// iterator"). Probed once on a small shape; oneDNN fixes its ISA at first use, so the answer holds
+// for the process.
+bool onednn_builds_bf16_gemms() {
+  static const bool builds = [] {
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      using dt = dnnl::memory::data_type;
+      const dnnl::memory::desc a({32, 32}, dt::bf16, {32, 1}), b({32, 32}, dt::bf16, {32, 1});
+      const dnnl::memory::desc c({32, 32}, dt::f32, {32, 1});
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return builds;
+}
+
+// A request for oneDNN's bf16 matmul, refused with the fix where oneDNN has none.
+Bf16FallbackGemm checked_bf16_fallback(Bf16FallbackGemm chosen, const std::string& source) {
+  if (chosen == Bf16FallbackGemm::onednn_bf16 && !onednn_builds_bf16_gemms())
+    throw Error("matmul: " + source +
+                " asks for oneDNN's bf16 matmul, which oneDNN builds only on CPUs with AVX-512 "
+                "(not on this one, or not under this ONEDNN_MAX_CPU_ISA): use the widened fp32 "
+                "fallback (LATTICE_MATMUL_BF16_FALLBACK=fp32, Bf16FallbackGemm::widened_fp32) "
+                "or the automatic choice");
+  return chosen;
+}
+
 Bf16FallbackGemm resolve_bf16_fallback(Bf16FallbackGemm requested) {
-  if (requested != Bf16FallbackGemm::automatic) return requested;
+  if (requested != Bf16FallbackGemm::automatic)
+    return checked_bf16_fallback(requested, "Bf16FallbackGemm::onednn_bf16");
   const char* chosen = std::getenv("LATTICE_MATMUL_BF16_FALLBACK");
   if (chosen != nullptr && *chosen != '\0') {
     const std::string name = chosen;
-    if (name == "onednn") return Bf16FallbackGemm::onednn_bf16;
+    if (name == "onednn")
+      return checked_bf16_fallback(Bf16FallbackGemm::onednn_bf16,
+                                   "LATTICE_MATMUL_BF16_FALLBACK=onednn");
     if (name == "fp32") return Bf16FallbackGemm::widened_fp32;
     throw Error("LATTICE_MATMUL_BF16_FALLBACK=" + name +
                 " is not a choice: use onednn (oneDNN's bf16 matmul) or fp32 (the bf16 operands "
                 "widened to fp32, sgemm), or unset it");
   }
-  return onednn_has_amx() ? Bf16FallbackGemm::onednn_bf16 : Bf16FallbackGemm::widened_fp32;
+  // oneDNN's AMX implies its bf16 primitives; checked anyway, so automatic can never pick a path
+  // that cannot run.
+  return onednn_has_amx() && onednn_builds_bf16_gemms() ? Bf16FallbackGemm::onednn_bf16
+                                                        : Bf16FallbackGemm::widened_fp32;
 }
 
 // Rows in the last of `chunks` over M rows.
@@ -574,6 +612,10 @@ struct MatmulEngine::Impl {
 MatmulEngine::MatmulEngine(Bf16FallbackGemm bf16_fallback)
     : impl_(std::make_unique<Impl>(bf16_fallback)) {}
 MatmulEngine::~MatmulEngine() = default;
+
+bool MatmulEngine::onednn_bf16_available() {
+  return onednn_builds_bf16_gemms();
+}
 
 Bf16FallbackGemm MatmulEngine::bf16_fallback() const {
   return impl_->widen_bf16 ? Bf16FallbackGemm::widened_fp32 : Bf16FallbackGemm::onednn_bf16;

@@ -49,7 +49,9 @@ enum class Bf16FallbackGemm {
   // LATTICE_MATMUL_BF16_FALLBACK=onednn or =fp32 chooses instead.
   automatic,
   // oneDNN's bf16 matmul: AMX where the CPU has it, else AVX512-BF16 dot products (vdpbf16ps),
-  // which on a host without AMX ran at half the fp32 GEMM rate (docs/performance.md).
+  // which on a host without AMX ran at half the fp32 GEMM rate (docs/performance.md). oneDNN 2.6
+  // builds none without AVX-512 (MatmulEngine::onednn_bf16_available): an engine asked for it
+  // there throws an Error naming the fallback to use.
   onednn_bf16,
   // The bf16 operands widened to fp32 (exactly: a bf16 is the top half of an fp32) and multiplied
   // by oneDNN's fp32 sgemm on the FMA units.
@@ -166,6 +168,9 @@ class MatmulEngine {
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
             int64_t ldc, Precision precision);
 
+  // Whether oneDNN builds bf16 matmul primitives on this CPU (AVX-512 and up; not on an AVX2-only
+  // CPU or under ONEDNN_MAX_CPU_ISA=AVX2). Probed once per process.
+  static bool onednn_bf16_available();
   // How this engine computes bf16 products off Lattice's AMX kernels (never automatic).
   Bf16FallbackGemm bf16_fallback() const;
   // Whether every bf16 product of this engine runs on the fp32 units (widened_fp32, and Lattice's
