@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "gradcheck.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "omp_thread_count.hpp"
 
@@ -400,6 +402,80 @@ TEST(Matmul, Bf16BiasGradientFromTheRoundingPassIsThreadCountIndependent) {
       }
     }
   }
+}
+
+// Sets an environment variable for a scope and restores it after.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnvironment() {
+    if (had_)
+      setenv(name_, previous_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  const char* name_;
+  std::string previous_;
+  bool had_ = false;
+};
+
+TEST(MatmulOptions, TheEnvironmentSettingsParseToOptionsAndBadValuesAreRefused) {
+  {
+    const ScopedEnvironment fallback("LATTICE_MATMUL_BF16_FALLBACK", "fp32");
+    const ScopedEnvironment no_amx("LATTICE_MATMUL_NO_AMX_PACKED", "1");
+    const MatmulOptions options = MatmulOptions::from_environment();
+    EXPECT_EQ(options.bf16_fallback, Bf16FallbackGemm::widened_fp32);
+    EXPECT_FALSE(options.amx_kernels);
+  }
+  {
+    const ScopedEnvironment fallback("LATTICE_MATMUL_BF16_FALLBACK", "onednn");
+    const ScopedEnvironment no_amx("LATTICE_MATMUL_NO_AMX_PACKED", "0");
+    const MatmulOptions options = MatmulOptions::from_environment();
+    EXPECT_EQ(options.bf16_fallback, Bf16FallbackGemm::onednn_bf16);
+    EXPECT_TRUE(options.amx_kernels);
+  }
+  {
+    const ScopedEnvironment fallback("LATTICE_MATMUL_BF16_FALLBACK", "");
+    const ScopedEnvironment no_amx("LATTICE_MATMUL_NO_AMX_PACKED", "");
+    const MatmulOptions options = MatmulOptions::from_environment();
+    EXPECT_EQ(options.bf16_fallback, Bf16FallbackGemm::automatic);
+    EXPECT_TRUE(options.amx_kernels);
+  }
+  const ScopedEnvironment bogus("LATTICE_MATMUL_BF16_FALLBACK", "bogus");
+  EXPECT_THROW(MatmulOptions::from_environment(), Error);
+  // An engine given its options never reads the environment; the default one takes its settings.
+  EXPECT_NO_THROW(MatmulEngine{MatmulOptions{}});
+  EXPECT_THROW(MatmulEngine{}, Error);
+}
+
+TEST(MatmulOptions, WithoutTheAmxKernelsWidenedBf16RunsOnTheFp32Units) {
+  MatmulOptions options;
+  options.bf16_fallback = Bf16FallbackGemm::widened_fp32;
+  options.amx_kernels = false;
+  const MatmulEngine widened(options);
+  EXPECT_TRUE(widened.bf16_on_fp32_units());
+  EXPECT_NE(widened.bf16_gemms().find("fp32 units"), std::string::npos) << widened.bf16_gemms();
+  options.amx_kernels = true;
+  // With the AMX kernels on, only a CPU without AMX leaves every bf16 product on the fp32 units.
+  EXPECT_EQ(MatmulEngine(options).bf16_on_fp32_units(), !amx_packed_gemm_enabled());
+  // The same products either way, to fp32 rounding: a shape the AMX kernels take.
+  const int64_t M = 256, K = 64, N = 96;
+  const auto in = random_vector(M * K, 41), weight = random_vector(N * K, 42);
+  std::vector<float> a(static_cast<size_t>(M * N)), b(a.size());
+  MatmulEngine(options).forward(a.data(), in.data(), weight.data(), nullptr, M, K, N,
+                                Precision::bf16);
+  MatmulEngine(MatmulOptions{Bf16FallbackGemm::automatic, false})
+      .forward(b.data(), in.data(), weight.data(), nullptr, M, K, N, Precision::bf16);
+  const auto ref = linear_reference(rounded_to_bf16(in), rounded_to_bf16(weight), nullptr, M, K, N);
+  EXPECT_LT(max_relative_error(a, ref), kBf16OnRoundedTolerance);
+  EXPECT_LT(max_relative_error(b, ref), kBf16OnRoundedTolerance);
 }
 
 TEST(Matmul, RepeatedCallsReuseCachedPrimitivesWithIdenticalResults) {

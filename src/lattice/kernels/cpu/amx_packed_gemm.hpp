@@ -12,10 +12,9 @@
 
 namespace lattice::kernels {
 
-// True when this process can run the packed GEMM (amx_tile_state_granted) and the environment
-// does not set LATTICE_MATMUL_NO_AMX_PACKED (read once per process; set it to 1 to use oneDNN's
-// chunk GEMMs instead, for comparison). Defined in amx_tiles.cpp, which runs on any CPU (this
-// kernel's file is compiled for AMX: CMakeLists.txt).
+// True when this process can run the packed GEMM (amx_tile_state_granted). Whether an engine uses
+// it is the engine's option (MatmulOptions::amx_kernels). Defined in amx_tiles.cpp, which runs on
+// any CPU (this kernel's file is compiled for AMX: CMakeLists.txt).
 bool amx_packed_gemm_enabled();
 
 // Whether a B of [K, N] fits the kernel's tiles without padding: K and N multiples of 32.

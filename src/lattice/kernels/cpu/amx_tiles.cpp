@@ -2,8 +2,6 @@
 // for AMX and run only where this says so).
 #include "lattice/kernels/cpu/amx_tiles.hpp"
 
-#include <cstdlib>
-
 #include "lattice/core/cpu_features.hpp"
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 
@@ -20,12 +18,7 @@ bool amx_tile_state_granted() {
 }
 
 bool amx_packed_gemm_enabled() {
-  static const bool enabled = [] {
-    const char* off = std::getenv("LATTICE_MATMUL_NO_AMX_PACKED");
-    const bool disabled = off != nullptr && *off != '\0' && *off != '0';
-    return !disabled && amx_tile_state_granted();
-  }();
-  return enabled;
+  return amx_tile_state_granted();
 }
 
 }  // namespace lattice::kernels

@@ -14,7 +14,7 @@
 // the whole weight out again on every chunk. The bf16 weight gradients (whole-batch and per row
 // chunk) run on Lattice's AMX weight-gradient kernel where the shape fits its tiles
 // (amx_weight_gradient.hpp): oneDNN reads d_out^T strided and ran them at 0.35-0.4 TFLOP/s per
-// core in the training step. LATTICE_MATMUL_NO_AMX_PACKED=1 puts all of these back on oneDNN.
+// core in the training step. MatmulOptions::amx_kernels = false puts all of these back on oneDNN.
 // Where oneDNN finds no AMX, its bf16 products would run on AVX512-BF16 dot products at half the
 // fp32 rate; there the bf16 operands are widened to fp32 (exact) and multiplied by sgemm instead
 // (Bf16FallbackGemm::widened_fp32), whole-batch and per row chunk alike.
@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -311,22 +310,12 @@ Bf16FallbackGemm checked_bf16_fallback(Bf16FallbackGemm chosen, const std::strin
   return chosen;
 }
 
+// The engine's bf16 fallback: the requested one, or for automatic oneDNN's bf16 matmul where
+// oneDNN has AMX (oneDNN's AMX implies its bf16 primitives; checked anyway, so automatic never
+// picks a path that cannot run) and the widened fp32 one elsewhere.
 Bf16FallbackGemm resolve_bf16_fallback(Bf16FallbackGemm requested) {
   if (requested != Bf16FallbackGemm::automatic)
     return checked_bf16_fallback(requested, "Bf16FallbackGemm::onednn_bf16");
-  const char* chosen = std::getenv("LATTICE_MATMUL_BF16_FALLBACK");
-  if (chosen != nullptr && *chosen != '\0') {
-    const std::string name = chosen;
-    if (name == "onednn")
-      return checked_bf16_fallback(Bf16FallbackGemm::onednn_bf16,
-                                   "LATTICE_MATMUL_BF16_FALLBACK=onednn");
-    if (name == "fp32") return Bf16FallbackGemm::widened_fp32;
-    throw Error("LATTICE_MATMUL_BF16_FALLBACK=" + name +
-                " is not a choice: use onednn (oneDNN's bf16 matmul) or fp32 (the bf16 operands "
-                "widened to fp32, sgemm), or unset it");
-  }
-  // oneDNN's AMX implies its bf16 primitives; checked anyway, so automatic can never pick a path
-  // that cannot run.
   return onednn_has_amx() && onednn_builds_bf16_gemms() ? Bf16FallbackGemm::onednn_bf16
                                                         : Bf16FallbackGemm::widened_fp32;
 }
@@ -339,13 +328,16 @@ int64_t tail_rows(const RowChunks& chunks, int64_t M) {
 }  // namespace
 
 struct MatmulEngine::Impl {
-  explicit Impl(Bf16FallbackGemm fallback)
-      : widen_bf16(resolve_bf16_fallback(fallback) == Bf16FallbackGemm::widened_fp32) {}
+  explicit Impl(const MatmulOptions& options)
+      : widen_bf16(resolve_bf16_fallback(options.bf16_fallback) == Bf16FallbackGemm::widened_fp32),
+        amx(options.amx_kernels && amx_packed_gemm_enabled()) {}
 
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   // bf16 products off the AMX kernels on widened fp32 operands and sgemm (Bf16FallbackGemm).
   const bool widen_bf16;
+  // Lattice's AMX kernels take the products they fit (MatmulOptions::amx_kernels, and AMX here).
+  const bool amx;
   // fp32 widenings of up to two bf16 operands of one call (A / B, or a row-chunk call's weight).
   std::array<AlignedBuffer, 2> widened;
   std::unordered_map<GemmShape, CachedGemm, GemmShapeHash> cache;
@@ -609,8 +601,14 @@ struct MatmulEngine::Impl {
   }
 };
 
+MatmulEngine::MatmulEngine(const MatmulOptions& options) : impl_(std::make_unique<Impl>(options)) {}
+
 MatmulEngine::MatmulEngine(Bf16FallbackGemm bf16_fallback)
-    : impl_(std::make_unique<Impl>(bf16_fallback)) {}
+    : MatmulEngine([bf16_fallback] {
+        MatmulOptions options = MatmulOptions::from_environment();
+        if (bf16_fallback != Bf16FallbackGemm::automatic) options.bf16_fallback = bf16_fallback;
+        return options;
+      }()) {}
 MatmulEngine::~MatmulEngine() = default;
 
 bool MatmulEngine::onednn_bf16_available() {
@@ -622,7 +620,7 @@ Bf16FallbackGemm MatmulEngine::bf16_fallback() const {
 }
 
 bool MatmulEngine::bf16_on_fp32_units() const {
-  return impl_->widen_bf16 && !amx_packed_gemm_enabled();
+  return impl_->widen_bf16 && !impl_->amx;
 }
 
 std::string MatmulEngine::bf16_gemms() const {
@@ -633,7 +631,7 @@ std::string MatmulEngine::bf16_gemms() const {
   if (impl_->widen_bf16)
     return "bf16 GEMMs on Lattice's AMX kernels where they apply, else widened to fp32 "
            "(LATTICE_MATMUL_BF16_FALLBACK=fp32)";
-  if (amx_packed_gemm_enabled()) return "bf16 GEMMs on AMX (Lattice's kernels and oneDNN)";
+  if (impl_->amx) return "bf16 GEMMs on AMX (Lattice's kernels and oneDNN)";
   return amx ? "bf16 GEMMs on oneDNN's AMX matmul"
              : "bf16 GEMMs on oneDNN's AVX512-BF16 matmul (no AMX on this CPU; "
                "LATTICE_MATMUL_BF16_FALLBACK=onednn)";
@@ -677,7 +675,7 @@ void MatmulEngine::forward(float* out, const float* in, const float* weight, con
   s.has_bias = bias != nullptr;
   const lattice::bf16* in16 = impl_->rounded_copy(keep.in, 0, in, M, K);
   const lattice::bf16* weight16 = impl_->rounded_weight({weight, keep.weight}, N, K);
-  if (amx_packed_gemm_enabled() && amx_packed_gemm_fits(K, N) && M >= kDenseChunkRows) {
+  if (impl_->amx && amx_packed_gemm_fits(K, N) && M >= kDenseChunkRows) {
     // Lattice's AMX kernel on the weight packed once, rows in chunks over the threads.
     return multiply_in_row_chunks(
         in16, {weight, weight16}, /*weight_transposed=*/true, M, K, N, kDenseChunkRows,
@@ -719,9 +717,8 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
   } else {
     d_out16 = impl_->to_bf16_buffer(0, d_out, M, N, N);
   }
-  const bool amx_gradient = amx_packed_gemm_enabled() && amx_weight_gradient_fits(N, K);
-  const bool amx_input =
-      amx_packed_gemm_enabled() && amx_packed_gemm_fits(N, K) && M >= kDenseChunkRows;
+  const bool amx_gradient = impl_->amx && amx_weight_gradient_fits(N, K);
+  const bool amx_input = impl_->amx && amx_packed_gemm_fits(N, K) && M >= kDenseChunkRows;
   // Products off the AMX kernels where the engine widens bf16 operands: d_out16 widened once for
   // both (run_widened would widen it for each), then the sgemm calls run_widened makes, so the
   // same bits.
@@ -791,7 +788,7 @@ void MatmulEngine::multiply_in_row_chunks(const lattice::bf16* in16, WeightOpera
   const float* weight32 = nullptr;
   std::optional<Impl::ChunkGemmPair> gemms;
   size_t scratch_bytes = 0;
-  if (amx_packed_gemm_enabled() && amx_packed_gemm_fits(K, N)) {
+  if (impl_->amx && amx_packed_gemm_fits(K, N)) {
     packed = impl_->packed_b(0, weight16, weight_transposed, K, N);
   } else if (impl_->widen_bf16) {
     weight32 = impl_->widen(1, weight16, K * N);
@@ -880,7 +877,7 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, Wei
   // weight on the packed kernel with the weight packed once each way (zero-padded), the weight
   // gradient on the AMX weight-gradient kernel; out and d_out16 rows are Np apart, d_out16's
   // padding zero. Else all three on oneDNN's single-thread GEMMs, rows N apart.
-  const bool amx = amx_packed_gemm_enabled() && K % 32 == 0;
+  const bool amx = impl_->amx && K % 32 == 0;
   const int64_t stride = amx ? amx_padded(N) : N;
   const uint16_t* forward_packed = amx ? impl_->packed_b(0, weight16, true, K, N) : nullptr;
   const uint16_t* input_packed = amx ? impl_->packed_b(1, weight16, false, N, K) : nullptr;
@@ -981,7 +978,8 @@ void MatmulEngine::forward_backward_in_row_chunks(const lattice::bf16* in16, Wei
 }
 
 bool MatmulEngine::vocab_blocked_head_applies(int64_t K) {
-  return amx_packed_gemm_enabled() && vocab_blocked_head_rows_per_pass(K) > 0;
+  static const bool amx_kernels = MatmulOptions::from_environment().amx_kernels;
+  return amx_kernels && amx_packed_gemm_enabled() && vocab_blocked_head_rows_per_pass(K) > 0;
 }
 
 int MatmulEngine::vocab_blocked_lanes(int64_t M) {
@@ -994,8 +992,8 @@ void MatmulEngine::head_cross_entropy_vocab_blocked(const lattice::bf16* in16, W
                                                     const int32_t* targets, float grad_scale,
                                                     double* row_losses, float* d_in,
                                                     float* weight_grad_partials, int lanes) {
-  check(M > 0 && V > 0 && vocab_blocked_head_applies(K),
-        "matmul head_cross_entropy_vocab_blocked: needs M, V > 0 and a width the kernel takes "
+  check(M > 0 && V > 0 && amx_packed_gemm_enabled() && vocab_blocked_head_rows_per_pass(K) > 0,
+        "matmul head_cross_entropy_vocab_blocked: needs M, V > 0, AMX and a width the kernel takes "
         "(vocab_blocked_head_applies), got M=" +
             std::to_string(M) + " K=" + std::to_string(K) + " V=" + std::to_string(V));
   check(lanes == vocab_blocked_lanes(M),
