@@ -102,10 +102,11 @@ constexpr Bf16FallbackGemm kBf16Fallbacks[] = {Bf16FallbackGemm::onednn_bf16,
 
 // oneDNN 2.6 builds no bf16 GEMM without AVX-512: on an AVX2-only host (AMD Zen 3), or here under
 // ONEDNN_MAX_CPU_ISA=AVX2, the OneDnnBf16 cases skip (the widened ones, which such a host runs,
-// still run). Reproduced on an AMX host with a build for an AVX2 target:
-//   cmake -S . -B build-avx2 -G Ninja -DLATTICE_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=haswell
-//   cmake --build build-avx2 --target test_kernels
-//   ONEDNN_MAX_CPU_ISA=AVX2 OMP_NUM_THREADS=3 build-avx2/tests/test_kernels
+// still run). Reproduced on an AMX host with the portable build (x86-64-v3) and both ISA caps,
+// oneDNN's and the kernels' own (LATTICE_MAX_CPU_ISA, core/cpu_features.hpp):
+//   cmake --preset portable && cmake --build --preset portable --target test_kernels
+//   export ONEDNN_MAX_CPU_ISA=AVX2 LATTICE_MAX_CPU_ISA=avx2 OMP_NUM_THREADS=3
+//   build-portable/tests/test_kernels
 class MatmulBf16 : public ::testing::TestWithParam<Bf16FallbackGemm> {
  protected:
   void SetUp() override {
