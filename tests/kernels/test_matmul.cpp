@@ -466,6 +466,10 @@ TEST(MatmulOptions, WithoutTheAmxKernelsWidenedBf16RunsOnTheFp32Units) {
   options.amx_kernels = true;
   // With the AMX kernels on, only a CPU without AMX leaves every bf16 product on the fp32 units.
   EXPECT_EQ(MatmulEngine(options).bf16_on_fp32_units(), !amx_packed_gemm_enabled());
+  // The vocabulary-blocked head follows the engine's option (d_model 192: a width it takes).
+  EXPECT_FALSE(widened.uses_vocab_blocked_head(192));
+  EXPECT_EQ(MatmulEngine(options).uses_vocab_blocked_head(192), amx_packed_gemm_enabled());
+  EXPECT_FALSE(MatmulEngine(options).uses_vocab_blocked_head(200));  // not a multiple of 32
   // The same products either way, to fp32 rounding: a shape the AMX kernels take.
   const int64_t M = 256, K = 64, N = 96;
   const auto in = random_vector(M * K, 41), weight = random_vector(N * K, 42);

@@ -177,6 +177,10 @@ class MatmulEngine {
   // (vocab_blocked_head_applies takes the environment's amx_kernels setting, as a default engine;
   // head_cross_entropy_vocab_blocked runs wherever the CPU has AMX, whatever the engine's options.)
   static bool vocab_blocked_head_applies(int64_t K);
+  // Whether this engine's head takes the vocabulary-blocked kernel: its AMX kernels on
+  // (MatmulOptions::amx_kernels), AMX here and a width K the kernel takes. What a caller holding
+  // the engine should ask instead of the static vocab_blocked_head_applies.
+  bool uses_vocab_blocked_head(int64_t K) const;
   static int vocab_blocked_lanes(int64_t M);
   void head_cross_entropy_vocab_blocked(const lattice::bf16* in16, WeightOperand weight, int64_t M,
                                         int64_t K, int64_t V, const int32_t* targets,

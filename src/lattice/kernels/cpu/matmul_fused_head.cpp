@@ -18,6 +18,10 @@ bool MatmulEngine::vocab_blocked_head_applies(int64_t K) {
   return amx_kernels && amx_packed_gemm_enabled() && vocab_blocked_head_rows_per_pass(K) > 0;
 }
 
+bool MatmulEngine::uses_vocab_blocked_head(int64_t K) const {
+  return impl_->amx && vocab_blocked_head_rows_per_pass(K) > 0;
+}
+
 int MatmulEngine::vocab_blocked_lanes(int64_t M) {
   // At least 256 rows per lane: fewer would re-read the head weight for little work.
   return static_cast<int>(std::clamp<int64_t>(M / 256, 1, omp_get_max_threads()));
