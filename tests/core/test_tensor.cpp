@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
@@ -61,4 +62,32 @@ TEST(Rng, IsDeterministicAndRestorable) {
   }
   EXPECT_NEAR(sum / 1e5, 0.0, 0.02);
   EXPECT_NEAR(sum_sq / 1e5, 1.0, 0.02);
+}
+
+TEST(Tensor, CarriesItsDeviceCpuByDefault) {
+  Tensor t({2, 3}, DType::f32);
+  EXPECT_EQ(t.device(), Device::cpu);
+  EXPECT_EQ(Tensor().device(), Device::cpu);
+  EXPECT_EQ(t.clone().device(), Device::cpu);
+  Tensor moved = std::move(t);
+  EXPECT_EQ(moved.device(), Device::cpu);
+  EXPECT_EQ(device_name(Device::cpu), "cpu");
+  EXPECT_EQ(device_name(Device::cuda), "cuda");
+  // CPU kernels take host pointers: a cpu tensor hands them out, checked with the dtype.
+  EXPECT_NO_THROW(moved.data<float>());
+  EXPECT_NO_THROW(moved.check_on(Device::cpu));
+  EXPECT_THROW(moved.check_on(Device::cuda), Error);
+}
+
+TEST(Tensor, CudaIsReservedUntilItsBackendAllocates) {
+  try {
+    Tensor t({4}, DType::f32, nullptr, MemoryCategory::other, Device::cuda);
+    FAIL() << "a cuda tensor was allocated";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+  }
+  // An empty tensor needs no storage, so it may name any device.
+  Tensor empty({0}, DType::f32, nullptr, MemoryCategory::other, Device::cuda);
+  EXPECT_EQ(empty.device(), Device::cuda);
+  EXPECT_THROW(empty.check_on(Device::cpu), Error);
 }

@@ -1,41 +1,30 @@
 // Reduction kernels: blocks of up to kBlock elements are accumulated in an L1-resident buffer (fp32
 // for bf16/fp16), then stored to every target with plain or non-temporal stores; an fp32 sum of at
-// most one block goes straight from the sources into the targets (AVX-512, same order and bits).
+// most one block goes straight from the sources into the targets (AVX-512, same order and bits),
+// and streaming stores are AVX-512's: both in reduce_kernels_avx512.cpp, taken where
+// cpu_features() has AVX-512.
 #include "lattice/comm/reduce_kernels.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__SSE2__)
+#if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
 #include "lattice/comm/half.hpp"
+#include "lattice/comm/reduce_kernels_isa.hpp"
+#include "lattice/core/cpu_features.hpp"
 #include "lattice/core/error.hpp"
 
 namespace lattice::comm {
 namespace {
 
-constexpr int64_t kBlock = 2048;
-
 // Stores `bytes` from an L1 block to `target`, streaming when asked and the target can be aligned.
 void store_block(void* target, const void* source, size_t bytes, bool streaming) {
-#if defined(__AVX512F__)
-  if (streaming && bytes >= 256) {
-    auto* out = static_cast<char*>(target);
-    const auto* in = static_cast<const char*>(source);
-    size_t head = (64 - (reinterpret_cast<uintptr_t>(out) & 63)) & 63;
-    std::memcpy(out, in, head);
-    size_t i = head;
-    for (; i + 64 <= bytes; i += 64) {
-      __m512i v = _mm512_loadu_si512(in + i);
-      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i), v);
-    }
-    std::memcpy(out + i, in + i, bytes - i);
-    return;
-  }
-#endif
+  if (streaming && bytes >= 256 && cpu_features().avx512())
+    return avx512::stream_block(target, source, bytes);
   std::memcpy(target, source, bytes);
 }
 
@@ -149,38 +138,6 @@ void reduce_typed(const void* const* sources, int source_count, void* const* tar
   if (streaming) store_fence();
 }
 
-#if defined(__AVX512F__)
-// fp32 sums (and averages) of at most one block, straight from the sources into the targets, 16
-// lanes at a time: the same additions in the same order as reduce_typed (source 0 + source 1 + ...,
-// then the division), so the same bits, without the staging block and its copy: 128 floats from
-// two sources (a 1 KiB reduce-scatter's share on 2 ranks) 47-50 -> 14 ns, best of 20,000 loops.
-// Every source of a lane is loaded before any target is stored, which keeps a target that aliases
-// a source element for element correct.
-template <int kSources>  // 0: any number, given by source_count
-void sum_f32_block_of(const void* const* sources, int source_count, void* const* targets,
-                      int target_count, int64_t count, int average_divisor) {
-  if constexpr (kSources > 0) source_count = kSources;
-  const __m512 divisor = _mm512_set1_ps(static_cast<float>(average_divisor));
-  for (int64_t i = 0; i < count; i += 16) {
-    const __mmask16 lanes =
-        count - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (count - i)) - 1);
-    __m512 acc = _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(sources[0]) + i);
-    for (int s = 1; s < source_count; ++s)
-      acc = _mm512_add_ps(acc,
-                          _mm512_maskz_loadu_ps(lanes, static_cast<const float*>(sources[s]) + i));
-    if (average_divisor > 0) acc = _mm512_div_ps(acc, divisor);
-    for (int t = 0; t < target_count; ++t)
-      _mm512_mask_storeu_ps(static_cast<float*>(targets[t]) + i, lanes, acc);
-  }
-}
-
-void sum_f32_block(const void* const* sources, int source_count, void* const* targets,
-                   int target_count, int64_t count, int average_divisor) {
-  if (source_count == 2 && target_count == 1)  // a reduce-scatter or reduce on two ranks
-    return sum_f32_block_of<2>(sources, 2, targets, 1, count, average_divisor);
-  sum_f32_block_of<0>(sources, source_count, targets, target_count, count, average_divisor);
-}
-
 // Whether sum_f32_block may run: one block, and every target either is a source or overlaps none
 // (reduce_typed stages a whole block before storing, so it also takes overlaps at an offset).
 bool sum_f32_block_applies(const void* const* sources, int source_count, void* const* targets,
@@ -196,7 +153,6 @@ bool sum_f32_block_applies(const void* const* sources, int source_count, void* c
   }
   return true;
 }
-#endif
 
 template <class Stored>
 void reduce_dispatch_op(const void* const* sources, int source_count, void* const* targets,
@@ -228,11 +184,10 @@ void reduce_into_targets(const void* const* sources, int source_count, void* con
   if (count <= 0 || source_count <= 0) return;
   switch (dtype) {
     case DType::f32:
-#if defined(__AVX512F__)
-      if ((op == ReduceOp::sum || op == ReduceOp::avg) &&
+      if ((op == ReduceOp::sum || op == ReduceOp::avg) && cpu_features().avx512() &&
           sum_f32_block_applies(sources, source_count, targets, target_count, count))
-        return sum_f32_block(sources, source_count, targets, target_count, count, average_divisor);
-#endif
+        return avx512::sum_f32_block(sources, source_count, targets, target_count, count,
+                                     average_divisor);
       return reduce_dispatch_op<float>(sources, source_count, targets, target_count, count, op,
                                        average_divisor);
     case DType::bf16:

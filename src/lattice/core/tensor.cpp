@@ -26,11 +26,29 @@ std::string shape_string(const Shape& shape) {
   return s + "]";
 }
 
-Tensor::Tensor(Shape shape, DType dtype, MemoryTracker* tracker, MemoryCategory category)
-    : shape_(std::move(shape)), dtype_(dtype), tracker_(tracker), category_(category) {
+std::string_view device_name(Device device) {
+  switch (device) {
+    case Device::cpu:
+      return "cpu";
+    case Device::cuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+Tensor::Tensor(Shape shape, DType dtype, MemoryTracker* tracker, MemoryCategory category,
+               Device device)
+    : shape_(std::move(shape)),
+      dtype_(dtype),
+      tracker_(tracker),
+      category_(category),
+      device_(device) {
   numel_ = shape_numel(shape_);
   size_t bytes = nbytes();
   if (bytes == 0) return;
+  check(device_ == Device::cpu, "tensor: cannot allocate " + shape_string(shape_) + " on " +
+                                    std::string(device_name(device_)) +
+                                    ": this build has no backend for that device; allocate on cpu");
   size_t padded = (bytes + 63) / 64 * 64;
   data_ = allocate_aligned(padded);
   if (!data_) throw std::bad_alloc();
@@ -55,12 +73,13 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     tracker_ = std::exchange(other.tracker_, nullptr);
     category_ = other.category_;
+    device_ = other.device_;
   }
   return *this;
 }
 
 Tensor Tensor::clone() const {
-  Tensor copy(shape_, dtype_, tracker_, category_);
+  Tensor copy(shape_, dtype_, tracker_, category_, device_);
   if (nbytes()) std::memcpy(copy.data_, data_, nbytes());
   return copy;
 }
@@ -82,6 +101,14 @@ void Tensor::zero() {
 void Tensor::check_type(DType expected) const {
   check(expected == dtype_, "tensor of dtype " + std::string(dtype_name(dtype_)) + " accessed as " +
                                 std::string(dtype_name(expected)));
+  check_on(Device::cpu);
+}
+
+void Tensor::check_on(Device expected) const {
+  if (device_ != expected)
+    throw Error("tensor " + shape_string(shape_) + " is on " + std::string(device_name(device_)) +
+                " but was handed to " + std::string(device_name(expected)) +
+                " code: move it there first");
 }
 
 }  // namespace lattice

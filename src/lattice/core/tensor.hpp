@@ -1,10 +1,12 @@
-// Tensor: an owned, 64-byte-aligned, contiguous n-d buffer with a dtype, a shape and an optional
-// memory-accounting category. Kernels take raw pointers from it; it does no arithmetic itself.
+// Tensor: an owned, 64-byte-aligned, contiguous n-d buffer with a dtype, a shape, the device its
+// storage lives on and an optional memory-accounting category. Kernels take raw pointers from it;
+// it does no arithmetic itself.
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lattice/core/dtype.hpp"
@@ -14,16 +16,22 @@ namespace lattice {
 
 using Shape = std::vector<int64_t>;
 
+// Where a tensor's storage lives. Every tensor is on the cpu today; cuda is reserved for the CUDA
+// backend (kernels/cuda), and a tensor with storage there is refused until that backend allocates.
+enum class Device : uint8_t { cpu, cuda };
+std::string_view device_name(Device device);
+
 int64_t shape_numel(const Shape& shape);
 std::string shape_string(const Shape& shape);
 
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates zero-filled storage. With a tracker, the bytes are counted under `category` until the
-  // tensor is destroyed or reset.
+  // Allocates zero-filled storage on `device`. With a tracker, the bytes are counted under
+  // `category` until the tensor is destroyed or reset. Throws Error for storage on Device::cuda
+  // (no backend allocates there yet; an empty tensor may name it).
   Tensor(Shape shape, DType dtype, MemoryTracker* tracker = nullptr,
-         MemoryCategory category = MemoryCategory::other);
+         MemoryCategory category = MemoryCategory::other, Device device = Device::cpu);
   ~Tensor();
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
@@ -44,10 +52,15 @@ class Tensor {
   int64_t numel() const { return numel_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
   MemoryCategory category() const { return category_; }
+  Device device() const { return device_; }
+  // Throws Error naming both devices unless the tensor is on `expected`: for a kernel of one
+  // device that is handed a tensor.
+  void check_on(Device expected) const;
 
   void* raw() { return data_; }
   const void* raw() const { return data_; }
-  // Typed access; throws Error when T does not match the dtype.
+  // Typed access; throws Error when T does not match the dtype, or the tensor is not on the cpu
+  // (these are host pointers for the CPU kernels; one dtype-and-device compare).
   template <class T>
   T* data();
   template <class T>
@@ -64,6 +77,7 @@ class Tensor {
   void* data_ = nullptr;
   MemoryTracker* tracker_ = nullptr;
   MemoryCategory category_ = MemoryCategory::other;
+  Device device_ = Device::cpu;
 };
 
 template <class T>

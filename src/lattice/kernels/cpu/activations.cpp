@@ -5,7 +5,8 @@
 
 #include <algorithm>
 
-#include "lattice/kernels/cpu/bf16_vector.hpp"
+#include "lattice/core/cpu_features.hpp"
+#include "lattice/kernels/cpu/activations_isa.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/fast_exp.hpp"
 
@@ -13,9 +14,7 @@ namespace lattice::kernels {
 
 namespace {
 
-constexpr float kSqrt2OverPi = 0.7978845608028654f;  // sqrt(2 / pi), PyTorch's kBeta
-constexpr float kGeluCubic = 0.044715f;              // PyTorch's kKappa
-constexpr int64_t kParallelThreshold = 32768;        // below this, threads cost more than they save
+constexpr int64_t kParallelThreshold = 32768;  // below this, threads cost more than they save
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u) = x * (1 / (1 + e^(-2u))), u = sqrt(2/pi) (x + 0.044715
 // x^3): one division, the sigmoid's, which gelu_value_and_slope shares with the slope. The fp32
@@ -53,28 +52,26 @@ inline void gelu_value_and_slope(float x, float& value, float& slope) {
 // Elements per block of the bf16 forward: the fp32 values of a block stay in L1 before rounding.
 constexpr int64_t kBf16Block = 1024;
 
-#if defined(__AVX512F__)
-// gelu_value_and_slope on 16 lanes, the same operations in the same order (bit for bit), both
-// results rounded to bf16 in registers.
-inline void gelu_value_and_slope_bf16(lattice::bf16* value, lattice::bf16* slope, __m512 x) {
-  const __m512 one = _mm512_set1_ps(1.0f), sqrt2_over_pi = _mm512_set1_ps(kSqrt2OverPi);
-  const __m512 x_squared = _mm512_mul_ps(x, x);
-  const __m512 u = _mm512_mul_ps(
-      sqrt2_over_pi,
-      _mm512_add_ps(x, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluCubic), x_squared), x)));
-  const __m512 du_dx = _mm512_mul_ps(
-      sqrt2_over_pi,
-      _mm512_add_ps(one, _mm512_mul_ps(_mm512_set1_ps(3.0f * kGeluCubic), x_squared)));
-  const __m512 e = fast_exp(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
-  const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e));
-  const __m512 one_minus_s = _mm512_mul_ps(e, s);
-  const __m512 two_x_s = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(2.0f), x), s);
-  const __m512 slope_value =
-      _mm512_add_ps(s, _mm512_mul_ps(_mm512_mul_ps(two_x_s, one_minus_s), du_dx));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(value), to_bf16_bits(_mm512_mul_ps(x, s)));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(slope), to_bf16_bits(slope_value));
+// The portable tier: no vectors, the callers' loops take every element.
+int64_t no_gelu_forward_vectors(lattice::bf16*, lattice::bf16*, const float*, int64_t) {
+  return 0;
 }
-#endif
+int64_t no_gelu_backward_vectors(lattice::bf16*, double*, const float*, const lattice::bf16*,
+                                 int64_t) {
+  return 0;
+}
+
+// The best tier's vector loops on this CPU (chosen once).
+const ActivationVectors& activation_vectors() {
+  static const ActivationVectors& chosen = []() -> const ActivationVectors& {
+    static constexpr ActivationVectors kPortable{no_gelu_forward_vectors, no_gelu_backward_vectors};
+    const CpuFeatures& cpu = cpu_features();
+    if (cpu.avx512_with_bf16()) return avx512bf16::activation_vectors();
+    if (cpu.avx512()) return avx512::activation_vectors();
+    return kPortable;
+  }();
+  return chosen;
+}
 
 }  // namespace
 
@@ -90,13 +87,9 @@ void gelu_backward(float* d_in, const float* d_out, const float* in, int64_t n) 
 
 void gelu_forward_bf16_with_slope_on_this_thread(lattice::bf16* out, lattice::bf16* slope,
                                                  const float* in, int64_t n) {
-#if defined(__AVX512F__)
-  // Rounded in registers; the tail as below.
-  const int64_t vector_end = n / 16 * 16;
-  for (int64_t i = 0; i < vector_end; i += 16)
-    gelu_value_and_slope_bf16(out + i, slope + i, _mm512_loadu_ps(in + i));
+  // The best tier's vectors first (activations_isa.hpp), rounded in registers; the rest here.
+  const int64_t vector_end = activation_vectors().gelu_forward_bf16_with_slope(out, slope, in, n);
   out += vector_end, slope += vector_end, in += vector_end, n -= vector_end;
-#endif
   alignas(64) float values[kBf16Block];
   alignas(64) float slopes[kBf16Block];
   for (int64_t begin = 0; begin < n; begin += kBf16Block) {
@@ -125,32 +118,9 @@ void gelu_backward_from_slope_bf16_rows(lattice::bf16* d_in16, double* column_su
                                         int64_t rows, int64_t cols) {
   alignas(64) float values[kBf16Block];
   for (int64_t i = 0; i < rows; ++i) {
-    int64_t vector_end = 0;
-#if defined(__AVX512F__)
-    // 16 columns at a time in registers: the product rounded, its column sums accumulated in the
-    // same order (row by row, in double) as the loop below.
-    vector_end = cols / 16 * 16;
-    for (int64_t j = 0; j < vector_end; j += 16) {
-      const int64_t e = i * cols + j;
-      // (Zero-masked forms with every lane selected: GCC 12 warns, falsely, on the unmasked
-      // forms' undefined pass-through operand.)
-      const __m512i slope_bits = _mm512_maskz_cvtepu16_epi32(
-          0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(slope + e)));
-      const __m512 product =
-          _mm512_mul_ps(_mm512_loadu_ps(d_out + e),
-                        _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, slope_bits, 16)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(d_in16 + e), to_bf16_bits(product));
-      if (column_sums != nullptr) {
-        double* sum = column_sums + j;
-        const __m256 low = _mm512_maskz_extractf32x8_ps(0xff, product, 0);
-        const __m256 high = _mm512_maskz_extractf32x8_ps(0xff, product, 1);
-        _mm512_storeu_pd(sum,
-                         _mm512_add_pd(_mm512_loadu_pd(sum), _mm512_maskz_cvtps_pd(0xff, low)));
-        _mm512_storeu_pd(
-            sum + 8, _mm512_add_pd(_mm512_loadu_pd(sum + 8), _mm512_maskz_cvtps_pd(0xff, high)));
-      }
-    }
-#endif
+    // The best tier's vectors first (activations_isa.hpp), then the rest of the row here.
+    const int64_t vector_end = activation_vectors().gelu_backward_from_slope_bf16_row(
+        d_in16 + i * cols, column_sums, d_out + i * cols, slope + i * cols, cols);
     for (int64_t begin = vector_end; begin < cols; begin += kBf16Block) {
       const int64_t width = std::min(kBf16Block, cols - begin);
       const lattice::bf16* g = slope + i * cols + begin;

@@ -11,26 +11,19 @@
 // (intrinsics GCC cannot fuse, masked tails) so the compiler cannot contract or reorder it.
 #include "lattice/kernels/cpu/adamw.hpp"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
+#include "lattice/core/cpu_features.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/adamw_isa.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/row_chunks.hpp"
 
 namespace lattice::kernels {
 namespace {
-
-struct AdamWScalars {
-  float grad_scale, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bias_correction2_sqrt,
-      eps, neg_step_size;
-};
 
 AdamWScalars make_scalars(const AdamWHyper& h, int64_t step, float grad_scale) {
   const double step_d = static_cast<double>(step);
@@ -55,68 +48,11 @@ constexpr int64_t kChunk = 1 << 14;
 // Elements updated before they are rounded into the bf16 copy: 4 KiB of values, still in L1.
 constexpr int64_t kRoundBlock = 1024;
 
-#if defined(__AVX512F__)
-// The *_round_ps forms (round to nearest, exceptions suppressed as in plain arithmetic) are used
-// because GCC treats plain _mm512_mul_ps / _mm512_add_ps as ordinary vector arithmetic and
-// contracts a multiply feeding an add into an FMA; these builtins are never fused. Their
-// zero-masked forms with every lane selected: GCC 12 warns (falsely) on the unmasked forms'
-// undefined pass-through operand.
-constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-constexpr __mmask16 kAllLanes = 0xffff;
-inline __m512 mul(__m512 a, __m512 b) {
-  return _mm512_maskz_mul_round_ps(kAllLanes, a, b, kNearest);
-}
-inline __m512 add(__m512 a, __m512 b) {
-  return _mm512_maskz_add_round_ps(kAllLanes, a, b, kNearest);
-}
-inline __m512 div(__m512 a, __m512 b) {
-  return _mm512_maskz_div_round_ps(kAllLanes, a, b, kNearest);
-}
-
-inline void adamw_vector(float* p, const float* g_in, float* m, float* v, __mmask16 mask,
-                         const AdamWScalars& s) {
-  const __m512 g = mul(_mm512_maskz_loadu_ps(mask, g_in), _mm512_set1_ps(s.grad_scale));
-  __m512 pv = mul(_mm512_maskz_loadu_ps(mask, p), _mm512_set1_ps(s.decay));
-  __m512 mv = mul(_mm512_maskz_loadu_ps(mask, m), _mm512_set1_ps(s.beta1));
-  mv = _mm512_fmadd_ps(g, _mm512_set1_ps(s.one_minus_beta1), mv);
-  __m512 vv = mul(_mm512_maskz_loadu_ps(mask, v), _mm512_set1_ps(s.beta2));
-  vv = add(vv, mul(mul(_mm512_set1_ps(s.one_minus_beta2), g), g));
-  __m512 denom = div(_mm512_maskz_sqrt_round_ps(kAllLanes, vv, kNearest),
-                     _mm512_set1_ps(s.bias_correction2_sqrt));
-  denom = add(denom, _mm512_set1_ps(s.eps));
-  pv = add(pv, div(mul(_mm512_set1_ps(s.neg_step_size), mv), denom));
-  _mm512_mask_storeu_ps(p, mask, pv);
-  _mm512_mask_storeu_ps(m, mask, mv);
-  _mm512_mask_storeu_ps(v, mask, vv);
-}
-
+// adamw_range of the best tier this CPU has (adamw_isa.hpp).
 void adamw_range(float* p, const float* g, float* m, float* v, int64_t n, const AdamWScalars& s) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) adamw_vector(p + i, g + i, m + i, v + i, 0xffff, s);
-  if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    adamw_vector(p + i, g + i, m + i, v + i, tail, s);
-  }
+  static const auto chosen = cpu_features().avx512() ? avx512::adamw_range : portable_adamw_range;
+  chosen(p, g, m, v, n, s);
 }
-#else
-__attribute__((optimize("fp-contract=off"))) void adamw_range(float* p, const float* g_in, float* m,
-                                                              float* v, int64_t n,
-                                                              const AdamWScalars& s) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = g_in[i] * s.grad_scale;
-    float pv = p[i] * s.decay;
-    const float mv = std::fma(g, s.one_minus_beta1, m[i] * s.beta1);
-    const float scaled = s.one_minus_beta2 * g;
-    const float vv = v[i] * s.beta2 + scaled * g;
-    const float denom = std::sqrt(vv) / s.bias_correction2_sqrt + s.eps;
-    const float update = s.neg_step_size * mv;
-    pv = pv + update / denom;
-    p[i] = pv;
-    m[i] = mv;
-    v[i] = vv;
-  }
-}
-#endif
 
 // Elements [begin, end) of one tensor (at most one chunk), rounded into param16 when given.
 void adamw_chunk(float* param, const float* grad, float* m, float* v, lattice::bf16* param16,
@@ -139,6 +75,26 @@ void check_step(int64_t step) {
 }
 
 }  // namespace
+
+// The portable tier: the same operations in scalar code, none contracted.
+__attribute__((optimize("fp-contract=off"))) void portable_adamw_range(float* p, const float* g_in,
+                                                                       float* m, float* v,
+                                                                       int64_t n,
+                                                                       const AdamWScalars& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = g_in[i] * s.grad_scale;
+    float pv = p[i] * s.decay;
+    const float mv = std::fma(g, s.one_minus_beta1, m[i] * s.beta1);
+    const float scaled = s.one_minus_beta2 * g;
+    const float vv = v[i] * s.beta2 + scaled * g;
+    const float denom = std::sqrt(vv) / s.bias_correction2_sqrt + s.eps;
+    const float update = s.neg_step_size * mv;
+    pv = pv + update / denom;
+    p[i] = pv;
+    m[i] = mv;
+    v[i] = vv;
+  }
+}
 
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWHyper& hyper, int64_t step, float grad_scale, lattice::bf16* param16) {

@@ -6,7 +6,6 @@
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -99,23 +98,6 @@ void gemm_row_blocks(float* C, int64_t ldc, const uint16_t* A, int64_t lda, cons
 #endif
 
 }  // namespace
-
-bool amx_packed_gemm_enabled() {
-  static const bool enabled = [] {
-    const char* off = std::getenv("LATTICE_MATMUL_NO_AMX_PACKED");
-    const bool disabled = off != nullptr && *off != '\0' && *off != '0';
-    return !disabled && amx_tile_state_granted();
-  }();
-  return enabled;
-}
-
-bool amx_packed_gemm_fits(int64_t K, int64_t N) {
-  return K > 0 && N > 0 && K % 32 == 0 && N % 32 == 0;
-}
-
-int64_t amx_padded(int64_t n) {
-  return (n + 31) / 32 * 32;
-}
 
 void pack_b_panels(uint16_t* packed, const lattice::bf16* weight, bool weight_transposed, int64_t K,
                    int64_t N) {

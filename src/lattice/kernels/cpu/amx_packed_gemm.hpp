@@ -12,16 +12,20 @@
 
 namespace lattice::kernels {
 
-// True when this build and process can run the packed GEMM (amx_tile_state_granted) and the
-// environment does not set LATTICE_MATMUL_NO_AMX_PACKED (read once per process; set it to 1 to use
-// oneDNN's chunk GEMMs instead, for comparison).
+// True when this process can run the packed GEMM (amx_tile_state_granted). Whether an engine uses
+// it is the engine's option (MatmulOptions::amx_kernels). Defined in amx_tiles.cpp, which runs on
+// any CPU (this kernel's file is compiled for AMX: CMakeLists.txt).
 bool amx_packed_gemm_enabled();
 
 // Whether a B of [K, N] fits the kernel's tiles without padding: K and N multiples of 32.
-bool amx_packed_gemm_fits(int64_t K, int64_t N);
+inline bool amx_packed_gemm_fits(int64_t K, int64_t N) {
+  return K > 0 && N > 0 && K % 32 == 0 && N % 32 == 0;
+}
 
 // n rounded up to a multiple of 32: the kernel's padded K and N.
-int64_t amx_padded(int64_t n);
+inline int64_t amx_padded(int64_t n) {
+  return (n + 31) / 32 * 32;
+}
 
 // B packed into 32-column panels: panel p holds columns [32p, 32p + 32) as [Kp/2][32][2] (the bf16
 // pairs (k, k + 1) of each column side by side, as tdpbf16ps reads B), Kp and Np being K and N

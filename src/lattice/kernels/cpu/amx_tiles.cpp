@@ -1,27 +1,24 @@
-// AMX tile state: see amx_tiles.hpp.
+// AMX tile state: see amx_tiles.hpp. Compiled for any CPU (the AMX kernels' own files are compiled
+// for AMX and run only where this says so).
 #include "lattice/kernels/cpu/amx_tiles.hpp"
 
-#if defined(LATTICE_HAS_AMX) && !defined(LATTICE_AMX_EMULATED)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include "lattice/core/cpu_features.hpp"
+#include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 
 namespace lattice::kernels {
 
 bool amx_tile_state_granted() {
 #if defined(LATTICE_AMX_EMULATED)
   return true;  // the tiles are plain memory
-#elif defined(LATTICE_HAS_AMX)
-  // Linux grants a process the AMX tile state only on request (ARCH_REQ_XCOMP_PERM for
-  // XFEATURE_XTILEDATA).
-  static const bool granted = [] {
-    constexpr long kRequestXcompPermission = 0x1023, kXfeatureTileData = 18;
-    return syscall(SYS_arch_prctl, kRequestXcompPermission, kXfeatureTileData) == 0;
-  }();
-  return granted;
 #else
-  return false;
+  // CPUID's AMX-TILE and AMX-BF16, XCR0's tile state and Linux's grant of the tile data
+  // (cpu_features.hpp), asked once per process.
+  return cpu_features().amx();
 #endif
+}
+
+bool amx_packed_gemm_enabled() {
+  return amx_tile_state_granted();
 }
 
 }  // namespace lattice::kernels

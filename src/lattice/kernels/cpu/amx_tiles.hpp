@@ -1,6 +1,7 @@
 // AMX tile state for the kernels that issue tile instructions themselves (attention, the packed
-// row-chunk GEMM): whether this build targets AMX and Linux grants the process the tile state, and
-// a scope that configures the calling thread's tile registers. With LATTICE_AMX_EMULATED (a test
+// row-chunk GEMM): whether this CPU has AMX and Linux grants the process the tile state, and a
+// scope that configures the calling thread's tile registers (defined in files compiled for AMX:
+// LATTICE_HAS_AMX). With LATTICE_AMX_EMULATED (a test
 // build for hosts without AMX, tests/CMakeLists.txt) the same kernels run on a scalar emulation of
 // the tile instructions below: their packing, blocking and tails are tested there, not the tile
 // unit or its speed.
@@ -18,8 +19,10 @@
 
 namespace lattice::kernels {
 
-// True when the build targets AMX (-march with amx-tile and amx-bf16) and Linux granted this
-// process the tile state; asked once per process, the answer never changes.
+// True where this CPU has AMX-TILE and AMX-BF16 and Linux granted this process the tile state
+// (cpu_features().amx(); always with LATTICE_AMX_EMULATED); asked once per process, the answer
+// never changes. The kernels' files are compiled for AMX whatever the rest of the build targets
+// (CMakeLists.txt); their tile code runs only where this is true.
 bool amx_tile_state_granted();
 
 #if defined(LATTICE_AMX_EMULATED)

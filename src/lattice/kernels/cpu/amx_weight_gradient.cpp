@@ -156,10 +156,6 @@ class LinePrefetcher {
 
 }  // namespace
 
-bool amx_weight_gradient_fits(int64_t N, int64_t K) {
-  return N > 0 && K > 0 && N % 32 == 0 && K % 32 == 0;
-}
-
 size_t amx_weight_gradient_scratch_bytes(int64_t M, int64_t rows, int64_t columns,
                                          WeightGradientUpdate update) {
   // The largest block of any call with at most M tokens (token_block is not monotonic in M: fewer

@@ -15,7 +15,9 @@ namespace lattice::kernels {
 
 // Whether the kernel takes a weight of [N, K] as stored, D being [M, N] dense: N and K positive
 // multiples of 32 (any M >= 0). Any N > 0 is taken when D's rows are padded (below).
-bool amx_weight_gradient_fits(int64_t N, int64_t K);
+inline bool amx_weight_gradient_fits(int64_t N, int64_t K) {
+  return N > 0 && K > 0 && N % 32 == 0 && K % 32 == 0;
+}
 
 // What the kernel does with dW:
 //   overwrite:  dW = D^T · X

@@ -1,18 +1,14 @@
-// fp32 <-> bf16 bulk conversion: see convert.hpp. The AVX-512 path rounds 16 lanes at a time with
-// bf16_vector.hpp's to_bf16_bits (vcvtneps2bf16 where no lane is denormal, else the integer
-// arithmetic of lattice::to_bf16), the tail element by element with lattice::to_bf16.
+// fp32 <-> bf16 bulk conversion: see convert.hpp. The serial converters come from the best
+// instruction-set tier this CPU has (convert_isa.hpp: AVX-512 rounds 16 lanes at a time with
+// bf16_vector.hpp's to_bf16_bits, vcvtneps2bf16 on AVX512-BF16; the portable tier element by
+// element with lattice::to_bf16); this file threads them over chunks.
 #include "lattice/kernels/cpu/convert.hpp"
 
-#include "lattice/kernels/cpu/bf16_vector.hpp"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
-#include <bit>
 #include <cstdint>
-#include <cstring>
+
+#include "lattice/core/cpu_features.hpp"
+#include "lattice/kernels/cpu/convert_isa.hpp"
 
 namespace lattice::kernels {
 namespace {
@@ -20,44 +16,43 @@ namespace {
 // Elements per parallel work item: large enough to amortise scheduling, small enough to split work.
 constexpr int64_t kChunk = 1 << 16;
 
-#if defined(__AVX512F__)
-using u32x16 = uint32_t __attribute__((vector_size(64)));
-using u16x16 = uint16_t __attribute__((vector_size(32)));
-#endif
+void portable_to_bf16(bf16* out, const float* in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]);
+}
 
-// out[i] = to_bf16(in[i]) or, with Scaled, to_bf16(in[i] * scale) (one fp32 multiply).
-template <bool Scaled>
-void to_bf16_serial_impl(bf16* out, const float* in, int64_t n, float scale) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  const __m512 scale_v = _mm512_set1_ps(scale);
-  for (; i + 16 <= n; i += 16) {
-    __m512 x = _mm512_loadu_ps(in + i);
-    if constexpr (Scaled) x = _mm512_mul_ps(x, scale_v);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), to_bf16_bits(x));
-  }
-#endif
-  for (; i < n; ++i) out[i] = to_bf16(Scaled ? in[i] * scale : in[i]);
+void portable_to_bf16_scaled(bf16* out, const float* in, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_bf16(in[i] * scale);
+}
+
+void portable_to_f32(float* out, const bf16* in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = to_float(in[i]);
 }
 
 void to_bf16_serial(bf16* out, const float* in, int64_t n) {
-  to_bf16_serial_impl<false>(out, in, n, 1.0f);
+  serial_converters().to_bf16(out, in, n);
 }
 
 void to_f32_serial(float* out, const bf16* in, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    u16x16 h;
-    std::memcpy(&h, in + i, sizeof h);
-    const u32x16 u = __builtin_convertvector(h, u32x16) << 16;
-    std::memcpy(out + i, &u, sizeof u);
-  }
-#endif
-  for (; i < n; ++i) out[i] = to_float(in[i]);
+  serial_converters().to_f32(out, in, n);
 }
 
 }  // namespace
+
+const SerialConverters& portable_converters() {
+  static constexpr SerialConverters kConverters{portable_to_bf16, portable_to_bf16_scaled,
+                                                portable_to_f32};
+  return kConverters;
+}
+
+const SerialConverters& serial_converters() {
+  static const SerialConverters& chosen = []() -> const SerialConverters& {
+    const CpuFeatures& cpu = cpu_features();
+    if (cpu.avx512_with_bf16()) return avx512bf16::converters();
+    if (cpu.avx512()) return avx512::converters();
+    return portable_converters();
+  }();
+  return chosen;
+}
 
 void convert_to_bf16(bf16* out, const float* in, int64_t n) {
   if (n <= 0) return;
@@ -74,7 +69,7 @@ void convert_to_bf16_on_this_thread(bf16* out, const float* in, int64_t n) {
 }
 
 void convert_scaled_to_bf16_on_this_thread(bf16* out, const float* in, float scale, int64_t n) {
-  if (n > 0) to_bf16_serial_impl<true>(out, in, n, scale);
+  if (n > 0) serial_converters().to_bf16_scaled(out, in, n, scale);
 }
 
 void convert_to_f32(float* out, const bf16* in, int64_t n) {

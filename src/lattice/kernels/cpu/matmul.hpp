@@ -45,19 +45,41 @@ void round_to_bf16_with_column_sums(lattice::bf16* d_out16, float* d_bias, const
 // them on a CPU without AMX). Either way the operands are the same bf16 values, their products are
 // exact and the sums are fp32; the two agree to fp32 rounding.
 enum class Bf16FallbackGemm {
-  // widened_fp32 where oneDNN finds no AMX on this CPU, else onednn_bf16; the environment variable
-  // LATTICE_MATMUL_BF16_FALLBACK=onednn or =fp32 chooses instead.
+  // widened_fp32 where oneDNN finds no AMX on this CPU, else onednn_bf16 (the setting
+  // LATTICE_MATMUL_BF16_FALLBACK=onednn or =fp32 chooses instead: MatmulOptions).
   automatic,
   // oneDNN's bf16 matmul: AMX where the CPU has it, else AVX512-BF16 dot products (vdpbf16ps),
-  // which on a host without AMX ran at half the fp32 GEMM rate (docs/performance.md).
+  // which on a host without AMX ran at half the fp32 GEMM rate (docs/performance.md). oneDNN 2.6
+  // builds none without AVX-512 (MatmulEngine::onednn_bf16_available): an engine asked for it
+  // there throws an Error naming the fallback to use.
   onednn_bf16,
   // The bf16 operands widened to fp32 (exactly: a bf16 is the top half of an fp32) and multiplied
   // by oneDNN's fp32 sgemm on the FMA units.
   widened_fp32,
 };
 
+// How a MatmulEngine computes, as its caller chooses (the defaults choose from the CPU). The
+// engine never reads the environment; from_environment() is where the command line's settings
+// come from.
+struct MatmulOptions {
+  Bf16FallbackGemm bf16_fallback = Bf16FallbackGemm::automatic;
+  // Lattice's own AMX kernels (amx_packed_gemm.hpp, amx_weight_gradient.hpp) for the products of
+  // forward, backward and the row-chunk calls where the CPU has AMX; false puts them on oneDNN
+  // (for comparison: the weight gradients then differ in the last bits, as the sum order does).
+  bool amx_kernels = true;
+
+  // The documented settings, read from the environment once per call: LATTICE_MATMUL_BF16_FALLBACK
+  // = onednn | fp32 (bf16_fallback onednn_bf16 | widened_fp32; unset or empty: automatic) and
+  // LATTICE_MATMUL_NO_AMX_PACKED = 1 (amx_kernels false; unset, empty or 0: true). A value that is
+  // no choice throws an Error naming the choices (docs/training.md).
+  static MatmulOptions from_environment();
+};
+
 class MatmulEngine {
  public:
+  explicit MatmulEngine(const MatmulOptions& options);
+  // The environment's settings (MatmulOptions::from_environment), with `bf16_fallback` instead of
+  // the environment's where it is not automatic: how the command line and the tests build engines.
   explicit MatmulEngine(Bf16FallbackGemm bf16_fallback = Bf16FallbackGemm::automatic);
   ~MatmulEngine();
   MatmulEngine(const MatmulEngine&) = delete;
@@ -152,7 +174,13 @@ class MatmulEngine {
   // for the weight gradient. Against forward_backward_in_row_chunks plus cross_entropy_rows_bf16:
   // losses agree to fp32 rounding (the softmax sum is formed block by block), and a value of d can
   // round to the neighbouring bf16 where its fp32 value sits on a rounding boundary.
+  // (vocab_blocked_head_applies takes the environment's amx_kernels setting, as a default engine;
+  // head_cross_entropy_vocab_blocked runs wherever the CPU has AMX, whatever the engine's options.)
   static bool vocab_blocked_head_applies(int64_t K);
+  // Whether this engine's head takes the vocabulary-blocked kernel: its AMX kernels on
+  // (MatmulOptions::amx_kernels), AMX here and a width K the kernel takes. What a caller holding
+  // the engine should ask instead of the static vocab_blocked_head_applies.
+  bool uses_vocab_blocked_head(int64_t K) const;
   static int vocab_blocked_lanes(int64_t M);
   void head_cross_entropy_vocab_blocked(const lattice::bf16* in16, WeightOperand weight, int64_t M,
                                         int64_t K, int64_t V, const int32_t* targets,
@@ -166,10 +194,14 @@ class MatmulEngine {
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
             int64_t ldc, Precision precision);
 
+  // Whether oneDNN builds bf16 matmul primitives on this CPU (AVX-512 and up; not on an AVX2-only
+  // CPU or under ONEDNN_MAX_CPU_ISA=AVX2). Probed once per process.
+  static bool onednn_bf16_available();
   // How this engine computes bf16 products off Lattice's AMX kernels (never automatic).
   Bf16FallbackGemm bf16_fallback() const;
   // Whether every bf16 product of this engine runs on the fp32 units (widened_fp32, and Lattice's
-  // AMX kernels off or absent): then the fp32 GEMM's peak is the bf16 one.
+  // AMX kernels off (MatmulOptions::amx_kernels) or absent): then the fp32 GEMM's peak is the bf16
+  // one.
   bool bf16_on_fp32_units() const;
   // One phrase naming where this engine's bf16 products run, for run banners, e.g. "bf16 GEMMs on
   // fp32 units (operands widened: oneDNN finds no AMX on this CPU)".
