@@ -67,7 +67,9 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
     if (const char* step = std::getenv("LATTICE_FAULT_KILL_AFTER_STEP"))
       if (std::atoi(rank) == group_->rank()) fault_kill_after_step_ = std::atoll(step);
   batches_ = std::make_unique<BatchSource>(config_, group_->rank(), group_->size());
-  matmul_ = std::make_unique<kernels::MatmulEngine>();
+  // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
+  // here, by the caller: the engine itself reads no environment.
+  matmul_ = std::make_unique<kernels::MatmulEngine>(kernels::MatmulOptions::from_environment());
   model_ = std::make_unique<model::Transformer>(config_.model, &tracker_);
   model_->set_activation_checkpointing(config_.activation_checkpoint);
   model_->initialize(config_.seed);
