@@ -11,6 +11,19 @@ float* BackwardScratch::get(int slot, int64_t numel, MemoryTracker* tracker) {
   return buffer.f32();
 }
 
+float* weight_gradient_operand(bool defer, Tensor& pending, BackwardScratch& scratch, int slot,
+                               int64_t numel, MemoryTracker* tracker) {
+  if (!defer) return scratch.get(slot, numel, tracker);
+  ensure_activation(pending, {numel}, tracker);
+  return pending.f32();
+}
+
+void drop_recomputed_attention(const BlockActivations& saved, Tensor& att, Tensor& lse) {
+  if (!saved.recompute_attention) return;
+  att.reset();
+  lse.reset();
+}
+
 void ensure_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
   if (tensor.shape() == shape) return;
   tensor = Tensor(std::move(shape), DType::f32, tracker, MemoryCategory::activations);

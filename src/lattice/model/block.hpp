@@ -90,6 +90,15 @@ Saved& saved_as(BlockActivations& saved) {
   return *typed;
 }
 
+// The output gradient a Linear's weight half reads: scratch slot `slot` when the weight half runs
+// in the same backward, or `pending` (kept in the block's activations until backward_weight) when
+// it is deferred. `numel` floats.
+float* weight_gradient_operand(bool defer, Tensor& pending, BackwardScratch& scratch, int slot,
+                               int64_t numel, MemoryTracker* tracker);
+// Selective checkpointing: frees the recomputed attention output and log-sum-exp once the block's
+// backward no longer needs them, so that at most one block holds them at a time.
+void drop_recomputed_attention(const BlockActivations& saved, Tensor& att, Tensor& lse);
+
 // Saved activations are kept in tensors sized for the current B·T; this grows one if needed.
 void ensure_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker);
 // The same for a bf16 activation (bf16 GEMM operands and other values kept in bf16 between

@@ -67,16 +67,6 @@ void Gpt2BlockActivations::release() {
   weight_gradients_pending = false;
 }
 
-namespace {
-// Selective checkpointing: the recomputed attention output is freed again once the block's
-// backward no longer needs it, so at most one block holds it at a time.
-void drop_recomputed_attention(BlockActivations& saved, Tensor& att, Tensor& lse) {
-  if (!saved.recompute_attention) return;
-  att.reset();
-  lse.reset();
-}
-}  // namespace
-
 std::unique_ptr<BlockActivations> Gpt2Block::make_activations() const {
   return std::make_unique<Saved>();
 }
@@ -273,10 +263,8 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in,
   }
   // The gradients each Linear's weight half reads: scratch when it runs here, kept in `a` when
   // backward_weight runs it later.
-  auto kept = [&](Tensor& pending, int slot, int64_t numel) -> float* {
-    if (!defer) return scratch.get(slot, numel, tr);
-    ensure_activation(pending, {numel}, tr);
-    return pending.f32();
+  auto kept = [&](Tensor& pending, int slot, int64_t numel) {
+    return weight_gradient_operand(defer, pending, scratch, slot, numel, tr);
   };
   // d gelu output: fp32 [rows, F]; in bf16 only c_proj's rounded d_out [rows, C] (d_gelu stays
   // in per-chunk buffers, see mlp_backward_bf16).

@@ -46,16 +46,6 @@ void LlamaBlockActivations::release() {
   weight_gradients_pending = false;
 }
 
-namespace {
-// Selective checkpointing: the recomputed attention output is freed again once the block's
-// backward no longer needs it, so at most one block holds it at a time.
-void drop_recomputed_attention(BlockActivations& saved, Tensor& att, Tensor& lse) {
-  if (!saved.recompute_attention) return;
-  att.reset();
-  lse.reset();
-}
-}  // namespace
-
 std::unique_ptr<BlockActivations> LlamaBlock::make_activations() const {
   return std::make_unique<Saved>();
 }
@@ -171,10 +161,8 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in,
   }
   // The gradients each Linear's weight half reads: scratch when it runs here, kept in `a` when
   // backward_weight runs it later.
-  auto kept = [&](Tensor& pending, int slot, int64_t numel) -> float* {
-    if (!defer) return scratch.get(slot, numel, tr);
-    ensure_activation(pending, {numel}, tr);
-    return pending.f32();
+  auto kept = [&](Tensor& pending, int slot, int64_t numel) {
+    return weight_gradient_operand(defer, pending, scratch, slot, numel, tr);
   };
   float* d_h = scratch.get(0, rows * F_, tr);
   float* d_gate = kept(a.d_gate, 1, rows * F_);
