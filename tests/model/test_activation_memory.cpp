@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/model/activation_memory.hpp"
@@ -64,6 +65,7 @@ TEST_P(ActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
   auto declared = Transformer::declared_only(config);
   declared->set_activation_checkpointing({mode, 1});
   EXPECT_EQ(estimate_activation_memory(*declared, precision, B, T).total(), estimate.total());
+  EXPECT_THROW(declared->forward(ctx, tokens.data(), targets.data(), B, T, 1.0f), Error);
   const double predicted = static_cast<double>(estimate.total());
   RecordProperty("measured_bytes", static_cast<int>(measured));
   RecordProperty("estimated_bytes", static_cast<int>(predicted));

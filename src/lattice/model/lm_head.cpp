@@ -143,7 +143,7 @@ double LmHead::loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, c
                                                 h.d_normed.f32(), h.grad_partials.f32(), lanes);
   } else if (h.backward_in_forward) {
     // The head's whole backward runs chunk by chunk inside the forward: d_normed and the weight
-    // gradient's per-lane partials (added to the parameter gradient in head_backward) come out
+    // gradient's per-lane partials (added to the parameter gradient by backward) come out
     // while each chunk's logits gradient is in cache, and that gradient is never stored.
     h.d_logits16.reset();
     ensure_activation(h.d_normed, {rows, C}, tracker);

@@ -113,6 +113,9 @@ StageActivations Transformer::make_activations() const {
 
 void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, const int32_t* tokens,
                                 const float* hidden_in, int64_t B, int64_t T) {
+  check(params_.allocated(),
+        "this model was made by Transformer::declared_only (no parameters allocated): it can "
+        "be counted and estimated, not run");
   check(B > 0 && T > 0, "batch and sequence length must be positive");
   check(T <= config_.max_seq_len, "sequence length " + std::to_string(T) +
                                       " exceeds model.max_seq_len " +
