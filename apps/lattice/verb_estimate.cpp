@@ -69,8 +69,10 @@ model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   auto declared = model::Transformer::declared_only(config.model);
   declared->set_activation_checkpointing(config.activation_checkpoint);
+  // The engine the trainer would make (its options choose the LM head's path).
+  const kernels::MatmulEngine engine(kernels::MatmulOptions::from_environment());
   return model::estimate_activation_memory(*declared, config.precision, config.micro_batch_size,
-                                           config.seq_len);
+                                           config.seq_len, engine);
 }
 
 std::string mib(int64_t bytes) {

@@ -61,10 +61,11 @@ TEST_P(ActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
     model.backward(ctx);
   }
   const double measured = static_cast<double>(tracker.peak(MemoryCategory::activations));
-  const ActivationMemory estimate = estimate_activation_memory(model, precision, B, T);
+  const ActivationMemory estimate = estimate_activation_memory(model, precision, B, T, matmul);
   auto declared = Transformer::declared_only(config);
   declared->set_activation_checkpointing({mode, 1});
-  EXPECT_EQ(estimate_activation_memory(*declared, precision, B, T).total(), estimate.total());
+  EXPECT_EQ(estimate_activation_memory(*declared, precision, B, T, matmul).total(),
+            estimate.total());
   EXPECT_THROW(declared->forward(ctx, tokens.data(), targets.data(), B, T, 1.0f), Error);
   const double predicted = static_cast<double>(estimate.total());
   RecordProperty("measured_bytes", static_cast<int>(measured));

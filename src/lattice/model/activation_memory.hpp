@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/kernels/cpu/precision.hpp"
 #include "lattice/model/activation_checkpoint.hpp"
 
@@ -31,8 +32,9 @@ struct ActivationMemory {
 };
 
 // For `model`'s stage (its config, blocks and head) on B sequences of T tokens, with `model`'s
-// activation checkpointing and head fusion.
+// activation checkpointing and head fusion, run on `engine` (whose options choose the head's path).
 ActivationMemory estimate_activation_memory(const Transformer& model, kernels::Precision precision,
-                                            int64_t B, int64_t T);
+                                            int64_t B, int64_t T,
+                                            const kernels::MatmulEngine& engine);
 
 }  // namespace lattice::model

@@ -35,15 +35,16 @@ LmHead::LmHead(ParameterStore& store, const ModelConfig& config, int tied_weight
                 : store.declare("lm_head.weight", {V_, C_}, InitKind::normal, true, untied_copy_of);
 }
 
-LmHead::HeadPlan LmHead::plan_bf16(int64_t rows, bool with_gradient) const {
+LmHead::HeadPlan LmHead::plan_bf16(const k::MatmulEngine& engine, int64_t rows,
+                                   bool with_gradient) const {
   HeadPlan plan;
   // Rows per chunk: each chunk's GEMM reads the whole head weight again (V·C bf16) and saves
   // writing and re-reading its rows' fp32 logits (8·V bytes per row), so chunks of at least C rows
   // re-read less than they save; 256 was fastest on the small bench shape (L4 d256 V8192: 64, 128,
   // 512 and 1024 rows were 2-8% slower); the chunks are split evenly between the threads.
   plan.chunk_rows = std::max<int64_t>(256, (C_ + 15) / 16 * 16);
-  plan.vocab_blocked =
-      fusion_ != HeadFusion::always && k::MatmulEngine::vocab_blocked_head_applies(C_);
+  // The engine's choice: AMX on this CPU and its AMX kernels not turned off (MatmulOptions).
+  plan.vocab_blocked = fusion_ != HeadFusion::always && engine.uses_vocab_blocked_head(C_);
   plan.lanes = plan.vocab_blocked ? k::MatmulEngine::vocab_blocked_lanes(rows)
                                   : k::MatmulEngine::gradient_lanes(rows, plan.chunk_rows);
   plan.backward_in_forward =
@@ -53,7 +54,8 @@ LmHead::HeadPlan LmHead::plan_bf16(int64_t rows, bool with_gradient) const {
   return plan;
 }
 
-int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows) const {
+int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,
+                            const k::MatmulEngine& engine) const {
   // What forward_loss and backward allocate in HeadActivations for `rows` training rows.
   const int64_t stats = (norm_bias_ >= 0 ? 2 : 1) * rows * 4;  // LayerNorm: mean and rstd
   const int64_t d_normed = rows * C_ * 4;                      // backward (or the fused forward)
@@ -62,7 +64,7 @@ int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows) const {
   // bf16 directly); then either the fused head's per-lane weight-gradient partials or the rounded
   // logits gradient.
   const int64_t input = rows * C_ * 2 + (norm_bias_ >= 0 ? 0 : rows * C_ * 4) + stats;
-  const HeadPlan plan = plan_bf16(rows, true);
+  const HeadPlan plan = plan_bf16(engine, rows, true);
   const int64_t gradient =
       plan.backward_in_forward ? int64_t{plan.lanes} * V_ * C_ * 4 : rows * V_ * 2;
   return input + gradient + d_normed;
@@ -124,7 +126,7 @@ double LmHead::loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, c
     if (row.empty()) row.resize(static_cast<size_t>(V));
     return row.data();
   };
-  const HeadPlan plan = plan_bf16(rows, grad_scale != 0.0f);
+  const HeadPlan plan = plan_bf16(ctx.matmul, rows, grad_scale != 0.0f);
   const int64_t chunk_rows = plan.chunk_rows;
   const bool vocab_blocked = plan.vocab_blocked;
   const int lanes = plan.lanes;

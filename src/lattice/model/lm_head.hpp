@@ -50,8 +50,10 @@ class LmHead {
   const float* logits(const LayerContext& ctx, HeadActivations& h, const float* x, int64_t rows,
                       MemoryTracker* tracker);
   // The bytes of HeadActivations a training forward and backward of `rows` rows leave allocated
-  // (the terms of activation_memory.hpp's estimate; the same decisions forward_loss makes).
-  int64_t saved_bytes(kernels::Precision precision, int64_t rows) const;
+  // on `engine` (the terms of activation_memory.hpp's estimate; the same decisions forward_loss
+  // makes).
+  int64_t saved_bytes(kernels::Precision precision, int64_t rows,
+                      const kernels::MatmulEngine& engine) const;
 
   // Incremental inference: logits [rows, vocab] in h.logits of rows x (each sequence's last
   // position), computed in the engine's precision with no operand kept for a backward.
@@ -70,7 +72,7 @@ class LmHead {
     int lanes = 1;               // weight-gradient partials (one per thread)
     bool backward_in_forward = false;
   };
-  HeadPlan plan_bf16(int64_t rows, bool with_gradient) const;
+  HeadPlan plan_bf16(const kernels::MatmulEngine& engine, int64_t rows, bool with_gradient) const;
   void norm_forward(HeadActivations& h, const float* x, int64_t rows, MemoryTracker* tracker);
   double loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, const float* x,
                             const int32_t* targets, int64_t rows, float grad_scale,
