@@ -1,6 +1,6 @@
 // attention_forward / attention_backward: the entry points on fp32 q, k, v. They validate the shape
-// and choose the path: Precision::bf16 runs on AMX tiles where the build targets AMX and Linux
-// grants the tile state (attention_amx_*.cpp), everything else on the portable tiles
+// and choose the path: Precision::bf16 runs on AMX tiles where the CPU has AMX and Linux grants the
+// tile state (attention_*_amx.cpp, chosen at run time), everything else on the portable tiles
 // (attention_portable.cpp). The kernels themselves are FlashAttention-2: the forward streams key
 // blocks through an online softmax and saves only the log-sum-exp per query; the backward
 // recomputes each tile's probabilities from it. Extra memory is O(T * head_dim) per thread.
@@ -10,7 +10,6 @@
 
 namespace lattice::kernels {
 
-#if defined(LATTICE_HAS_AMX)
 namespace attention_detail {
 
 bool use_amx(const AttentionOptions& options) {
@@ -18,18 +17,15 @@ bool use_amx(const AttentionOptions& options) {
 }
 
 }  // namespace attention_detail
-#endif
 
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/,
                        const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_forward");
-#if defined(LATTICE_HAS_AMX)
   if (precision == Precision::bf16 && attention_detail::use_amx(options)) {
     attention_detail::attention_forward_amx(out, lse, q, k, v, shape);
     return;
   }
-#endif
   attention_detail::attention_forward_portable(out, lse, q, k, v, shape, precision);
 }
 
@@ -38,7 +34,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
                         const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/,
                         const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_backward");
-#if defined(LATTICE_HAS_AMX)
   if (precision == Precision::bf16 && attention_detail::use_amx(options)) {
     attention_detail::attention_backward_amx(
         attention_detail::Fp32GradientRows{
@@ -46,7 +41,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
         d_out, q, k, v, out, lse, shape);
     return;
   }
-#endif
   attention_detail::attention_backward_portable(dq, dk, dv, d_out, q, k, v, out, lse, shape,
                                                 precision, options.accumulate_dq);
 }

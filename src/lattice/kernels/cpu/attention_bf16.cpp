@@ -75,12 +75,10 @@ void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, cons
                             const lattice::bf16* v, const AttentionShape& shape,
                             const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_forward_bf16");
-#if defined(LATTICE_HAS_AMX)
   if (attention_detail::use_amx(options)) {
     attention_detail::attention_forward_amx(out, lse, q, k, v, shape);
     return;
   }
-#endif
   const AttentionShape& s = shape;
   const auto q32 =
       widen_rows(q, s.batch, s.q_len, s.q_heads * s.head_dim, s.q_row_stride, s.q_batch_stride);
@@ -105,12 +103,10 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
   const bool sums = grads.dq_sums != nullptr;
   check(sums == (grads.dk_sums != nullptr) && sums == (grads.dv_sums != nullptr),
         "attention_backward_bf16: give all three column-sum arrays (dq, dk, dv) or none");
-#if defined(LATTICE_HAS_AMX)
   if (attention_detail::use_amx(options)) {
     attention_detail::attention_backward_amx(grads, d_out, q, k, v, out, lse, shape);
     return;
   }
-#endif
   const AttentionShape& s = shape;
   const int64_t Tq = s.q_len, Tk = s.kv_len;
   const int64_t q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;

@@ -1,13 +1,14 @@
 // The attention kernels' internal entry points (private to kernels/cpu): shape validation, the
-// portable fp32 / bf16-rounding path (attention_portable.cpp) and, where the build targets AMX, the
-// AMX tile path (attention_amx_forward.cpp, attention_amx_backward.cpp). attention.cpp and
-// attention_bf16.cpp choose between them.
+// portable fp32 / bf16-rounding path (attention_portable.cpp) and the AMX tile path
+// (attention_forward_amx.cpp, attention_backward_amx.cpp: compiled for AMX whatever the rest of the
+// build targets, CMakeLists.txt). attention.cpp and attention_bf16.cpp choose between them at run
+// time (use_amx: CPUID and Linux's tile-state grant).
 #pragma once
 
 #include <cstdint>
 
 #include "lattice/core/dtype.hpp"
-#include "lattice/kernels/cpu/amx_tiles.hpp"  // LATTICE_HAS_AMX
+#include "lattice/kernels/cpu/amx_tiles.hpp"  // amx_tile_state_granted
 #include "lattice/kernels/cpu/attention.hpp"
 #include "lattice/kernels/cpu/precision.hpp"
 
@@ -31,7 +32,6 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
                                  const float* lse, const AttentionShape& shape, Precision precision,
                                  bool accumulate_dq);
 
-#if defined(LATTICE_HAS_AMX)
 // Whether Precision::bf16 runs on the AMX tiles: the options allow it and Linux granted the tile
 // state.
 bool use_amx(const AttentionOptions& options);
@@ -60,6 +60,5 @@ void attention_backward_amx(const Fp32GradientRows& grads, const float* d_out, c
 void attention_backward_amx(const AttentionGradientsBf16& grads, const float* d_out,
                             const lattice::bf16* q, const lattice::bf16* k, const lattice::bf16* v,
                             const float* out, const float* lse, const AttentionShape& shape);
-#endif
 
 }  // namespace lattice::kernels::attention_detail
