@@ -115,13 +115,12 @@ struct Reference {
 
 // Naive masked softmax attention in double, materialising P; with d_out, the analytic gradient
 // dS = P * (dP - rowsum(P * dP)). A query that sees no key: out 0, lse -inf, no gradient.
-inline Reference naive_attention(const Inputs& in, bool with_backward) {
-  const AttentionShape& s = in.s;
+// On dense [B, T, H*D] q, k, v; d_out (dense like out) null for the forward only.
+inline Reference naive_attention(const std::vector<double>& q, const std::vector<double>& k,
+                                 const std::vector<double>& v, const AttentionShape& s,
+                                 const std::vector<float>* d_out) {
   const int64_t B = s.batch, Tq = s.q_len, Tk = s.kv_len, Hq = s.q_heads, Hkv = s.kv_heads,
                 D = s.head_dim, group = Hq / Hkv;
-  const std::vector<double> q = gather(in.q(), B, Tq, Hq * D, s.q_row_stride, s.q_batch_stride);
-  const std::vector<double> k = gather(in.k(), B, Tk, Hkv * D, s.k_row_stride, s.kv_batch_stride);
-  const std::vector<double> v = gather(in.v(), B, Tk, Hkv * D, s.v_row_stride, s.kv_batch_stride);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Reference r;
   r.out.assign(static_cast<size_t>(B * Tq * Hq * D), 0.0);
@@ -150,8 +149,8 @@ inline Reference naive_attention(const Inputs& in, bool with_backward) {
         r.lse[(b * Hq + h) * Tq + i] = max_score + std::log(sum);
         for (int64_t j = 0; j < seen; ++j)
           for (int64_t d = 0; d < D; ++d) r.out[qi(b, i, h) + d] += p[j] * v[ki(b, j, kvh) + d];
-        if (!with_backward) continue;
-        const float* g = in.d_out.data() + qi(b, i, h);
+        if (d_out == nullptr) continue;
+        const float* g = d_out->data() + qi(b, i, h);
         double delta = 0;
         for (int64_t j = 0; j < seen; ++j) {
           double dot = 0;
@@ -169,6 +168,16 @@ inline Reference naive_attention(const Inputs& in, bool with_backward) {
         }
       }
   return r;
+}
+
+inline Reference naive_attention(const Inputs& in, bool with_backward) {
+  const AttentionShape& s = in.s;
+  const int64_t B = s.batch, Tq = s.q_len, Tk = s.kv_len;
+  const int64_t q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  return naive_attention(gather(in.q(), B, Tq, q_width, s.q_row_stride, s.q_batch_stride),
+                         gather(in.k(), B, Tk, kv_width, s.k_row_stride, s.kv_batch_stride),
+                         gather(in.v(), B, Tk, kv_width, s.v_row_stride, s.kv_batch_stride), s,
+                         with_backward ? &in.d_out : nullptr);
 }
 
 struct Forward {

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attention_reference.hpp"
 #include "gradcheck.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
@@ -83,66 +84,9 @@ double max_abs_difference(const std::vector<double>& a, const std::vector<double
   return m;
 }
 
-struct Reference {
-  std::vector<double> out, lse, dq, dk, dv;  // dense [B, T, H*D] and [B, Hq, Tq]
-};
-
-// Naive causal softmax attention in double, materialising P; with d_out it also returns the
-// analytic gradient (dS = P * (dP - rowsum(P * dP))).
-Reference naive_attention(const std::vector<double>& q, const std::vector<double>& k,
-                          const std::vector<double>& v, const AttentionShape& s,
-                          const std::vector<float>* d_out) {
-  const int64_t B = s.batch, Tq = s.q_len, Tk = s.kv_len, Hq = s.q_heads, Hkv = s.kv_heads,
-                D = s.head_dim, group = Hq / Hkv, offset = Tk - Tq;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  Reference r;
-  r.out.assign(static_cast<size_t>(B * Tq * Hq * D), 0.0);
-  r.lse.assign(static_cast<size_t>(B * Hq * Tq), 0.0);
-  if (d_out) {
-    r.dq.assign(r.out.size(), 0.0);
-    r.dk.assign(static_cast<size_t>(B * Tk * Hkv * D), 0.0);
-    r.dv.assign(r.dk.size(), 0.0);
-  }
-  auto qi = [&](int64_t b, int64_t t, int64_t h) { return ((b * Tq + t) * Hq + h) * D; };
-  auto ki = [&](int64_t b, int64_t t, int64_t h) { return ((b * Tk + t) * Hkv + h) * D; };
-  std::vector<double> p(static_cast<size_t>(Tk)), dp(static_cast<size_t>(Tk));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hq; ++h)
-      for (int64_t i = 0; i < Tq; ++i) {
-        const int64_t kvh = h / group, last = offset + i;
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j <= last; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += q[qi(b, i, h) + d] * k[ki(b, j, kvh) + d];
-          p[j] = dot * scale;
-          max_score = std::max(max_score, p[j]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j <= last; ++j) sum += (p[j] = std::exp(p[j] - max_score));
-        for (int64_t j = 0; j <= last; ++j) p[j] /= sum;
-        r.lse[(b * Hq + h) * Tq + i] = max_score + std::log(sum);
-        for (int64_t j = 0; j <= last; ++j)
-          for (int64_t d = 0; d < D; ++d) r.out[qi(b, i, h) + d] += p[j] * v[ki(b, j, kvh) + d];
-        if (!d_out) continue;
-        const float* g = d_out->data() + qi(b, i, h);
-        double delta = 0;
-        for (int64_t j = 0; j <= last; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += g[d] * v[ki(b, j, kvh) + d];
-          dp[j] = dot;
-          delta += p[j] * dot;
-        }
-        for (int64_t j = 0; j <= last; ++j) {
-          const double ds = p[j] * (dp[j] - delta) * scale;
-          for (int64_t d = 0; d < D; ++d) {
-            r.dq[qi(b, i, h) + d] += ds * k[ki(b, j, kvh) + d];
-            r.dk[ki(b, j, kvh) + d] += ds * q[qi(b, i, h) + d];
-            r.dv[ki(b, j, kvh) + d] += p[j] * g[d];
-          }
-        }
-      }
-  return r;
-}
+// The naive double-precision reference (masked softmax, materialised P, analytic gradient).
+using attention_testing::naive_attention;
+using attention_testing::Reference;
 
 // Inputs of one case, filled with N(0, 1) so scores have spread 1 after the 1/sqrt(D) scale.
 struct Case {
