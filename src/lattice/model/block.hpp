@@ -50,17 +50,21 @@ class Block {
                        const float* x_in, int64_t B, int64_t T) = 0;
   // d_x_in = ∂loss/∂x_in given d_x_out (d_x_in may alias d_x_out); parameter gradients accumulate.
   // `saved` is the set the matching forward filled.
-  virtual void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                        const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                        BackwardScratch& scratch) = 0;
+  void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                BackwardScratch& scratch) {
+    backward_pass(ctx, saved, d_x_in, d_x_out, x_in, B, T, scratch, /*defer=*/false);
+  }
   // The two halves of backward, for schedules that run them apart (zero-bubble pipelines).
   // backward_input (B) computes d_x_in and the gradients that come out of its own passes (norm
   // weights and biases); it keeps in `saved` the output gradient of every Linear.
   // backward_weight (W) then runs the Linears' weight-gradient GEMMs from them and frees them.
   // B then W accumulates exactly backward's bits.
-  virtual void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                              const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                              BackwardScratch& scratch) = 0;
+  void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                      const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                      BackwardScratch& scratch) {
+    backward_pass(ctx, saved, d_x_in, d_x_out, x_in, B, T, scratch, /*defer=*/true);
+  }
   virtual void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
                                int64_t B, int64_t T) = 0;
   // Bytes a training forward of B sequences of T tokens leaves in this block's activations (the
@@ -80,6 +84,13 @@ class Block {
         (void)cache_layer;
     throw Error("this block type has no incremental (KV-cached) forward yet");
   }
+
+ protected:
+  // The whole backward, with the Linears' weight gradients run in place (defer = false) or left to
+  // backward_weight with their output gradients kept in `saved` (defer = true).
+  virtual void backward_pass(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                             const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                             BackwardScratch& scratch, bool defer) = 0;
 };
 
 // The block type's own activations struct behind a BlockActivations reference (checked).
@@ -95,8 +106,8 @@ Saved& saved_as(BlockActivations& saved) {
 // it is deferred. `numel` floats.
 float* weight_gradient_operand(bool defer, Tensor& pending, BackwardScratch& scratch, int slot,
                                int64_t numel, MemoryTracker* tracker);
-// Selective checkpointing: frees the recomputed attention output and log-sum-exp once the block's
-// backward no longer needs them, so that at most one block holds them at a time.
+// Selective checkpointing: frees the attention output and log-sum-exp at the end of the forward and
+// again once the backward that recomputed them is done, so that at most one block holds them.
 void drop_recomputed_attention(const BlockActivations& saved, Tensor& att, Tensor& lse);
 
 // Saved activations are kept in tensors sized for the current B·T; this grows one if needed.

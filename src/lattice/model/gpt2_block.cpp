@@ -226,27 +226,13 @@ void Gpt2Block::forward(const LayerContext& ctx, BlockActivations& saved, float*
   qkv_forward(ctx, a, x_in, rows);
   attention_core(ctx, a, B, T);
   projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
-  if (a.recompute_attention) {  // selective checkpointing: recomputed in backward
-    a.att.reset();
-    a.lse.reset();
-  }
+  drop_recomputed_attention(a, a.att, a.lse);  // selective checkpointing: recomputed in backward
 }
 
-void Gpt2Block::backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                         const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                         BackwardScratch& scratch) {
-  backward_pass(ctx, saved_as<Saved>(saved), d_x_in, d_x_out, x_in, B, T, scratch, false);
-}
-
-void Gpt2Block::backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                               const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                               BackwardScratch& scratch) {
-  backward_pass(ctx, saved_as<Saved>(saved), d_x_in, d_x_out, x_in, B, T, scratch, true);
-}
-
-void Gpt2Block::backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in,
+void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
                               const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                               BackwardScratch& scratch, bool defer) {
+  Saved& a = saved_as<Saved>(saved);
   check(!a.weight_gradients_pending,
         "backward of a block whose weight gradients are still "
         "pending (internal error)");

@@ -43,12 +43,6 @@ class Gpt2Block final : public Block {
   std::unique_ptr<BlockActivations> make_activations() const override;
   void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out, const float* x_in,
                int64_t B, int64_t T) override;
-  void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                BackwardScratch& scratch) override;
-  void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                      const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                      BackwardScratch& scratch) override;
   void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
                        int64_t B, int64_t T) override;
   void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
@@ -70,10 +64,9 @@ class Gpt2Block final : public Block {
   void qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows);
   // The attention core on the saved q, k, v into att and lse (forward, and its recomputation).
   void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
-  // The whole backward, with the weight gradients run in place (defer = false) or left to
-  // backward_weight with their output gradients kept in `a` (defer = true).
-  void backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in, const float* d_x_out,
-                     const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch, bool defer);
+  void backward_pass(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                     const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                     BackwardScratch& scratch, bool defer) override;
   // bf16 backward of attention and c_attn, from d_att to d_ln (LayerNorm 1's output gradient):
   // attention writes c_attn's bf16 d_out (d_qkv_buffer, [rows, 3C] bf16) and its column sums.
   void attention_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_att,

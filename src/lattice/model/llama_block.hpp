@@ -35,12 +35,6 @@ class LlamaBlock final : public Block {
   std::unique_ptr<BlockActivations> make_activations() const override;
   void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out, const float* x_in,
                int64_t B, int64_t T) override;
-  void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                BackwardScratch& scratch) override;
-  void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
-                      const float* d_x_out, const float* x_in, int64_t B, int64_t T,
-                      BackwardScratch& scratch) override;
   void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
                        int64_t B, int64_t T) override;
   void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
@@ -61,10 +55,9 @@ class LlamaBlock final : public Block {
   void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                   const float* x_in, int64_t rows);
-  // The whole backward, with the weight gradients run in place (defer = false) or left to
-  // backward_weight with their output gradients kept in `a` (defer = true).
-  void backward_pass(const LayerContext& ctx, Saved& a, float* d_x_in, const float* d_x_out,
-                     const float* x_in, int64_t B, int64_t T, BackwardScratch& scratch, bool defer);
+  void backward_pass(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
+                     const float* d_x_out, const float* x_in, int64_t B, int64_t T,
+                     BackwardScratch& scratch, bool defer) override;
 
   ParameterStore& store_;
   const kernels::RopeTable& rope_;
