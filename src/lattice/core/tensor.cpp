@@ -99,8 +99,10 @@ void Tensor::zero() {
 }
 
 void Tensor::check_type(DType expected) const {
-  check(expected == dtype_, "tensor of dtype " + std::string(dtype_name(dtype_)) + " accessed as " +
-                                std::string(dtype_name(expected)));
+  // Every data<T>() call passes here: the message is built only on failure.
+  if (expected != dtype_)
+    throw Error("tensor of dtype " + std::string(dtype_name(dtype_)) + " accessed as " +
+                std::string(dtype_name(expected)));
   check_on(Device::cpu);
 }
 
