@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/activation_memory.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/plan/cli_options.hpp"
@@ -69,10 +70,10 @@ model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   auto declared = model::Transformer::declared_only(config.model);
   declared->set_activation_checkpointing(config.activation_checkpoint);
-  // The engine the trainer would make (its options choose the LM head's path).
-  const kernels::MatmulEngine engine(kernels::MatmulOptions::from_environment());
+  // The backend the trainer would make (its plan chooses the LM head's path).
+  const kernels::CpuOps ops(kernels::MatmulOptions::from_environment());
   return model::estimate_activation_memory(*declared, config.precision, config.micro_batch_size,
-                                           config.seq_len, engine);
+                                           config.seq_len, ops);
 }
 
 std::string mib(int64_t bytes) {

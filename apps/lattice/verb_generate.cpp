@@ -14,6 +14,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/data/tokenizer.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/generator.hpp"
 #include "verbs.hpp"
@@ -119,7 +120,7 @@ void register_generate_verb(CLI::App& app) {
       prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     std::vector<int32_t> tokens = prompt_tokens(*tokenizer, prompt);
 
-    kernels::MatmulEngine matmul;
+    kernels::CpuOps ops;
     data::StreamingDecoder decoder(*tokenizer);
     const auto print = [](const std::string& text) {
       std::fwrite(text.data(), 1, text.size(), stdout);
@@ -128,7 +129,7 @@ void register_generate_verb(CLI::App& app) {
     print(prompt);
     const int32_t stop = o->sampling.stop_token;
     const train::GenerationStats stats =
-        train::generate(model, matmul, tokens, o->sampling, [&](int32_t token) {
+        train::generate(model, ops, tokens, o->sampling, [&](int32_t token) {
           if (token != stop) print(decoder.push(token));  // the stop token is not printed
         });
     print(decoder.flush() + "\n");

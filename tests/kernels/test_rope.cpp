@@ -63,7 +63,7 @@ TEST(Rope, MatchesNaiveHuggingFaceFormulaWithOffsetAndStrides) {
     const RopeTable table(2048, D, theta);
     StridedTensor x = make_strided(B, T, H, D, /*row_pad=*/7, /*extra_rows=*/2, 5);
     const std::vector<float> original = x.data;
-    table.apply(x.data.data(), B, T, H, x.row_stride, x.batch_stride, offset, false);
+    rope_apply(table, x.data.data(), B, T, H, x.row_stride, x.batch_stride, offset, false);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) {
         const float* before = original.data() + b * x.batch_stride + t * x.row_stride;
@@ -87,8 +87,8 @@ TEST(Rope, PositionZeroIsIdentityAndOffsetShiftsPositions) {
   std::vector<float> long_seq = random_vector(12 * 16, 7);
   std::vector<float> single(long_seq.begin() + 10 * 16, long_seq.begin() + 11 * 16);
   std::vector<float> first_token(long_seq.begin(), long_seq.begin() + 16);
-  table.apply(long_seq.data(), 1, 12, 1, 16, 12 * 16, 0, false);
-  table.apply(single.data(), 1, 1, 1, 16, 16, 10, false);
+  rope_apply(table, long_seq.data(), 1, 12, 1, 16, 12 * 16, 0, false);
+  rope_apply(table, single.data(), 1, 1, 1, 16, 16, 10, false);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(single[i], long_seq[10 * 16 + i]);
   // Position 0: cos 1, sin 0, so x is unchanged exactly.
   for (int i = 0; i < 16; ++i) EXPECT_EQ(first_token[i], long_seq[i]);
@@ -101,9 +101,9 @@ TEST(Rope, InverseUndoesApply) {
   const RopeTable table(100, D, 10000.0f);
   StridedTensor x = make_strided(B, T, H, D, 3, 1, 9);
   const std::vector<float> original = x.data;
-  table.apply(x.data.data(), B, T, H, x.row_stride, x.batch_stride, 40, false);
+  rope_apply(table, x.data.data(), B, T, H, x.row_stride, x.batch_stride, 40, false);
   EXPECT_GT(max_relative_error(x.data, original), 0.1);  // it did rotate
-  table.apply(x.data.data(), B, T, H, x.row_stride, x.batch_stride, 40, true);
+  rope_apply(table, x.data.data(), B, T, H, x.row_stride, x.batch_stride, 40, true);
   EXPECT_LT(max_relative_error(x.data, original), 1e-6);
 }
 
@@ -117,13 +117,13 @@ TEST(Rope, InverseIsTheBackwardByFiniteDifferences) {
   const std::vector<float> w = random_vector(B * T * H * D, 12);
   auto loss = [&] {
     std::vector<float> y = x;
-    table.apply(y.data(), B, T, H, H * D, T * H * D, offset, false);
+    rope_apply(table, y.data(), B, T, H, H * D, T * H * D, offset, false);
     return testing::weighted_sum(y, w);
   };
   const std::vector<double> numeric =
       testing::numerical_gradient(loss, x.data(), static_cast<int64_t>(x.size()), 0.05f);
   std::vector<float> analytic = w;
-  table.apply(analytic.data(), B, T, H, H * D, T * H * D, offset, true);
+  rope_apply(table, analytic.data(), B, T, H, H * D, T * H * D, offset, true);
   EXPECT_LT(max_relative_error(analytic, numeric), 1e-3);
 }
 
@@ -132,8 +132,10 @@ TEST(Rope, RejectsBadArguments) {
   EXPECT_THROW(RopeTable(0, 8, 10000.0f), Error);
   const RopeTable table(16, 8, 10000.0f);
   std::vector<float> x(8 * 20, 0.0f);
-  EXPECT_THROW(table.apply(x.data(), 1, 10, 1, 8, 80, 7, false), Error);  // positions 7..16 > 16
-  EXPECT_THROW(table.apply(x.data(), 1, 4, 2, 8, 64, 0, false), Error);   // row_stride < heads*D
+  EXPECT_THROW(rope_apply(table, x.data(), 1, 10, 1, 8, 80, 7, false),
+               Error);  // positions 7..16 > 16
+  EXPECT_THROW(rope_apply(table, x.data(), 1, 4, 2, 8, 64, 0, false),
+               Error);  // row_stride < heads*D
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/activation_memory.hpp"
 #include "lattice/model/transformer.hpp"
 
@@ -45,8 +45,8 @@ TEST_P(ActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
   config.max_seq_len = 128;
   const int64_t B = 4, T = 128;
   MemoryTracker tracker;
-  kernels::MatmulEngine matmul;
-  const LayerContext ctx{matmul, precision, &tracker};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, precision, &tracker};
   Transformer model(config, &tracker);
   model.set_activation_checkpointing({mode, 1});
   model.initialize(5);
@@ -61,11 +61,10 @@ TEST_P(ActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
     model.backward(ctx);
   }
   const double measured = static_cast<double>(tracker.peak(MemoryCategory::activations));
-  const ActivationMemory estimate = estimate_activation_memory(model, precision, B, T, matmul);
+  const ActivationMemory estimate = estimate_activation_memory(model, precision, B, T, ops);
   auto declared = Transformer::declared_only(config);
   declared->set_activation_checkpointing({mode, 1});
-  EXPECT_EQ(estimate_activation_memory(*declared, precision, B, T, matmul).total(),
-            estimate.total());
+  EXPECT_EQ(estimate_activation_memory(*declared, precision, B, T, ops).total(), estimate.total());
   EXPECT_THROW(declared->forward(ctx, tokens.data(), targets.data(), B, T, 1.0f), Error);
   const double predicted = static_cast<double>(estimate.total());
   RecordProperty("measured_bytes", static_cast<int>(measured));

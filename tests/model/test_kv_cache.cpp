@@ -11,7 +11,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/kv_cache.hpp"
 #include "lattice/model/transformer.hpp"
 
@@ -127,8 +127,8 @@ class CachedForward : public ::testing::TestWithParam<Family> {
   CachedForward() : config_(tiny(GetParam())), model_(config_, nullptr) { model_.initialize(5); }
   ModelConfig config_;
   Transformer model_;
-  kernels::MatmulEngine matmul_;
-  LayerContext ctx_{matmul_, kernels::Precision::fp32, nullptr};
+  kernels::CpuOps ops_;
+  LayerContext ctx_{ops_, kernels::Precision::fp32, nullptr};
 
   void feed_and_compare(KvCache& cache, const std::vector<int32_t>& tokens, int64_t B, int64_t T,
                         int64_t window_start, int64_t t0, int64_t t1);

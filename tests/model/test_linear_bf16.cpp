@@ -10,7 +10,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/linear.hpp"
 #include "lattice/model/parameter_store.hpp"
 
@@ -39,8 +39,8 @@ TEST(LinearBf16, KeptAndPreparedInputsGiveTheEngineResultsBitForBit) {
   MemoryTracker tracker;
   store.allocate(nullptr);
   store.initialize(1, 0.5f, 1);
-  kernels::MatmulEngine engine;
-  const LayerContext ctx{engine, kernels::Precision::bf16, &tracker};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, kernels::Precision::bf16, &tracker};
   LinearActivations saved;
   const auto pre_activation = random_values(rows * in, 2, 3.0f);
   std::vector<float> x(pre_activation.size());
@@ -99,8 +99,8 @@ TEST(LinearBf16, ABackwardOnAnotherInputRoundsThatInput) {
   Linear layer(store, "fc", in, out, false, InitKind::normal);
   store.allocate(nullptr);
   store.initialize(4, 0.5f, 1);
-  kernels::MatmulEngine engine;
-  const LayerContext ctx{engine, kernels::Precision::bf16, nullptr};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, kernels::Precision::bf16, nullptr};
   LinearActivations saved;
   const auto a = random_values(rows * in, 5, 1.0f), b = random_values(rows * in, 6, 1.0f);
   const auto d_out = random_values(rows * out, 7, 1.0f);
@@ -126,8 +126,8 @@ TEST_P(LinearSplit, InputThenWeightHalvesEqualTheWholeBackward) {
   Linear layer(store, "fc", in, out, with_bias, InitKind::normal);
   store.allocate(nullptr);
   store.initialize(11, 0.5f, 1);
-  kernels::MatmulEngine engine;
-  const LayerContext ctx{engine, precision, nullptr};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, precision, nullptr};
   const auto x = random_values(rows * in, 12, 1.0f), d_out = random_values(rows * out, 13, 1.0f);
   std::vector<float> y(static_cast<size_t>(rows * out));
   const int w = store.index_of("fc.weight");

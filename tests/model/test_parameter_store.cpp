@@ -13,7 +13,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/core/memory.hpp"
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/model/transformer.hpp"
@@ -94,8 +94,8 @@ class Bf16CopiesParity : public ::testing::TestWithParam<const char*> {};
 TEST_P(Bf16CopiesParity, ModelLossesAndGradientsAreBitIdentical) {
   ModelConfig config = model_preset(GetParam());
   config.init_std = 0.2f;
-  kernels::MatmulEngine matmul;
-  const LayerContext ctx{matmul, kernels::Precision::bf16, nullptr};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, kernels::Precision::bf16, nullptr};
   for (const int64_t B : {int64_t{1}, int64_t{8}}) {
     const int64_t T = B == 1 ? 24 : 32;
     SCOPED_TRACE(::testing::Message() << GetParam() << ", " << B * T << " rows");

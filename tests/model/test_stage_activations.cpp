@@ -12,7 +12,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/activation_pool.hpp"
 #include "lattice/model/transformer.hpp"
 
@@ -77,8 +77,8 @@ class ActivationSets : public ::testing::TestWithParam<Case> {};
 TEST_P(ActivationSets, FourForwardsThenBackwardsInAnotherOrderEqualOneAfterAnother) {
   const auto [family, precision] = GetParam();
   const ModelConfig config = four_block_tiny(family);
-  kernels::MatmulEngine matmul;
-  const LayerContext ctx{matmul, precision, nullptr};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, precision, nullptr};
   const auto batches = microbatches(4, config.vocab_size, 31);
   const int order[] = {2, 0, 3, 1};  // the backwards' order
 
@@ -119,8 +119,8 @@ TEST_P(ActivationSets, FourForwardsThenBackwardsInAnotherOrderEqualOneAfterAnoth
 TEST_P(ActivationSets, ASetFromAnotherStageOrABackwardWithoutForwardIsRefused) {
   const auto [family, precision] = GetParam();
   const ModelConfig config = four_block_tiny(family);
-  kernels::MatmulEngine matmul;
-  const LayerContext ctx{matmul, precision, nullptr};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, precision, nullptr};
   Transformer whole(config, nullptr), stage(config, nullptr, StageRange{0, 2});
   StageActivations foreign = stage.make_activations();
   const auto mb = microbatches(1, config.vocab_size, 3)[0];
@@ -145,8 +145,8 @@ TEST_P(SplitBackward, InputThenWeightHalvesEqualTheWholeBackward) {
   const auto [family, precision] = GetParam();
   ModelConfig config = four_block_tiny(family);
   config.tied_embeddings = false;
-  kernels::MatmulEngine matmul;
-  const LayerContext ctx{matmul, precision, nullptr};
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, precision, nullptr};
   const auto batches = microbatches(2, config.vocab_size, 41);
   Rng rng(5);
   std::vector<float> hidden(static_cast<size_t>(kB * kT * config.d_model));
@@ -201,7 +201,7 @@ class Checkpointing : public ::testing::TestWithParam<Case> {};
 TEST_P(Checkpointing, FullAndSelectiveRecomputationAreBitIdenticalAndSaveMemory) {
   const auto [family, precision] = GetParam();
   const ModelConfig config = four_block_tiny(family);
-  kernels::MatmulEngine matmul;
+  kernels::CpuOps ops;
   const auto batches = microbatches(2, config.vocab_size, 51);
   using Mode = Recompute;
   struct Run {
@@ -216,7 +216,7 @@ TEST_P(Checkpointing, FullAndSelectiveRecomputationAreBitIdenticalAndSaveMemory)
   std::vector<std::vector<float>> losses;
   for (const Run& run : runs) {
     MemoryTracker tracker;
-    const LayerContext ctx{matmul, precision, &tracker};
+    const LayerContext ctx{ops, precision, &tracker};
     auto model = std::make_unique<Transformer>(config, &tracker);
     model->set_activation_checkpointing(run.checkpointing);
     model->initialize(13);

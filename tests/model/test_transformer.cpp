@@ -8,7 +8,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/model/transformer.hpp"
 
@@ -101,8 +101,8 @@ TEST_P(WholeModelGradient, MatchesFiniteDifferences) {
   const ModelConfig config = tiny(GetParam());
   Transformer model(config, nullptr);
   model.initialize(7);
-  kernels::MatmulEngine matmul;
-  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   const int64_t B = 2, T = 9;
   Batch batch = random_batch(B, T, config.vocab_size, 3);
   auto& params = model.parameters();
@@ -145,8 +145,8 @@ class StageSeam : public ::testing::TestWithParam<Family> {};
 TEST_P(StageSeam, TwoStagesEqualTheWholeModelBitForBit) {
   ModelConfig config = tiny(GetParam());
   config.tied_embeddings = false;  // a tied head across stages needs the pipeline's weight sync
-  kernels::MatmulEngine matmul;
-  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   const int64_t B = 2, T = 8;
   Batch batch = random_batch(B, T, config.vocab_size, 5);
 
@@ -186,8 +186,8 @@ INSTANTIATE_TEST_SUITE_P(Families, StageSeam, ::testing::Values(Family::gpt2, Fa
 
 TEST(Transformer, GradientAccumulationEqualsOneLargeBatch) {
   const ModelConfig config = tiny(Family::llama);
-  kernels::MatmulEngine matmul;
-  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   const int64_t T = 8;
   Batch batch = random_batch(4, T, config.vocab_size, 9);
   batch.targets[1] = 0;  // equal counts in both halves so the two means weigh alike
@@ -246,8 +246,8 @@ void expect_gradients_agree(const ParameterStore& a, const ParameterStore& b, do
 TEST_P(HeadFusionParity, Bf16HeadBackwardInsideTheForwardEqualsTheSeparateBackward) {
   const ModelConfig config = tiny(GetParam());
   kernels::ScopedOmpThreads two_threads(2);
-  kernels::MatmulEngine matmul;
-  LayerContext ctx{matmul, kernels::Precision::bf16, nullptr};
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::bf16, nullptr};
   const int64_t B = 20, T = 32;
   const Batch batch = random_batch(B, T, config.vocab_size, 13);
   Transformer fused(config, nullptr), separate(config, nullptr);
@@ -284,8 +284,8 @@ TEST_P(HeadFusionParity, Bf16VocabBlockedHeadAgreesWithTheSeparateBackward) {
   if (!kernels::MatmulEngine::vocab_blocked_head_applies(config.d_model))
     GTEST_SKIP() << "the vocabulary-blocked head needs AMX";
   kernels::ScopedOmpThreads two_threads(2);
-  kernels::MatmulEngine matmul;
-  LayerContext ctx{matmul, kernels::Precision::bf16, nullptr};
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::bf16, nullptr};
   const int64_t B = 20, T = 32;
   const Batch batch = random_batch(B, T, config.vocab_size, 13);
   Transformer blocked(config, nullptr), separate(config, nullptr);
@@ -313,8 +313,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HeadFusionParity,
 TEST(Transformer, RefusesTokensOutsideTheVocabulary) {
   const ModelConfig config = model_preset("gpt2-tiny");
   Transformer model(config, nullptr);
-  kernels::MatmulEngine matmul;
-  LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   std::vector<int32_t> tokens(8, 1), targets(8, 2);
   tokens[3] = static_cast<int32_t>(config.vocab_size);
   EXPECT_THROW(model.forward(ctx, tokens.data(), targets.data(), 1, 8, 1.0f), Error);

@@ -15,7 +15,7 @@
 #include "lattice/core/rng.hpp"
 #include "lattice/data/bpe_model.hpp"
 #include "lattice/data/tokenizer_files.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/train/checkpoint.hpp"
@@ -48,8 +48,8 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
 // when it would exceed max_seq_len it restarts from the last max_seq_len / 2 tokens.
 std::vector<int32_t> greedy_full_forward(model::Transformer& model, std::vector<int32_t> tokens,
                                          int64_t new_tokens) {
-  kernels::MatmulEngine matmul;
-  model::LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  kernels::CpuOps ops;
+  model::LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   const int64_t capacity = model.config().max_seq_len, V = model.config().vocab_size;
   int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - capacity);
   std::vector<int32_t> generated;
@@ -69,9 +69,9 @@ std::vector<int32_t> greedy_full_forward(model::Transformer& model, std::vector<
 std::vector<int32_t> run_generator(model::Transformer& model, std::vector<int32_t> tokens,
                                    const train::SamplingSettings& settings,
                                    train::GenerationStats* stats = nullptr) {
-  kernels::MatmulEngine matmul;
+  kernels::CpuOps ops;
   std::vector<int32_t> emitted;
-  train::GenerationStats s = train::generate(model, matmul, tokens, settings,
+  train::GenerationStats s = train::generate(model, ops, tokens, settings,
                                              [&](int32_t token) { emitted.push_back(token); });
   EXPECT_EQ(static_cast<int64_t>(emitted.size()), s.generated_tokens);
   EXPECT_TRUE(std::equal(emitted.begin(), emitted.end(), tokens.end() - emitted.size()));

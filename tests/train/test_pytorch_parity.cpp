@@ -18,7 +18,7 @@
 
 #include "lattice/core/rng.hpp"
 #include "lattice/io/safetensors.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/model_config_json.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
@@ -223,8 +223,8 @@ void check_parity(const fs::path& dir, const std::string& family, kernels::Preci
 
   Transformer model(config, nullptr);
   load_weights(model, init_file(dir, family));
-  kernels::MatmulEngine matmul;
-  LayerContext ctx{matmul, precision, nullptr};
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, precision, nullptr};
   std::printf("%s\n", title.c_str());
 
   // Logits of the initial weights.

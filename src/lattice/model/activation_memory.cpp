@@ -8,8 +8,7 @@
 namespace lattice::model {
 
 ActivationMemory estimate_activation_memory(const Transformer& model, kernels::Precision precision,
-                                            int64_t B, int64_t T,
-                                            const kernels::MatmulEngine& engine) {
+                                            int64_t B, int64_t T, const kernels::Ops& ops) {
   const ModelConfig& config = model.config();
   const int64_t rows = B * T, C = config.d_model;
   const ActivationCheckpoint& checkpointing = model.activation_checkpointing();
@@ -31,7 +30,7 @@ ActivationMemory estimate_activation_memory(const Transformer& model, kernels::P
     }
     scratch = std::max(scratch, block.scratch_bytes(precision, B, T));
   }
-  if (model.has_head()) memory.head = model.head().saved_bytes(precision, rows, engine);
+  if (model.has_head()) memory.head = model.head().saved_bytes(precision, rows, ops);
   memory.backward = rows * C * 4 + scratch;
   return memory;
 }

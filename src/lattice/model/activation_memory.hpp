@@ -18,8 +18,8 @@
 
 #include <cstdint>
 
-#include "lattice/kernels/cpu/matmul.hpp"
-#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/kernels/ops.hpp"
+#include "lattice/kernels/precision.hpp"
 #include "lattice/model/activation_checkpoint.hpp"
 
 namespace lattice::model {
@@ -32,9 +32,8 @@ struct ActivationMemory {
 };
 
 // For `model`'s stage (its config, blocks and head) on B sequences of T tokens, with `model`'s
-// activation checkpointing and head fusion, run on `engine` (whose options choose the head's path).
+// activation checkpointing and head fusion, run on `ops` (whose plan chooses the head's path).
 ActivationMemory estimate_activation_memory(const Transformer& model, kernels::Precision precision,
-                                            int64_t B, int64_t T,
-                                            const kernels::MatmulEngine& engine);
+                                            int64_t B, int64_t T, const kernels::Ops& ops);
 
 }  // namespace lattice::model

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/embedding.hpp"
 
 namespace lattice::model {
 
@@ -27,15 +26,16 @@ void Embedding::check_tokens(const int32_t* tokens, int64_t n, const char* what)
   }
 }
 
-void Embedding::forward(float* x, const int32_t* tokens, int64_t B, int64_t T,
-                        int64_t start) const {
+void Embedding::forward(const LayerContext& ctx, float* x, const int32_t* tokens, int64_t B,
+                        int64_t T, int64_t start) const {
   const float* wpe = position_weight_ >= 0 ? store_.value(position_weight_) : nullptr;
-  kernels::embedding_forward(x, tokens, store_.value(token_weight_), wpe, B, T, d_model_, start);
+  ctx.ops.embedding_forward(x, tokens, store_.value(token_weight_), wpe, B, T, d_model_, start);
 }
 
-void Embedding::backward(const float* d_x, const int32_t* tokens, int64_t B, int64_t T) {
+void Embedding::backward(const LayerContext& ctx, const float* d_x, const int32_t* tokens,
+                         int64_t B, int64_t T) {
   float* d_wpe = position_weight_ >= 0 ? store_.grad(position_weight_) : nullptr;
-  kernels::embedding_backward(store_.grad(token_weight_), d_wpe, d_x, tokens, B, T, d_model_);
+  ctx.ops.embedding_backward(store_.grad(token_weight_), d_wpe, d_x, tokens, B, T, d_model_);
 }
 
 }  // namespace lattice::model

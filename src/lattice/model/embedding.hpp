@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "lattice/model/layer_context.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
 
@@ -18,9 +19,11 @@ class Embedding {
 
   // x[B·T, d_model] = wte[tokens] (+ wpe[start + t]) for tokens [B, T] at positions start + t.
   // Token ids must be in [0, vocab) (check_tokens).
-  void forward(float* x, const int32_t* tokens, int64_t B, int64_t T, int64_t start = 0) const;
+  void forward(const LayerContext& ctx, float* x, const int32_t* tokens, int64_t B, int64_t T,
+               int64_t start = 0) const;
   // Accumulates the gradients of wte (and wpe) from d_x [B·T, d_model].
-  void backward(const float* d_x, const int32_t* tokens, int64_t B, int64_t T);
+  void backward(const LayerContext& ctx, const float* d_x, const int32_t* tokens, int64_t B,
+                int64_t T);
   // Throws naming the first id outside the vocabulary (`what`: "token", for the message).
   void check_tokens(const int32_t* tokens, int64_t n, const char* what) const;
 

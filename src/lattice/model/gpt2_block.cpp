@@ -1,37 +1,12 @@
 // GPT-2 transformer block: see gpt2_block.hpp.
 #include "lattice/model/gpt2_block.hpp"
 
-#include <vector>
-
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/activations.hpp"
-#include "lattice/kernels/cpu/attention.hpp"
-#include "lattice/kernels/cpu/convert.hpp"
-#include "lattice/kernels/cpu/elementwise.hpp"
-#include "lattice/kernels/cpu/layernorm.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
-#include "lattice/kernels/cpu/row_chunks.hpp"
 #include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
 
 namespace k = lattice::kernels;
-
-namespace {
-
-// bias_grad[j] += the sum over parts p (in order, in double) of sums[p * width + j]: a bias
-// gradient from per-part column sums (per batch, per row chunk) in an order that does not depend on
-// the thread count.
-void add_column_sums_in_order(float* bias_grad, const std::vector<double>& sums, int64_t parts,
-                              int64_t width) {
-  for (int64_t j = 0; j < width; ++j) {
-    double total = 0.0;
-    for (int64_t p = 0; p < parts; ++p) total += sums[static_cast<size_t>(p * width + j)];
-    bias_grad[j] += static_cast<float>(total);
-  }
-}
-
-}  // namespace
 
 Gpt2Block::Gpt2Block(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
                      const TensorParallelGroup& tp)
@@ -78,11 +53,10 @@ int64_t Gpt2Block::saved_bytes(k::Precision precision, int64_t B, int64_t T) con
   if (precision != k::Precision::bf16)  // ln1, qkv, x2, ln2, fc, gelu fp32 (att, lse below)
     return rows * (4 * (C + 3 * C + C + C + 2 * F) + stats) + attention_output_bytes(B, T);
   // bf16: c_attn's input and q, k, v in bf16; att and x2 fp32 with attn_proj's bf16 copy of att;
-  // c_fc's input, the GELU slope and c_proj's input in bf16; the fp32 pre-activation only below
-  // one chunk of rows.
-  const int64_t fc = rows >= kChunkRows ? 0 : rows * F * 4;
+  // c_fc's input, the GELU slope and c_proj's input in bf16 (the fp32 pre-activation is the
+  // backend's transient: Ops::linear_gelu_forward_bf16).
   return rows * (2 * C + 6 * C + 2 * C + 4 * C + 2 * C + 2 * F + 2 * F + stats) +
-         attention_output_bytes(B, T) + fc;
+         attention_output_bytes(B, T);
 }
 
 int64_t Gpt2Block::attention_output_bytes(int64_t B, int64_t T) const {
@@ -127,15 +101,12 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B
   ensure_activation(a.ln2_mean, {rows}, tr);
   ensure_activation(a.ln2_rstd, {rows}, tr);
   // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward),
-  // and backward keeps the GELU's bf16 slope instead of the fp32 pre-activation, which exists only
-  // chunk by chunk in cache (or whole, for a few rows: see mlp_forward_bf16).
+  // and backward keeps the GELU's bf16 slope instead of the fp32 pre-activation, which the backend
+  // never stores (see mlp_forward_bf16).
   if (bf16) {
     a.gelu.reset();
+    a.fc.reset();
     ensure_bf16_activation(a.gelu_slope16, {rows, F_}, tr);
-    if (rows >= kChunkRows)
-      a.fc.reset();
-    else
-      ensure_activation(a.fc, {rows, F_}, tr);
   } else {
     a.gelu_slope16.reset();
     ensure_activation(a.fc, {rows, F_}, tr);
@@ -145,76 +116,62 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B
 
 void Gpt2Block::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
   if (ctx.precision != k::Precision::bf16) {
-    k::layernorm_forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x_in,
-                         store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
+    ctx.ops.layernorm_forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x_in,
+                              store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
     c_attn_.forward(ctx, a.c_attn, a.qkv.f32(), a.ln1.f32(), rows);
     return;
   }
   // LayerNorm writes c_attn's bf16 input directly.
-  k::layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, a.c_attn, rows), a.ln1_mean.f32(),
-                            a.ln1_rstd.f32(), x_in, store_.value(ln1_weight_),
-                            store_.value(ln1_bias_), rows, C_, eps_);
+  ctx.ops.layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, a.c_attn, rows), a.ln1_mean.f32(),
+                                 a.ln1_rstd.f32(), x_in, store_.value(ln1_weight_),
+                                 store_.value(ln1_bias_), rows, C_, eps_);
   if (a.qkv16.empty()) {  // cached inference: fp32 q, k, v for the KV cache
     c_attn_.forward_prepared(ctx, a.c_attn, a.qkv.f32(), rows);
     return;
   }
-  // Training: c_attn in row chunks (bias included), each chunk rounded to bf16 while in cache:
-  // the same values attention would round from an fp32 qkv, which is never stored.
-  lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
-  const int64_t width = 3 * C_;
-  c_attn_.forward_prepared_in_row_chunks(
-      ctx, a.c_attn, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
-        k::convert_to_bf16_on_this_thread(qkv16 + begin * width, chunk, n * width);
-      });
+  // Training: c_attn's output (bias included) rounded to bf16 as it is produced: the same values
+  // attention would round from an fp32 qkv, which is never stored.
+  c_attn_.forward_prepared_to_bf16(ctx, a.c_attn, a.qkv16.data<lattice::bf16>(), rows);
 }
 
 void Gpt2Block::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, C_);
   if (ctx.precision == k::Precision::bf16) {
     const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
-    k::attention_forward_bf16(a.att.f32(), a.lse.f32(), qkv16, qkv16 + C_, qkv16 + 2 * C_, shape);
+    ctx.ops.attention_forward_bf16(a.att.f32(), a.lse.f32(), qkv16, qkv16 + C_, qkv16 + 2 * C_,
+                                   shape, {});
   } else {
     const float* qkv = a.qkv.f32();
-    k::attention_forward(a.att.f32(), a.lse.f32(), qkv, qkv + C_, qkv + 2 * C_, shape,
-                         ctx.precision, ctx.matmul);
+    ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), qkv, qkv + C_, qkv + 2 * C_, shape,
+                              ctx.precision, {});
   }
 }
 
 void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                            const float* x_in, int64_t rows) {
   attn_proj_.forward(ctx, a.attn_proj, a.x2.f32(), a.att.f32(), rows);
-  k::add_inplace(a.x2.f32(), x_in, rows * C_);
+  ctx.ops.add_inplace(a.x2.f32(), x_in, rows * C_);
   if (ctx.precision == k::Precision::bf16) {
     mlp_forward_bf16(ctx, a, x_out, rows);
   } else {
-    k::layernorm_forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.x2.f32(),
-                         store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
+    ctx.ops.layernorm_forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.x2.f32(),
+                              store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
     c_fc_.forward(ctx, a.c_fc, a.fc.f32(), a.ln2.f32(), rows);
-    k::gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
+    ctx.ops.gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
     mlp_proj_.forward(ctx, a.mlp_proj, x_out, a.gelu.f32(), rows);
   }
-  k::add_inplace(x_out, a.x2.f32(), rows * C_);
+  ctx.ops.add_inplace(x_out, a.x2.f32(), rows * C_);
 }
 
 void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* x_out, int64_t rows) {
   // LayerNorm 2 writes c_fc's bf16 input and the GELU mlp_proj's: no fp32 copy of either exists.
-  k::layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, a.c_fc, rows), a.ln2_mean.f32(),
-                            a.ln2_rstd.f32(), a.x2.f32(), store_.value(ln2_weight_),
-                            store_.value(ln2_bias_), rows, C_, eps_);
-  lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows);
-  lattice::bf16* slope16 = a.gelu_slope16.data<lattice::bf16>();
-  if (rows >= kChunkRows) {
-    // c_fc in row chunks: each chunk of the pre-activation goes through the GELU while it is in
-    // cache and is never stored; backward keeps the GELU's bf16 slope.
-    c_fc_.forward_prepared_in_row_chunks(
-        ctx, a.c_fc, nullptr, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* chunk) {
-          k::gelu_forward_bf16_with_slope_on_this_thread(gelu16 + begin * F_, slope16 + begin * F_,
-                                                         chunk, n * F_);
-        });
-  } else {  // a few rows (cached inference, tiny batches): one multi-threaded GEMM
-    c_fc_.forward_prepared(ctx, a.c_fc, a.fc.f32(), rows);
-    k::gelu_forward_bf16_with_slope(gelu16, slope16, a.fc.f32(), rows * F_);
-  }
+  ctx.ops.layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, a.c_fc, rows), a.ln2_mean.f32(),
+                                 a.ln2_rstd.f32(), a.x2.f32(), store_.value(ln2_weight_),
+                                 store_.value(ln2_bias_), rows, C_, eps_);
+  // c_fc and the GELU in one op: the pre-activation is never stored; backward keeps the GELU's
+  // bf16 slope.
+  c_fc_.forward_prepared_gelu_bf16(ctx, a.c_fc, mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows),
+                                   a.gelu_slope16.data<lattice::bf16>(), rows);
   mlp_proj_.forward_prepared(ctx, a.mlp_proj, x_out, rows);
 }
 
@@ -267,20 +224,20 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
   } else {
     float* d_gelu = d_y16_or_gelu;
     if (defer) {  // d_x_out may be overwritten by d_x_in below: c_proj's W keeps its own copy
-      k::copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
+      ctx.ops.copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
       mlp_proj_.backward_input(ctx, a.mlp_proj, d_gelu, d_x_out, rows);
     } else {
       mlp_proj_.backward(ctx, a.mlp_proj, d_gelu, d_x_out, a.gelu.f32(), rows);
     }
-    k::gelu_backward(d_fc, d_gelu, a.fc.f32(), rows * F_);
+    ctx.ops.gelu_backward(d_fc, d_gelu, a.fc.f32(), rows * F_);
     if (defer)
       c_fc_.backward_input(ctx, a.c_fc, d_ln, d_fc, rows);
     else
       c_fc_.backward(ctx, a.c_fc, d_ln, d_fc, a.ln2.f32(), rows);
   }
-  k::layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln, a.x2.f32(),
-                        store_.value(ln2_weight_), a.ln2_mean.f32(), a.ln2_rstd.f32(), rows, C_,
-                        /*residual_grad=*/d_x_out);
+  ctx.ops.layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln,
+                             a.x2.f32(), store_.value(ln2_weight_), a.ln2_mean.f32(),
+                             a.ln2_rstd.f32(), rows, C_, /*residual_grad=*/d_x_out);
 
   // Attention branch: x2 = x_in + c_proj(attention(c_attn(ln1(x_in)))).
   if (defer)
@@ -291,17 +248,17 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
     attention_backward_bf16(ctx, a, d_ln, d_att, d_qkv, B, T, defer);
   } else {
     const float* qkv = a.qkv.f32();
-    k::attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_, qkv + 2 * C_,
-                          a.att.f32(), a.lse.f32(), packed_qkv_shape(B, T, heads_, C_),
-                          ctx.precision, ctx.matmul);
+    ctx.ops.attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_,
+                               qkv + 2 * C_, a.att.f32(), a.lse.f32(),
+                               packed_qkv_shape(B, T, heads_, C_), ctx.precision, {});
     if (defer)
       c_attn_.backward_input(ctx, a.c_attn, d_ln, d_qkv, rows);
     else
       c_attn_.backward(ctx, a.c_attn, d_ln, d_qkv, a.ln1.f32(), rows);
   }
-  k::layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
-                        store_.value(ln1_weight_), a.ln1_mean.f32(), a.ln1_rstd.f32(), rows, C_,
-                        /*residual_grad=*/d_x2);
+  ctx.ops.layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
+                             store_.value(ln1_weight_), a.ln1_mean.f32(), a.ln1_rstd.f32(), rows,
+                             C_, /*residual_grad=*/d_x2);
   a.weight_gradients_pending = defer;
   if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
@@ -334,23 +291,14 @@ void Gpt2Block::backward_weight(const LayerContext& ctx, BlockActivations& saved
 void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln,
                                         const float* d_att, float* d_qkv_buffer, int64_t B,
                                         int64_t T, bool defer) {
-  const int64_t rows = B * T, width = 3 * C_;
+  const int64_t rows = B * T;
   auto* d_qkv16 = reinterpret_cast<lattice::bf16*>(d_qkv_buffer);
   const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
-  float* bias_grad = c_attn_.bias_grad();
-  k::AttentionGradientsBf16 grads{d_qkv16, d_qkv16 + C_, d_qkv16 + 2 * C_};
-  if (bias_grad != nullptr) {
-    qkv_column_sums_.assign(static_cast<size_t>(B * width), 0.0);
-    grads.dq_sums = qkv_column_sums_.data();
-    grads.dk_sums = grads.dq_sums + C_;
-    grads.dv_sums = grads.dq_sums + 2 * C_;
-    grads.sums_batch_stride = width;
-  }
-  k::attention_backward_bf16(grads, d_att, qkv16, qkv16 + C_, qkv16 + 2 * C_, a.att.f32(),
-                             a.lse.f32(), packed_qkv_shape(B, T, heads_, C_));
-  // c_attn's bias gradient: the batches' column sums (each over its tokens in order), added in
-  // batch order, so the result does not depend on the thread count.
-  if (bias_grad != nullptr) add_column_sums_in_order(bias_grad, qkv_column_sums_, B, width);
+  // c_attn's bias gradient comes out of the attention backward (the column sums of the unrounded
+  // d q, k, v, in an order fixed by the shape).
+  ctx.ops.attention_backward_bf16(d_qkv16, d_qkv16 + C_, d_qkv16 + 2 * C_, c_attn_.bias_grad(),
+                                  d_att, qkv16, qkv16 + C_, qkv16 + 2 * C_, a.att.f32(),
+                                  a.lse.f32(), packed_qkv_shape(B, T, heads_, C_), {});
   if (defer)
     c_attn_.backward_input_rounded(ctx, d_ln, d_qkv16, rows);
   else
@@ -362,28 +310,13 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln
                                   int64_t rows, bool defer) {
   // c_proj's d_out rounded once (with its bias gradient) for its weight gradient and for d_gelu.
   auto* d_y16 = reinterpret_cast<lattice::bf16*>(d_y_buffer);
-  k::round_to_bf16_with_column_sums(d_y16, mlp_proj_.bias_grad(), d_x_out, rows, C_);
+  ctx.ops.round_with_column_sums(d_y16, mlp_proj_.bias_grad(), d_x_out, rows, C_);
   if (!defer) mlp_proj_.backward_rounded(ctx, a.mlp_proj, nullptr, d_y16, nullptr, rows);
-  // d_gelu = d_y · W_proj in row chunks; each chunk goes through the GELU backward on the thread
-  // that computed it, while in cache, and becomes c_fc's bf16 d_out: the fp32 d_gelu is never
-  // stored. c_fc's bias gradient: per-chunk column sums (double, row by row), added in chunk
-  // order, so the result does not depend on the thread count.
+  // d_gelu = d_y · W_proj taken through the GELU backward into c_fc's bf16 d_out (with c_fc's
+  // bias gradient): the fp32 d_gelu is never stored.
   auto* d_fc16 = reinterpret_cast<lattice::bf16*>(d_fc_buffer);
-  const k::RowChunks chunks = k::row_chunks_of(rows, kChunkRows);  // the GEMM's chunks
-  float* fc_bias_grad = c_fc_.bias_grad();
-  chunk_column_sums_.assign(fc_bias_grad != nullptr ? static_cast<size_t>(chunks.count * F_) : 0,
-                            0.0);
-  const lattice::bf16* slope16 = a.gelu_slope16.data<lattice::bf16>();
-  mlp_proj_.backward_input_in_row_chunks(
-      ctx, d_y16, rows, kChunkRows, [&](int64_t begin, int64_t n, const float* d_gelu) {
-        double* sums = fc_bias_grad != nullptr
-                           ? chunk_column_sums_.data() + begin / chunks.rows_per_chunk * F_
-                           : nullptr;
-        k::gelu_backward_from_slope_bf16_rows(d_fc16 + begin * F_, sums, d_gelu,
-                                              slope16 + begin * F_, n, F_);
-      });
-  if (fc_bias_grad != nullptr)
-    add_column_sums_in_order(fc_bias_grad, chunk_column_sums_, chunks.count, F_);
+  mlp_proj_.backward_input_through_gelu_bf16(ctx, d_fc16, c_fc_.bias_grad(), d_y16,
+                                             a.gelu_slope16.data<lattice::bf16>(), rows);
   if (defer)
     c_fc_.backward_input_rounded(ctx, d_ln, d_fc16, rows);
   else
@@ -404,8 +337,8 @@ void Gpt2Block::forward_cached(const LayerContext& ctx, BlockActivations& work, 
   shape.kv_len = cache.length() + n;
   shape.k_row_stride = shape.v_row_stride = cache.row_stride();
   shape.kv_batch_stride = cache.batch_stride();
-  k::attention_forward(a.att.f32(), a.lse.f32(), qkv, cache.keys(cache_layer),
-                       cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
+  ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), qkv, cache.keys(cache_layer),
+                            cache.values(cache_layer), shape, ctx.precision, {});
   projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
 }
 

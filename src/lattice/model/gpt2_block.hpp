@@ -24,7 +24,7 @@ struct Gpt2BlockActivations final : BlockActivations {
   Tensor x2;                  // [rows, C] residual after attention
   Tensor ln2;                 // [rows, C] LayerNorm 2 output (fp32; in bf16 only c_fc's in16)
   Tensor ln2_mean, ln2_rstd;  // [rows]
-  Tensor fc;                  // [rows, F] MLP pre-activation (fp32; bf16 only below 256 rows)
+  Tensor fc;                  // [rows, F] MLP pre-activation (fp32 only; bf16 never stores it)
   Tensor gelu;                // [rows, F] GELU output (fp32; in bf16 only c_proj's in16)
   Tensor gelu_slope16;        // [rows, F] bf16: the GELU's slope at the pre-activation
   LinearActivations c_attn, attn_proj, c_fc, mlp_proj;
@@ -74,26 +74,19 @@ class Gpt2Block final : public Block {
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                   const float* x_in, int64_t rows);
   // bf16 forward of LayerNorm 2 and the MLP from x2 to x_out (before the residual add), with
-  // c_fc's GEMM and the GELU fused in row chunks.
+  // c_fc's GEMM and the GELU fused (Linear::forward_prepared_gelu_bf16).
   void mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* x_out, int64_t rows);
   // bf16 backward of the MLP from d_x_out to d_ln (LayerNorm 2's output gradient), with c_proj's
-  // input gradient and the GELU backward fused in row chunks; d_fc_buffer holds c_fc's bf16 d_out
-  // [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
+  // input gradient and the GELU backward fused (Linear::backward_input_through_gelu_bf16);
+  // d_fc_buffer holds c_fc's bf16 d_out [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
   void mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_x_out,
                          float* d_fc_buffer, float* d_y_buffer, int64_t rows, bool defer);
-  // Rows per chunk of the fused GEMMs (c_attn and its rounding, the MLP forward and backward): a
-  // chunk's fp32 output (rows x 3C, pre-activation or d_gelu rows x F) stays in cache.
-  static constexpr int64_t kChunkRows = 256;
 
   ParameterStore& store_;
   int64_t C_, F_, heads_;
   float eps_;
   int ln1_weight_, ln1_bias_, ln2_weight_, ln2_bias_;
   Linear c_attn_, attn_proj_, c_fc_, mlp_proj_;
-  // Backward scratch (not activations): attention_backward_bf16's per-batch column sums of
-  // c_attn's d_out (its bias gradient) and mlp_backward_bf16's per-chunk column sums of c_fc's.
-  std::vector<double> qkv_column_sums_;
-  std::vector<double> chunk_column_sums_;
 };
 
 }  // namespace lattice::model

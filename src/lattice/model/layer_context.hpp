@@ -1,12 +1,13 @@
-// What every layer's forward and backward receives: the GEMM engine, the compute precision, the
+// What every layer's forward and backward receives: the kernel backend (kernels/ops.hpp: every op a
+// layer computes goes through it), the compute precision, the
 // memory tracker for activations, and the tensor-parallel group (size 1 until tensor parallelism
 // lands: the seam exists so layers become tensor-parallel by being handed a larger group, not by
 // being rewritten), and optional hooks around each parameter unit (data parallelism and ZeRO-3).
 #pragma once
 
 #include "lattice/core/memory.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
-#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/kernels/ops.hpp"
+#include "lattice/kernels/precision.hpp"
 
 namespace lattice::comm {
 class Communicator;
@@ -34,7 +35,7 @@ class ModelHooks {
 };
 
 struct LayerContext {
-  kernels::MatmulEngine& matmul;
+  kernels::Ops& ops;
   kernels::Precision precision = kernels::Precision::fp32;
   MemoryTracker* tracker = nullptr;
   ModelHooks* hooks = nullptr;  // null: no hooks

@@ -54,7 +54,8 @@ void Linear::forward(const LayerContext& ctx, LinearActivations& saved, float* o
     keep_bf16(ctx, saved, rows, keep);
     saved.rounded_from = in;
   }
-  ctx.matmul.forward(out, in, store_->value(weight_), bias, rows, in_, out_, ctx.precision, keep);
+  ctx.ops.linear_forward(out, in, store_->value(weight_), bias, rows, in_, out_, ctx.precision,
+                         keep);
 }
 
 lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, LinearActivations& saved,
@@ -75,24 +76,36 @@ void Linear::forward_prepared(const LayerContext& ctx, LinearActivations& saved,
   keep_bf16(ctx, saved, rows, keep);
   saved.rounded_from = nullptr;
   saved.prepared = true;
-  // No fp32 input: the engine reads the prepared bf16 one.
-  ctx.matmul.forward(out, nullptr, store_->value(weight_), bias, rows, in_, out_, ctx.precision,
-                     keep);
+  // No fp32 input: the backend reads the prepared bf16 one.
+  ctx.ops.linear_forward(out, nullptr, store_->value(weight_), bias, rows, in_, out_, ctx.precision,
+                         keep);
 }
 
-void Linear::forward_prepared_in_row_chunks(const LayerContext& ctx, LinearActivations& saved,
-                                            float* out, int64_t rows, int64_t chunk_rows,
-                                            const kernels::MatmulEngine::ChunkConsumer& consume) {
+const lattice::bf16* Linear::prepared_input(const LayerContext& ctx, LinearActivations& saved,
+                                            int64_t rows, const char* who) {
   check(ctx.precision == kernels::Precision::bf16 && saved.in16.shape() == Shape{rows, in_},
-        "Linear::forward_prepared_in_row_chunks without prepare_bf16_input for " +
-            std::to_string(rows) + " rows in bf16 (internal error)");
+        std::string("Linear::") + who + " without prepare_bf16_input for " + std::to_string(rows) +
+            " rows in bf16 (internal error)");
   saved.rounded_rows = rows;
   saved.rounded_from = nullptr;
   saved.prepared = true;
+  return saved.in16.data<lattice::bf16>();
+}
+
+void Linear::forward_prepared_to_bf16(const LayerContext& ctx, LinearActivations& saved,
+                                      lattice::bf16* out16, int64_t rows) {
+  const lattice::bf16* in16 = prepared_input(ctx, saved, rows, "forward_prepared_to_bf16");
   const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
-  ctx.matmul.multiply_in_row_chunks(saved.in16.data<lattice::bf16>(), weight_operand(ctx),
-                                    /*weight_transposed=*/true, rows, in_, out_, chunk_rows,
-                                    consume, bias, out);
+  ctx.ops.linear_forward_to_bf16(out16, in16, weight_operand(ctx), bias, rows, in_, out_);
+}
+
+void Linear::forward_prepared_gelu_bf16(const LayerContext& ctx, LinearActivations& saved,
+                                        lattice::bf16* gelu16, lattice::bf16* slope16,
+                                        int64_t rows) {
+  const lattice::bf16* in16 = prepared_input(ctx, saved, rows, "forward_prepared_gelu_bf16");
+  const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
+  ctx.ops.linear_gelu_forward_bf16(gelu16, slope16, in16, weight_operand(ctx), bias, rows, in_,
+                                   out_);
 }
 
 const lattice::bf16* Linear::kept_input(const LayerContext& ctx, const LinearActivations& saved,
@@ -114,8 +127,8 @@ void Linear::backward(const LayerContext& ctx, const LinearActivations& saved, f
   kernels::Bf16Operands rounded;
   rounded.in = const_cast<lattice::bf16*>(kept_input(ctx, saved, in, rows));
   rounded.weight = weight_operand(ctx).rounded;
-  ctx.matmul.backward(d_in, store_->grad(weight_), d_bias, d_out, in, store_->value(weight_), rows,
-                      in_, out_, ctx.precision, rounded);
+  ctx.ops.linear_backward(d_in, store_->grad(weight_), d_bias, d_out, in, store_->value(weight_),
+                          rows, in_, out_, ctx.precision, rounded);
 }
 
 void Linear::backward_input(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
@@ -123,8 +136,8 @@ void Linear::backward_input(const LayerContext& ctx, const LinearActivations& sa
   (void)saved;  // the input gradient reads only d_out and the weight
   kernels::Bf16Operands rounded;
   rounded.weight = weight_operand(ctx).rounded;
-  ctx.matmul.backward(d_in, nullptr, nullptr, d_out, nullptr, store_->value(weight_), rows, in_,
-                      out_, ctx.precision, rounded);
+  ctx.ops.linear_backward_input(d_in, d_out, store_->value(weight_), rows, in_, out_, ctx.precision,
+                                rounded);
 }
 
 void Linear::backward_weight(const LayerContext& ctx, const LinearActivations& saved,
@@ -132,8 +145,8 @@ void Linear::backward_weight(const LayerContext& ctx, const LinearActivations& s
   kernels::Bf16Operands rounded;
   rounded.in = const_cast<lattice::bf16*>(kept_input(ctx, saved, in, rows));
   rounded.weight = weight_operand(ctx).rounded;
-  ctx.matmul.backward(nullptr, store_->grad(weight_), bias_grad(), d_out, in,
-                      store_->value(weight_), rows, in_, out_, ctx.precision, rounded);
+  ctx.ops.linear_backward_weight(store_->grad(weight_), bias_grad(), d_out, in,
+                                 store_->value(weight_), rows, in_, out_, ctx.precision, rounded);
 }
 
 void Linear::backward_rounded(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
@@ -144,8 +157,8 @@ void Linear::backward_rounded(const LayerContext& ctx, const LinearActivations& 
   rounded.in = const_cast<lattice::bf16*>(kept_input(ctx, saved, in, rows));
   rounded.d_out = d_out16;
   rounded.weight = weight_operand(ctx).rounded;
-  ctx.matmul.backward(d_in, store_->grad(weight_), nullptr, nullptr, in, store_->value(weight_),
-                      rows, in_, out_, ctx.precision, rounded);
+  ctx.ops.linear_backward(d_in, store_->grad(weight_), nullptr, nullptr, in, store_->value(weight_),
+                          rows, in_, out_, ctx.precision, rounded);
 }
 
 void Linear::backward_input_rounded(const LayerContext& ctx, float* d_in,
@@ -155,18 +168,17 @@ void Linear::backward_input_rounded(const LayerContext& ctx, float* d_in,
   kernels::Bf16Operands rounded;
   rounded.d_out = d_out16;
   rounded.weight = weight_operand(ctx).rounded;
-  ctx.matmul.backward(d_in, nullptr, nullptr, nullptr, nullptr, store_->value(weight_), rows, in_,
-                      out_, ctx.precision, rounded);
+  ctx.ops.linear_backward_input(d_in, nullptr, store_->value(weight_), rows, in_, out_,
+                                ctx.precision, rounded);
 }
 
-void Linear::backward_input_in_row_chunks(const LayerContext& ctx, const lattice::bf16* d_out16,
-                                          int64_t rows, int64_t chunk_rows,
-                                          const kernels::MatmulEngine::ChunkConsumer& consume) {
+void Linear::backward_input_through_gelu_bf16(const LayerContext& ctx, lattice::bf16* d_pre16,
+                                              float* pre_bias_grad, const lattice::bf16* d_out16,
+                                              const lattice::bf16* slope16, int64_t rows) {
   check(ctx.precision == kernels::Precision::bf16,
-        "Linear::backward_input_in_row_chunks is for bf16 precision only (internal error)");
-  // d_in[rows, in] = d_out16[rows, out] · W[out, in]: W read as stored (not transposed).
-  ctx.matmul.multiply_in_row_chunks(d_out16, weight_operand(ctx), /*weight_transposed=*/false, rows,
-                                    out_, in_, chunk_rows, consume);
+        "Linear::backward_input_through_gelu_bf16 is for bf16 precision only (internal error)");
+  ctx.ops.linear_backward_input_through_gelu_bf16(d_pre16, pre_bias_grad, d_out16,
+                                                  weight_operand(ctx), slope16, rows, in_, out_);
 }
 
 float* Linear::bias_grad() {

@@ -4,7 +4,7 @@
 // input that forward rounds (activation memory: 2 bytes per input element), and its backward reuses
 // it for the weight gradient instead of rounding again. The weight's bf16 rounding comes from the
 // ParameterStore's copy when it keeps one (rounded once per change of the weights, by the
-// optimizer's pass); otherwise the engine rounds the fp32 weight at every use (ZeRO-3, whose
+// optimizer's pass); otherwise the backend rounds the fp32 weight at every use (ZeRO-3, whose
 // sharded weights a whole bf16 copy would undo).
 #pragma once
 
@@ -43,12 +43,14 @@ class Linear {
                                     int64_t rows);
   void forward_prepared(const LayerContext& ctx, LinearActivations& saved, float* out,
                         int64_t rows);
-  // forward_prepared with the output (bias included) computed in row chunks into out [rows,
-  // out_features], each chunk handed to consume(row_begin, rows, chunk) on the thread that computed
-  // it while it is in cache (kernels::MatmulEngine::multiply_in_row_chunks).
-  void forward_prepared_in_row_chunks(const LayerContext& ctx, LinearActivations& saved, float* out,
-                                      int64_t rows, int64_t chunk_rows,
-                                      const kernels::MatmulEngine::ChunkConsumer& consume);
+  // forward_prepared with the output (bias included) rounded to bf16 into out16 [rows,
+  // out_features]: the fp32 output is never stored (Ops::linear_forward_to_bf16).
+  void forward_prepared_to_bf16(const LayerContext& ctx, LinearActivations& saved,
+                                lattice::bf16* out16, int64_t rows);
+  // forward_prepared followed by the GELU: gelu16 and its slope16 [rows, out_features] in bf16, the
+  // fp32 pre-activation never stored (Ops::linear_gelu_forward_bf16).
+  void forward_prepared_gelu_bf16(const LayerContext& ctx, LinearActivations& saved,
+                                  lattice::bf16* gelu16, lattice::bf16* slope16, int64_t rows);
   // d_in overwritten (skipped when null); weight and bias gradients accumulate. In bf16, when the
   // forward that filled `saved` saw this same `in` (or was forward_prepared) and row count, its
   // bf16 input is used (bit-identical); after forward_prepared, `in` is not read.
@@ -69,14 +71,14 @@ class Linear {
                         const lattice::bf16* d_out16, const float* in, int64_t rows);
   void backward_input_rounded(const LayerContext& ctx, float* d_in, const lattice::bf16* d_out16,
                               int64_t rows);
-  // bf16 precision only: this layer's input gradient d_in = d_out16 · W computed in row chunks,
-  // each handed to consume(row_begin, rows, chunk) on the thread that computed it while it is in
-  // cache (kernels::MatmulEngine::multiply_in_row_chunks), e.g. to fuse the previous activation's
-  // backward; d_in is never stored whole. Weight and bias gradients are not touched: call
-  // backward_rounded with a null d_in for them.
-  void backward_input_in_row_chunks(const LayerContext& ctx, const lattice::bf16* d_out16,
-                                    int64_t rows, int64_t chunk_rows,
-                                    const kernels::MatmulEngine::ChunkConsumer& consume);
+  // bf16 precision only: this layer's input gradient d_in = d_out16 · W taken through the GELU
+  // that produced its input (slope16, from forward_prepared_gelu_bf16 of the layer before):
+  // d_pre16 = bf16(d_in · slope16), and pre_bias_grad (when given) += its column sums, the layer
+  // before's bias gradient (Ops::linear_backward_input_through_gelu_bf16); d_in is never stored.
+  // Weight and bias gradients are not touched: call backward_rounded with a null d_in for them.
+  void backward_input_through_gelu_bf16(const LayerContext& ctx, lattice::bf16* d_pre16,
+                                        float* pre_bias_grad, const lattice::bf16* d_out16,
+                                        const lattice::bf16* slope16, int64_t rows);
   // The bias gradient (null without a bias).
   float* bias_grad();
 
@@ -89,7 +91,10 @@ class Linear {
   int64_t in_ = 0, out_ = 0;
   void keep_bf16(const LayerContext& ctx, LinearActivations& saved, int64_t rows,
                  kernels::Bf16Operands& keep);
-  // The weight as the engine takes it: fp32, with the store's bf16 copy in bf16 precision.
+  // forward_prepared's bookkeeping for a fused forward: the prepared bf16 input of `rows` rows.
+  const lattice::bf16* prepared_input(const LayerContext& ctx, LinearActivations& saved,
+                                      int64_t rows, const char* who);
+  // The weight as the backend takes it: fp32, with the store's bf16 copy in bf16 precision.
   kernels::WeightOperand weight_operand(const LayerContext& ctx);
   // The kept bf16 input for backward from `in` (null when not kept); checks forward_prepared's.
   const lattice::bf16* kept_input(const LayerContext& ctx, const LinearActivations& saved,

@@ -2,10 +2,6 @@
 #include "lattice/model/llama_block.hpp"
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/activations.hpp"
-#include "lattice/kernels/cpu/attention.hpp"
-#include "lattice/kernels/cpu/elementwise.hpp"
-#include "lattice/kernels/cpu/rmsnorm.hpp"
 #include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
@@ -91,7 +87,8 @@ void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t 
 }
 
 void LlamaBlock::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
-  k::rmsnorm_forward(a.n1.f32(), a.rstd1.f32(), x_in, store_.value(norm1_weight_), rows, C_, eps_);
+  ctx.ops.rmsnorm_forward(a.n1.f32(), a.rstd1.f32(), x_in, store_.value(norm1_weight_), rows, C_,
+                          eps_);
   q_proj_.forward(ctx, a.q_proj, a.q.f32(), a.n1.f32(), rows);
   k_proj_.forward(ctx, a.k_proj, a.k.f32(), a.n1.f32(), rows);
   v_proj_.forward(ctx, a.v_proj, a.v.f32(), a.n1.f32(), rows);
@@ -99,21 +96,21 @@ void LlamaBlock::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_i
 
 void LlamaBlock::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  k::attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), a.k.f32(), a.v.f32(), shape,
-                       ctx.precision, ctx.matmul);
+  ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), a.k.f32(), a.v.f32(), shape,
+                            ctx.precision, {});
 }
 
 void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                             const float* x_in, int64_t rows) {
   o_proj_.forward(ctx, a.o_proj, a.x2.f32(), a.att.f32(), rows);
-  k::add_inplace(a.x2.f32(), x_in, rows * C_);
-  k::rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), rows, C_,
-                     eps_);
+  ctx.ops.add_inplace(a.x2.f32(), x_in, rows * C_);
+  ctx.ops.rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), rows,
+                          C_, eps_);
   gate_proj_.forward(ctx, a.gate_proj, a.gate.f32(), a.n2.f32(), rows);
   up_proj_.forward(ctx, a.up_proj, a.up.f32(), a.n2.f32(), rows);
-  k::swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
+  ctx.ops.swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
   down_proj_.forward(ctx, a.down_proj, x_out, a.h.f32(), rows);
-  k::add_inplace(x_out, a.x2.f32(), rows * C_);
+  ctx.ops.add_inplace(x_out, a.x2.f32(), rows * C_);
 }
 
 void LlamaBlock::forward(const LayerContext& ctx, BlockActivations& saved, float* x_out,
@@ -122,8 +119,8 @@ void LlamaBlock::forward(const LayerContext& ctx, BlockActivations& saved, float
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   prepare_activations(ctx, a, B, T);
   qkv_forward(ctx, a, x_in, rows);
-  rope_.apply(a.q.f32(), B, T, heads_, C_, T * C_, 0, false);
-  rope_.apply(a.k.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
+  ctx.ops.rope(rope_, a.q.f32(), B, T, heads_, C_, T * C_, 0, false);
+  ctx.ops.rope(rope_, a.k.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
   attention_core(ctx, a, B, T);
   projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
   drop_recomputed_attention(a, a.att, a.lse);  // selective checkpointing: recomputed in backward
@@ -171,31 +168,31 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
 
   // MLP branch: x_out = x2 + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(x2).
   if (defer)  // d_x_out may be overwritten by d_x_in below: down_proj's W keeps its own copy
-    k::copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
+    ctx.ops.copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
   linear_backward(down_proj_, a.down_proj, d_h, d_x_out, a.h.f32());
-  k::swiglu_backward(d_gate, d_up, d_h, a.gate.f32(), a.up.f32(), rows * F_);
+  ctx.ops.swiglu_backward(d_gate, d_up, d_h, a.gate.f32(), a.up.f32(), rows * F_);
   linear_backward(gate_proj_, a.gate_proj, d_norm, d_gate, a.n2.f32());
   linear_backward(up_proj_, a.up_proj, d_part, d_up, a.n2.f32());
-  k::add_inplace(d_norm, d_part, rows * C_);
-  k::rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, a.x2.f32(),
-                      store_.value(norm2_weight_), a.rstd2.f32(), rows, C_,
-                      /*residual_grad=*/d_x_out);
+  ctx.ops.add_inplace(d_norm, d_part, rows * C_);
+  ctx.ops.rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, a.x2.f32(),
+                           store_.value(norm2_weight_), a.rstd2.f32(), rows, C_,
+                           /*residual_grad=*/d_x_out);
 
   // Attention branch: x2 = x_in + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
   linear_backward(o_proj_, a.o_proj, d_att, d_x2, a.att.f32());
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  k::attention_backward(d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
-                        a.lse.f32(), shape, ctx.precision, ctx.matmul);
-  rope_.apply(d_q, B, T, heads_, C_, T * C_, 0, true);
-  rope_.apply(d_k, B, T, kv_heads_, kv, T * kv, 0, true);
+  ctx.ops.attention_backward(d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
+                             a.lse.f32(), shape, ctx.precision, {});
+  ctx.ops.rope(rope_, d_q, B, T, heads_, C_, T * C_, 0, true);
+  ctx.ops.rope(rope_, d_k, B, T, kv_heads_, kv, T * kv, 0, true);
   linear_backward(q_proj_, a.q_proj, d_norm, d_q, a.n1.f32());
   linear_backward(k_proj_, a.k_proj, d_part, d_k, a.n1.f32());
-  k::add_inplace(d_norm, d_part, rows * C_);
+  ctx.ops.add_inplace(d_norm, d_part, rows * C_);
   linear_backward(v_proj_, a.v_proj, d_part, d_v, a.n1.f32());
-  k::add_inplace(d_norm, d_part, rows * C_);
-  k::rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in, store_.value(norm1_weight_),
-                      a.rstd1.f32(), rows, C_,
-                      /*residual_grad=*/d_x2);
+  ctx.ops.add_inplace(d_norm, d_part, rows * C_);
+  ctx.ops.rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in,
+                           store_.value(norm1_weight_), a.rstd1.f32(), rows, C_,
+                           /*residual_grad=*/d_x2);
   a.weight_gradients_pending = defer;
   if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
@@ -226,15 +223,15 @@ void LlamaBlock::forward_cached(const LayerContext& ctx, BlockActivations& work,
   prepare_activations(ctx, a, B, n);
   qkv_forward(ctx, a, x_in, rows);
   // RoPE at the absolute positions [start, start + n); cached keys are stored rotated.
-  rope_.apply(a.q.f32(), B, n, heads_, C_, n * C_, start, false);
-  rope_.apply(a.k.f32(), B, n, kv_heads_, kv, n * kv, start, false);
+  ctx.ops.rope(rope_, a.q.f32(), B, n, heads_, C_, n * C_, start, false);
+  ctx.ops.rope(rope_, a.k.f32(), B, n, kv_heads_, kv, n * kv, start, false);
   cache.write(cache_layer, a.k.f32(), a.v.f32(), kv, n);
   k::AttentionShape shape = k::AttentionShape::contiguous(B, n, heads_, kv_heads_, head_dim_);
   shape.kv_len = start + n;
   shape.k_row_stride = shape.v_row_stride = cache.row_stride();
   shape.kv_batch_stride = cache.batch_stride();
-  k::attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), cache.keys(cache_layer),
-                       cache.values(cache_layer), shape, ctx.precision, ctx.matmul);
+  ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), cache.keys(cache_layer),
+                            cache.values(cache_layer), shape, ctx.precision, {});
   projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
 }
 

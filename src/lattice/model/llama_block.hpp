@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "lattice/kernels/cpu/rope.hpp"
+#include "lattice/kernels/rope_table.hpp"
 #include "lattice/model/block.hpp"
 #include "lattice/model/linear.hpp"
 #include "lattice/model/model_config.hpp"

@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/model/gpt2_block.hpp"
 #include "lattice/model/llama_block.hpp"
 
@@ -138,10 +137,10 @@ void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, co
     embedding_->check_tokens(tokens, B * T, "token");
     if (a.tokens.numel() != B * T) a.tokens = Tensor({B * T}, DType::i32);
     std::memcpy(a.tokens.raw(), tokens, sizeof(int32_t) * static_cast<size_t>(B * T));
-    embedding_->forward(a.residual[0].f32(), tokens, B, T);
+    embedding_->forward(ctx, a.residual[0].f32(), tokens, B, T);
     hook_after_forward(ctx, embedding_unit_);
   } else {
-    k::copy(a.residual[0].f32(), hidden_in, rows * C);
+    ctx.ops.copy(a.residual[0].f32(), hidden_in, rows * C);
   }
   const bool selective = checkpointing_.mode == Recompute::kSelective;
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -195,7 +194,7 @@ void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
                       tracker_);
       if (part == BackwardPart::both) hook_after_backward(ctx, head_unit_);
     } else
-      k::copy(a.d_residual.f32(), d_hidden_out, rows * C);
+      ctx.ops.copy(a.d_residual.f32(), d_hidden_out, rows * C);
     // Each block's d_x_in overwrites its d_x_out in place.
     for (size_t i = blocks_.size(); i-- > 0;) {
       const int unit = first_block_unit_ + static_cast<int>(i);
@@ -218,7 +217,7 @@ void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
     if (has_embedding()) {
       hook_before_backward(ctx, embedding_unit_);
       if (part == BackwardPart::both) {
-        embedding_->backward(a.d_residual.f32(), a.tokens.data<int32_t>(), B, T);
+        embedding_->backward(ctx, a.d_residual.f32(), a.tokens.data<int32_t>(), B, T);
         hook_after_backward(ctx, embedding_unit_);
       }
     }
@@ -239,7 +238,7 @@ void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
     hook_after_backward(ctx, first_block_unit_ + static_cast<int>(i));
   }
   if (has_embedding()) {
-    embedding_->backward(a.d_residual.f32(), a.tokens.data<int32_t>(), B, T);
+    embedding_->backward(ctx, a.d_residual.f32(), a.tokens.data<int32_t>(), B, T);
     hook_after_backward(ctx, embedding_unit_);
   }
   a.weight_gradients_pending = false;

@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include "lattice/kernels/cpu/rope.hpp"
+#include "lattice/kernels/rope_table.hpp"
 #include "lattice/model/activation_checkpoint.hpp"
 #include "lattice/model/block.hpp"
 #include "lattice/model/embedding.hpp"

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/model/transformer.hpp"
 
 namespace lattice::model {
@@ -41,7 +40,7 @@ const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache
   a.residual.resize(blocks_.size() + 1);
   for (auto& r : a.residual) ensure_activation(r, {rows, C}, tracker_);
   // Learned positions (GPT-2) are read from the absolute position `start` on.
-  embedding_->forward(a.residual[0].f32(), tokens, B, n, start);
+  embedding_->forward(ctx, a.residual[0].f32(), tokens, B, n, start);
   for (size_t i = 0; i < blocks_.size(); ++i)
     blocks_[i]->forward_cached(ctx, *a.blocks[i], a.residual[i + 1].f32(), a.residual[i].f32(), B,
                                n, cache, static_cast<int64_t>(i));
@@ -50,7 +49,7 @@ const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache
   // Head on each sequence's last position only.
   ensure_activation(last_hidden_, {B, C}, tracker_);
   for (int64_t b = 0; b < B; ++b)
-    k::copy(last_hidden_.f32() + b * C, a.residual.back().f32() + ((b + 1) * n - 1) * C, C);
+    ctx.ops.copy(last_hidden_.f32() + b * C, a.residual.back().f32() + ((b + 1) * n - 1) * C, C);
   return head_->inference_logits(ctx, h, last_hidden_.f32(), B, tracker_);
 }
 

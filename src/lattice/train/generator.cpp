@@ -59,8 +59,8 @@ std::string GenerationStats::summary() const {
   return text;
 }
 
-GenerationStats generate(model::Transformer& model, kernels::MatmulEngine& matmul,
-                         std::vector<int32_t>& tokens, const SamplingSettings& settings,
+GenerationStats generate(model::Transformer& model, kernels::Ops& ops, std::vector<int32_t>& tokens,
+                         const SamplingSettings& settings,
                          const std::function<void(int32_t)>& on_token) {
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point start) {
@@ -73,7 +73,7 @@ GenerationStats generate(model::Transformer& model, kernels::MatmulEngine& matmu
   GenerationStats stats;
   if (settings.max_new_tokens <= 0) return stats;
   Rng rng(settings.seed);
-  model::LayerContext ctx{matmul, kernels::Precision::fp32, nullptr};
+  model::LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   model::KvCache cache = model.make_kv_cache(1);
   const int64_t capacity = cache.capacity();
   // Runs the last `count` tokens at the cache's next positions; returns the last one's logits.

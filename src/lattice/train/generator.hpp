@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/ops.hpp"
 #include "lattice/model/transformer.hpp"
 
 namespace lattice::train {
@@ -49,8 +49,8 @@ struct GenerationStats {
 
 // Appends up to max_new_tokens to `tokens` (the prompt, at least one token); calls on_token for
 // each as it is produced. Stops after emitting settings.stop_token.
-GenerationStats generate(model::Transformer& model, kernels::MatmulEngine& matmul,
-                         std::vector<int32_t>& tokens, const SamplingSettings& settings,
+GenerationStats generate(model::Transformer& model, kernels::Ops& ops, std::vector<int32_t>& tokens,
+                         const SamplingSettings& settings,
                          const std::function<void(int32_t)>& on_token);
 
 }  // namespace lattice::train

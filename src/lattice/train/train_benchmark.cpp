@@ -14,7 +14,7 @@
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
@@ -75,7 +75,7 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     const int rank = group->rank();
     const kernels::ScopedOmpThreads kernel_threads(threads);
     MemoryTracker tracker;
-    kernels::MatmulEngine matmul;
+    kernels::CpuOps ops;
     model::Transformer model(c.model, &tracker);
     model.initialize(0);
     // As the trainer does in bf16 without ZeRO-3: the weights' bf16 copies, rounded per step.
@@ -88,7 +88,7 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     mesh::Mesh mesh(*group, {.dp = ranks});
     parallel::DataParallel dp(model, mesh, parallel::DataParallelSettings{}, optim::AdamWSettings{},
                               &tracker);
-    model::LayerContext ctx{matmul, precision, &tracker, &dp};
+    model::LayerContext ctx{ops, precision, &tracker, &dp};
     const StepShape shape{batch, c.seq_len, 1};
     const MicroBatchSource fixed_batch = [&](int32_t* inputs, int32_t* target_ids) {
       std::copy(tokens.begin(), tokens.end(), inputs);

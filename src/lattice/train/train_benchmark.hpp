@@ -9,7 +9,7 @@
 #include <optional>
 #include <string>
 
-#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/kernels/precision.hpp"
 #include "lattice/model/model_config.hpp"
 
 namespace lattice::train {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/kernels/precision.hpp"
 #include "lattice/mesh/mesh_shape.hpp"
 #include "lattice/model/activation_checkpoint.hpp"
 #include "lattice/model/model_config.hpp"

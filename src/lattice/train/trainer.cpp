@@ -69,7 +69,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   batches_ = std::make_unique<BatchSource>(config_, group_->rank(), group_->size());
   // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
   // here, by the caller: the engine itself reads no environment.
-  matmul_ = std::make_unique<kernels::MatmulEngine>(kernels::MatmulOptions::from_environment());
+  ops_ = std::make_unique<kernels::CpuOps>(kernels::MatmulOptions::from_environment());
   model_ = std::make_unique<model::Transformer>(config_.model, &tracker_);
   model_->set_activation_checkpointing(config_.activation_checkpoint);
   model_->initialize(config_.seed);
@@ -113,7 +113,7 @@ double Trainer::validation_loss() {
   const int ranks = group_->size(), rank = group_->rank();
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
   std::vector<int32_t> inputs(static_cast<size_t>(B * ranks * T)), targets(inputs.size());
-  model::LayerContext ctx{*matmul_, config_.precision, &tracker_, dp_.get()};
+  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get()};
   double sum = 0;
   for (int64_t i = 0; i < config_.val_batches; ++i) {
     batches_->validation_batch(i, inputs.data(), targets.data(), B * ranks);
@@ -157,7 +157,7 @@ TrainResult Trainer::run() {
   const char* peak_source = "from metrics.peak_tflops";
   if (peak <= 0 && printing_) {
     // Each rank has the same kernel threads: the run's peak is rank 0's measured peak × ranks.
-    peak = calibrate_peak_flops(*matmul_, config_.precision) * ranks;
+    peak = calibrate_peak_flops(ops_->engine(), config_.precision) * ranks;
     peak_source = ranks > 1 ? "measured by a 1024^3 GEMM calibration, x ranks"
                             : "measured by a 1024^3 GEMM calibration";
   }
@@ -184,12 +184,12 @@ TrainResult Trainer::run() {
     std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
                 peak / 1e12, peak_source);
     if (config_.precision == kernels::Precision::bf16)
-      std::printf("%s\n", matmul_->bf16_gemms().c_str());
+      std::printf("%s\n", ops_->engine().bf16_gemms().c_str());
   }
 
   MetricsLogger logger(
       printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
-  model::LayerContext ctx{*matmul_, config_.precision, &tracker_, dp_.get()};
+  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get()};
   const auto schedule = config_.lr_schedule();
   TrainResult result;
   result.first_step = start_step_ + 1;

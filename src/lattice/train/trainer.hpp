@@ -15,7 +15,7 @@
 
 #include "lattice/comm/communicator.hpp"
 #include "lattice/core/memory.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/mesh/mesh.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
@@ -72,7 +72,7 @@ class Trainer {
   std::unique_ptr<mesh::Mesh> mesh_;
   comm::Communicator* group_ = nullptr;  // the data-parallel group (mesh dp x cp)
   bool printing_ = true;                 // rank 0
-  std::unique_ptr<kernels::MatmulEngine> matmul_;
+  std::unique_ptr<kernels::CpuOps> ops_;
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<parallel::DataParallel> dp_;

@@ -5,14 +5,9 @@
 #include <span>
 
 #include "lattice/core/dtype.hpp"
+#include "lattice/kernels/optimizer_operands.hpp"
 
 namespace lattice::kernels {
-
-// Hyperparameters are doubles because PyTorch's are Python floats: the scalar factors (1 - lr*wd,
-// lr / (1 - b1^step), ...) are computed in double and only then rounded to fp32, as torch does.
-struct AdamWHyper {
-  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
-};
 
 // step is 1-based. grad_scale multiplies the gradient first (global-norm clipping). As PyTorch:
 //   p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
@@ -26,16 +21,6 @@ void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n
                   const AdamWHyper& hyper, int64_t step, float grad_scale = 1.0f,
                   lattice::bf16* param16 = nullptr);
 
-// One tensor of a multi-tensor update: adamw_update's arguments.
-struct AdamWTensor {
-  float* param = nullptr;
-  const float* grad = nullptr;
-  float* m = nullptr;
-  float* v = nullptr;
-  lattice::bf16* param16 = nullptr;
-  int64_t n = 0;
-  AdamWHyper hyper;
-};
 // adamw_update on every tensor (bit for bit the same), their chunks in one parallel loop, as
 // PyTorch's foreach / multi-tensor optimizers: a model's many small parameters cost one OpenMP
 // region, not one each.

@@ -10,7 +10,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/kernels/cpu/amx_tiles.hpp"  // amx_tile_state_granted
 #include "lattice/kernels/cpu/attention.hpp"
-#include "lattice/kernels/cpu/precision.hpp"
+#include "lattice/kernels/precision.hpp"
 
 namespace lattice::kernels::attention_detail {
 

@@ -5,15 +5,12 @@
 #include <cstdint>
 #include <span>
 
+#include "lattice/kernels/optimizer_operands.hpp"
+
 namespace lattice::kernels {
 
 double sum_of_squares(const float* x, int64_t n);
 
-// A run of floats.
-struct FloatRun {
-  const float* data = nullptr;
-  int64_t n = 0;
-};
 // The sum over `runs`, in order, of sum_of_squares(run): bit for bit the same, with every run's
 // chunks in one parallel loop (a model's many small parameters cost one OpenMP region, not one
 // each).
