@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/optim/lr_schedule.hpp"
@@ -41,7 +42,8 @@ TEST(AdamWOptimizer, ReportsThePreClipNormAndDecaysOnlyMatrices) {
   // Zero gradients: only weight decay moves the matrix; the bias must not move at all.
   AdamWSettings settings;
   settings.weight_decay = 0.5f;
-  AdamWOptimizer optimizer(store, settings, nullptr);
+  kernels::CpuOps adamw_ops;
+  AdamWOptimizer optimizer(adamw_ops, store, settings, nullptr);
   EXPECT_EQ(optimizer.step(0.1f), 0.0);
   EXPECT_FLOAT_EQ(store.value(matrix)[0], 1.0f * (1.0f - 0.1f * 0.5f));
   EXPECT_FLOAT_EQ(store.value(bias)[0], 1.0f);

@@ -22,6 +22,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/memory.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/optim/offload_adamw_state.hpp"
@@ -133,7 +134,8 @@ TEST_P(OffloadMatchesInMemory, BitForBitOverSeveralSteps) {
   AdamWSettings settings;
   settings.weight_decay = 0.1f;
   settings.max_grad_norm = 1.0f;
-  AdamWOptimizer optimizer(reference, settings, nullptr);
+  kernels::CpuOps adamw_ops;
+  AdamWOptimizer optimizer(adamw_ops, reference, settings, nullptr);
   OffloadSettings offload{dir.sub("state"), c.chunk_elements, c.read_ahead, c.master};
   OffloadedAdamWState state(offload, end - begin, nullptr);
   if (c.master) state.write_master(0, end - begin, offloaded.values() + begin);
@@ -239,7 +241,8 @@ TEST(OffloadedAdamWState, CheckpointRoundTripContinuesBitForBit) {
   const int64_t n = reference.size();
   AdamWSettings settings;
   settings.max_grad_norm = 0.0f;  // no clipping
-  AdamWOptimizer optimizer(reference, settings, nullptr);
+  kernels::CpuOps adamw_ops;
+  AdamWOptimizer optimizer(adamw_ops, reference, settings, nullptr);
   for (int step = 1; step <= 2; ++step) {
     fill_grads(reference, step);
     optimizer.step(1e-3f);

@@ -10,6 +10,7 @@
 
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/parallel/bucket_layout.hpp"
 #include "lattice/parallel/global_norm.hpp"
@@ -87,11 +88,12 @@ TEST(GlobalNorm, ShardedOnAnyRankCountEqualsOneRankBitForBit) {
   reference = std::sqrt(reference);
 
   const BucketLayout one(model.units(), 5000, 1);
-  const double single = parallel::replicated_gradient_norm(one, grads.data());
+  kernels::CpuOps norm_ops;
+  const double single = parallel::replicated_gradient_norm(norm_ops, one, grads.data());
   EXPECT_NEAR(single, reference, 1e-12 * reference);  // only the addition order differs
   for (int ranks : {2, 3, 4}) {
     const BucketLayout layout(model.units(), 5000, ranks);
-    EXPECT_EQ(parallel::replicated_gradient_norm(layout, grads.data()), single);
+    EXPECT_EQ(parallel::replicated_gradient_norm(norm_ops, layout, grads.data()), single);
     std::vector<double> norms(static_cast<size_t>(ranks));
     comm::run_local_ranks(ranks, [&](comm::Communicator& group) {
       // This rank's shard buffer, as ZeRO holds it after the reduce-scatter.
@@ -100,8 +102,9 @@ TEST(GlobalNorm, ShardedOnAnyRankCountEqualsOneRankBitForBit) {
         for (int64_t i = b.shard_begin(group.rank()); i < b.shard_end(group.rank()); ++i)
           shard[static_cast<size_t>(b.shard_offset + i - b.begin - b.shard * group.rank())] =
               grads[static_cast<size_t>(i)];
+      kernels::CpuOps rank_ops;  // one backend per rank
       norms[static_cast<size_t>(group.rank())] =
-          parallel::sharded_gradient_norm(layout, shard.data(), group);
+          parallel::sharded_gradient_norm(rank_ops, layout, shard.data(), group);
     });
     for (double norm : norms) EXPECT_EQ(norm, single) << ranks << " ranks";
   }

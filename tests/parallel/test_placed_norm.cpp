@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lattice/comm/backends/local.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/mesh/mesh.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/parallel/bucket_layout.hpp"
@@ -96,7 +97,8 @@ double unsharded_norm(const LogicalGradients& g) {
   ParameterStore store = make_store(0, 1);
   fill_gradients(store, g, 0, 1);
   const parallel::BucketLayout layout(whole_store(store), 1 << 20, 1);
-  return parallel::replicated_gradient_norm(layout, store.grads());
+  kernels::CpuOps norm_ops;
+  return parallel::replicated_gradient_norm(norm_ops, layout, store.grads());
 }
 
 // The norm on two tensor-parallel ranks (every rank's result).
@@ -110,8 +112,9 @@ std::vector<double> tensor_parallel_norms(const LogicalGradients& g, bool mislab
     const mesh::AxisGroups groups = mesh.axis_groups();
     const parallel::NormClasses classes(store, groups);
     EXPECT_EQ(classes.count(), mislabel ? 1 : 2);
+    kernels::CpuOps norm_ops;
     norms[static_cast<size_t>(world.rank())] =
-        parallel::replicated_gradient_norm(layout, store.grads(), classes, groups);
+        parallel::replicated_gradient_norm(norm_ops, layout, store.grads(), classes, groups);
   });
   return norms;
 }
@@ -165,8 +168,9 @@ TEST(PlacedGradientNorm, ZeroShardsTimesTensorShardsEqualTensorShardsAloneBitFor
         shard[static_cast<size_t>(b.shard_offset + i - b.begin - b.shard * dp.rank())] =
             store.grads()[i];
     const mesh::AxisGroups groups = mesh.axis_groups();
+    kernels::CpuOps norm_ops;
     norms[static_cast<size_t>(world.rank())] = parallel::sharded_gradient_norm(
-        layout, shard.data(), dp, parallel::NormClasses(store, groups), groups);
+        norm_ops, layout, shard.data(), dp, parallel::NormClasses(store, groups), groups);
   });
   for (double norm : norms) EXPECT_EQ(norm, tp_only);
 }
@@ -184,7 +188,8 @@ TEST(PlacedGradientNorm, OneClassIsThePlainChunkedSum) {
     const parallel::NormClasses classes(store, groups);
     EXPECT_EQ(classes.count(), 1);
     EXPECT_TRUE(classes.runs().empty());
-    EXPECT_EQ(parallel::replicated_gradient_norm(layout, store.grads(), classes, groups),
-              parallel::replicated_gradient_norm(layout, store.grads()));
+    kernels::CpuOps norm_ops;
+    EXPECT_EQ(parallel::replicated_gradient_norm(norm_ops, layout, store.grads(), classes, groups),
+              parallel::replicated_gradient_norm(norm_ops, layout, store.grads()));
   });
 }

@@ -16,6 +16,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/io/safetensors.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/train/checkpoint.hpp"
@@ -39,7 +40,8 @@ class CheckpointPlacements : public ::testing::Test {
   // Saves a checkpoint of an initialised model with made-up moments; returns its directory.
   std::string save(model::Transformer& model) {
     model.initialize(3);
-    optim::AdamWOptimizer adamw(model.parameters(), {}, nullptr);
+    kernels::CpuOps adamw_ops;
+    optim::AdamWOptimizer adamw(adamw_ops, model.parameters(), {}, nullptr);
     for (int64_t i = 0; i < model.parameters().size(); ++i) {
       adamw.exp_avg()[i] = 0.001f * static_cast<float>(i % 97);
       adamw.exp_avg_sq()[i] = 0.002f * static_cast<float>(i % 89);
@@ -107,7 +109,8 @@ TEST_F(CheckpointPlacements, RoundTripsAndAcceptsCheckpointsWithoutPlacements) {
     rewrite_metadata((fs::path(checkpoint) / file).string(),
                      [](auto& metadata) { metadata.erase("lattice.placements"); });
   model::Transformer loaded(config_, nullptr);
-  optim::AdamWOptimizer adamw(loaded.parameters(), {}, nullptr);
+  kernels::CpuOps adamw_ops;
+  optim::AdamWOptimizer adamw(adamw_ops, loaded.parameters(), {}, nullptr);
   const train::TrainerState state = train::load_checkpoint(checkpoint, loaded, &adamw);
   EXPECT_EQ(state.step, 7);
   EXPECT_EQ(adamw.steps_taken(), 7);

@@ -180,7 +180,8 @@ void save_rigged_checkpoint(const fs::path& run_dir, const std::string& tokenize
   float* norm_bias = params.mutable_value(params.index_of("transformer.ln_f.bias"));
   for (int64_t c = 0; c < config.d_model; ++c) norm_weight[c] = norm_bias[c] = 0.0f;
   norm_bias[0] = 1.0f;
-  optim::AdamWOptimizer optimizer(params, {}, nullptr);
+  kernels::CpuOps adamw_ops;
+  optim::AdamWOptimizer optimizer(adamw_ops, params, {}, nullptr);
   train::save_checkpoint(run_dir.string(), model, optimizer, {},
                          "[data]\ntokenizer = '" + tokenizer_spec + "'\n", 1);
 }
@@ -300,7 +301,8 @@ TEST_F(GenerateCli, ATokenizerLargerThanTheModelVocabularyIsRefused) {
     config.vocab_size = vocab;
     model::Transformer model(config, nullptr);
     model.initialize(1);
-    optim::AdamWOptimizer optimizer(model.parameters(), {}, nullptr);
+    kernels::CpuOps adamw_ops;
+    optim::AdamWOptimizer optimizer(adamw_ops, model.parameters(), {}, nullptr);
     train::save_checkpoint((dir_ / ("vocab" + std::to_string(vocab))).string(), model, optimizer,
                            {}, "", 1);
   }

@@ -279,7 +279,8 @@ void check_parity(const fs::path& dir, const std::string& family, kernels::Preci
   settings.max_grad_norm = hyper.at("max_grad_norm").get<float>();
   const float lr = hyper.at("lr").get<float>();
   const int64_t steps = hyper.at("steps").get<int64_t>();
-  optim::AdamWOptimizer optimizer(trained.parameters(), settings, nullptr);
+  kernels::CpuOps adamw_ops;
+  optim::AdamWOptimizer optimizer(adamw_ops, trained.parameters(), settings, nullptr);
   std::vector<float> losses, norms;
   for (int64_t s = 0; s < steps; ++s) {
     trained.parameters().zero_grads();

@@ -4,12 +4,10 @@
 #include <cmath>
 #include <vector>
 
-#include "lattice/kernels/cpu/reduce.hpp"
-
 namespace lattice::optim {
 
-void adamw_update_store(model::ParameterStore& params, float* m, float* v, float lr,
-                        const AdamWSettings& settings, int64_t step, float clip) {
+void adamw_update_store(kernels::Ops& ops, model::ParameterStore& params, float* m, float* v,
+                        float lr, const AdamWSettings& settings, int64_t step, float clip) {
   float* values = params.mutable_values();
   lattice::bf16* copies = params.bf16_copies_for_writing();
   std::vector<kernels::AdamWTensor> tensors;
@@ -26,13 +24,13 @@ void adamw_update_store(model::ParameterStore& params, float* m, float* v, float
                p.weight_decay ? settings.weight_decay : 0.0f};
     tensors.push_back(t);
   }
-  kernels::adamw_update_tensors(tensors, step, clip);
+  ops.adamw_update(tensors, step, clip);
   if (copies != nullptr) params.bf16_copies_written();
 }
 
-AdamWOptimizer::AdamWOptimizer(model::ParameterStore& params, AdamWSettings settings,
-                               MemoryTracker* tracker)
-    : params_(params), settings_(settings) {
+AdamWOptimizer::AdamWOptimizer(kernels::Ops& ops, model::ParameterStore& params,
+                               AdamWSettings settings, MemoryTracker* tracker)
+    : ops_(ops), params_(params), settings_(settings) {
   m_ = Tensor({params.size()}, DType::f32, tracker, MemoryCategory::optimizer_state);
   v_ = Tensor({params.size()}, DType::f32, tracker, MemoryCategory::optimizer_state);
 }
@@ -42,7 +40,7 @@ double AdamWOptimizer::gradient_norm() const {
   std::vector<kernels::FloatRun> runs;
   runs.reserve(params_.parameters().size());
   for (const auto& p : params_.parameters()) runs.push_back({params_.grads() + p.offset, p.numel});
-  return std::sqrt(kernels::sum_of_squares_of_runs(runs));
+  return std::sqrt(ops_.sum_of_squares(runs));
 }
 
 double AdamWOptimizer::step(float lr) {
@@ -54,7 +52,7 @@ double AdamWOptimizer::step(float lr) {
     clip = coefficient < 1.0f ? coefficient : 1.0f;
   }
   ++step_;
-  adamw_update_store(params_, m_.f32(), v_.f32(), lr, settings_, step_, clip);
+  adamw_update_store(ops_, params_, m_.f32(), v_.f32(), lr, settings_, step_, clip);
   return norm;
 }
 

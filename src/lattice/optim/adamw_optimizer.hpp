@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "lattice/core/tensor.hpp"
-#include "lattice/kernels/cpu/adamw.hpp"
+#include "lattice/kernels/ops.hpp"
 #include "lattice/model/parameter_store.hpp"
 
 namespace lattice::optim {
@@ -20,12 +20,14 @@ struct AdamWSettings {
 // settings' betas and eps, weight decay on the parameters that ask for it, gradients scaled by
 // `clip`; the store's bf16 copies, when it keeps them, rounded in the same pass. The update of
 // AdamWOptimizer::step and of plain data parallelism.
-void adamw_update_store(model::ParameterStore& params, float* m, float* v, float lr,
-                        const AdamWSettings& settings, int64_t step, float clip);
+void adamw_update_store(kernels::Ops& ops, model::ParameterStore& params, float* m, float* v,
+                        float lr, const AdamWSettings& settings, int64_t step, float clip);
 
 class AdamWOptimizer {
  public:
-  AdamWOptimizer(model::ParameterStore& params, AdamWSettings settings, MemoryTracker* tracker);
+  // `ops` runs the update and the norm and must outlive the optimizer.
+  AdamWOptimizer(kernels::Ops& ops, model::ParameterStore& params, AdamWSettings settings,
+                 MemoryTracker* tracker);
 
   // L2 norm of all gradients (each parameter once), accumulated in double.
   double gradient_norm() const;
@@ -41,6 +43,7 @@ class AdamWOptimizer {
   const AdamWSettings& settings() const { return settings_; }
 
  private:
+  kernels::Ops& ops_;
   model::ParameterStore& params_;
   AdamWSettings settings_;
   Tensor m_, v_;

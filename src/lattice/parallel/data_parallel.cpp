@@ -48,7 +48,7 @@ void validate(const DataParallelSettings& settings) {
         "parallelism.bucket_mb must be positive (25 is a good default)");
 }
 
-DataParallel::DataParallel(model::Transformer& model, mesh::Mesh& mesh,
+DataParallel::DataParallel(kernels::Ops& ops, model::Transformer& model, mesh::Mesh& mesh,
                            DataParallelSettings settings, optim::AdamWSettings adamw,
                            MemoryTracker* tracker)
     : model_(model),
@@ -56,9 +56,9 @@ DataParallel::DataParallel(model::Transformer& model, mesh::Mesh& mesh,
       settings_(settings),
       adamw_(adamw),
       layout_(model.units(), settings.bucket_elements, groups_.shard->size()),
-      optimizer_(model.parameters(), layout_, settings.zero_stage, groups_.shard->rank(), adamw,
-                 offload_directory(settings, groups_), tracker),
-      reduction_(model.parameters(), layout_, settings.zero_stage, groups_, tracker, clock_),
+      optimizer_(ops, model.parameters(), layout_, settings.zero_stage, groups_.shard->rank(),
+                 adamw, offload_directory(settings, groups_), tracker),
+      reduction_(ops, model.parameters(), layout_, settings.zero_stage, groups_, tracker, clock_),
       parameters_(model.parameters(), layout_, settings.zero_stage, *groups_.shard, tracker,
                   clock_) {
   check(layout_.total_elements() == model.parameters().size(),

@@ -60,9 +60,9 @@ class DataParallel final : public model::ModelHooks {
  public:
   // The model must be initialised identically on every rank of the batch group (same seed). The
   // groups are the mesh's (batch dp x cp, shard dp_shard x cp, replicate dp_replicate); the mesh
-  // must outlive this object.
-  DataParallel(model::Transformer& model, mesh::Mesh& mesh, DataParallelSettings settings,
-               optim::AdamWSettings adamw, MemoryTracker* tracker);
+  // and `ops` (the optimizer's and the gradient norm's kernels) must outlive this object.
+  DataParallel(kernels::Ops& ops, model::Transformer& model, mesh::Mesh& mesh,
+               DataParallelSettings settings, optim::AdamWSettings adamw, MemoryTracker* tracker);
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

@@ -5,11 +5,16 @@
 #include <cmath>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/reduce.hpp"
 
 namespace lattice::parallel {
 
 namespace {
+
+// One run's sum of squares on the backend (Ops::sum_of_squares of a single run).
+double sum_of_squares(kernels::Ops& ops, const float* data, int64_t n) {
+  const kernels::FloatRun run{data, n};
+  return ops.sum_of_squares({&run, 1});
+}
 
 int group_size(const mesh::AxisGroups& groups, mesh::Axis axis) {
   const comm::Communicator* group = groups[static_cast<size_t>(axis)];
@@ -50,7 +55,7 @@ NormClasses::NormClasses(const model::ParameterStore& store, const mesh::AxisGro
   }
 }
 
-void shard_chunk_sums(const Bucket& bucket, int rank, const float* data,
+void shard_chunk_sums(kernels::Ops& ops, const Bucket& bucket, int rank, const float* data,
                       std::vector<double>& partials, const NormClasses& classes) {
   const int64_t begin = bucket.begin + bucket.shard * rank;
   const auto& runs = classes.runs();
@@ -63,7 +68,7 @@ void shard_chunk_sums(const Bucket& bucket, int rank, const float* data,
     if (runs.empty()) {
       // One chunk of at most kNormChunk elements: the kernel sums it in one pass,
       // thread-independent.
-      partials.push_back(hi > lo ? kernels::sum_of_squares(data + c, hi - lo) : 0.0);
+      partials.push_back(hi > lo ? sum_of_squares(ops, data + c, hi - lo) : 0.0);
       continue;
     }
     // Several classes: the chunk's pieces of each class, summed separately (in buffer order).
@@ -73,7 +78,7 @@ void shard_chunk_sums(const Bucket& bucket, int rank, const float* data,
       const int64_t a = std::max(lo, run->begin), e = std::min(hi, run->end);
       if (a < e)
         partials[base + static_cast<size_t>(run->cls)] +=
-            kernels::sum_of_squares(data + (a - begin), e - a);
+            sum_of_squares(ops, data + (a - begin), e - a);
       if (run->end > hi) break;  // continues into the next chunk
     }
   }
@@ -126,7 +131,7 @@ double norm_from_partials(const BucketLayout& layout, const std::vector<double>&
   return std::sqrt(total);
 }
 
-double replicated_gradient_norm(const BucketLayout& layout, const float* grads,
+double replicated_gradient_norm(kernels::Ops& ops, const BucketLayout& layout, const float* grads,
                                 const NormClasses& classes, const mesh::AxisGroups& groups) {
   const int ranks = layout.ranks();
   const int64_t per_rank = layout.shard_elements() / kNormChunk * classes.count();
@@ -135,20 +140,20 @@ double replicated_gradient_norm(const BucketLayout& layout, const float* grads,
   for (int r = 0; r < ranks; ++r) {
     one.clear();
     for (const Bucket& b : layout.buckets())
-      shard_chunk_sums(b, r, grads + b.shard_begin(r), one, classes);
+      shard_chunk_sums(ops, b, r, grads + b.shard_begin(r), one, classes);
     std::copy(one.begin(), one.end(), all.begin() + r * per_rank);
   }
   return norm_from_partials(layout, all, classes, groups);
 }
 
-double sharded_gradient_norm(const BucketLayout& layout, const float* shard_grads,
-                             comm::Communicator& group, const NormClasses& classes,
-                             const mesh::AxisGroups& groups) {
+double sharded_gradient_norm(kernels::Ops& ops, const BucketLayout& layout,
+                             const float* shard_grads, comm::Communicator& group,
+                             const NormClasses& classes, const mesh::AxisGroups& groups) {
   const int64_t per_rank = layout.shard_elements() / kNormChunk * classes.count();
   std::vector<double> mine;
   mine.reserve(static_cast<size_t>(per_rank));
   for (const Bucket& b : layout.buckets())
-    shard_chunk_sums(b, group.rank(), shard_grads + b.shard_offset, mine, classes);
+    shard_chunk_sums(ops, b, group.rank(), shard_grads + b.shard_offset, mine, classes);
   std::vector<double> all(static_cast<size_t>(per_rank * layout.ranks()));
   // The doubles travel as 64-bit integers: an all-gather only moves bits.
   group.all_gather(mine.data(), all.data(), per_rank, DType::i64);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "lattice/comm/communicator.hpp"
+#include "lattice/kernels/ops.hpp"
 #include "lattice/mesh/mesh.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/parallel/bucket_layout.hpp"
@@ -61,7 +62,7 @@ class NormClasses {
 // the bucket's end give 0), one value per class per chunk: classes.count() x shard / kNormChunk
 // values appended to `partials` (chunk-major). `data` points at the shard's first element
 // (flat-buffer element bucket.begin + bucket.shard x rank).
-void shard_chunk_sums(const Bucket& bucket, int rank, const float* data,
+void shard_chunk_sums(kernels::Ops& ops, const Bucket& bucket, int rank, const float* data,
                       std::vector<double>& partials, const NormClasses& classes = {});
 
 // L2 norm from every rank's chunk sums: `all_partials` holds, for each rank of the layout in order,
@@ -71,15 +72,15 @@ double norm_from_partials(const BucketLayout& layout, const std::vector<double>&
                           const NormClasses& classes = {}, const mesh::AxisGroups& groups = {});
 
 // The norm when this rank holds the whole reduced gradient `grads` (plain DP, one rank).
-double replicated_gradient_norm(const BucketLayout& layout, const float* grads,
+double replicated_gradient_norm(kernels::Ops& ops, const BucketLayout& layout, const float* grads,
                                 const NormClasses& classes = {},
                                 const mesh::AxisGroups& groups = {});
 
 // The norm when each rank holds only its shards' reduced gradients: `shard_grads` is this rank's
 // shard buffer (layout.shard_elements()). Collective over `group` (one all-gather of doubles) and
 // over the groups the classes are added over.
-double sharded_gradient_norm(const BucketLayout& layout, const float* shard_grads,
-                             comm::Communicator& group, const NormClasses& classes = {},
-                             const mesh::AxisGroups& groups = {});
+double sharded_gradient_norm(kernels::Ops& ops, const BucketLayout& layout,
+                             const float* shard_grads, comm::Communicator& group,
+                             const NormClasses& classes = {}, const mesh::AxisGroups& groups = {});
 
 }  // namespace lattice::parallel

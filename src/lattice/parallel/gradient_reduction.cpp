@@ -16,15 +16,17 @@ struct GradientReduction::BucketState {
   bool grads_resident = true;  // stages 2-3: the model's gradient pages hold this bucket
 };
 
-GradientReduction::GradientReduction(model::ParameterStore& store, const BucketLayout& layout,
-                                     int zero_stage, const DataParallelGroups& groups,
-                                     MemoryTracker* tracker, CommunicationClock& clock)
+GradientReduction::GradientReduction(kernels::Ops& ops, model::ParameterStore& store,
+                                     const BucketLayout& layout, int zero_stage,
+                                     const DataParallelGroups& groups, MemoryTracker* tracker,
+                                     CommunicationClock& clock)
     : store_(store),
       layout_(layout),
       zero_stage_(zero_stage),
       groups_(groups),
       tracker_(tracker),
       clock_(clock),
+      ops_(ops),
       norm_classes_(store, groups.axes) {
   // Placements: data parallelism averages only what every batch rank holds alike.
   for (const auto& p : store.parameters())
@@ -130,9 +132,9 @@ double GradientReduction::finish() {
   if (groups_.replicate)
     for (auto& s : state_) clock_.wait(s->reduction);
   if (zero_stage_ == 0)
-    return replicated_gradient_norm(layout_, store_.grads(), norm_classes_, groups_.axes);
+    return replicated_gradient_norm(ops_, layout_, store_.grads(), norm_classes_, groups_.axes);
   const auto start = CommunicationClock::Clock::now();
-  const double norm = sharded_gradient_norm(layout_, shard_grads_.f32(), *groups_.shard,
+  const double norm = sharded_gradient_norm(ops_, layout_, shard_grads_.f32(), *groups_.shard,
                                             norm_classes_, groups_.axes);
   clock_.add_since(start);
   return norm;

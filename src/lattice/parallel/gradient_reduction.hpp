@@ -32,8 +32,8 @@ struct DataParallelGroups {
 
 class GradientReduction {
  public:
-  GradientReduction(model::ParameterStore& store, const BucketLayout& layout, int zero_stage,
-                    const DataParallelGroups& groups, MemoryTracker* tracker,
+  GradientReduction(kernels::Ops& ops, model::ParameterStore& store, const BucketLayout& layout,
+                    int zero_stage, const DataParallelGroups& groups, MemoryTracker* tracker,
                     CommunicationClock& clock);
   // Waits for what is in flight and gives the tracker back the released gradient bytes.
   ~GradientReduction();
@@ -63,6 +63,7 @@ class GradientReduction {
   DataParallelGroups groups_;
   MemoryTracker* tracker_;
   CommunicationClock& clock_;
+  kernels::Ops& ops_;         // the gradient norm's sums of squares
   NormClasses norm_classes_;  // from the parameters' placements
   std::vector<std::unique_ptr<BucketState>> state_;
   Tensor shard_grads_;  // stages 1-3: this rank's reduced gradient shards

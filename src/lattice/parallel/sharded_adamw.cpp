@@ -4,18 +4,19 @@
 #include <algorithm>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/adamw.hpp"
 
 namespace lattice::parallel {
 
-ShardedAdamW::ShardedAdamW(const model::ParameterStore& store, const BucketLayout& layout,
-                           int zero_stage, int shard_rank, optim::AdamWSettings settings,
-                           const std::string& offload_directory, MemoryTracker* tracker)
+ShardedAdamW::ShardedAdamW(kernels::Ops& ops, const model::ParameterStore& store,
+                           const BucketLayout& layout, int zero_stage, int shard_rank,
+                           optim::AdamWSettings settings, const std::string& offload_directory,
+                           MemoryTracker* tracker)
     : layout_(layout),
       zero_stage_(zero_stage),
       shard_rank_(shard_rank),
       settings_(settings),
-      tracker_(tracker) {
+      tracker_(tracker),
+      ops_(ops) {
   const int64_t elements = state_elements();
   if (offload_directory.empty()) {
     m_ = Tensor({elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
@@ -74,7 +75,7 @@ void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters
     return;
   }
   if (zero_stage_ == 0) {
-    optim::adamw_update_store(store, m_.f32(), v_.f32(), lr, s, step_, clip);
+    optim::adamw_update_store(ops_, store, m_.f32(), v_.f32(), lr, s, step_, clip);
     return;
   }
   // This rank's shard of each bucket, parameter by parameter (the kernel is elementwise).
@@ -89,8 +90,14 @@ void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters
       const int64_t at = bucket.shard_offset + local;
       const kernels::AdamWHyper hyper{lr, s.beta1, s.beta2, s.eps,
                                       p.weight_decay ? s.weight_decay : 0.0f};
-      kernels::adamw_update(params + local, shard_grads + at, m_.f32() + at, v_.f32() + at, e - a,
-                            hyper, step_, clip);
+      kernels::AdamWTensor t;
+      t.param = params + local;
+      t.grad = shard_grads + at;
+      t.m = m_.f32() + at;
+      t.v = v_.f32() + at;
+      t.n = e - a;
+      t.hyper = hyper;
+      ops_.adamw_update({&t, 1}, step_, clip);
     }
   }
 }

@@ -23,9 +23,9 @@ namespace lattice::parallel {
 class ShardedAdamW {
  public:
   // `offload_directory` empty: moments in memory. `shard_rank`: this rank's shard of each bucket.
-  ShardedAdamW(const model::ParameterStore& store, const BucketLayout& layout, int zero_stage,
-               int shard_rank, optim::AdamWSettings settings, const std::string& offload_directory,
-               MemoryTracker* tracker);
+  ShardedAdamW(kernels::Ops& ops, const model::ParameterStore& store, const BucketLayout& layout,
+               int zero_stage, int shard_rank, optim::AdamWSettings settings,
+               const std::string& offload_directory, MemoryTracker* tracker);
 
   // One update at learning rate lr with gradients scaled by `clip`: stage 0 over the store's
   // values and gradients; stages 1-3 over this rank's shards (values where `parameters` keeps
@@ -51,6 +51,7 @@ class ShardedAdamW {
   std::unique_ptr<optim::OffloadedAdamWState> offload_;  // instead of m_ and v_
   std::vector<optim::DecayRange> decay_;  // offload: where weight decay applies (state offsets)
   MemoryTracker* tracker_;
+  kernels::Ops& ops_;  // the in-memory updates (the offloaded state streams on the host)
   int64_t step_ = 0;
 };
 

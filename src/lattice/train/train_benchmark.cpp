@@ -86,8 +86,8 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     // batch, gradients averaged by the bucketed reduction overlapping the backward), clipping to
     // norm 1 and AdamW: the trainer's step (training_step.hpp) on a fixed batch.
     mesh::Mesh mesh(*group, {.dp = ranks});
-    parallel::DataParallel dp(model, mesh, parallel::DataParallelSettings{}, optim::AdamWSettings{},
-                              &tracker);
+    parallel::DataParallel dp(ops, model, mesh, parallel::DataParallelSettings{},
+                              optim::AdamWSettings{}, &tracker);
     model::LayerContext ctx{ops, precision, &tracker, &dp};
     const StepShape shape{batch, c.seq_len, 1};
     const MicroBatchSource fixed_batch = [&](int32_t* inputs, int32_t* target_ids) {

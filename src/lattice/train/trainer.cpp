@@ -79,8 +79,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
       std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024 * 1024 / 4));
   settings.check_replicas = config_.check_replicas;
   settings.offload_dir = config_.offload_dir;
-  dp_ =
-      std::make_unique<parallel::DataParallel>(*model_, *mesh_, settings, config_.adamw, &tracker_);
+  dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings, config_.adamw,
+                                                 &tracker_);
   // bf16: the GEMMs read the weights' bf16 copies, rounded once per optimizer step (2 bytes per
   // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
   if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
@@ -91,7 +91,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
     resume_dir = latest_checkpoint(config_.run_dir);
   if (!resume_dir.empty()) {
     // Checkpoints are whole: every rank reads the full state and keeps its part.
-    optim::AdamWOptimizer full(model_->parameters(), config_.adamw, nullptr);
+    optim::AdamWOptimizer full(*ops_, model_->parameters(), config_.adamw, nullptr);
     TrainerState state = load_checkpoint(resume_dir, *model_, &full);
     check(state.seed == config_.seed,
           "checkpoint " + resume_dir + " was trained with training.seed = " +
@@ -133,7 +133,8 @@ void Trainer::save(int64_t step, const std::string& config_toml) {
   dp_->settle_parameters(true);
   std::unique_ptr<optim::AdamWOptimizer> full;
   if (printing_)
-    full = std::make_unique<optim::AdamWOptimizer>(model_->parameters(), config_.adamw, nullptr);
+    full = std::make_unique<optim::AdamWOptimizer>(*ops_, model_->parameters(), config_.adamw,
+                                                   nullptr);
   dp_->export_state(full.get());
   if (!printing_) return;
   TrainerState state{step, batches_->position(), config_.seed};
