@@ -22,15 +22,6 @@ std::string resolve_error(MeshShape requested, int world) {
   return "";
 }
 
-std::string model_error(MeshShape shape, ModelDivisors model) {
-  try {
-    check_layout_fits_model(shape, model);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(ResolveLayout, InfersDataParallelFromWorldSize) {
   EXPECT_EQ(resolve_layout({.dp = -1}, 8), (MeshShape{1, 8, 1, 1, 1}));
   EXPECT_EQ(resolve_layout({.pp = 2, .dp = -1, .tp = 2}, 8), (MeshShape{2, 2, 1, 2, 1}));
@@ -80,30 +71,6 @@ TEST(ResolveLayout, EveryEnumeratedLayoutResolvesToItself) {
     }
   }
   EXPECT_EQ(testing::all_layouts(8).size(), 50u);  // 20 (pp,dp,cp,tp) factorizations x their eps
-}
-
-TEST(CheckLayoutFitsModel, RefusesDimensionsThatDoNotDivide) {
-  ModelDivisors gpt{.attention_heads = 12, .kv_heads = 12, .layers = 12, .sequence_length = 1024};
-  EXPECT_EQ(model_error({.dp = 2, .tp = 4}, gpt), "");
-  EXPECT_EQ(model_error({.tp = 8}, gpt),
-            "parallelism: tp 8 does not divide the 12 attention heads (model.n_heads); choose a tp "
-            "that divides 12");
-  EXPECT_EQ(model_error({.tp = 4}, {.attention_heads = 32, .kv_heads = 2}),
-            "parallelism: tp 4 does not divide the 2 key/value heads (model.n_kv_heads); choose a "
-            "tp that divides 2");
-  EXPECT_EQ(model_error({.pp = 5}, gpt),
-            "parallelism: pp 5 does not divide the 12 layers (model.n_layers); choose a pp that "
-            "divides 12");
-  EXPECT_EQ(model_error({.dp = 4, .ep = 4}, {.experts = 6}),
-            "parallelism: ep 4 does not divide the 6 experts (model.n_experts); choose an ep that "
-            "divides 6");
-  EXPECT_EQ(model_error({.dp = 4, .ep = 2}, gpt),
-            "parallelism: ep 2 needs a mixture-of-experts model, and this model is dense; set "
-            "[parallelism] ep (--ep) to 1");
-  EXPECT_EQ(model_error({.cp = 3}, gpt),
-            "parallelism: cp 3 needs the sequence length 1024 (training.seq_len) to be divisible "
-            "by 2 x cp = 6; choose a cp or a sequence length that divides");
-  EXPECT_EQ(model_error({.dp = 4, .ep = 4}, {.experts = 8}), "");
 }
 
 TEST(MeshCoordinates, RankOrderIsTpCpEpDpPp) {

@@ -54,43 +54,6 @@ MeshShape resolve_layout(MeshShape requested, int world_size) {
   return shape;
 }
 
-void check_layout_fits_model(const MeshShape& shape, const ModelDivisors& model) {
-  if (model.attention_heads > 0) {
-    check(model.attention_heads % shape.tp == 0,
-          "parallelism: tp " + str(shape.tp) + " does not divide the " +
-              str(model.attention_heads) +
-              " attention heads (model.n_heads); choose a tp that "
-              "divides " +
-              str(model.attention_heads));
-  }
-  if (model.kv_heads > 0) {
-    check(model.kv_heads % shape.tp == 0,
-          "parallelism: tp " + str(shape.tp) + " does not divide the " + str(model.kv_heads) +
-              " key/value heads (model.n_kv_heads); choose a tp that divides " +
-              str(model.kv_heads));
-  }
-  if (model.layers > 0) {
-    check(model.layers % shape.pp == 0,
-          "parallelism: pp " + str(shape.pp) + " does not divide the " + str(model.layers) +
-              " layers (model.n_layers); choose a pp that divides " + str(model.layers));
-  }
-  if (model.experts > 0) {
-    check(model.experts % shape.ep == 0,
-          "parallelism: ep " + str(shape.ep) + " does not divide the " + str(model.experts) +
-              " experts (model.n_experts); choose an ep that divides " + str(model.experts));
-  } else {
-    check(shape.ep == 1, "parallelism: ep " + str(shape.ep) +
-                             " needs a mixture-of-experts model, and this model is dense; set "
-                             "[parallelism] ep (--ep) to 1");
-  }
-  if (model.sequence_length > 0 && shape.cp > 1) {
-    check(model.sequence_length % (2 * shape.cp) == 0,
-          "parallelism: cp " + str(shape.cp) + " needs the sequence length " +
-              str(model.sequence_length) + " (training.seq_len) to be divisible by 2 x cp = " +
-              str(2 * shape.cp) + "; choose a cp or a sequence length that divides");
-  }
-}
-
 std::string describe(const MeshShape& shape) {
   return "pp " + str(shape.pp) + " x dp " + str(shape.dp) + " x cp " + str(shape.cp) + " x tp " +
          str(shape.tp) + " (ep " + str(shape.ep) + ")";

@@ -30,20 +30,6 @@ struct MeshShape {
 // Throws lattice::Error with one line naming the keys ([parallelism] pp/dp/cp/tp/ep) and the fix.
 MeshShape resolve_layout(MeshShape requested, int world_size);
 
-// The model dimensions a layout must divide (0: not checked; experts = 0 is a dense model, so ep
-// must be 1).
-struct ModelDivisors {
-  int attention_heads = 0;  // divisible by tp
-  int kv_heads = 0;         // divisible by tp (GQA)
-  int layers = 0;           // at least pp (one stage per rank of the pipeline)
-  int experts = 0;          // divisible by ep
-  int sequence_length = 0;  // divisible by 2 x cp (load-balanced ring attention) when cp > 1
-};
-
-// Checks that `shape` fits the model; throws lattice::Error with one line naming the keys and the
-// fix.
-void check_layout_fits_model(const MeshShape& shape, const ModelDivisors& model);
-
 // "pp 1 x dp 2 x cp 1 x tp 2 (ep 1)".
 std::string describe(const MeshShape& shape);
 
