@@ -237,3 +237,39 @@ TEST(ParameterPlacement, AShardInitialisesToItsSliceOfTheWholeParameter) {
     }
   }
 }
+
+TEST(ParameterPlacement, ABlockedShardHoldsItsSliceOfEveryBlock) {
+  // A packed [q | k | v] projection [3·8, 4] split over 2 ranks by blocks: rank r holds rows
+  // [4r, 4r + 4) of each 8-row block, in block order; the slice walk says the same.
+  const Shape shape{24, 4};
+  ParameterStore whole;
+  const int w = whole.declare("w", shape, InitKind::normal, true);
+  whole.allocate(nullptr);
+  whole.initialize(5, 0.02f, 2);
+  for (int index = 0; index < 2; ++index) {
+    ParameterStore part;
+    const TensorShard shard{0, index, 2, 3};
+    const int pw =
+        part.declare_shard("w", shape, shard, mesh::AxisSet::all(), InitKind::normal, true);
+    part.allocate(nullptr);
+    part.initialize(5, 0.02f, 2);
+    ASSERT_EQ(part.info(pw).shape, (Shape{12, 4}));
+    const float* got = part.value(pw);
+    for (int64_t block = 0; block < 3; ++block)
+      for (int64_t row = 0; row < 4; ++row)
+        for (int64_t col = 0; col < 4; ++col)
+          ASSERT_EQ(got[(block * 4 + row) * 4 + col],
+                    whole.value(w)[(block * 8 + index * 4 + row) * 4 + col])
+              << "block " << block << " row " << row << " of shard " << index;
+    const SliceWalk walk = slice_walk(part.info(pw));
+    EXPECT_EQ(walk.outer, 3);
+    EXPECT_EQ(walk.run, 16);
+    EXPECT_EQ(walk.stride, 32);
+    EXPECT_EQ(walk.first, index * 16);
+  }
+  // A blocked dimension must split into equal slices of every block.
+  ParameterStore bad;
+  EXPECT_THROW(bad.declare_shard("w", {24, 4}, TensorShard{0, 0, 3, 3}, mesh::AxisSet::all(),
+                                 InitKind::normal, true),
+               Error);
+}

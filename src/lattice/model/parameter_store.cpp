@@ -31,10 +31,13 @@ int ParameterStore::declare_shard(std::string name, Shape global_shape, TensorSh
           "parameter '" + name + "': shard dimension " + std::to_string(shard.dim) +
               " is not a dimension of its shape (internal error)");
     const int64_t extent = global_shape[static_cast<size_t>(shard.dim)];
-    check(extent % shard.count == 0, "parameter '" + name + "': dimension " +
-                                         std::to_string(shard.dim) + " (" + std::to_string(extent) +
-                                         ") does not split into " + std::to_string(shard.count) +
-                                         " equal shards: choose a size it divides");
+    check(shard.blocks >= 1 && extent % (int64_t{shard.count} * shard.blocks) == 0,
+          "parameter '" + name + "': dimension " + std::to_string(shard.dim) + " (" +
+              std::to_string(extent) + ") does not split into " + std::to_string(shard.count) +
+              " equal shards" +
+              (shard.blocks > 1 ? " of each of its " + std::to_string(shard.blocks) + " blocks"
+                                : std::string()) +
+              ": choose a size it divides");
     local[static_cast<size_t>(shard.dim)] = extent / shard.count;
   } else {
     shard = TensorShard{};
@@ -100,14 +103,6 @@ static uint64_t fnv1a(const std::string& s, uint64_t seed) {
   return h;
 }
 
-namespace {
-
-// Where the slice of `p` starts and how it walks the logical tensor (row-major): `outer` runs of
-// `run` consecutive elements, run o starting at logical element o * stride + first.
-struct SliceWalk {
-  int64_t outer = 1, run = 0, stride = 0, first = 0;
-};
-
 SliceWalk slice_walk(const ParameterInfo& p) {
   SliceWalk w;
   if (p.shard.whole()) {
@@ -118,13 +113,13 @@ SliceWalk slice_walk(const ParameterInfo& p) {
   int64_t inner = 1;
   for (size_t d = dim + 1; d < p.global_shape.size(); ++d) inner *= p.global_shape[d];
   for (size_t d = 0; d < dim; ++d) w.outer *= p.global_shape[d];
-  w.run = p.shape[dim] * inner;
-  w.stride = p.global_shape[dim] * inner;
+  // Each of the dimension's blocks holds one run of this slice (one block: the whole dimension).
+  w.outer *= p.shard.blocks;
+  w.run = p.shape[dim] / p.shard.blocks * inner;
+  w.stride = p.global_shape[dim] / p.shard.blocks * inner;
   w.first = p.shard.index * w.run;
   return w;
 }
-
-}  // namespace
 
 void ParameterStore::initialize(uint64_t seed, float std, int64_t n_layers) {
   float* all = mutable_values();

@@ -29,15 +29,29 @@ namespace lattice::model {
 enum class InitKind { normal, normal_residual, zeros, ones };
 
 // The slice of a logical tensor one store holds: slice `index` of `count` equal slices along
-// dimension `dim` (count 1: the whole tensor; dim and index are then 0).
+// dimension `dim` (count 1: the whole tensor; dim and index are then 0). With `blocks` > 1 the
+// dimension is that many equal blocks laid end to end (GPT-2's packed q | k | v), each split into
+// `count` slices, and the store holds slice `index` of every block, in block order (Megatron's
+// partition stride): a tensor-parallel rank's q, k and v heads of one packed projection.
 struct TensorShard {
   int dim = 0;
   int index = 0;
   int count = 1;
+  int blocks = 1;
 
   bool whole() const { return count == 1; }
   bool operator==(const TensorShard&) const = default;
 };
+
+struct ParameterInfo;
+
+// Where a parameter's local slice sits in its logical tensor (row-major): `outer` runs of `run`
+// consecutive elements, local run o starting at logical element o * stride + first. A whole
+// parameter is one run. What initialisation, checkpoints and resharding walk.
+struct SliceWalk {
+  int64_t outer = 1, run = 0, stride = 0, first = 0;
+};
+SliceWalk slice_walk(const ParameterInfo& p);
 
 struct ParameterInfo {
   std::string name;    // Hugging Face name, e.g. "transformer.h.0.attn.c_attn.weight"

@@ -48,10 +48,9 @@ std::string placements_json(const model::ParameterStore& params) {
     nlohmann::json replicated = nlohmann::json::array();
     for (mesh::Axis axis : mesh::kAllAxes)
       if (p.replicated.contains(axis)) replicated.push_back(std::string(mesh::axis_name(axis)));
-    j[p.name] = {
-        {"global_shape", p.global_shape},
-        {"shard", {{"dim", p.shard.dim}, {"index", p.shard.index}, {"count", p.shard.count}}},
-        {"replicated", replicated}};
+    nlohmann::json shard = {{"dim", p.shard.dim}, {"index", p.shard.index}, {"count", p.shard.count}};
+    if (p.shard.blocks > 1) shard["blocks"] = p.shard.blocks;
+    j[p.name] = {{"global_shape", p.global_shape}, {"shard", shard}, {"replicated", replicated}};
   }
   return j.dump();
 }
@@ -83,6 +82,7 @@ void check_placements(const SafetensorsFile& file, const std::string& path,
       shard.dim = entry.at("shard").at("dim").get<int>();
       shard.index = entry.at("shard").at("index").get<int>();
       shard.count = entry.at("shard").at("count").get<int>();
+      shard.blocks = entry.at("shard").value("blocks", 1);
     } catch (const nlohmann::json::exception& e) {
       throw Error("checkpoint " + path + ": the placement of '" + p.name +
                   "' is missing or damaged (" + e.what() + "): resume from an earlier checkpoint");
