@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Checks that the model reaches kernels only through the backend-neutral kernel interface.
+
+Every op a layer computes goes through kernels::Ops (src/lattice/kernels/ops.hpp), so a CUDA
+backend is a new folder beside kernels/cpu/, not a change to the model. This script scans
+src/lattice/model/*.hpp and *.cpp and fails, naming each file:line, on
+  - an #include of a header in a backend's folder (lattice/kernels/<folder>/..., e.g. cpu/), and
+  - a kernels:: name (written kernels::X, lattice::kernels::X, or through a namespace alias of
+    either, e.g. `namespace k = lattice::kernels;` then k::X) whose X is not declared at namespace
+    scope in lattice::kernels by a top-level header src/lattice/kernels/*.hpp (the backend-neutral
+    ones: ops.hpp, precision.hpp, attention_shape.hpp, ...), and
+  - a `using namespace` of lattice::kernels (it would hide kernels:: names from this check).
+Comments and string literals are ignored. Usage: check_model_uses_ops.py [SOURCE_DIR] (default:
+the repository this script is in).
+"""
+import os
+import re
+import sys
+
+# Files allowed to use the CPU backend directly, each with its reason.
+ALLOWED = {
+    # The host parameter store's own upkeep: it zeroes the gradients and rounds the bf16 copies of
+    # the values in host memory (kernels/cpu/elementwise.hpp, convert.hpp). A device-resident store
+    # is the CUDA backend's issue.
+    "parameter_store.cpp",
+}
+
+IDENT = r"[A-Za-z_]\w*"
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]lattice/kernels/([^">]+)[">]')
+ALIAS = re.compile(r"\bnamespace\s+(" + IDENT + r")\s*=\s*(?:::)?(?:lattice::)?kernels\s*;")
+USING_NAMESPACE = re.compile(r"\busing\s+namespace\s+(?:::)?(?:lattice::)?kernels\b")
+
+
+def strip_comments_and_strings(text):
+    """The text with comments and string / character literals blanked, newlines kept."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + " " * (min(j, n) - i - 1) + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def strip_preprocessor(text):
+    return re.sub(r"(?m)^\s*#.*$", "", text)
+
+
+def namespace_scope_names(text, namespace="lattice::kernels"):
+    """Names a header declares directly in `namespace` (types, enums, aliases, functions,
+    variables, nested namespaces), from its comment-free text."""
+    names = set()
+    stack = []  # per open brace: the namespace it opens, or None for any other scope
+    statement = ""
+
+    def current():
+        return "::".join(s for s in stack) if all(s is not None for s in stack) else None
+
+    def record(stmt):
+        if current() != namespace:
+            return
+        stmt = re.sub(r"\btemplate\s*<[^{};]*?>", " ", stmt)  # no nested <> in these headers
+        m = re.search(r"\b(?:class|struct|union|enum)\s+(?:class\s+|struct\s+)?(" + IDENT + ")",
+                      stmt)
+        if m:
+            names.add(m.group(1))
+            return
+        m = re.search(r"\busing\s+(" + IDENT + r")\s*=", stmt)
+        if m:
+            names.add(m.group(1))
+            return
+        m = re.search(r"\busing\s+[\w:]*::(" + IDENT + r")\s*$", stmt.strip())
+        if m:
+            names.add(m.group(1))
+            return
+        m = re.search(r"(" + IDENT + r")\s*\(", stmt)
+        if m and not re.search(r"=\s*[^(]*$", stmt[: m.start()]):
+            names.add(m.group(1))
+            return
+        m = re.search(r"(" + IDENT + r")\s*(?:\[[^\]]*\]\s*)*(?:=|\{|$)", stmt.strip())
+        if m:
+            names.add(m.group(1))
+
+    for c in strip_preprocessor(text):
+        if c == "{":
+            m = re.search(r"\bnamespace\s+([\w:]*)\s*$", statement)
+            if m is not None and current() is not None:
+                parts = [p for p in m.group(1).split("::") if p]
+                if current() == namespace and parts:
+                    names.add(parts[0])  # a nested namespace: its members are reached through it
+                stack.append("::".join(parts) if parts else "(anonymous)")
+            else:
+                record(statement)
+                stack.append(None)
+            statement = ""
+        elif c == "}":
+            if stack:
+                stack.pop()
+            statement = ""
+        elif c == ";":
+            record(statement)
+            statement = ""
+        else:
+            statement += c
+    return names
+
+
+def neutral_names(kernels_dir):
+    names = set()
+    for name in sorted(os.listdir(kernels_dir)):
+        path = os.path.join(kernels_dir, name)
+        if name.endswith(".hpp") and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                names |= namespace_scope_names(strip_comments_and_strings(f.read()))
+    return names
+
+
+def check_file(path, neutral_headers, allowed_names):
+    with open(path, encoding="utf-8") as f:
+        raw = f.read()
+    problems = []
+    for number, line in enumerate(raw.splitlines(), 1):
+        m = INCLUDE.match(line)
+        if m and m.group(1) not in neutral_headers:
+            problems.append((number, "includes lattice/kernels/%s, a backend's header: reach the "
+                             "kernels through LayerContext::ops (kernels/ops.hpp)" % m.group(1)))
+    code = strip_comments_and_strings(raw)
+    prefixes = {"kernels"} | {m.group(1) for m in ALIAS.finditer(code)}
+    qualified = re.compile(r"(?<![\w:])(?:(?:::)?lattice::)?(" + "|".join(sorted(prefixes)) +
+                           r")\s*::\s*(" + IDENT + ")")
+    for number, line in enumerate(code.splitlines(), 1):
+        if USING_NAMESPACE.search(line):
+            problems.append((number, "`using namespace` of lattice::kernels: name kernels:: "
+                             "explicitly (only the backend-neutral headers' names are allowed)"))
+        for m in qualified.finditer(line):
+            if m.group(2) not in allowed_names:
+                problems.append((number, "%s::%s is not declared by a backend-neutral header "
+                                 "(src/lattice/kernels/*.hpp): compute through LayerContext::ops"
+                                 % (m.group(1), m.group(2))))
+    return problems
+
+
+def main():
+    source = os.path.normpath(sys.argv[1] if len(sys.argv) > 1 else
+                              os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+    kernels_dir = os.path.join(source, "src", "lattice", "kernels")
+    model_dir = os.path.join(source, "src", "lattice", "model")
+    neutral_headers = {n for n in os.listdir(kernels_dir)
+                       if n.endswith(".hpp") and os.path.isfile(os.path.join(kernels_dir, n))}
+    allowed_names = neutral_names(kernels_dir)
+    if "Ops" not in allowed_names:
+        print("check_model_uses_ops: no kernels::Ops declared under " + kernels_dir)
+        return 1
+    files = sorted(n for n in os.listdir(model_dir) if n.endswith((".hpp", ".cpp")))
+    if not files:
+        print("check_model_uses_ops: no model sources under " + model_dir)
+        return 1
+    failures = 0
+    for name in files:
+        if name in ALLOWED:
+            continue
+        for number, why in check_file(os.path.join(model_dir, name), neutral_headers,
+                                      allowed_names):
+            print("%s:%d: %s" % (os.path.join(model_dir, name), number, why))
+            failures += 1
+    print("check_model_uses_ops: %d model files (%d allowed: %s), %d names from %d "
+          "backend-neutral headers, %d problems"
+          % (len(files), len(ALLOWED), ", ".join(sorted(ALLOWED)), len(allowed_names),
+             len(neutral_headers), failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
