@@ -1,7 +1,17 @@
-// Block helpers: the shared backward scratch and activation allocation (see block.hpp).
+// Block helpers: the tensor-parallel all-reduce, the shared backward scratch and activation
+// allocation (see block.hpp).
 #include "lattice/model/block.hpp"
 
+#include "lattice/comm/communicator.hpp"
+
 namespace lattice::model {
+
+void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n) {
+  if (tp.size == 1) return;
+  check(tp.comm != nullptr, "tensor parallelism of size " + std::to_string(tp.size) +
+                                " without a communicator (internal error)");
+  tp.comm->allreduce(x, n, DType::f32, comm::ReduceOp::sum);
+}
 
 float* BackwardScratch::get(int slot, int64_t numel, MemoryTracker* tracker) {
   if (static_cast<int>(buffers_.size()) <= slot) buffers_.resize(static_cast<size_t>(slot) + 1);

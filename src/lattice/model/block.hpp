@@ -13,6 +13,10 @@
 
 namespace lattice::model {
 
+// x[0, n) summed over the tensor-parallel group, in place (nothing at tp = 1): the all-reduce
+// after a row-parallel layer's forward and after a column-parallel layer's input gradient.
+void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n);
+
 class KvCache;
 
 // Gradient buffers reused by every block's backward (only one block runs backward at a time).

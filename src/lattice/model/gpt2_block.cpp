@@ -11,26 +11,40 @@ namespace k = lattice::kernels;
 Gpt2Block::Gpt2Block(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
                      const TensorParallelGroup& tp)
     : store_(store),
+      tp_(tp),
       C_(config.d_model),
-      F_(config.ffn_hidden),
-      heads_(config.n_heads),
+      heads_(config.n_heads / tp.size),
+      head_dim_(config.head_dim()),
       eps_(config.norm_eps) {
-  check(tp.size == 1, "tensor parallelism is not available yet: set parallelism.tp = 1");
+  check(config.n_heads % tp.size == 0 && config.ffn_hidden % tp.size == 0,
+        "parallelism.tp = " + std::to_string(tp.size) + " must divide the " +
+            std::to_string(config.n_heads) + " attention heads and the MLP width " +
+            std::to_string(config.ffn_hidden) + ": pick a tp that divides both");
+  A_ = heads_ * head_dim_;
   const std::string p = "transformer.h." + std::to_string(layer_index) + ".";
+  const int64_t F = config.ffn_hidden;
   ln1_weight_ = store.declare(p + "ln_1.weight", {C_}, InitKind::ones, false);
   ln1_bias_ = store.declare(p + "ln_1.bias", {C_}, InitKind::zeros, false);
-  c_attn_ = Linear(store, p + "attn.c_attn", C_, 3 * C_, true, InitKind::normal);
-  attn_proj_ = Linear(store, p + "attn.c_proj", C_, C_, true, InitKind::normal_residual);
+  // q, k, v column-parallel by heads (each rank its heads of each of the three blocks), the output
+  // projection row-parallel; the MLP's c_fc column-parallel, its c_proj row-parallel.
+  c_attn_ = Linear(store, p + "attn.c_attn", C_, 3 * C_, true, InitKind::normal, tp,
+                   TensorSplit::column, 3);
+  attn_proj_ = Linear(store, p + "attn.c_proj", C_, C_, true, InitKind::normal_residual, tp,
+                      TensorSplit::row);
   ln2_weight_ = store.declare(p + "ln_2.weight", {C_}, InitKind::ones, false);
   ln2_bias_ = store.declare(p + "ln_2.bias", {C_}, InitKind::zeros, false);
-  c_fc_ = Linear(store, p + "mlp.c_fc", C_, F_, true, InitKind::normal);
-  mlp_proj_ = Linear(store, p + "mlp.c_proj", F_, C_, true, InitKind::normal_residual);
+  c_fc_ = Linear(store, p + "mlp.c_fc", C_, F, true, InitKind::normal, tp, TensorSplit::column);
+  mlp_proj_ =
+      Linear(store, p + "mlp.c_proj", F, C_, true, InitKind::normal_residual, tp, TensorSplit::row);
+  F_ = c_fc_.out_features();
 }
 
-static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, int64_t C) {
-  k::AttentionShape s = k::AttentionShape::contiguous(B, T, heads, heads, C / heads);
-  s.q_row_stride = s.k_row_stride = s.v_row_stride = 3 * C;
-  s.q_batch_stride = s.kv_batch_stride = T * 3 * C;
+// q, k, v of `heads` heads packed per token as [q | k | v] (c_attn's output on this rank).
+static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, int64_t head_dim) {
+  const int64_t width = heads * head_dim;
+  k::AttentionShape s = k::AttentionShape::contiguous(B, T, heads, heads, head_dim);
+  s.q_row_stride = s.k_row_stride = s.v_row_stride = 3 * width;
+  s.q_batch_stride = s.kv_batch_stride = T * 3 * width;
   return s;
 }
 
@@ -48,19 +62,19 @@ std::unique_ptr<BlockActivations> Gpt2Block::make_activations() const {
 
 int64_t Gpt2Block::saved_bytes(k::Precision precision, int64_t B, int64_t T) const {
   // prepare_activations' tensors and the Linears' kept bf16 inputs, per row of rows = B·T.
-  const int64_t rows = B * T, C = C_, F = F_;
+  const int64_t rows = B * T, C = C_, F = F_, A = A_;
   const int64_t stats = 2 * 2 * 4;      // LayerNorm 1 and 2: mean and rstd
   if (precision != k::Precision::bf16)  // ln1, qkv, x2, ln2, fc, gelu fp32 (att, lse below)
-    return rows * (4 * (C + 3 * C + C + C + 2 * F) + stats) + attention_output_bytes(B, T);
+    return rows * (4 * (C + 3 * A + C + C + 2 * F) + stats) + attention_output_bytes(B, T);
   // bf16: c_attn's input and q, k, v in bf16; att and x2 fp32 with attn_proj's bf16 copy of att;
   // c_fc's input, the GELU slope and c_proj's input in bf16 (the fp32 pre-activation is the
-  // backend's transient: Ops::linear_gelu_forward_bf16).
-  return rows * (2 * C + 6 * C + 2 * C + 4 * C + 2 * C + 2 * F + 2 * F + stats) +
+  // backend's transient: Ops::linear_gelu_forward_bf16). A and F are this rank's widths.
+  return rows * (2 * C + 6 * A + 2 * A + 4 * C + 2 * C + 2 * F + 2 * F + stats) +
          attention_output_bytes(B, T);
 }
 
 int64_t Gpt2Block::attention_output_bytes(int64_t B, int64_t T) const {
-  return B * T * C_ * 4 + B * heads_ * T * 4;  // att [rows, C] and lse [B, H, T], fp32
+  return B * T * A_ * 4 + B * heads_ * T * 4;  // att [rows, A] and lse [B, H, T], fp32
 }
 
 int64_t Gpt2Block::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
@@ -68,7 +82,7 @@ int64_t Gpt2Block::scratch_bytes(k::Precision precision, int64_t B, int64_t T) c
   // d_ln, d_x2, d_qkv, d_att.
   const int64_t rows = B * T;
   const int64_t slot0 = precision == k::Precision::bf16 ? (rows * C_ + 1) / 2 : rows * F_;
-  return 4 * (slot0 + rows * F_ + rows * C_ + rows * C_ + rows * 3 * C_ + rows * C_);
+  return 4 * (slot0 + rows * F_ + rows * C_ + rows * C_ + rows * 3 * A_ + rows * A_);
 }
 
 void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T,
@@ -86,12 +100,12 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B
   ensure_activation(a.ln1_rstd, {rows}, tr);
   if (bf16 && !cached) {
     a.qkv.reset();
-    ensure_bf16_activation(a.qkv16, {rows, 3 * C_}, tr);
+    ensure_bf16_activation(a.qkv16, {rows, 3 * A_}, tr);
   } else {
     a.qkv16.reset();
-    ensure_activation(a.qkv, {rows, 3 * C_}, tr);
+    ensure_activation(a.qkv, {rows, 3 * A_}, tr);
   }
-  ensure_activation(a.att, {rows, C_}, tr);
+  ensure_activation(a.att, {rows, A_}, tr);
   ensure_activation(a.lse, {B, heads_, T}, tr);
   ensure_activation(a.x2, {rows, C_}, tr);
   if (bf16)
@@ -135,14 +149,14 @@ void Gpt2Block::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in
 }
 
 void Gpt2Block::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
-  const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, C_);
+  const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, head_dim_);
   if (ctx.precision == k::Precision::bf16) {
     const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
-    ctx.ops.attention_forward_bf16(a.att.f32(), a.lse.f32(), qkv16, qkv16 + C_, qkv16 + 2 * C_,
+    ctx.ops.attention_forward_bf16(a.att.f32(), a.lse.f32(), qkv16, qkv16 + A_, qkv16 + 2 * A_,
                                    shape, {});
   } else {
     const float* qkv = a.qkv.f32();
-    ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), qkv, qkv + C_, qkv + 2 * C_, shape,
+    ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), qkv, qkv + A_, qkv + 2 * A_, shape,
                               ctx.precision, {});
   }
 }
@@ -150,6 +164,7 @@ void Gpt2Block::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int
 void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                            const float* x_in, int64_t rows) {
   attn_proj_.forward(ctx, a.attn_proj, a.x2.f32(), a.att.f32(), rows);
+  all_reduce_over_tp(tp_, a.x2.f32(), rows * C_);  // the row-parallel projection's partial sums
   ctx.ops.add_inplace(a.x2.f32(), x_in, rows * C_);
   if (ctx.precision == k::Precision::bf16) {
     mlp_forward_bf16(ctx, a, x_out, rows);
@@ -160,6 +175,7 @@ void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, fl
     ctx.ops.gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
     mlp_proj_.forward(ctx, a.mlp_proj, x_out, a.gelu.f32(), rows);
   }
+  all_reduce_over_tp(tp_, x_out, rows * C_);
   ctx.ops.add_inplace(x_out, a.x2.f32(), rows * C_);
 }
 
@@ -197,7 +213,7 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
   auto* tr = ctx.tracker;
   const bool bf16 = ctx.precision == k::Precision::bf16;
   if (a.recompute_attention && a.att.empty()) {  // selective checkpointing: the attention again
-    ensure_activation(a.att, {rows, C_}, tr);
+    ensure_activation(a.att, {rows, A_}, tr);
     ensure_activation(a.lse, {B, heads_, T}, tr);
     attention_core(ctx, a, B, T);
     // attn_proj's bf16 input was rounded from these same values: it stays valid.
@@ -215,8 +231,8 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
   float* d_fc = kept(a.d_fc, 5, rows * F_);     // fp32, or bf16 in its first half (bf16 precision)
   float* d_ln = scratch.get(1, rows * C_, tr);  // d of a LayerNorm output
   float* d_x2 = kept(a.d_x2, 2, rows * C_);     // d residual after attention
-  float* d_qkv = kept(a.d_qkv, 3, rows * 3 * C_);  // d q, k, v packed
-  float* d_att = scratch.get(4, rows * C_, tr);
+  float* d_qkv = kept(a.d_qkv, 3, rows * 3 * A_);  // d q, k, v packed
+  float* d_att = scratch.get(4, rows * A_, tr);
 
   // MLP branch: x_out = x2 + c_proj(gelu(c_fc(ln2(x2)))).
   if (bf16) {
@@ -235,6 +251,7 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
     else
       c_fc_.backward(ctx, a.c_fc, d_ln, d_fc, a.ln2.f32(), rows);
   }
+  all_reduce_over_tp(tp_, d_ln, rows * C_);  // the column-parallel c_fc's partial input gradients
   ctx.ops.layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln,
                              a.x2.f32(), store_.value(ln2_weight_), a.ln2_mean.f32(),
                              a.ln2_rstd.f32(), rows, C_, /*residual_grad=*/d_x_out);
@@ -248,14 +265,15 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
     attention_backward_bf16(ctx, a, d_ln, d_att, d_qkv, B, T, defer);
   } else {
     const float* qkv = a.qkv.f32();
-    ctx.ops.attention_backward(d_qkv, d_qkv + C_, d_qkv + 2 * C_, d_att, qkv, qkv + C_,
-                               qkv + 2 * C_, a.att.f32(), a.lse.f32(),
-                               packed_qkv_shape(B, T, heads_, C_), ctx.precision, {});
+    ctx.ops.attention_backward(d_qkv, d_qkv + A_, d_qkv + 2 * A_, d_att, qkv, qkv + A_,
+                               qkv + 2 * A_, a.att.f32(), a.lse.f32(),
+                               packed_qkv_shape(B, T, heads_, head_dim_), ctx.precision, {});
     if (defer)
       c_attn_.backward_input(ctx, a.c_attn, d_ln, d_qkv, rows);
     else
       c_attn_.backward(ctx, a.c_attn, d_ln, d_qkv, a.ln1.f32(), rows);
   }
+  all_reduce_over_tp(tp_, d_ln, rows * C_);
   ctx.ops.layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
                              store_.value(ln1_weight_), a.ln1_mean.f32(), a.ln1_rstd.f32(), rows,
                              C_, /*residual_grad=*/d_x2);
@@ -296,9 +314,9 @@ void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float
   const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
   // c_attn's bias gradient comes out of the attention backward (the column sums of the unrounded
   // d q, k, v, in an order fixed by the shape).
-  ctx.ops.attention_backward_bf16(d_qkv16, d_qkv16 + C_, d_qkv16 + 2 * C_, c_attn_.bias_grad(),
-                                  d_att, qkv16, qkv16 + C_, qkv16 + 2 * C_, a.att.f32(),
-                                  a.lse.f32(), packed_qkv_shape(B, T, heads_, C_), {});
+  ctx.ops.attention_backward_bf16(d_qkv16, d_qkv16 + A_, d_qkv16 + 2 * A_, c_attn_.bias_grad(),
+                                  d_att, qkv16, qkv16 + A_, qkv16 + 2 * A_, a.att.f32(),
+                                  a.lse.f32(), packed_qkv_shape(B, T, heads_, head_dim_), {});
   if (defer)
     c_attn_.backward_input_rounded(ctx, d_ln, d_qkv16, rows);
   else
@@ -327,13 +345,15 @@ void Gpt2Block::forward_cached(const LayerContext& ctx, BlockActivations& work, 
                                const float* x_in, int64_t B, int64_t n, KvCache& cache,
                                int64_t cache_layer) {
   Saved& a = saved_as<Saved>(work);
+  check(tp_.size == 1,
+        "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
   const int64_t rows = B * n;
   prepare_activations(ctx, a, B, n, /*cached=*/true);
   qkv_forward(ctx, a, x_in, rows);
   const float* qkv = a.qkv.f32();
-  cache.write(cache_layer, qkv + C_, qkv + 2 * C_, 3 * C_, n);
+  cache.write(cache_layer, qkv + A_, qkv + 2 * A_, 3 * A_, n);
   // The new queries sit at the end of the cached keys: positions [length, length + n).
-  k::AttentionShape shape = packed_qkv_shape(B, n, heads_, C_);
+  k::AttentionShape shape = packed_qkv_shape(B, n, heads_, head_dim_);
   shape.kv_len = cache.length() + n;
   shape.k_row_stride = shape.v_row_stride = cache.row_stride();
   shape.kv_batch_stride = cache.batch_stride();

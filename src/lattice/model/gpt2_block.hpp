@@ -83,7 +83,10 @@ class Gpt2Block final : public Block {
                          float* d_fc_buffer, float* d_y_buffer, int64_t rows, bool defer);
 
   ParameterStore& store_;
-  int64_t C_, F_, heads_;
+  TensorParallelGroup tp_;
+  // C: the model width (residuals, norms); on this tensor-parallel rank: heads_ attention heads of
+  // head_dim_, A_ = heads_ · head_dim_ attention channels, F_ MLP channels.
+  int64_t C_, heads_, head_dim_, A_ = 0, F_ = 0;
   float eps_;
   int ln1_weight_, ln1_bias_, ln2_weight_, ln2_bias_;
   Linear c_attn_, attn_proj_, c_fc_, mlp_proj_;

@@ -18,10 +18,39 @@ void ensure_bf16(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
 }  // namespace
 
 Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_features,
-               int64_t out_features, bool bias, InitKind init)
+               int64_t out_features, bool bias, InitKind init, const TensorParallelGroup& tp,
+               TensorSplit split, int blocks)
     : store_(&store), in_(in_features), out_(out_features) {
-  weight_ = store.declare(prefix + ".weight", {out_features, in_features}, init, true);
-  if (bias) bias_ = store.declare(prefix + ".bias", {out_features}, InitKind::zeros, false);
+  check(blocks == 1 || split == TensorSplit::column,
+        "Linear " + prefix + ": output blocks apply to a column split only (internal error)");
+  if (tp.size == 1 || split == TensorSplit::none) {
+    weight_ = store.declare(prefix + ".weight", {out_features, in_features}, init, true);
+    if (bias) bias_ = store.declare(prefix + ".bias", {out_features}, InitKind::zeros, false);
+    return;
+  }
+  // This rank's slice of the logical weight [out, in]: rows (column split) or columns (row split),
+  // replicated over every axis but tp.
+  const mesh::AxisSet not_tp = mesh::AxisSet::all().without(mesh::Axis::tp);
+  const bool column = split == TensorSplit::column;
+  const TensorShard shard{column ? 0 : 1, tp.rank, tp.size, column ? blocks : 1};
+  weight_ = store.declare_shard(prefix + ".weight", {out_features, in_features}, shard, not_tp,
+                                init, true);
+  const Shape& local = store.info(weight_).shape;
+  out_ = local[0];
+  in_ = local[1];
+  if (!bias) return;
+  if (column) {
+    bias_ = store.declare_shard(prefix + ".bias", {out_features},
+                                TensorShard{0, tp.rank, tp.size, blocks}, not_tp, InitKind::zeros,
+                                false);
+  } else {
+    bias_ = store.declare(prefix + ".bias", {out_features}, InitKind::zeros, false);
+    adds_bias_ = tp.rank == 0;
+  }
+}
+
+const float* Linear::forward_bias() const {
+  return bias_ >= 0 && adds_bias_ ? store_->value(bias_) : nullptr;
 }
 
 void LinearActivations::release() {
@@ -46,7 +75,7 @@ kernels::WeightOperand Linear::weight_operand(const LayerContext& ctx) {
 
 void Linear::forward(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
                      int64_t rows) {
-  const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
+  const float* bias = forward_bias();
   kernels::Bf16Operands keep;
   saved.rounded_from = nullptr;
   saved.prepared = false;
@@ -71,7 +100,7 @@ void Linear::forward_prepared(const LayerContext& ctx, LinearActivations& saved,
   check(saved.in16.shape() == Shape{rows, in_},
         "Linear::forward_prepared without prepare_bf16_input for " + std::to_string(rows) +
             " rows (internal error)");
-  const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
+  const float* bias = forward_bias();
   kernels::Bf16Operands keep;
   keep_bf16(ctx, saved, rows, keep);
   saved.rounded_from = nullptr;
@@ -95,7 +124,7 @@ const lattice::bf16* Linear::prepared_input(const LayerContext& ctx, LinearActiv
 void Linear::forward_prepared_to_bf16(const LayerContext& ctx, LinearActivations& saved,
                                       lattice::bf16* out16, int64_t rows) {
   const lattice::bf16* in16 = prepared_input(ctx, saved, rows, "forward_prepared_to_bf16");
-  const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
+  const float* bias = forward_bias();
   ctx.ops.linear_forward_to_bf16(out16, in16, weight_operand(ctx), bias, rows, in_, out_);
 }
 
@@ -103,7 +132,7 @@ void Linear::forward_prepared_gelu_bf16(const LayerContext& ctx, LinearActivatio
                                         lattice::bf16* gelu16, lattice::bf16* slope16,
                                         int64_t rows) {
   const lattice::bf16* in16 = prepared_input(ctx, saved, rows, "forward_prepared_gelu_bf16");
-  const float* bias = bias_ >= 0 ? store_->value(bias_) : nullptr;
+  const float* bias = forward_bias();
   ctx.ops.linear_gelu_forward_bf16(gelu16, slope16, in16, weight_operand(ctx), bias, rows, in_,
                                    out_);
 }

@@ -12,24 +12,35 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
                        const TensorParallelGroup& tp, const k::RopeTable& rope)
     : store_(store),
       rope_(rope),
+      tp_(tp),
       C_(config.d_model),
-      F_(config.ffn_hidden),
-      heads_(config.n_heads),
-      kv_heads_(config.n_kv_heads),
+      heads_(config.n_heads / tp.size),
+      kv_heads_(config.n_kv_heads / tp.size),
       head_dim_(config.head_dim()),
       eps_(config.norm_eps) {
-  check(tp.size == 1, "tensor parallelism is not available yet: set parallelism.tp = 1");
+  check(config.n_heads % tp.size == 0 && config.n_kv_heads % tp.size == 0 &&
+            config.ffn_hidden % tp.size == 0,
+        "parallelism.tp = " + std::to_string(tp.size) + " must divide the " +
+            std::to_string(config.n_heads) + " attention heads, the " +
+            std::to_string(config.n_kv_heads) + " key/value heads and the MLP width " +
+            std::to_string(config.ffn_hidden) + ": pick a tp that divides all three");
+  A_ = heads_ * head_dim_;
   const std::string p = "model.layers." + std::to_string(layer_index) + ".";
-  const int64_t kv = kv_heads_ * head_dim_;
+  const int64_t kv = config.n_kv_heads * head_dim_, F = config.ffn_hidden;
+  constexpr TensorSplit column = TensorSplit::column, row = TensorSplit::row;
+  // q, k, v column-parallel by heads (grouped-query attention splits the key/value heads too),
+  // o_proj row-parallel; gate and up column-parallel, down row-parallel.
   norm1_weight_ = store.declare(p + "input_layernorm.weight", {C_}, InitKind::ones, false);
-  q_proj_ = Linear(store, p + "self_attn.q_proj", C_, C_, false, InitKind::normal);
-  k_proj_ = Linear(store, p + "self_attn.k_proj", C_, kv, false, InitKind::normal);
-  v_proj_ = Linear(store, p + "self_attn.v_proj", C_, kv, false, InitKind::normal);
-  o_proj_ = Linear(store, p + "self_attn.o_proj", C_, C_, false, InitKind::normal_residual);
+  q_proj_ = Linear(store, p + "self_attn.q_proj", C_, C_, false, InitKind::normal, tp, column);
+  k_proj_ = Linear(store, p + "self_attn.k_proj", C_, kv, false, InitKind::normal, tp, column);
+  v_proj_ = Linear(store, p + "self_attn.v_proj", C_, kv, false, InitKind::normal, tp, column);
+  o_proj_ =
+      Linear(store, p + "self_attn.o_proj", C_, C_, false, InitKind::normal_residual, tp, row);
   norm2_weight_ = store.declare(p + "post_attention_layernorm.weight", {C_}, InitKind::ones, false);
-  gate_proj_ = Linear(store, p + "mlp.gate_proj", C_, F_, false, InitKind::normal);
-  up_proj_ = Linear(store, p + "mlp.up_proj", C_, F_, false, InitKind::normal);
-  down_proj_ = Linear(store, p + "mlp.down_proj", F_, C_, false, InitKind::normal_residual);
+  gate_proj_ = Linear(store, p + "mlp.gate_proj", C_, F, false, InitKind::normal, tp, column);
+  up_proj_ = Linear(store, p + "mlp.up_proj", C_, F, false, InitKind::normal, tp, column);
+  down_proj_ = Linear(store, p + "mlp.down_proj", F, C_, false, InitKind::normal_residual, tp, row);
+  F_ = gate_proj_.out_features();
 }
 
 void LlamaBlockActivations::release() {
@@ -51,13 +62,13 @@ int64_t LlamaBlock::saved_bytes(k::Precision precision, int64_t B, int64_t T) co
   // lse below) and, in bf16, each Linear's kept bf16 input: n1 for q/k/v, att for o, n2 for
   // gate/up, h for down.
   const int64_t rows = B * T, C = C_, F = F_, kv = kv_heads_ * head_dim_;
-  int64_t bytes = rows * 4 * (C + C + 2 * kv + C + C + 3 * F + 2) + attention_output_bytes(B, T);
-  if (precision == k::Precision::bf16) bytes += rows * 2 * (3 * C + C + 2 * C + F);
+  int64_t bytes = rows * 4 * (C + A_ + 2 * kv + C + C + 3 * F + 2) + attention_output_bytes(B, T);
+  if (precision == k::Precision::bf16) bytes += rows * 2 * (3 * C + A_ + 2 * C + F);
   return bytes;
 }
 
 int64_t LlamaBlock::attention_output_bytes(int64_t B, int64_t T) const {
-  return B * T * C_ * 4 + B * heads_ * T * 4;  // att [rows, C] and lse [B, Hq, T], fp32
+  return B * T * A_ * 4 + B * heads_ * T * 4;  // att [rows, A] and lse [B, Hq, T], fp32
 }
 
 int64_t LlamaBlock::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
@@ -65,7 +76,7 @@ int64_t LlamaBlock::scratch_bytes(k::Precision precision, int64_t B, int64_t T) 
   // [rows, C]; d_k, d_v [rows, kv].
   (void)precision;
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
-  return 4 * rows * (3 * F_ + 5 * C_ + 2 * kv);
+  return 4 * rows * (3 * F_ + 3 * C_ + 2 * A_ + 2 * kv);
 }
 
 void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
@@ -73,10 +84,10 @@ void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t 
   auto* tr = ctx.tracker;
   ensure_activation(a.n1, {rows, C_}, tr);
   ensure_activation(a.rstd1, {rows}, tr);
-  ensure_activation(a.q, {rows, C_}, tr);
+  ensure_activation(a.q, {rows, A_}, tr);
   ensure_activation(a.k, {rows, kv}, tr);
   ensure_activation(a.v, {rows, kv}, tr);
-  ensure_activation(a.att, {rows, C_}, tr);
+  ensure_activation(a.att, {rows, A_}, tr);
   ensure_activation(a.lse, {B, heads_, T}, tr);
   ensure_activation(a.x2, {rows, C_}, tr);
   ensure_activation(a.n2, {rows, C_}, tr);
@@ -103,6 +114,7 @@ void LlamaBlock::attention_core(const LayerContext& ctx, Saved& a, int64_t B, in
 void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                             const float* x_in, int64_t rows) {
   o_proj_.forward(ctx, a.o_proj, a.x2.f32(), a.att.f32(), rows);
+  all_reduce_over_tp(tp_, a.x2.f32(), rows * C_);  // the row-parallel projection's partial sums
   ctx.ops.add_inplace(a.x2.f32(), x_in, rows * C_);
   ctx.ops.rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), rows,
                           C_, eps_);
@@ -110,6 +122,7 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
   up_proj_.forward(ctx, a.up_proj, a.up.f32(), a.n2.f32(), rows);
   ctx.ops.swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
   down_proj_.forward(ctx, a.down_proj, x_out, a.h.f32(), rows);
+  all_reduce_over_tp(tp_, x_out, rows * C_);
   ctx.ops.add_inplace(x_out, a.x2.f32(), rows * C_);
 }
 
@@ -119,7 +132,7 @@ void LlamaBlock::forward(const LayerContext& ctx, BlockActivations& saved, float
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   prepare_activations(ctx, a, B, T);
   qkv_forward(ctx, a, x_in, rows);
-  ctx.ops.rope(rope_, a.q.f32(), B, T, heads_, C_, T * C_, 0, false);
+  ctx.ops.rope(rope_, a.q.f32(), B, T, heads_, A_, T * A_, 0, false);
   ctx.ops.rope(rope_, a.k.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
   attention_core(ctx, a, B, T);
   projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
@@ -136,7 +149,7 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
   if (a.recompute_attention && a.att.empty()) {  // selective checkpointing: the attention again
-    ensure_activation(a.att, {rows, C_}, tr);
+    ensure_activation(a.att, {rows, A_}, tr);
     ensure_activation(a.lse, {B, heads_, T}, tr);
     attention_core(ctx, a, B, T);
     // o_proj's bf16 input was rounded from these same values: it stays valid.
@@ -153,8 +166,8 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   float* d_norm = scratch.get(3, rows * C_, tr);
   float* d_part = scratch.get(4, rows * C_, tr);
   float* d_x2 = kept(a.d_x2, 5, rows * C_);
-  float* d_att = scratch.get(6, rows * C_, tr);
-  float* d_q = kept(a.d_q, 7, rows * C_);
+  float* d_att = scratch.get(6, rows * A_, tr);
+  float* d_q = kept(a.d_q, 7, rows * A_);
   float* d_k = kept(a.d_k, 8, rows * kv);
   float* d_v = kept(a.d_v, 9, rows * kv);
   // A Linear's backward: both halves now, or the input half with the weight half left for later.
@@ -174,6 +187,7 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   linear_backward(gate_proj_, a.gate_proj, d_norm, d_gate, a.n2.f32());
   linear_backward(up_proj_, a.up_proj, d_part, d_up, a.n2.f32());
   ctx.ops.add_inplace(d_norm, d_part, rows * C_);
+  all_reduce_over_tp(tp_, d_norm, rows * C_);  // the column-parallel layers' partial gradients
   ctx.ops.rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, a.x2.f32(),
                            store_.value(norm2_weight_), a.rstd2.f32(), rows, C_,
                            /*residual_grad=*/d_x_out);
@@ -183,13 +197,14 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
   ctx.ops.attention_backward(d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
                              a.lse.f32(), shape, ctx.precision, {});
-  ctx.ops.rope(rope_, d_q, B, T, heads_, C_, T * C_, 0, true);
+  ctx.ops.rope(rope_, d_q, B, T, heads_, A_, T * A_, 0, true);
   ctx.ops.rope(rope_, d_k, B, T, kv_heads_, kv, T * kv, 0, true);
   linear_backward(q_proj_, a.q_proj, d_norm, d_q, a.n1.f32());
   linear_backward(k_proj_, a.k_proj, d_part, d_k, a.n1.f32());
   ctx.ops.add_inplace(d_norm, d_part, rows * C_);
   linear_backward(v_proj_, a.v_proj, d_part, d_v, a.n1.f32());
   ctx.ops.add_inplace(d_norm, d_part, rows * C_);
+  all_reduce_over_tp(tp_, d_norm, rows * C_);
   ctx.ops.rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in,
                            store_.value(norm1_weight_), a.rstd1.f32(), rows, C_,
                            /*residual_grad=*/d_x2);
@@ -219,11 +234,13 @@ void LlamaBlock::forward_cached(const LayerContext& ctx, BlockActivations& work,
                                 const float* x_in, int64_t B, int64_t n, KvCache& cache,
                                 int64_t cache_layer) {
   Saved& a = saved_as<Saved>(work);
+  check(tp_.size == 1,
+        "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
   const int64_t rows = B * n, kv = kv_heads_ * head_dim_, start = cache.length();
   prepare_activations(ctx, a, B, n);
   qkv_forward(ctx, a, x_in, rows);
   // RoPE at the absolute positions [start, start + n); cached keys are stored rotated.
-  ctx.ops.rope(rope_, a.q.f32(), B, n, heads_, C_, n * C_, start, false);
+  ctx.ops.rope(rope_, a.q.f32(), B, n, heads_, A_, n * A_, start, false);
   ctx.ops.rope(rope_, a.k.f32(), B, n, kv_heads_, kv, n * kv, start, false);
   cache.write(cache_layer, a.k.f32(), a.v.f32(), kv, n);
   k::AttentionShape shape = k::AttentionShape::contiguous(B, n, heads_, kv_heads_, head_dim_);

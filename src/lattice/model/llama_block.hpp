@@ -61,7 +61,11 @@ class LlamaBlock final : public Block {
 
   ParameterStore& store_;
   const kernels::RopeTable& rope_;
-  int64_t C_, F_, heads_, kv_heads_, head_dim_;
+  TensorParallelGroup tp_;
+  // C: the model width (residuals, norms); on this tensor-parallel rank: heads_ query and
+  // kv_heads_ key/value heads of head_dim_, A_ = heads_ · head_dim_ query channels, F_ MLP
+  // channels.
+  int64_t C_, heads_, kv_heads_, head_dim_, A_ = 0, F_ = 0;
   float eps_;
   int norm1_weight_, norm2_weight_;
   Linear q_proj_, k_proj_, v_proj_, o_proj_, gate_proj_, up_proj_, down_proj_;

@@ -1,0 +1,152 @@
+// Tensor-parallel blocks (issue #21): a model built with a tensor-parallel group of 2 or 4 local
+// ranks, each holding its column and row slices (ParameterStore placements), gives the loss and,
+// slice by slice, the gradients of the whole model on one rank from the same initial weights and
+// batch. The reference is that single-rank run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "lattice/comm/backends/local.hpp"
+#include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/model/model_config.hpp"
+#include "lattice/model/transformer.hpp"
+
+using namespace lattice;
+using namespace lattice::model;
+using kernels::Precision;
+
+namespace {
+
+constexpr int64_t kB = 9, kT = 32;  // 288 rows: the bf16 row-chunk paths (256 and a tail)
+
+ModelConfig tiny(Family family) {
+  ModelConfig c = model_preset(family == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+  c.n_layers = 2;
+  c.init_std = 0.2f;
+  if (family == Family::llama) c.n_kv_heads = 4;  // tp 4 splits the key/value heads too
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch batch(int64_t vocab) {
+  Rng rng(23);
+  Batch b;
+  for (int64_t i = 0; i < kB * kT; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+    b.targets.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+  }
+  return b;
+}
+
+struct StepResult {
+  float loss = 0;
+  std::vector<float> grads;  // the store's flat gradients
+};
+
+StepResult train_once(Transformer& model, Precision precision, const Batch& b) {
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, precision, nullptr};
+  model.parameters().zero_grads();
+  StepResult r;
+  r.loss = model.forward(ctx, b.tokens.data(), b.targets.data(), kB, kT, 1.0f);
+  model.backward(ctx);
+  const ParameterStore& p = model.parameters();
+  r.grads.assign(p.grads(), p.grads() + p.size());
+  return r;
+}
+
+using Case = std::tuple<Family, Precision, int>;
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(std::get<0>(info.param) == Family::gpt2 ? "gpt2" : "llama") + "_" +
+         (std::get<1>(info.param) == Precision::bf16 ? "bf16" : "fp32") + "_tp" +
+         std::to_string(std::get<2>(info.param));
+}
+
+}  // namespace
+
+class TensorParallelBlocks : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelBlocks, EachRanksSlicesMatchTheWholeModelsGradients) {
+  const auto [family, precision, tp] = GetParam();
+  const ModelConfig config = tiny(family);
+  const Batch b = batch(config.vocab_size);
+  Transformer whole(config, nullptr);
+  whole.initialize(5);
+  const StepResult reference = train_once(whole, precision, b);
+  const ParameterStore& all = whole.parameters();
+
+  // Tolerances. fp32: the row-parallel layers' sums over their input split into tp partial sums
+  // added by the all-reduce, so values differ from one rank's by fp32 rounding of a reordered sum
+  // (about 1e-6 relative), which the backward carries: 1e-4 of each tensor's largest gradient.
+  // bf16: the same reordering, and then an activation rounded to bf16 from a sum that differs in
+  // its last fp32 bits can land on the neighbouring bf16 (2^-8 relative), so a tensor's gradient
+  // is compared by its relative L2 distance, 2e-2.
+  const bool bf16 = precision == Precision::bf16;
+  std::vector<int> sharded(static_cast<size_t>(tp), 0);
+  comm::run_local_ranks(tp, [&](comm::Communicator& group) {
+    const TensorParallelGroup g{&group, group.rank(), group.size()};
+    Transformer model(config, nullptr, {}, g);
+    model.initialize(5);
+    const StepResult run = train_once(model, precision, b);
+    EXPECT_NEAR(run.loss, reference.loss, (bf16 ? 2e-3 : 1e-5) * std::abs(reference.loss));
+    const ParameterStore& mine = model.parameters();
+    ASSERT_EQ(mine.parameters().size(), all.parameters().size());
+    for (const ParameterInfo& p : mine.parameters()) {
+      const ParameterInfo& w = all.info(all.index_of(p.name));
+      ASSERT_EQ(p.global_shape, w.shape) << p.name;
+      if (!p.shard.whole()) ++sharded[static_cast<size_t>(group.rank())];
+      // This slice of the whole model's gradient, element by element.
+      const SliceWalk walk = slice_walk(p);
+      double diff2 = 0, ref2 = 0, largest = 0, worst = 0;
+      int64_t i = 0;
+      for (int64_t o = 0; o < walk.outer; ++o)
+        for (int64_t e = 0; e < walk.run; ++e, ++i) {
+          const double want =
+              reference.grads[static_cast<size_t>(w.offset + o * walk.stride + walk.first + e)];
+          const double got = run.grads[static_cast<size_t>(p.offset + i)];
+          diff2 += (got - want) * (got - want);
+          ref2 += want * want;
+          largest = std::max(largest, std::abs(want));
+          worst = std::max(worst, std::abs(got - want));
+        }
+      ASSERT_EQ(i, p.numel);
+      if (bf16)
+        EXPECT_LE(std::sqrt(diff2), 2e-2 * std::sqrt(ref2) + 1e-7) << p.name;
+      else
+        EXPECT_LE(worst, 1e-4 * largest + 1e-7) << p.name;
+    }
+  });
+  // Every block's matrices are split (4 per GPT-2 block plus c_attn's and c_fc's biases; 7 per
+  // Llama block); the embedding, the norms and the head stay whole for now.
+  const int per_block = family == Family::gpt2 ? 6 : 7;
+  for (int n : sharded) EXPECT_EQ(n, per_block * config.n_layers);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelBlocks,
+                         ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
+                                            ::testing::Values(Precision::fp32, Precision::bf16),
+                                            ::testing::Values(2, 4)),
+                         case_name);
+
+TEST(TensorParallelBlocks, RefusesATpThatDoesNotDivideTheHeads) {
+  ModelConfig config = tiny(Family::llama);
+  config.n_kv_heads = 2;
+  comm::run_local_ranks(4, [&](comm::Communicator& group) {
+    const TensorParallelGroup g{&group, group.rank(), group.size()};
+    try {
+      Transformer model(config, nullptr, {}, g);
+      ADD_FAILURE() << "tp 4 over 2 key/value heads was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("key/value heads"), std::string::npos) << e.what();
+    }
+  });
+}
