@@ -1,16 +1,19 @@
-// Single-rank checkpoints: see checkpoint.hpp.
+// Checkpoints: see checkpoint.hpp.
 #include "lattice/train/checkpoint.hpp"
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "lattice/comm/communicator.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/io/safetensors.hpp"
 #include "lattice/model/model_config_json.hpp"
+#include "lattice/parallel/tensor_parallel_state.hpp"
 
 namespace lattice::train {
 
@@ -48,19 +51,25 @@ std::string placements_json(const model::ParameterStore& params) {
     nlohmann::json replicated = nlohmann::json::array();
     for (mesh::Axis axis : mesh::kAllAxes)
       if (p.replicated.contains(axis)) replicated.push_back(std::string(mesh::axis_name(axis)));
-    nlohmann::json shard = {{"dim", p.shard.dim}, {"index", p.shard.index}, {"count", p.shard.count}};
+    nlohmann::json shard = {
+        {"dim", p.shard.dim}, {"index", p.shard.index}, {"count", p.shard.count}};
     if (p.shard.blocks > 1) shard["blocks"] = p.shard.blocks;
     j[p.name] = {{"global_shape", p.global_shape}, {"shard", shard}, {"replicated", replicated}};
   }
   return j.dump();
 }
 
-// Refuses a checkpoint whose recorded placements do not match this store's (a checkpoint written
-// before placements were recorded has none and is taken as whole).
-void check_placements(const SafetensorsFile& file, const std::string& path,
-                      const model::ParameterStore& params) {
+// How each parameter of this store is read from a checkpoint: true where the store holds a slice
+// of a tensor the checkpoint holds whole (a logical checkpoint: read it and take the slice), false
+// where the stored tensor is the store's own (read it as is). Refuses a checkpoint whose recorded
+// placements are neither (a checkpoint written before placements were recorded has none and is
+// taken as whole).
+std::vector<bool> check_placements(const SafetensorsFile& file, const std::string& path,
+                                   const model::ParameterStore& params) {
+  std::vector<bool> take_slice;
+  for (const auto& p : params.parameters()) take_slice.push_back(!p.shard.whole());
   auto it = file.metadata().find("lattice.placements");
-  if (it == file.metadata().end()) return;
+  if (it == file.metadata().end()) return take_slice;
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(it->second);
@@ -73,7 +82,8 @@ void check_placements(const SafetensorsFile& file, const std::string& path,
     for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
     return text + "]";
   };
-  for (const auto& p : params.parameters()) {
+  for (size_t i = 0; i < params.parameters().size(); ++i) {
+    const model::ParameterInfo& p = params.parameters()[i];
     Shape global;
     model::TensorShard shard;
     try {
@@ -91,6 +101,8 @@ void check_placements(const SafetensorsFile& file, const std::string& path,
                                         "' with logical shape " + shape_text(global) +
                                         ", this model's is " + shape_text(p.global_shape) +
                                         ": use the same [model] settings or a new job.run_dir");
+    take_slice[i] = shard.whole() && !p.shard.whole();
+    if (take_slice[i]) continue;
     check(
         shard == p.shard,
         "checkpoint " + path + " holds shard " + std::to_string(shard.index) + " of " +
@@ -99,6 +111,7 @@ void check_placements(const SafetensorsFile& file, const std::string& path,
             std::to_string(p.shard.count) +
             ": resharding a checkpoint is not supported yet; resume with the layout that wrote it");
   }
+  return take_slice;
 }
 
 void prune_checkpoints(const fs::path& folder, int64_t keep_latest) {
@@ -113,37 +126,51 @@ void prune_checkpoints(const fs::path& folder, int64_t keep_latest) {
     fs::remove_all(steps[i]);
 }
 
-}  // namespace
+// Reads the stored tensor of `p` (named prefix + p.name) into `dst`, the store's tensor: as is,
+// or, with `slice`, this store's slice of the stored logical tensor.
+void read_parameter(const SafetensorsFile& file, const std::string& prefix,
+                    const model::ParameterInfo& p, bool slice, float* dst,
+                    std::vector<float>& scratch) {
+  if (!slice) {
+    file.read_f32(prefix + p.name, dst, p.numel);
+    return;
+  }
+  scratch.resize(static_cast<size_t>(shape_numel(p.global_shape)));
+  file.read_f32(prefix + p.name, scratch.data(), shape_numel(p.global_shape));
+  parallel::take_slice(p, scratch.data(), dst);
+}
 
-std::string save_checkpoint(const std::string& run_dir, const model::Transformer& model,
-                            const optim::AdamWOptimizer& optimizer, const TrainerState& state,
-                            const std::string& config_toml, int64_t keep_latest) {
+// Writes the checkpoint directory of `state.step`: the tensors of `params`' layout in `values`,
+// `exp_avg` and `exp_avg_sq`, with `params`' placements.
+std::string write_checkpoint(const std::string& run_dir, const model::ModelConfig& config,
+                             const model::ParameterStore& params, const float* values,
+                             const float* exp_avg, const float* exp_avg_sq, int64_t optimizer_steps,
+                             const TrainerState& state, const std::string& config_toml,
+                             int64_t keep_latest) {
   const fs::path folder = fs::path(run_dir) / "checkpoints";
   fs::create_directories(folder);
   const std::string name = step_name(state.step);
-  const auto& params = model.parameters();
   {
     StagedDirectory stage((folder / name).string());
-    write_safetensors(stage.file_path("model.safetensors"),
-                      parameter_entries(params, params.values(), ""),
+    write_safetensors(stage.file_path("model.safetensors"), parameter_entries(params, values, ""),
                       {{"format", "lattice"},
-                       {"lattice.model", model::model_config_to_json(model.config())},
+                       {"lattice.model", model::model_config_to_json(config)},
                        {"lattice.placements", placements_json(params)},
                        {"lattice.weight_layout", "[out, in] for every Linear weight"}});
     write_safetensors(stage.file_path("optimizer.safetensors"),
                       [&] {
-                        auto entries = parameter_entries(params, optimizer.exp_avg(), "exp_avg/");
-                        auto sq = parameter_entries(params, optimizer.exp_avg_sq(), "exp_avg_sq/");
+                        auto entries = parameter_entries(params, exp_avg, "exp_avg/");
+                        auto sq = parameter_entries(params, exp_avg_sq, "exp_avg_sq/");
                         entries.insert(entries.end(), sq.begin(), sq.end());
                         return entries;
                       }(),
                       {{"optimizer", "AdamW"},
-                       {"steps_taken", std::to_string(optimizer.steps_taken())},
+                       {"steps_taken", std::to_string(optimizer_steps)},
                        {"lattice.placements", placements_json(params)}});
     nlohmann::json j = {{"step", state.step},
                         {"samples_consumed", state.samples_consumed},
                         {"seed", state.seed},
-                        {"optimizer_steps", optimizer.steps_taken()}};
+                        {"optimizer_steps", optimizer_steps}};
     write_text_atomic(stage.file_path("state.json"), j.dump(2) + "\n");
     write_text_atomic(stage.file_path("config.toml"), config_toml);
     stage.commit();
@@ -151,6 +178,77 @@ std::string save_checkpoint(const std::string& run_dir, const model::Transformer
   write_text_atomic((folder / "latest").string(), name + "\n");
   prune_checkpoints(folder, keep_latest);
   return (folder / name).string();
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& run_dir, const model::ModelConfig& config,
+                            const model::ParameterStore& params,
+                            const optim::AdamWOptimizer& optimizer, const TrainerState& state,
+                            const std::string& config_toml, int64_t keep_latest) {
+  check(!parallel::has_tensor_parallel_slices(params),
+        "save_checkpoint: this model holds tensor-parallel slices; save it with the form that "
+        "takes its tensor-parallel group, which writes the logical tensors (internal error)");
+  return write_checkpoint(run_dir, config, params, params.values(), optimizer.exp_avg(),
+                          optimizer.exp_avg_sq(), optimizer.steps_taken(), state, config_toml,
+                          keep_latest);
+}
+
+std::string save_checkpoint(const std::string& run_dir, const model::ModelConfig& config,
+                            const model::ParameterStore& params,
+                            const optim::AdamWOptimizer& optimizer, const TrainerState& state,
+                            const std::string& config_toml, int64_t keep_latest,
+                            const model::ParameterStore& logical, comm::Communicator& tp) {
+  if (tp.size() == 1 && !parallel::has_tensor_parallel_slices(params))
+    return save_checkpoint(run_dir, config, params, optimizer, state, config_toml, keep_latest);
+  // Gather the logical weights and moments on rank 0 (all three first: the collective part is
+  // over before rank 0 writes), then rank 0 writes and tells the others whether it could.
+  const bool writer = tp.rank() == 0;
+  std::vector<float> values, exp_avg, exp_avg_sq;
+  if (writer)
+    for (std::vector<float>* buffer : {&values, &exp_avg, &exp_avg_sq})
+      buffer->assign(static_cast<size_t>(logical.size()), 0.0f);
+  parallel::gather_logical(params, params.values(), logical, writer ? values.data() : nullptr, tp);
+  parallel::gather_logical(params, optimizer.exp_avg(), logical, writer ? exp_avg.data() : nullptr,
+                           tp);
+  parallel::gather_logical(params, optimizer.exp_avg_sq(), logical,
+                           writer ? exp_avg_sq.data() : nullptr, tp);
+  std::string dir = (fs::path(run_dir) / "checkpoints" / step_name(state.step)).string();
+  int32_t written = 1;
+  std::exception_ptr failure;
+  if (writer) {
+    try {
+      dir = write_checkpoint(run_dir, config, logical, values.data(), exp_avg.data(),
+                             exp_avg_sq.data(), optimizer.steps_taken(), state, config_toml,
+                             keep_latest);
+    } catch (...) {
+      failure = std::current_exception();
+      written = 0;
+    }
+  }
+  tp.broadcast(&written, 1, DType::i32, 0);
+  if (failure) std::rethrow_exception(failure);
+  check(written == 1, "tensor-parallel rank 0 could not write the checkpoint " + dir +
+                          " (its error names the problem)");
+  return dir;
+}
+
+std::string save_checkpoint(const std::string& run_dir, const model::Transformer& model,
+                            const optim::AdamWOptimizer& optimizer, const TrainerState& state,
+                            const std::string& config_toml, int64_t keep_latest) {
+  return save_checkpoint(run_dir, model.config(), model.parameters(), optimizer, state, config_toml,
+                         keep_latest);
+}
+
+std::string save_checkpoint(const std::string& run_dir, const model::Transformer& model,
+                            const optim::AdamWOptimizer& optimizer, const TrainerState& state,
+                            const std::string& config_toml, int64_t keep_latest,
+                            comm::Communicator& tp) {
+  if (tp.size() == 1 && !parallel::has_tensor_parallel_slices(model.parameters()))
+    return save_checkpoint(run_dir, model, optimizer, state, config_toml, keep_latest);
+  const auto logical = model::Transformer::declared_only(model.config(), model.stage_range());
+  return save_checkpoint(run_dir, model.config(), model.parameters(), optimizer, state, config_toml,
+                         keep_latest, logical->parameters(), tp);
 }
 
 std::string latest_checkpoint(const std::string& run_dir) {
@@ -192,9 +290,14 @@ model::ModelConfig read_checkpoint_model_config(const std::string& checkpoint_di
 
 TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transformer& model,
                              optim::AdamWOptimizer* optimizer) {
+  return load_checkpoint(checkpoint_dir, model.config(), model.parameters(), optimizer);
+}
+
+TrainerState load_checkpoint(const std::string& checkpoint_dir, const model::ModelConfig& config,
+                             model::ParameterStore& params, optim::AdamWOptimizer* optimizer) {
   const fs::path dir(checkpoint_dir);
   const auto stored = read_checkpoint_model_config(checkpoint_dir);
-  const auto& mine = model.config();
+  const auto& mine = config;
   const bool same_shape =
       stored.family == mine.family && stored.d_model == mine.d_model &&
       stored.n_layers == mine.n_layers && stored.vocab_size == mine.vocab_size &&
@@ -204,11 +307,15 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
   check(same_shape, "checkpoint " + checkpoint_dir + " holds a different model (" +
                         model::model_config_to_json(stored) +
                         "): use the same [model] settings or a new job.run_dir");
-  auto& params = model.parameters();
   SafetensorsFile weights((dir / "model.safetensors").string());
-  check_placements(weights, (dir / "model.safetensors").string(), params);
+  const std::vector<bool> weight_slices =
+      check_placements(weights, (dir / "model.safetensors").string(), params);
   float* values = params.mutable_values();
-  for (const auto& p : params.parameters()) weights.read_f32(p.name, values + p.offset, p.numel);
+  std::vector<float> scratch;  // one logical tensor, where this store holds a slice of it
+  for (size_t i = 0; i < params.parameters().size(); ++i) {
+    const model::ParameterInfo& p = params.parameters()[i];
+    read_parameter(weights, "", p, weight_slices[i], values + p.offset, scratch);
+  }
   TrainerState state;
   nlohmann::json j;
   const std::string state_path = (dir / "state.json").string();
@@ -223,10 +330,14 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
   }
   if (optimizer) {
     SafetensorsFile moments((dir / "optimizer.safetensors").string());
-    check_placements(moments, (dir / "optimizer.safetensors").string(), params);
-    for (const auto& p : params.parameters()) {
-      moments.read_f32("exp_avg/" + p.name, optimizer->exp_avg() + p.offset, p.numel);
-      moments.read_f32("exp_avg_sq/" + p.name, optimizer->exp_avg_sq() + p.offset, p.numel);
+    const std::vector<bool> moment_slices =
+        check_placements(moments, (dir / "optimizer.safetensors").string(), params);
+    for (size_t i = 0; i < params.parameters().size(); ++i) {
+      const model::ParameterInfo& p = params.parameters()[i];
+      read_parameter(moments, "exp_avg/", p, moment_slices[i], optimizer->exp_avg() + p.offset,
+                     scratch);
+      read_parameter(moments, "exp_avg_sq/", p, moment_slices[i],
+                     optimizer->exp_avg_sq() + p.offset, scratch);
     }
     optimizer->set_steps_taken(j.at("optimizer_steps").get<int64_t>());
   }
