@@ -178,6 +178,9 @@ void CpuOps::adamw_update(std::span<const AdamWTensor> tensors, int64_t step, fl
 }
 
 double CpuOps::sum_of_squares(std::span<const FloatRun> runs) {
+  // One run (the gradient norm's per-chunk sums): the single-run kernel, bit for bit the same
+  // (reduce.hpp) without the multi-run bookkeeping's allocations.
+  if (runs.size() == 1) return kernels::sum_of_squares(runs[0].data, runs[0].n);
   return sum_of_squares_of_runs(runs);
 }
 
