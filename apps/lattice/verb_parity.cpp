@@ -1,10 +1,11 @@
 // The `lattice parity` verb: the parity harness. Trains one config from the same initial weights
-// on the same global batches under several data-parallel layouts (`dp<N>` plain data parallelism
-// over N ranks, `dp<N>z<S>` with ZeRO stage S, `dp<N>z<S>h<G>` HSDP with shard groups of G ranks)
-// and compares per-step losses, gradient norms and
-// the final parameters against the first layout: layouts with the same rank count must agree bit
-// for bit (ZeRO only changes where state lives, not the arithmetic), other rank counts within
-// --tolerance (the gradient sum order differs), and so must HSDP (it sums within groups first).
+// on the same global batches under several layouts (`dp<N>` plain data parallelism over N ranks,
+// `t<T>` tensor parallelism over T ranks per replica, `z<S>` ZeRO stage S, `h<G>` HSDP with shard
+// groups of G ranks: dp2t2z1 is 4 ranks) and compares per-step losses, gradient norms and the
+// final (logical) parameters against the first layout: layouts with the same dp and tp must agree
+// bit for bit (ZeRO only changes where state lives, not the arithmetic), others within --tolerance
+// (the gradient sum order differs between dp counts, the row-parallel layers' sums between tp
+// counts), and so must HSDP (it sums within groups first).
 // Ranks are threads of this process, or, under mpirun with at least as many processes as the
 // largest layout needs, MPI processes (a layout of N ranks runs on world ranks 0..N-1). Prints one
 // line per layout and fails with one error line.
@@ -32,13 +33,14 @@ namespace {
 struct Layout {
   std::string name;
   int dp = 1;
+  int tp = 1;
   int zero = 0;
   int hsdp = 0;  // shard group size (0: not hybrid)
 };
 
 std::vector<Layout> parse_layouts(const std::string& text) {
   std::vector<Layout> layouts;
-  const std::regex pattern(R"(dp(\d+)(?:z(\d+))?(?:h(\d+))?)");
+  const std::regex pattern(R"(dp(\d+)(?:t(\d+))?(?:z(\d+))?(?:h(\d+))?)");
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = std::min(text.find(',', start), text.size());
@@ -46,11 +48,12 @@ std::vector<Layout> parse_layouts(const std::string& text) {
     std::smatch m;
     check(std::regex_match(item, m, pattern),
           "layout '" + item +
-              "' is not understood: write dp<N>, dp<N>z<stage> or dp<N>z<stage>h<group>, e.g. "
-              "\"dp1,dp2,dp2z1,dp2z2,dp2z3,dp4z3h2\"");
-    Layout layout{item, std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 0,
-                  m[3].matched ? std::stoi(m[3].str()) : 0};
-    check(layout.dp >= 1, "layout '" + item + "' needs at least one rank");
+              "' is not understood: write dp<N>[t<tp>][z<stage>][h<group>], e.g. "
+              "\"dp1,dp2,dp2z1,dp1t2,dp2t2z3,dp4z3h2\"");
+    Layout layout{item, std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 1,
+                  m[3].matched ? std::stoi(m[3].str()) : 0,
+                  m[4].matched ? std::stoi(m[4].str()) : 0};
+    check(layout.dp >= 1 && layout.tp >= 1, "layout '" + item + "' needs at least one rank");
     check(layout.zero >= 0 && layout.zero <= 3,
           "layout '" + item + "': ZeRO stage must be 0, 1, 2 or 3");
     check(layout.hsdp == 0 || (layout.zero >= 1 && layout.dp % layout.hsdp == 0),
@@ -75,6 +78,7 @@ train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& l
             std::to_string(per_step) + " is not divisible by " + std::to_string(layout.dp) +
             " ranks: choose a global batch every layout divides");
   c.dp = layout.dp;
+  c.tp = layout.tp;
   c.zero = layout.zero;
   c.hsdp_shard_size = layout.hsdp;
   c.micro_batch_size = per_step / layout.dp;
@@ -91,11 +95,11 @@ train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& l
 void run_layout(const train::TrainConfig& config, comm::Communicator* group, Outcome& out) {
   train::Trainer trainer(config, group);
   train::TrainResult result = trainer.run();
-  const model::ParameterStore& params = trainer.full_parameters();
+  std::vector<float> logical = trainer.logical_parameters();
   if (group && group->rank() != 0) return;
   out.losses = result.losses;
   out.grad_norms = result.grad_norms;
-  out.parameters.assign(params.values(), params.values() + params.size());
+  out.parameters = std::move(logical);
 }
 
 double max_relative(const std::vector<double>& a, const std::vector<double>& b) {
@@ -127,7 +131,7 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   // apart faster: 1e-3 (configs/demo.toml, 5 steps, dp2 against dp1: 5.6e-4).
   if (tolerance <= 0) tolerance = base.precision == kernels::Precision::bf16 ? 1e-3 : 1e-4;
   int largest = 1;
-  for (const Layout& l : layouts) largest = std::max(largest, l.dp);
+  for (const Layout& l : layouts) largest = std::max(largest, l.dp * l.tp);
 
   const comm::LaunchInfo launch = comm::detect_launch();
   const bool mpi = base.backend == "mpi" ||
@@ -137,8 +141,8 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   if (mpi) {
     session = std::make_unique<comm::MpiSession>();
     world = session->world();
-    check(world->size() >= largest, "layout dp" + std::to_string(largest) + " needs " +
-                                        std::to_string(largest) + " ranks but mpirun started " +
+    check(world->size() >= largest, "the largest layout needs " + std::to_string(largest) +
+                                        " ranks but mpirun started " +
                                         std::to_string(world->size()) + ": raise -np");
   }
   const bool printing = !world || world->rank() == 0;
@@ -147,7 +151,7 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   std::vector<Outcome> outcomes(layouts.size());
   for (size_t i = 0; i < layouts.size(); ++i) {
     const train::TrainConfig config = layout_config(base, layouts[i]);
-    const int ranks = layouts[i].dp;
+    const int ranks = layouts[i].dp * layouts[i].tp;
     if (world) {
       std::unique_ptr<comm::Communicator> group =
           world->split(world->rank() < ranks ? 0 : -1, world->rank());
@@ -172,12 +176,12 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
               "param rel", "verdict");
   std::string failures;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    // The reference: the first layout with the same rank count (bit-equality unless either is
+    // The reference: the first layout with the same dp and tp (bit-equality unless either is
     // HSDP, whose two-level reduction adds in another order), else the first.
     size_t ref = 0;
     bool exact = false;
     for (size_t j = 0; j < i; ++j)
-      if (layouts[j].dp == layouts[i].dp) {
+      if (layouts[j].dp == layouts[i].dp && layouts[j].tp == layouts[i].tp) {
         ref = j;
         exact = layouts[i].hsdp == 0 && layouts[j].hsdp == 0;
         break;
@@ -200,7 +204,7 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   std::fflush(stdout);
   check(failures.empty(), "parity failed for " + failures +
                               " (bit-identical expected for the same "
-                              "rank count, relative " +
+                              "dp and tp, relative " +
                               std::to_string(tolerance) + " otherwise)");
   std::printf("parity ok\n");
 }
@@ -209,12 +213,13 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
 
 void register_parity_verb(CLI::App& app) {
   CLI::App* verb = app.add_subcommand(
-      "parity", "Train one config under several data-parallel layouts and compare the results");
+      "parity", "Train one config under several parallel layouts and compare the results");
   auto config_path = std::make_shared<std::string>();
   auto layouts = std::make_shared<std::string>("dp1,dp2,dp2z1,dp2z2,dp2z3");
   auto tolerance = std::make_shared<double>(0.0);
   verb->add_option("config", *config_path, "TOML configuration file");
-  verb->add_option("--layouts", *layouts, "comma-separated dp<N>[z<stage>] layouts")
+  verb->add_option("--layouts", *layouts,
+                   "comma-separated dp<N>[t<tp>][z<stage>][h<group>] layouts")
       ->capture_default_str();
   verb->add_option("--tolerance", *tolerance,
                    "relative tolerance between different rank counts (sum order differs); "

@@ -152,7 +152,7 @@ TEST(LayoutConfig, WorldOfDpTpPpCpIsAcceptedByTheValidatorAndResolved) {
 }
 
 TEST(LayoutConfig, AxesNotAvailableYetAreRefusedWithOneLineEach) {
-  for (const char* axis : {"tp", "pp", "cp"}) {
+  for (const char* axis : {"pp", "cp"}) {
     SCOPED_TRACE(axis);
     const std::string message = refusal({std::string("parallelism.") + axis + "=2"});
     EXPECT_NE(message.find(std::string("parallelism.") + axis + " = 2 is not available yet"),
@@ -163,10 +163,6 @@ TEST(LayoutConfig, AxesNotAvailableYetAreRefusedWithOneLineEach) {
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
   // Each names its capability and the issue that brings it.
-  EXPECT_NE(refusal({"parallelism.tp=2"})
-                .find("tensor parallelism comes with the tensor- and "
-                      "sequence-parallelism issue (#21"),
-            std::string::npos);
   EXPECT_NE(refusal({"parallelism.pp=2"})
                 .find("pipeline parallelism comes with the "
                       "pipeline-execution issue (#22"),
@@ -195,9 +191,24 @@ TEST(LayoutConfig, DpMinusOneTakesTheRestOfTheLaunchersWorld) {
   EXPECT_NE(message.find("world size 6 is not divisible by pp x cp x tp = 4"), std::string::npos)
       << message;
   // Divisible, then refused for the axis that is not available yet.
-  EXPECT_NE(refusal({"parallelism.dp=-1", "parallelism.tp=2", "training.global_batch_size=24"})
-                .find("parallelism.tp = 2 is not available yet"),
+  EXPECT_NE(refusal({"parallelism.dp=-1", "parallelism.pp=2", "training.global_batch_size=24"})
+                .find("parallelism.pp = 2 is not available yet"),
             std::string::npos);
+}
+
+// Tensor parallelism splits the key/value heads and the MLP width: a tp that does not divide them
+// is refused with one line (the attention heads are the validator's).
+TEST(LayoutConfig, TensorParallelismMustDivideTheKeyValueHeadsAndTheMlp) {
+  EXPECT_EQ(refusal({"parallelism.tp=2", "parallelism.dp=1", "training.global_batch_size=8"}), "");
+  const std::string kv =
+      refusal({"model.preset=llama-tiny", "training.seq_len=32", "parallelism.tp=4"});
+  EXPECT_NE(kv.find("parallelism.tp = 4 does not divide the 2 key/value heads"), std::string::npos)
+      << kv;
+  EXPECT_EQ(kv.find('\n'), std::string::npos) << kv;
+  const std::string mlp = refusal(
+      {"model.preset=gpt2-tiny", "training.seq_len=32", "model.ffn_hidden=66", "parallelism.tp=4"});
+  EXPECT_NE(mlp.find("parallelism.tp = 4 does not divide the MLP width 66"), std::string::npos)
+      << mlp;
 }
 
 // Through the binary, as a user meets them: exit status 2 and one error line.
@@ -219,8 +230,6 @@ class LayoutCli : public ::testing::Test {
 };
 
 TEST_F(LayoutCli, EachUnavailableAxisGetsOneLine) {
-  expect_one_error_line(run_lattice(tiny("--tp 2"), dir_),
-                        "parallelism.tp = 2 is not available yet: tensor parallelism");
   expect_one_error_line(run_lattice(tiny("--pp 2"), dir_),
                         "parallelism.pp = 2 is not available yet: pipeline parallelism");
   expect_one_error_line(run_lattice(tiny("--cp 2"), dir_),

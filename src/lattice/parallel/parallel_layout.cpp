@@ -70,9 +70,9 @@ void validate_layout(const model::ModelConfig& model, int64_t seq_len, const Par
   check(model.n_kv_heads % l.tp == 0 || l.tp % model.n_kv_heads == 0,
         "parallelism.tp = " + str(l.tp) + " and the " + str(model.n_kv_heads) +
             " key/value heads (model.n_kv_heads) do not divide one another: pick a tp that does");
-  check(model.ffn_hidden % l.tp == 0, "parallelism.tp = " + str(l.tp) +
-                                          " does not divide the MLP width " +
-                                          str(model.ffn_hidden) + " (model.ffn_hidden)");
+  check(model.ffn_hidden % l.tp == 0,
+        "parallelism.tp = " + str(l.tp) + " does not divide the MLP width " +
+            str(model.ffn_hidden) + " (model.ffn_hidden): pick a tp that divides it");
   if (devices_per_node > 0)
     check(l.tp <= devices_per_node,
           "parallelism.tp = " + str(l.tp) + " exceeds the " + str(devices_per_node) +

@@ -363,6 +363,19 @@ void refuse_unbuilt_model(const model::ModelConfig& m) {
                               "model.dropout = 0");
 }
 
+// Tensor parallelism splits the key/value heads over the tp ranks: the validator (shared with the
+// planner) also lets a tp above the key/value heads replicate them, as Megatron can, but the
+// trainer splits them. (The attention heads and the MLP width are the validator's.)
+void refuse_tensor_parallel_misfit(const TrainConfig& c) {
+  if (c.tp <= 1) return;
+  const std::string tp = "parallelism.tp = " + std::to_string(c.tp);
+  check(c.model.n_kv_heads % c.tp == 0,
+        tp + " does not divide the " + std::to_string(c.model.n_kv_heads) +
+            " key/value heads (model.n_kv_heads): each tp rank holds its share of them; pick a "
+            "tp that divides " +
+            std::to_string(c.model.n_kv_heads));
+}
+
 // Layouts the validator accepts but this trainer cannot run yet: one line each, naming the issue
 // that brings the axis.
 void refuse_unavailable_parallelism(const TrainConfig& c) {
@@ -372,9 +385,7 @@ void refuse_unavailable_parallelism(const TrainConfig& c) {
     const char* what;
   };
   for (const Axis& axis :
-       {Axis{"tp", c.tp,
-             "tensor parallelism comes with the tensor- and sequence-parallelism issue (#21"},
-        Axis{"pp", c.pp, "pipeline parallelism comes with the pipeline-execution issue (#22"},
+       {Axis{"pp", c.pp, "pipeline parallelism comes with the pipeline-execution issue (#22"},
         Axis{"cp", c.cp, "context parallelism comes with the ring-attention issue (#23"},
         Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue (#24"}})
     check(axis.value == 1, std::string("parallelism.") + axis.key + " = " +
@@ -461,6 +472,7 @@ void TrainConfig::finalize() {
   // The one layout check the planner runs too, then what this trainer cannot run yet.
   parallel::validate_layout(model, seq_len, layout());
   refuse_unavailable_parallelism(*this);
+  refuse_tensor_parallel_misfit(*this);
 }
 
 parallel::ParallelLayout TrainConfig::layout() const {

@@ -16,6 +16,7 @@
 #include "lattice/comm/launch.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/io/atomic_file.hpp"
+#include "lattice/parallel/tensor_parallel_state.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/metrics.hpp"
 #include "lattice/train/training_step.hpp"
@@ -27,8 +28,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // The whole layout from [parallelism] (the validator's type): the world is pp x dp x cp x tp
-// ranks (ep carved out of dp x cp). Only dp > 1 trains in parallel yet; the config refuses tp,
-// pp, cp and ep > 1.
+// ranks (ep carved out of dp x cp). dp and tp train in parallel; the config refuses pp, cp and
+// ep > 1 until their issues land.
 mesh::MeshShape layout_of(const TrainConfig& config) {
   return config.layout().mesh_shape();
 }
@@ -61,7 +62,10 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   // over every dp rank).
   mesh_ = std::make_unique<mesh::Mesh>(*world, shape, static_cast<int>(config_.hsdp_shard_size));
   group_ = &mesh_->dp_cp();
-  printing_ = group_->rank() == 0;
+  // World rank 0 prints; the batch group's rank 0 of every tensor-parallel rank writes its slices
+  // of a checkpoint (one tp group, which gathers them to the logical tensors).
+  printing_ = mesh_->world().rank() == 0;
+  writer_ = group_->rank() == 0;
   // Fault injection for the fault-tolerance tests: this rank dies (SIGKILL) after the given step.
   if (const char* rank = std::getenv("LATTICE_FAULT_KILL_RANK"))
     if (const char* step = std::getenv("LATTICE_FAULT_KILL_AFTER_STEP"))
@@ -70,7 +74,11 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
   // here, by the caller: the engine itself reads no environment.
   ops_ = std::make_unique<kernels::CpuOps>(kernels::MatmulOptions::from_environment());
-  model_ = std::make_unique<model::Transformer>(config_.model, &tracker_);
+  // Tensor parallelism: the blocks' matrices split over the tp ranks (placements in the store).
+  comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
+  const model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size()};
+  model_ =
+      std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{}, tp_group);
   model_->set_activation_checkpointing(config_.activation_checkpoint);
   model_->initialize(config_.seed);
   parallel::DataParallelSettings settings;
@@ -128,19 +136,37 @@ const model::ParameterStore& Trainer::full_parameters() {
   return model_->parameters();
 }
 
+std::vector<float> Trainer::logical_parameters() {
+  const model::ParameterStore& mine = full_parameters();
+  if (!writer_) return {};
+  comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
+  std::vector<float> out;
+  if (tp.size() == 1) {
+    out.assign(mine.values(), mine.values() + mine.size());
+    return out;
+  }
+  const auto logical = model::Transformer::declared_only(config_.model, model_->stage_range());
+  if (tp.rank() == 0) out.resize(static_cast<size_t>(logical->parameters().size()));
+  parallel::gather_logical(mine, mine.values(), logical->parameters(),
+                           tp.rank() == 0 ? out.data() : nullptr, tp);
+  return printing_ ? out : std::vector<float>{};
+}
+
 void Trainer::save(int64_t step, const std::string& config_toml) {
-  // Collective: gather what is sharded; rank 0 writes one whole, layout-independent checkpoint.
+  // Collective: gather what ZeRO shards over the batch group; the batch group's rank 0 of each tp
+  // rank then holds its tensor-parallel slices, and those ranks (one tp group) gather them into
+  // one whole, layout-independent checkpoint that tp rank 0 writes.
   dp_->settle_parameters(true);
   std::unique_ptr<optim::AdamWOptimizer> full;
-  if (printing_)
+  if (writer_)
     full = std::make_unique<optim::AdamWOptimizer>(*ops_, model_->parameters(), config_.adamw,
                                                    nullptr);
   dp_->export_state(full.get());
-  if (!printing_) return;
+  if (!writer_) return;
   TrainerState state{step, batches_->position(), config_.seed};
-  std::string dir =
-      save_checkpoint(config_.run_dir, *model_, *full, state, config_toml, config_.keep_latest);
-  std::printf("checkpoint %s\n", dir.c_str());
+  std::string dir = save_checkpoint(config_.run_dir, *model_, *full, state, config_toml,
+                                    config_.keep_latest, mesh_->group(mesh::Axis::tp));
+  if (printing_) std::printf("checkpoint %s\n", dir.c_str());
 }
 
 TrainResult Trainer::run() {
@@ -149,7 +175,9 @@ TrainResult Trainer::run() {
     fs::create_directories(config_.run_dir);
     write_text_atomic((fs::path(config_.run_dir) / "config.toml").string(), config_toml);
   }
-  const int ranks = group_->size();
+  const int ranks = group_->size();         // data-parallel replicas (the batch group)
+  const int world = mesh_->world().size();  // every rank, tensor-parallel ones included
+  const int tp_size = mesh_->size(mesh::Axis::tp);
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
   const int64_t accumulation = config_.gradient_accumulation_steps;
   const int64_t tokens_per_step = B * T * accumulation * ranks;  // the global batch
@@ -158,8 +186,8 @@ TrainResult Trainer::run() {
   const char* peak_source = "from metrics.peak_tflops";
   if (peak <= 0 && printing_) {
     // Each rank has the same kernel threads: the run's peak is rank 0's measured peak × ranks.
-    peak = calibrate_peak_flops(ops_->engine(), config_.precision) * ranks;
-    peak_source = ranks > 1 ? "measured by a 1024^3 GEMM calibration, x ranks"
+    peak = calibrate_peak_flops(ops_->engine(), config_.precision) * world;
+    peak_source = world > 1 ? "measured by a 1024^3 GEMM calibration, x ranks"
                             : "measured by a 1024^3 GEMM calibration";
   }
   if (printing_) {
@@ -182,6 +210,11 @@ TrainResult Trainer::run() {
               : "",
           dp_->layout().buckets().size(),
           config_.offload_dir.empty() ? "" : ", AdamW state offloaded to files");
+    if (tp_size > 1)
+      std::printf(
+          "tensor parallel: %d ranks per replica (attention heads, key/value heads and MLP split; "
+          "embedding and head whole), one all-reduce per sub-layer each way\n",
+          tp_size);
     std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
                 peak / 1e12, peak_source);
     if (config_.precision == kernels::Precision::bf16)

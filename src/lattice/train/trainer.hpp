@@ -59,8 +59,13 @@ class Trainer {
   // Mean validation loss over validation.batches fixed global batches, split over the ranks
   // (the same value on every rank and, up to rounding, in every layout). Collective.
   double validation_loss();
-  // Every parameter of the model, whole (gathers ZeRO-3 shards; collective).
+  // Every parameter of this rank's model, whole over the batch group (gathers ZeRO-3 shards;
+  // collective); under tensor parallelism, still this rank's slices.
   const model::ParameterStore& full_parameters();
+  // The logical parameter values, laid out as a one-rank model's flat store, on world rank 0
+  // (empty elsewhere): ZeRO's shards gathered over the batch group and the tensor-parallel slices
+  // over the tp group. Collective.
+  std::vector<float> logical_parameters();
 
  private:
   void save(int64_t step, const std::string& config_toml);
@@ -71,7 +76,8 @@ class Trainer {
   std::unique_ptr<comm::Communicator> own_group_;
   std::unique_ptr<mesh::Mesh> mesh_;
   comm::Communicator* group_ = nullptr;  // the data-parallel group (mesh dp x cp)
-  bool printing_ = true;                 // rank 0
+  bool printing_ = true;                 // world rank 0
+  bool writer_ = true;                   // the batch group's rank 0 (one per tp rank): checkpoints
   std::unique_ptr<kernels::CpuOps> ops_;
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<model::Transformer> model_;

@@ -1,0 +1,173 @@
+// Tensor parallelism through the `lattice` CLI (issue #21): `lattice parity` with tp layouts
+// composed with dp and ZeRO on local threads and under real mpirun (also over TCP), for the GPT-2
+// and Llama presets; a tp run's checkpoint holds the logical tensors, so a one-rank run resumes
+// it and `lattice generate` reads it, and a tp run resumes its own checkpoint bit-identically.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include "../train/cli_runner.hpp"
+#include "dp_fixture.hpp"
+
+using namespace lattice::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A 2-layer model of 4 heads (Llama: 4 key/value heads, so tp 4 splits them too) on 32-token
+// sequences, 4 steps.
+std::string tiny_flags(const fs::path& dir, const std::string& preset,
+                       const std::string& precision = "fp32") {
+  return " --model.preset=" + preset +
+         " --model.vocab_size=256 --model.max_seq_len=32 --model.n_kv_heads=4"
+         " --training.seq_len=32 --training.global_batch_size=8 --training.threads=1"
+         " --training.precision=" +
+         precision +
+         " --training.steps=4 --optimizer.lr=3e-3 --lr_scheduler.warmup_steps=1"
+         " --data.train_files=" +
+         (dir / "corpus.txt").string() +
+         " --data.val_fraction=0.1 --validation.freq=0 --metrics.peak_tflops=1"
+         " --parallelism.bucket_mb=0.05 --job.run_dir=" +
+         (dir / "run").string();
+}
+
+// The verdict column of one layout's line in parity's table.
+std::string parity_line(const std::string& out, const std::string& layout) {
+  const size_t at = out.find("\n" + layout + " ");
+  if (at == std::string::npos) return "";
+  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+}
+
+class TpCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = dp_test_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+}  // namespace
+
+TEST_F(TpCli, ParityOfTensorParallelLayoutsOnLocalThreads) {
+  // fp32, 4 steps: tp changes the row-parallel layers' sum order (and dp the gradients'), so
+  // relative 1e-4 against one rank; ZeRO on the same dp x tp changes only where state lives: bit
+  // for bit.
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    CliResult r =
+        run_lattice("parity --layouts dp1,dp1t2,dp1t4,dp2t2,dp2t2z1,dp2t2z3 --tolerance 1e-4" +
+                        tiny_flags(dir_, preset),
+                    dir_);
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+    for (const char* layout : {"dp1t2", "dp1t4", "dp2t2"})
+      EXPECT_NE(parity_line(r.out, layout).find("within tolerance"), std::string::npos)
+          << layout << "\n"
+          << r.out;
+    for (const char* layout : {"dp2t2z1", "dp2t2z3"})
+      EXPECT_NE(parity_line(r.out, layout).find("bit-identical"), std::string::npos)
+          << layout << "\n"
+          << r.out;
+  }
+}
+
+TEST_F(TpCli, ParityInBf16) {
+  // bf16, 4 steps at lr 3e-3: tp reorders fp32 sums whose results are then rounded to bf16, so an
+  // activation can land on the neighbouring bf16 (2^-8 relative), and AdamW's normalised update
+  // turns a near-zero gradient whose sign changed into a whole step of lr the other way: the
+  // parameters may differ by a few lr relative to their scale (measured 2.5e-3), hence 1e-2 for
+  // the parameters; the losses and gradient norms, which average over every element, stay within
+  // 1e-4 (measured 1e-6 and 3e-5).
+  CliResult r = run_lattice("parity --layouts dp1,dp1t2,dp2t2,dp2t2z3 --tolerance 1e-2" +
+                                tiny_flags(dir_, "gpt2-tiny", "bf16"),
+                            dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_NE(parity_line(r.out, "dp2t2z3").find("bit-identical"), std::string::npos) << r.out;
+  for (const char* layout : {"dp1t2", "dp2t2"}) {
+    std::istringstream line(parity_line(r.out, layout));
+    std::string name, reference;
+    double loss = 1, norm = 1;
+    line >> name >> reference >> loss >> norm;
+    EXPECT_LE(loss, 1e-4) << layout;
+    EXPECT_LE(norm, 1e-4) << layout;
+  }
+}
+
+TEST_F(TpCli, CheckpointIsLogicalResumesBitIdenticallyAndGenerates) {
+  // Overrides after the tiny flags win: each run's directory and step count.
+  const auto run = [&](const std::string& dir, const std::string& extra) {
+    return run_lattice("train" + tiny_flags(dir_, "gpt2-tiny") + " --metrics.log_freq=1" +
+                           " --job.run_dir=" + (dir_ / dir).string() + extra,
+                       dir_);
+  };
+  // 4 steps with a checkpoint after step 2, then a resume from that checkpoint, both on tp 2.
+  CliResult whole = run("whole", " --tp 2 --checkpoint.interval=2");
+  ASSERT_EQ(whole.status, 0) << whole.out << whole.err;
+  EXPECT_NE(whole.out.find("tensor parallel: 2 ranks per replica"), std::string::npos) << whole.out;
+  const std::string step2 = (dir_ / "whole/checkpoints/step_00000002").string();
+  CliResult resumed = run("resumed", " --tp 2 --checkpoint.resume_from=" + step2);
+  ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  // The resumed run's last step prints the same loss as the uninterrupted one, and its final
+  // checkpoint holds the same tensors (compared by bytes, not printed).
+  const std::string last = "step      4/4 | loss ";
+  ASSERT_NE(whole.out.find(last), std::string::npos) << whole.out;
+  ASSERT_NE(resumed.out.find(last), std::string::npos) << resumed.out;
+  EXPECT_EQ(whole.out.substr(whole.out.find(last), 40),
+            resumed.out.substr(resumed.out.find(last), 40));
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(slurp(dir_ / "whole/checkpoints/step_00000004" / file) ==
+                slurp(dir_ / "resumed/checkpoints/step_00000004" / file))
+        << file << " differs";
+  // One rank resumes the tp run's (logical) checkpoint, and `generate` reads it.
+  CliResult one = run("one", " --checkpoint.resume_from=" + step2);
+  EXPECT_EQ(one.status, 0) << one.out << one.err;
+  EXPECT_NE(one.out.find("resumed from"), std::string::npos) << one.out;
+  CliResult text = run_lattice("generate --checkpoint " + (dir_ / "whole").string() +
+                                   " --max-tokens 4 --prompt ab --threads 1",
+                               dir_);
+  EXPECT_EQ(text.status, 0) << text.out << text.err;
+  EXPECT_FALSE(text.out.empty());
+}
+
+#ifdef LATTICE_MPIEXEC
+namespace {
+
+CliResult run_mpi(int ranks, const std::string& args, const fs::path& dir,
+                  const std::string& mpirun_flags = "") {
+  const std::string command =
+      "env OMPI_MCA_rmaps_base_oversubscribe=1 LATTICE_COMM_TIMEOUT_MS=60000 timeout "
+      "120 " LATTICE_MPIEXEC " --allow-run-as-root --oversubscribe -n " +
+      std::to_string(ranks) + " " + mpirun_flags + " '" LATTICE_BINARY "' " + args;
+  const fs::path out = dir / "mpi.out", err = dir / "mpi.err";
+  const int raw = std::system(("cd '" + dir.string() + "' && " + command + " > '" + out.string() +
+                               "' 2> '" + err.string() + "' < /dev/null")
+                                  .c_str());
+  CliResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+}  // namespace
+
+TEST_F(TpCli, ParityUnderMpirun) {
+  CliResult r = run_mpi(
+      4, "parity --layouts dp1,dp1t2,dp2t2,dp2t2z3,dp1t4" + tiny_flags(dir_, "llama-tiny"), dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+}
+
+TEST_F(TpCli, ParityUnderMpirunOverTcp) {
+  CliResult r = run_mpi(2, "parity --layouts dp1,dp1t2" + tiny_flags(dir_, "gpt2-tiny"), dir_,
+                        "--mca btl tcp,self");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+}
+#endif
