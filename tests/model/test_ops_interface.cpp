@@ -105,6 +105,26 @@ class RecordingOps final : public kernels::Ops {
     return inner_.head_loss_bf16(plan, in16, weight, rows, K, V, targets, grad_scale, d_in,
                                  weight_grad_partials, d_logits16);
   }
+  void vocab_slice_row_max(float* row_max, const float* logits, int64_t rows, int64_t V_local,
+                           int64_t valid) override {
+    record("vocab_slice_row_max");
+    inner_.vocab_slice_row_max(row_max, logits, rows, V_local, valid);
+  }
+  void vocab_slice_row_sums(float* row_sum, float* target_logit, const float* logits,
+                            const float* row_max, const int32_t* targets, int64_t rows,
+                            int64_t V_local, int64_t valid, kernels::VocabRange vocab) override {
+    record("vocab_slice_row_sums");
+    inner_.vocab_slice_row_sums(row_sum, target_logit, logits, row_max, targets, rows, V_local,
+                                valid, vocab);
+  }
+  double vocab_slice_loss(float* d_logits, const float* logits, const float* row_max,
+                          const float* row_sum, const float* target_logit, const int32_t* targets,
+                          int64_t rows, int64_t V_local, int64_t valid, kernels::VocabRange vocab,
+                          float grad_scale) override {
+    record("vocab_slice_loss");
+    return inner_.vocab_slice_loss(d_logits, logits, row_max, row_sum, target_logit, targets, rows,
+                                   V_local, valid, vocab, grad_scale);
+  }
   void add_partials(float* accumulator, const float* partials, int64_t count, int64_t numel,
                     int64_t stride) override {
     record("add_partials");
@@ -202,14 +222,15 @@ class RecordingOps final : public kernels::Ops {
   }
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int64_t B, int64_t T, int64_t C, int64_t pos_offset) override {
+                         int64_t B, int64_t T, int64_t C, int64_t pos_offset,
+                         kernels::VocabRange vocab) override {
     record("embedding_forward");
-    inner_.embedding_forward(out, tokens, wte, wpe, B, T, C, pos_offset);
+    inner_.embedding_forward(out, tokens, wte, wpe, B, T, C, pos_offset, vocab);
   }
   void embedding_backward(float* d_wte, float* d_wpe, const float* d_out, const int32_t* tokens,
-                          int64_t B, int64_t T, int64_t C) override {
+                          int64_t B, int64_t T, int64_t C, kernels::VocabRange vocab) override {
     record("embedding_backward");
-    inner_.embedding_backward(d_wte, d_wpe, d_out, tokens, B, T, C);
+    inner_.embedding_backward(d_wte, d_wpe, d_out, tokens, B, T, C, vocab);
   }
 
   void add_inplace(float* accumulator, const float* x, int64_t n) override {

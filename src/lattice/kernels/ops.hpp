@@ -22,6 +22,7 @@
 #include "lattice/kernels/optimizer_operands.hpp"
 #include "lattice/kernels/precision.hpp"
 #include "lattice/kernels/rope_table.hpp"
+#include "lattice/kernels/vocab_range.hpp"
 
 namespace lattice::kernels {
 
@@ -136,6 +137,20 @@ class Ops {
                                 WeightOperand weight, int64_t rows, int64_t K, int64_t V,
                                 const int32_t* targets, float grad_scale, float* d_in,
                                 float* weight_grad_partials, lattice::bf16* d_logits16) = 0;
+  // Vocabulary-parallel cross-entropy over a tensor-parallel rank's logits [rows, V_local] of the
+  // vocabulary rows `vocab` (columns [0, valid) real, the rest padding that never counts); the
+  // caller reduces the rows' max (MAX), then their sums and target logits (SUM) across the group
+  // between the calls (kernels/cpu/cross_entropy_vocab_slice.hpp states each).
+  virtual void vocab_slice_row_max(float* row_max, const float* logits, int64_t rows,
+                                   int64_t V_local, int64_t valid) = 0;
+  virtual void vocab_slice_row_sums(float* row_sum, float* target_logit, const float* logits,
+                                    const float* row_max, const int32_t* targets, int64_t rows,
+                                    int64_t V_local, int64_t valid, VocabRange vocab) = 0;
+  // The summed loss (row order) and, when d_logits is given, grad_scale x its gradient.
+  virtual double vocab_slice_loss(float* d_logits, const float* logits, const float* row_max,
+                                  const float* row_sum, const float* target_logit,
+                                  const int32_t* targets, int64_t rows, int64_t V_local,
+                                  int64_t valid, VocabRange vocab, float grad_scale) = 0;
   // accumulator[c] += the sum over p (in order, in double) of partials[p·stride + c], c < numel.
   virtual void add_partials(float* accumulator, const float* partials, int64_t count, int64_t numel,
                             int64_t stride) = 0;
@@ -207,12 +222,15 @@ class Ops {
 
   // ---- Embedding: out[b,t,:] = wte[tokens[b,t],:] (+ wpe[pos_offset + t,:]); the backward sums
   // each row in token order (deterministic). tokens are in host memory, checked by the caller.
+  // wte holds the vocabulary rows `vocab` (a tensor-parallel slice; a token outside it gives a
+  // zero row, + wpe, and no gradient).
 
   virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
                                  const float* wpe, int64_t B, int64_t T, int64_t C,
-                                 int64_t pos_offset) = 0;
+                                 int64_t pos_offset, VocabRange vocab) = 0;
   virtual void embedding_backward(float* d_wte, float* d_wpe, const float* d_out,
-                                  const int32_t* tokens, int64_t B, int64_t T, int64_t C) = 0;
+                                  const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                                  VocabRange vocab) = 0;
 
   // ---- Element-wise.
 

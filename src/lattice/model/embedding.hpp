@@ -3,6 +3,9 @@
 // [max_seq_len, d_model] ("transformer.wpe.weight"); Llama's positions come from RoPE in the
 // blocks. Its forward writes the stage's first residual; its backward is a weight gradient only
 // (the scatter-add of the residual's gradient), which a split backward runs in its W half.
+// Under tensor parallelism the token table is split by vocabulary rows (padded: see
+// ModelConfig::padded_vocab_size): each rank looks up the tokens of its slice, zero for the rest,
+// and one all-reduce over tp sums the slices (the positions are added once, by tp rank 0).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +18,7 @@ namespace lattice::model {
 
 class Embedding {
  public:
-  Embedding(ParameterStore& store, const ModelConfig& config);
+  Embedding(ParameterStore& store, const ModelConfig& config, const TensorParallelGroup& tp = {});
 
   // x[B·T, d_model] = wte[tokens] (+ wpe[start + t]) for tokens [B, T] at positions start + t.
   // Token ids must be in [0, vocab) (check_tokens).
@@ -32,7 +35,9 @@ class Embedding {
 
  private:
   ParameterStore& store_;
+  TensorParallelGroup tp_;
   int64_t vocab_, d_model_;
+  kernels::VocabRange slice_;  // the vocabulary rows this rank's table holds (all at tp = 1)
   int token_weight_ = -1, position_weight_ = -1;
 };
 

@@ -1,6 +1,9 @@
 // LmHead: see lm_head.hpp.
 #include "lattice/model/lm_head.hpp"
 
+#include <algorithm>
+
+#include "lattice/comm/communicator.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/model/block.hpp"
 
@@ -9,8 +12,9 @@ namespace lattice::model {
 namespace k = lattice::kernels;
 
 LmHead::LmHead(ParameterStore& store, const ModelConfig& config, int tied_weight,
-               const std::string& untied_copy_of)
+               const std::string& untied_copy_of, const TensorParallelGroup& tp)
     : store_(store),
+      tp_(tp),
       family_(config.family),
       C_(config.d_model),
       V_(config.vocab_size),
@@ -19,9 +23,20 @@ LmHead::LmHead(ParameterStore& store, const ModelConfig& config, int tied_weight
   norm_weight_ = store.declare(gpt2 ? "transformer.ln_f.weight" : "model.norm.weight", {C_},
                                InitKind::ones, false);
   if (gpt2) norm_bias_ = store.declare("transformer.ln_f.bias", {C_}, InitKind::zeros, false);
-  weight_ = tied_weight >= 0
-                ? tied_weight
-                : store.declare("lm_head.weight", {V_, C_}, InitKind::normal, true, untied_copy_of);
+  const int64_t vocab = config.vocab_size;
+  if (tied_weight >= 0) {
+    weight_ = tied_weight;  // the embedding's table, or its tensor-parallel slice
+  } else if (tp.size == 1) {
+    weight_ = store.declare("lm_head.weight", {vocab, C_}, InitKind::normal, true, untied_copy_of);
+  } else {
+    const TensorShard shard{0, tp.rank, tp.size, 1, config.padded_vocab_size(tp.size)};
+    weight_ = store.declare_shard("lm_head.weight", {vocab, C_}, shard,
+                                  mesh::AxisSet::all().without(mesh::Axis::tp), InitKind::normal,
+                                  true, untied_copy_of);
+  }
+  // This rank's rows of the (padded) vocabulary and the real ones among them.
+  V_ = store.info(weight_).shape[0];
+  if (tp.size > 1) slice_ = {std::min(vocab, tp.rank * V_), std::min(vocab, (tp.rank + 1) * V_)};
 }
 
 int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,
@@ -29,7 +44,11 @@ int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,
   // What forward_loss and backward allocate in HeadActivations for `rows` training rows.
   const int64_t stats = (norm_bias_ >= 0 ? 2 : 1) * rows * 4;  // LayerNorm: mean and rstd
   const int64_t d_normed = rows * C_ * 4;                      // backward (or the fused forward)
-  if (precision != k::Precision::bf16) return rows * C_ * 4 + stats + rows * V_ * 4 + d_normed;
+  // fp32, and every tensor-parallel head: the normed input and this rank's logits [rows, V_]
+  // (bf16: and the rounded input).
+  if (precision != k::Precision::bf16 || tp_.size > 1)
+    return rows * C_ * 4 + stats + rows * V_ * 4 + d_normed +
+           (precision == k::Precision::bf16 ? rows * C_ * 2 : 0);
   // bf16: the rounded input; Llama's RMSNorm keeps its fp32 output too (GPT-2's LayerNorm writes
   // bf16 directly); then either the fused head's per-lane weight-gradient partials or the rounded
   // logits gradient.
@@ -44,6 +63,7 @@ int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,
 double LmHead::forward_loss(const LayerContext& ctx, HeadActivations& h, const float* x,
                             const int32_t* targets, int64_t rows, float grad_scale,
                             MemoryTracker* tracker) {
+  if (tp_.size > 1) return vocab_parallel_loss(ctx, h, x, targets, rows, grad_scale, tracker);
   if (ctx.precision == k::Precision::bf16) {
     const double loss_sum = loss_in_row_chunks(ctx, h, x, targets, rows, grad_scale, tracker);
     h.logits_grad_bf16 = grad_scale != 0.0f;
@@ -147,6 +167,30 @@ void LmHead::backward(const LayerContext& ctx, HeadActivations& h, float* d_x, c
   if (part != BackwardPart::weight) norm_backward(ctx, h, d_x, x, rows);
 }
 
+double LmHead::vocab_parallel_loss(const LayerContext& ctx, HeadActivations& h, const float* x,
+                                   const int32_t* targets, int64_t rows, float grad_scale,
+                                   MemoryTracker* tracker) {
+  // This rank's logits [rows, V_] of its vocabulary slice (the whole row exists on no rank); the
+  // rows' max, then their sums of exponentials and target logits, reduced over tp between the
+  // three passes (Megatron's vocabulary-parallel cross-entropy). The gradient replaces the logits.
+  logits(ctx, h, x, rows, tracker);
+  h.logits_grad_bf16 = false;
+  h.backward_in_forward = false;
+  const int64_t valid = slice_.end - slice_.begin;
+  // 12 bytes a row for the three passes, freed at once (not counted as activations).
+  Tensor stats({3, rows}, DType::f32);
+  float* row_max = stats.f32();
+  float* sums = row_max + rows;  // [row_sum | target_logit]
+  ctx.ops.vocab_slice_row_max(row_max, h.logits.f32(), rows, V_, valid);
+  tp_.comm->allreduce(row_max, rows, DType::f32, comm::ReduceOp::max);
+  ctx.ops.vocab_slice_row_sums(sums, sums + rows, h.logits.f32(), row_max, targets, rows, V_, valid,
+                               slice_);
+  tp_.comm->allreduce(sums, 2 * rows, DType::f32, comm::ReduceOp::sum);
+  return ctx.ops.vocab_slice_loss(grad_scale != 0.0f ? h.logits.f32() : nullptr, h.logits.f32(),
+                                  row_max, sums, sums + rows, targets, rows, V_, valid, slice_,
+                                  grad_scale);
+}
+
 void LmHead::backward_gemm(const LayerContext& ctx, HeadActivations& h, int64_t rows,
                            BackwardPart part, MemoryTracker* tracker) {
   const int64_t C = C_, V = V_;
@@ -164,6 +208,8 @@ void LmHead::backward_gemm(const LayerContext& ctx, HeadActivations& h, int64_t 
   float* d_weight = part != BackwardPart::input ? store_.grad(weight_) : nullptr;
   ctx.ops.linear_backward(d_in, d_weight, nullptr, d_logits, h.normed.f32(), store_.value(weight_),
                           rows, C, V, ctx.precision, rounded);
+  // The vocabulary slices' partial input gradients, summed over tp (a column-parallel layer's).
+  if (d_in != nullptr) all_reduce_over_tp(tp_, d_in, rows * C);
 }
 
 void LmHead::norm_backward(const LayerContext& ctx, HeadActivations& h, float* d_x, const float* x,
@@ -181,6 +227,8 @@ void LmHead::norm_backward(const LayerContext& ctx, HeadActivations& h, float* d
 
 const float* LmHead::inference_logits(const LayerContext& ctx, HeadActivations& h, const float* x,
                                       int64_t rows, MemoryTracker* tracker) {
+  check(tp_.size == 1,
+        "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
   norm_forward(ctx, h, x, rows, tracker);
   ensure_activation(h.logits, {rows, V_}, tracker);
   ctx.ops.linear_forward(h.logits.f32(), h.normed.f32(), store_.value(weight_), nullptr, rows, C_,

@@ -26,8 +26,10 @@ class LmHead {
   // Declares the final norm and, unless `tied_weight` >= 0 (the token embedding's index in the
   // same store), "lm_head.weight"; `untied_copy_of` names the parameter an untied copy of a tied
   // head starts equal to (a last stage without the embedding).
+  // Under tensor parallelism (tp.size > 1) the head weight is split by vocabulary rows as the
+  // embedding is (a tied head is the embedding's slice), and the loss is vocabulary-parallel.
   LmHead(ParameterStore& store, const ModelConfig& config, int tied_weight,
-         const std::string& untied_copy_of);
+         const std::string& untied_copy_of, const TensorParallelGroup& tp = {});
 
   void set_fusion(HeadFusion fusion) { fusion_ = fusion; }
   int weight() const { return weight_; }
@@ -59,14 +61,20 @@ class LmHead {
   double loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, const float* x,
                             const int32_t* targets, int64_t rows, float grad_scale,
                             MemoryTracker* tracker);
+  // Tensor parallelism: this rank's logits of its vocabulary slice and the loss across the group.
+  double vocab_parallel_loss(const LayerContext& ctx, HeadActivations& h, const float* x,
+                             const int32_t* targets, int64_t rows, float grad_scale,
+                             MemoryTracker* tracker);
   void backward_gemm(const LayerContext& ctx, HeadActivations& h, int64_t rows, BackwardPart part,
                      MemoryTracker* tracker);
   void norm_backward(const LayerContext& ctx, HeadActivations& h, float* d_x, const float* x,
                      int64_t rows);
 
   ParameterStore& store_;
+  TensorParallelGroup tp_;
   Family family_;
-  int64_t C_, V_;
+  int64_t C_, V_;              // V_: the rows of this rank's head weight (the whole vocab at tp 1)
+  kernels::VocabRange slice_;  // the vocabulary rows those are (all at tp = 1)
   float eps_;
   int norm_weight_ = -1, norm_bias_ = -1, weight_ = -1;
   HeadFusion fusion_ = HeadFusion::when_smaller;

@@ -38,6 +38,13 @@ struct ModelConfig {
   float dropout = 0.0f;
 
   int64_t head_dim() const { return d_model / n_heads; }
+  // The vocabulary a tensor-parallel group of `tp` ranks splits: vocab_size itself at tp = 1,
+  // else padded to a multiple of tp x 64 (Megatron's make-vocab-size-divisible-by), so that every
+  // rank holds an equal slice; the padded rows are never looked up and their logits never count.
+  int64_t padded_vocab_size(int tp) const {
+    const int64_t multiple = int64_t{64} * tp;
+    return tp == 1 ? vocab_size : (vocab_size + multiple - 1) / multiple * multiple;
+  }
   bool is_moe() const { return n_experts > 1; }
   bool has_dropout() const { return dropout > 0; }
   // What the family implies for parameter and activation counts.

@@ -1,6 +1,7 @@
 // ParameterStore: see parameter_store.hpp.
 #include "lattice/model/parameter_store.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "lattice/core/error.hpp"
@@ -30,7 +31,13 @@ int ParameterStore::declare_shard(std::string name, Shape global_shape, TensorSh
     check(shard.dim >= 0 && shard.dim < static_cast<int>(global_shape.size()),
           "parameter '" + name + "': shard dimension " + std::to_string(shard.dim) +
               " is not a dimension of its shape (internal error)");
-    const int64_t extent = global_shape[static_cast<size_t>(shard.dim)];
+    const int64_t logical_extent = global_shape[static_cast<size_t>(shard.dim)];
+    check(shard.padded == 0 ||
+              (shard.dim == 0 && shard.blocks == 1 && shard.padded >= logical_extent),
+          "parameter '" + name +
+              "': padding applies to dimension 0 of an unblocked shard, to an "
+              "extent no smaller than the logical one (internal error)");
+    const int64_t extent = shard.padded > 0 ? shard.padded : logical_extent;
     check(shard.blocks >= 1 && extent % (int64_t{shard.count} * shard.blocks) == 0,
           "parameter '" + name + "': dimension " + std::to_string(shard.dim) + " (" +
               std::to_string(extent) + ") does not split into " + std::to_string(shard.count) +
@@ -118,6 +125,12 @@ SliceWalk slice_walk(const ParameterInfo& p) {
   w.run = p.shape[dim] / p.shard.blocks * inner;
   w.stride = p.global_shape[dim] / p.shard.blocks * inner;
   w.first = p.shard.index * w.run;
+  if (p.shard.padded > 0) {  // dimension 0: the slice's rows that lie inside the logical extent
+    const int64_t rows =
+        std::clamp<int64_t>(p.global_shape[0] - p.shard.index * p.shape[0], 0, p.shape[0]);
+    w.run = rows * inner;
+    w.stride = p.global_shape[0] * inner;
+  }
   return w;
 }
 

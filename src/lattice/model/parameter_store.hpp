@@ -33,11 +33,17 @@ enum class InitKind { normal, normal_residual, zeros, ones };
 // dimension is that many equal blocks laid end to end (GPT-2's packed q | k | v), each split into
 // `count` slices, and the store holds slice `index` of every block, in block order (Megatron's
 // partition stride): a tensor-parallel rank's q, k and v heads of one packed projection.
+//
+// With `padded` > 0 (dimension 0 only, no blocks) the logical extent is padded to `padded` (a
+// multiple of count: a vocabulary padded to a multiple of tp x 64, Megatron's
+// make-vocab-size-divisible-by) before it is split; a slice's rows past the logical extent are
+// padding: zero, in no checkpoint, never read as data.
 struct TensorShard {
   int dim = 0;
   int index = 0;
   int count = 1;
   int blocks = 1;
+  int64_t padded = 0;
 
   bool whole() const { return count == 1; }
   bool operator==(const TensorShard&) const = default;
@@ -47,7 +53,8 @@ struct ParameterInfo;
 
 // Where a parameter's local slice sits in its logical tensor (row-major): `outer` runs of `run`
 // consecutive elements, local run o starting at logical element o * stride + first. A whole
-// parameter is one run. What initialisation, checkpoints and resharding walk.
+// parameter is one run. A padded slice (TensorShard::padded) holds its outer * run logical elements
+// first and padding after them. What initialisation, checkpoints and resharding walk.
 struct SliceWalk {
   int64_t outer = 1, run = 0, stride = 0, first = 0;
 };

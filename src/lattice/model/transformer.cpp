@@ -59,7 +59,7 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
             std::to_string(range_.last_block) + ") does not fit a model of " +
             std::to_string(config_.n_layers) + " layers");
   const bool gpt2 = config_.family == Family::gpt2;
-  if (has_embedding()) embedding_.emplace(params_, config_);
+  if (has_embedding()) embedding_.emplace(params_, config_, tp);
   // Units are contiguous ranges of the flat buffer: parameters are laid out in declaration order.
   auto close_unit = [&](bool outer) {
     const int64_t begin = units_.empty() ? 0 : units_.back().end;
@@ -83,7 +83,7 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
     const std::string embedding_name =
         gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
     head_.emplace(params_, config_, shares ? embedding_->token_weight() : -1,
-                  config_.tied_embeddings ? embedding_name : "");
+                  config_.tied_embeddings ? embedding_name : "", tp);
     head_unit_ = close_unit(true);
   }
 }

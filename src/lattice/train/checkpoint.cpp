@@ -54,6 +54,7 @@ std::string placements_json(const model::ParameterStore& params) {
     nlohmann::json shard = {
         {"dim", p.shard.dim}, {"index", p.shard.index}, {"count", p.shard.count}};
     if (p.shard.blocks > 1) shard["blocks"] = p.shard.blocks;
+    if (p.shard.padded > 0) shard["padded"] = p.shard.padded;
     j[p.name] = {{"global_shape", p.global_shape}, {"shard", shard}, {"replicated", replicated}};
   }
   return j.dump();
@@ -93,6 +94,7 @@ std::vector<bool> check_placements(const SafetensorsFile& file, const std::strin
       shard.index = entry.at("shard").at("index").get<int>();
       shard.count = entry.at("shard").at("count").get<int>();
       shard.blocks = entry.at("shard").value("blocks", 1);
+      shard.padded = entry.at("shard").value("padded", int64_t{0});
     } catch (const nlohmann::json::exception& e) {
       throw Error("checkpoint " + path + ": the placement of '" + p.name +
                   "' is missing or damaged (" + e.what() + "): resume from an earlier checkpoint");

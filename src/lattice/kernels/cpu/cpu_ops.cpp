@@ -8,6 +8,7 @@
 #include "lattice/kernels/cpu/attention.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/cross_entropy.hpp"
+#include "lattice/kernels/cpu/cross_entropy_vocab_slice.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/embedding.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
@@ -60,6 +61,26 @@ double CpuOps::cross_entropy_forward_backward(float* d_logits, const float* logi
                                               const int32_t* targets, int64_t rows, int64_t V,
                                               float grad_scale) {
   return kernels::cross_entropy_forward_backward(d_logits, logits, targets, rows, V, grad_scale);
+}
+
+void CpuOps::vocab_slice_row_max(float* row_max, const float* logits, int64_t rows, int64_t V_local,
+                                 int64_t valid) {
+  kernels::vocab_slice_row_max(row_max, logits, rows, V_local, valid);
+}
+
+void CpuOps::vocab_slice_row_sums(float* row_sum, float* target_logit, const float* logits,
+                                  const float* row_max, const int32_t* targets, int64_t rows,
+                                  int64_t V_local, int64_t valid, VocabRange vocab) {
+  kernels::vocab_slice_row_sums(row_sum, target_logit, logits, row_max, targets, rows, V_local,
+                                valid, vocab);
+}
+
+double CpuOps::vocab_slice_loss(float* d_logits, const float* logits, const float* row_max,
+                                const float* row_sum, const float* target_logit,
+                                const int32_t* targets, int64_t rows, int64_t V_local,
+                                int64_t valid, VocabRange vocab, float grad_scale) {
+  return kernels::vocab_slice_loss(d_logits, logits, row_max, row_sum, target_logit, targets, rows,
+                                   V_local, valid, vocab, grad_scale);
 }
 
 void CpuOps::add_partials(float* accumulator, const float* partials, int64_t count, int64_t numel,
@@ -148,13 +169,14 @@ void CpuOps::rope(const RopeTable& table, float* x, int64_t batch, int64_t seq, 
 
 void CpuOps::embedding_forward(float* out, const int32_t* tokens, const float* wte,
                                const float* wpe, int64_t B, int64_t T, int64_t C,
-                               int64_t pos_offset) {
-  kernels::embedding_forward(out, tokens, wte, wpe, B, T, C, pos_offset);
+                               int64_t pos_offset, VocabRange vocab) {
+  kernels::embedding_forward(out, tokens, wte, wpe, B, T, C, pos_offset, vocab);
 }
 
 void CpuOps::embedding_backward(float* d_wte, float* d_wpe, const float* d_out,
-                                const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
-  kernels::embedding_backward(d_wte, d_wpe, d_out, tokens, B, T, C);
+                                const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                                VocabRange vocab) {
+  kernels::embedding_backward(d_wte, d_wpe, d_out, tokens, B, T, C, vocab);
 }
 
 void CpuOps::add_inplace(float* accumulator, const float* x, int64_t n) {

@@ -69,6 +69,15 @@ class CpuOps final : public Ops {
                         int64_t rows, int64_t K, int64_t V, const int32_t* targets,
                         float grad_scale, float* d_in, float* weight_grad_partials,
                         lattice::bf16* d_logits16) override;
+  void vocab_slice_row_max(float* row_max, const float* logits, int64_t rows, int64_t V_local,
+                           int64_t valid) override;
+  void vocab_slice_row_sums(float* row_sum, float* target_logit, const float* logits,
+                            const float* row_max, const int32_t* targets, int64_t rows,
+                            int64_t V_local, int64_t valid, VocabRange vocab) override;
+  double vocab_slice_loss(float* d_logits, const float* logits, const float* row_max,
+                          const float* row_sum, const float* target_logit, const int32_t* targets,
+                          int64_t rows, int64_t V_local, int64_t valid, VocabRange vocab,
+                          float grad_scale) override;
   void add_partials(float* accumulator, const float* partials, int64_t count, int64_t numel,
                     int64_t stride) override;
 
@@ -116,9 +125,10 @@ class CpuOps final : public Ops {
             int64_t row_stride, int64_t batch_stride, int64_t pos_offset, bool inverse) override;
 
   void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                         int64_t B, int64_t T, int64_t C, int64_t pos_offset) override;
+                         int64_t B, int64_t T, int64_t C, int64_t pos_offset,
+                         VocabRange vocab) override;
   void embedding_backward(float* d_wte, float* d_wpe, const float* d_out, const int32_t* tokens,
-                          int64_t B, int64_t T, int64_t C) override;
+                          int64_t B, int64_t T, int64_t C, VocabRange vocab) override;
 
   void add_inplace(float* accumulator, const float* x, int64_t n) override;
   void copy(float* out, const float* in, int64_t n) override;

@@ -15,7 +15,7 @@
 namespace lattice::kernels {
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int64_t B, int64_t T, int64_t C, int64_t pos_offset) {
+                       int64_t B, int64_t T, int64_t C, int64_t pos_offset, VocabRange vocab) {
   check(B >= 0 && T >= 0 && C > 0 && pos_offset >= 0,
         "embedding_forward: needs B, T, pos_offset >= 0 and C > 0, got B=" + std::to_string(B) +
             " T=" + std::to_string(T) + " C=" + std::to_string(C) +
@@ -24,7 +24,15 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float* y = out + i * C;
-    const float* token_row = wte + static_cast<int64_t>(tokens[i]) * C;
+    const int64_t token = tokens[i];
+    if (!vocab.contains(token)) {  // another rank's row: zero (+ the position's)
+      if (wpe == nullptr)
+        std::memset(y, 0, static_cast<size_t>(C) * sizeof(float));
+      else
+        std::memcpy(y, wpe + (pos_offset + i % T) * C, static_cast<size_t>(C) * sizeof(float));
+      continue;
+    }
+    const float* token_row = wte + (token - vocab.begin) * C;
     if (wpe == nullptr) {
       std::memcpy(y, token_row, static_cast<size_t>(C) * sizeof(float));
       continue;
@@ -36,7 +44,7 @@ void embedding_forward(float* out, const int32_t* tokens, const float* wte, cons
 }
 
 void embedding_backward(float* d_wte, float* d_wpe, const float* d_out, const int32_t* tokens,
-                        int64_t B, int64_t T, int64_t C) {
+                        int64_t B, int64_t T, int64_t C, VocabRange vocab) {
   check(B >= 0 && T >= 0 && C > 0,
         "embedding_backward: needs B, T >= 0 and C > 0, got B=" + std::to_string(B) +
             " T=" + std::to_string(T) + " C=" + std::to_string(C));
@@ -48,12 +56,20 @@ void embedding_backward(float* d_wte, float* d_wpe, const float* d_out, const in
   std::iota(order.begin(), order.end(), int64_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [tokens](int64_t a, int64_t b) { return tokens[a] < tokens[b]; });
+  // Groups of equal ids inside `vocab` (sorted by id, so they are contiguous).
   std::vector<int64_t> group_starts;
+  int64_t end = N;
   for (int64_t k = 0; k < N; ++k) {
-    if (k == 0 || tokens[order[k]] != tokens[order[k - 1]]) group_starts.push_back(k);
+    const int64_t token = tokens[order[k]];
+    if (token < vocab.begin) continue;
+    if (token >= vocab.end) {
+      end = k;
+      break;
+    }
+    if (group_starts.empty() || token != tokens[order[k - 1]]) group_starts.push_back(k);
   }
   const int64_t groups = static_cast<int64_t>(group_starts.size());
-  group_starts.push_back(N);
+  group_starts.push_back(end);
 
 #pragma omp parallel
   {
@@ -61,7 +77,7 @@ void embedding_backward(float* d_wte, float* d_wpe, const float* d_out, const in
     // is fixed, so the result does not depend on which thread takes it.
 #pragma omp for schedule(dynamic, 16) nowait
     for (int64_t g = 0; g < groups; ++g) {
-      float* dst = d_wte + static_cast<int64_t>(tokens[order[group_starts[g]]]) * C;
+      float* dst = d_wte + (tokens[order[group_starts[g]]] - vocab.begin) * C;
       for (int64_t k = group_starts[g]; k < group_starts[g + 1]; ++k) {
         const float* src = d_out + order[k] * C;
 #pragma omp simd simdlen(16)
