@@ -159,3 +159,26 @@ TEST(TensorParallelBlocks, RefusesATpThatDoesNotDivideTheHeads) {
     }
   });
 }
+
+TEST(TensorParallelBlocks, ActivationCheckpointingUnderTensorParallelismIsBitIdentical) {
+  // Full recomputation runs each block's forward again, all-reduces included, before its
+  // backward; selective recomputes the attention on this rank's heads. Either way the same
+  // arithmetic: bit for bit the gradients without checkpointing, on every tp rank.
+  for (const auto mode : {Recompute::kFull, Recompute::kSelective}) {
+    const ModelConfig config = tiny(Family::gpt2);
+    const Batch b = batch(config.vocab_size);
+    comm::run_local_ranks(2, [&](comm::Communicator& group) {
+      const TensorParallelGroup g{&group, group.rank(), group.size()};
+      Transformer plain(config, nullptr, {}, g), checkpointed(config, nullptr, {}, g);
+      checkpointed.set_activation_checkpointing({mode, 1});
+      plain.initialize(5);
+      checkpointed.initialize(5);
+      for (Precision precision : {Precision::fp32, Precision::bf16}) {
+        const StepResult a = train_once(plain, precision, b);
+        const StepResult c = train_once(checkpointed, precision, b);
+        EXPECT_EQ(a.loss, c.loss);
+        EXPECT_EQ(a.grads, c.grads) << "rank " << group.rank();
+      }
+    });
+  }
+}

@@ -74,6 +74,19 @@ TEST_F(TpCli, ParityOfTensorParallelLayoutsOnLocalThreads) {
   }
 }
 
+TEST_F(TpCli, ParityWithHsdpAndGradientAccumulation) {
+  // dp 4 x tp 2 with ZeRO-3 over HSDP shard groups of 2 (8 ranks), and 2 accumulation steps: the
+  // tensor-parallel all-reduces run inside every microbatch, the data-parallel reduction after the
+  // last. HSDP sums within groups first, so it is within the tolerance of plain ZeRO on 8 ranks.
+  CliResult r =
+      run_lattice("parity --layouts dp1,dp1t2,dp4t2,dp4t2z3h2 --tolerance 1e-4" +
+                      tiny_flags(dir_, "gpt2-tiny") + " --training.gradient_accumulation_steps=2",
+                  dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_NE(parity_line(r.out, "dp4t2z3h2").find("within tolerance"), std::string::npos) << r.out;
+}
+
 TEST_F(TpCli, ParityInBf16) {
   // bf16, 4 steps at lr 3e-3: tp reorders fp32 sums whose results are then rounded to bf16, so an
   // activation can land on the neighbouring bf16 (2^-8 relative), and AdamW's normalised update
