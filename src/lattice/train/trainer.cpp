@@ -227,7 +227,7 @@ TrainResult Trainer::run() {
   const auto schedule = config_.lr_schedule();
   TrainResult result;
   result.first_step = start_step_ + 1;
-  result.rank = group_->rank();
+  result.rank = mesh_->world().rank();
   double window_seconds = 0, window_exposed = 0, window_comm = 0;
   int64_t window_steps = 0;
   double total_seconds = 0;

@@ -37,7 +37,7 @@ struct TrainResult {
   // Data parallelism, summed over the steps run: communication the training thread waited for,
   // and the time the collectives ran.
   double exposed_comm_seconds = 0, comm_seconds = 0;
-  int rank = 0;  // the data-parallel rank that ran it (rank 0 reports)
+  int rank = 0;  // the world rank that ran it (rank 0 reports)
 };
 
 class Trainer {
