@@ -3,6 +3,7 @@
 // Parses options and prints; the estimates live in lattice/plan.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -64,11 +65,17 @@ train::TrainConfig resolve_from_train_config(const CLI::App& verb, const Estimat
 
 // This trainer's own activations on the CPU for the config's micro-batch (activation_memory.hpp):
 // the tensors its layers save, in its precision, with its checkpointing — where the estimate above
-// counts 16-bit activations as GPU trainers keep them.
+// counts 16-bit activations as GPU trainers keep them. Under tensor parallelism, one tp rank's:
+// its blocks' shards (every rank's are the same size; the embedding and head are whole).
 model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
-  // The fused LM head keeps one weight-gradient partial per kernel thread: count the run's.
-  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
-  auto declared = model::Transformer::declared_only(config.model);
+  // The fused LM head keeps one weight-gradient partial per kernel thread: count a rank's, as
+  // `lattice train` on the local backend shares them (training.threads, or every core, divided
+  // among the dp x tp x ... ranks of the process; train::train_on_ranks).
+  const int total = config.threads > 0 ? static_cast<int>(config.threads) : omp_get_num_procs();
+  omp_set_num_threads(
+      std::max(1, total / static_cast<int>(std::max<int64_t>(1, config.world_size()))));
+  const model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.tp)};
+  auto declared = model::Transformer::declared_only(config.model, {}, tp);
   declared->set_activation_checkpointing(config.activation_checkpoint);
   // The backend the trainer would make (its plan chooses the LM head's path).
   const kernels::CpuOps ops(kernels::MatmulOptions::from_environment());
@@ -110,6 +117,7 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
     if (trainer)
       out["trainer_activations"] = {
           {"precision", config->precision == kernels::Precision::bf16 ? "bf16" : "fp32"},
+          {"tp", config->tp},
           {"residual_bytes", trainer->residuals},
           {"block_bytes", trainer->blocks},
           {"recomputed_bytes", trainer->transient},
@@ -122,13 +130,14 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
   std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
   if (trainer)
     std::printf(
-        "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s): activations peak "
-        "%s = residuals %s + blocks %s + recomputed block %s + head %s + backward %s\n",
+        "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s, tp %lld): "
+        "activations peak %s per rank = residuals %s + blocks %s + recomputed block %s + head %s "
+        "+ backward %s\n",
         config->precision == kernels::Precision::bf16 ? "bf16" : "fp32",
         static_cast<long long>(config->micro_batch_size), static_cast<long long>(config->seq_len),
-        config->activation_checkpoint.describe().c_str(), mib(trainer->total()).c_str(),
-        mib(trainer->residuals).c_str(), mib(trainer->blocks).c_str(),
-        mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
+        config->activation_checkpoint.describe().c_str(), static_cast<long long>(config->tp),
+        mib(trainer->total()).c_str(), mib(trainer->residuals).c_str(),
+        mib(trainer->blocks).c_str(), mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
         mib(trainer->backward).c_str());
 }
 

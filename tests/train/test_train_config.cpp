@@ -299,5 +299,43 @@ TEST_F(LayoutCli, EstimateMemoryReadsATrainingConfig) {
                         "config overrides need --config");
 }
 
+// `lattice estimate memory --config` under tensor parallelism: the trainer activations of one tp
+// rank (its blocks' shards; the residual stream and the whole head as at tp = 1), given as a
+// --parallelism.tp override, against the peak a tp run of the same config measures on its rank.
+TEST_F(LayoutCli, EstimateMemoryCountsOneTensorParallelRanksActivations) {
+  std::vector<double> measured;
+  for (const char* tp : {"1", "2"}) {
+    const auto r = run_lattice(tiny(std::string("--parallelism.tp=") + tp), dir_);
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    const std::vector<nlohmann::json> steps =
+        lattice::testing::read_jsonl(dir_ / "run" / "metrics.jsonl");
+    ASSERT_FALSE(steps.empty());
+    measured.push_back(steps.back()["memory"]["peak_activations"].get<double>());
+    if (std::string(tp) == "1") fs::copy_file(dir_ / "run" / "config.toml", dir_ / "tp1.toml");
+    fs::remove_all(dir_ / "run");
+  }
+  auto trainer = [&](const std::string& extra) {
+    const auto r = run_lattice("estimate memory --json --config tp1.toml " + extra, dir_);
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    return nlohmann::json::parse(r.out)["trainer_activations"];
+  };
+  const nlohmann::json one = trainer(""), two = trainer("--parallelism.tp=2");
+  EXPECT_EQ(one["tp"].get<int>(), 1);
+  EXPECT_EQ(two["tp"].get<int>(), 2);
+  EXPECT_LT(two["total_bytes"].get<double>(), one["total_bytes"].get<double>());
+  EXPECT_LT(two["block_bytes"].get<double>(), one["block_bytes"].get<double>());
+  EXPECT_EQ(two["residual_bytes"].get<double>(), one["residual_bytes"].get<double>());
+  EXPECT_EQ(two["head_bytes"].get<double>(), one["head_bytes"].get<double>());
+  // The bound: within 10% of the measured peak (on the AMX host where this was written,
+  // to the byte).
+  EXPECT_NEAR(one["total_bytes"].get<double>() / measured[0], 1.0, 0.10) << measured[0];
+  EXPECT_NEAR(two["total_bytes"].get<double>() / measured[1], 1.0, 0.10) << measured[1];
+  // The text report says the figure is one tp rank's.
+  const auto text = run_lattice("estimate memory --config tp1.toml --parallelism.tp=2", dir_);
+  ASSERT_EQ(text.status, 0) << text.out << text.err;
+  EXPECT_NE(text.out.find("tp 2): activations peak"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("MiB per rank"), std::string::npos) << text.out;
+}
+
 }  // namespace
 }  // namespace lattice::train

@@ -43,9 +43,9 @@ int64_t Transformer::parameter_count(const ModelConfig& config, StageRange range
   return count;
 }
 
-std::unique_ptr<Transformer> Transformer::declared_only(const ModelConfig& config,
-                                                        StageRange range) {
-  return std::unique_ptr<Transformer>(new Transformer(config, range, {}, DeclareOnly{}));
+std::unique_ptr<Transformer> Transformer::declared_only(const ModelConfig& config, StageRange range,
+                                                        TensorParallelGroup tp) {
+  return std::unique_ptr<Transformer>(new Transformer(config, range, tp, DeclareOnly{}));
 }
 
 Transformer::Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp,

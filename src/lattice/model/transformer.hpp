@@ -45,9 +45,12 @@ class Transformer {
   // 405B included).
   static int64_t parameter_count(const ModelConfig& config, StageRange range = {});
   // A model whose parameters are declared but not allocated (no values, no gradients): its
-  // structure for counts and estimates (activation_memory.hpp) of any size; it cannot run.
+  // structure for counts and estimates (activation_memory.hpp) of any size; it cannot run. With a
+  // tensor-parallel group, tp rank `tp.rank`'s shards of `tp.size` (tp.comm may be null: the
+  // declarations read only the size and rank).
   static std::unique_ptr<Transformer> declared_only(const ModelConfig& config,
-                                                    StageRange range = {});
+                                                    StageRange range = {},
+                                                    TensorParallelGroup tp = {});
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 

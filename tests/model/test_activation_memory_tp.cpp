@@ -1,0 +1,116 @@
+// The activation-memory formula (activation_memory.hpp) under tensor parallelism (issue #21 item
+// 3, its tp rows): on each rank of a tp group of 2 or 4 local ranks, the MemoryTracker's measured
+// peak of activation bytes over two training steps of forward and backward against the formula for
+// that rank's model and for a declared-only model of the same rank (no communicator, no parameters
+// allocated): within 10% (the issue's bound). The reference is the measurement, taken on a model
+// that runs (its all-reduces included); the tp = 1 run of the same config checks that the shards
+// are what is counted (its blocks keep more than a tp rank's).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "lattice/comm/backends/local.hpp"
+#include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/model/activation_memory.hpp"
+#include "lattice/model/transformer.hpp"
+
+using namespace lattice;
+using namespace lattice::model;
+using kernels::Precision;
+
+namespace {
+
+constexpr int64_t kB = 9, kT = 32;
+
+ModelConfig tiny(Family family) {
+  ModelConfig c = model_preset(family == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+  if (family == Family::llama) c.n_kv_heads = 4;  // tp 4 splits the key/value heads too
+  return c;
+}
+
+struct Measured {
+  int64_t peak = 0;  // the tracker's peak of activation bytes
+  ActivationMemory estimate, declared;
+};
+
+// Two training steps (the second with everything already allocated) of `config` as tp rank
+// `tp.rank` of `tp.size`, then the formula for this model and for a declared-only one.
+Measured measure(const ModelConfig& config, Precision precision, const TensorParallelGroup& tp) {
+  MemoryTracker tracker;
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops, precision, &tracker};
+  Transformer model(config, &tracker, {}, tp);
+  model.initialize(5);
+  Rng rng(17);  // the same batch on every rank, as tensor parallelism requires
+  std::vector<int32_t> tokens(static_cast<size_t>(kB * kT)), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size)));
+    targets[i] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size)));
+  }
+  for (int step = 0; step < 2; ++step) {
+    model.forward(ctx, tokens.data(), targets.data(), kB, kT, 1.0f);
+    model.backward(ctx);
+  }
+  Measured m;
+  m.peak = tracker.peak(MemoryCategory::activations);
+  m.estimate = estimate_activation_memory(model, precision, kB, kT, ops);
+  const auto declared = Transformer::declared_only(config, {}, {nullptr, tp.rank, tp.size});
+  m.declared = estimate_activation_memory(*declared, precision, kB, kT, ops);
+  return m;
+}
+
+using Case = std::tuple<Family, Precision, int>;
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return std::string(std::get<0>(info.param) == Family::gpt2 ? "gpt2" : "llama") + "_" +
+         (std::get<1>(info.param) == Precision::bf16 ? "bf16" : "fp32") + "_tp" +
+         std::to_string(std::get<2>(info.param));
+}
+
+}  // namespace
+
+class TensorParallelActivationMemory : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelActivationMemory, EachRanksPeakMatchesTheFormulaWithinTenPercent) {
+  const auto [family, precision, tp] = GetParam();
+  const ModelConfig config = tiny(family);
+  const Measured whole = measure(config, precision, {});
+  std::vector<Measured> ranks(static_cast<size_t>(tp));
+  comm::run_local_ranks(tp, [&](comm::Communicator& group) {
+    ranks[static_cast<size_t>(group.rank())] =
+        measure(config, precision, {&group, group.rank(), group.size()});
+  });
+  for (int r = 0; r < tp; ++r) {
+    SCOPED_TRACE("tp rank " + std::to_string(r));
+    const Measured& m = ranks[static_cast<size_t>(r)];
+    // The declared-only model (no communicator) states the same shards as the running one.
+    EXPECT_EQ(m.declared.total(), m.estimate.total());
+    const double measured = static_cast<double>(m.peak);
+    const double predicted = static_cast<double>(m.declared.total());
+    // The issue's bound is 10%; on the AMX host where this was written the two agree to the byte.
+    EXPECT_NEAR(predicted / measured, 1.0, 0.10)
+        << "measured " << measured << " estimated " << predicted << " (residuals "
+        << m.declared.residuals << ", blocks " << m.declared.blocks << ", head " << m.declared.head
+        << ", backward " << m.declared.backward << ")";
+    // What a rank keeps is its shard: the blocks' saved tensors and scratch shrink, the residual
+    // stream and the (still whole) head do not.
+    EXPECT_LT(m.declared.blocks, whole.declared.blocks);
+    EXPECT_LE(m.declared.backward, whole.declared.backward);
+    EXPECT_EQ(m.declared.residuals, whole.declared.residuals);
+    EXPECT_EQ(m.declared.head, whole.declared.head);
+    EXPECT_LT(m.peak, whole.peak);
+    EXPECT_EQ(m.peak, ranks[0].peak);  // every rank holds shards of the same size
+  }
+  RecordProperty("measured_tp1_bytes", static_cast<int>(whole.peak));
+  RecordProperty("measured_per_rank_bytes", static_cast<int>(ranks[0].peak));
+  RecordProperty("estimated_per_rank_bytes", static_cast<int>(ranks[0].declared.total()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelActivationMemory,
+                         ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
+                                            ::testing::Values(Precision::fp32, Precision::bf16),
+                                            ::testing::Values(2, 4)),
+                         case_name);
