@@ -96,11 +96,14 @@ TEST_P(TensorParallelActivationMemory, EachRanksPeakMatchesTheFormulaWithinTenPe
         << m.declared.residuals << ", blocks " << m.declared.blocks << ", head " << m.declared.head
         << ", backward " << m.declared.backward << ")";
     // What a rank keeps is its shard: the blocks' saved tensors and scratch shrink, the residual
-    // stream and the (still whole) head do not.
+    // stream does not (no sequence parallelism yet). The vocabulary-parallel head keeps its fp32
+    // logits slice [rows, V/tp padded]: no more than one rank's fp32 logits (the tiny presets'
+    // 64-word vocabulary pads to 64 x tp, one slice of 64), but more than the one-rank bf16 head,
+    // which never stores them (its fused row chunks are not used under tp yet).
     EXPECT_LT(m.declared.blocks, whole.declared.blocks);
     EXPECT_LE(m.declared.backward, whole.declared.backward);
     EXPECT_EQ(m.declared.residuals, whole.declared.residuals);
-    EXPECT_EQ(m.declared.head, whole.declared.head);
+    if (precision == Precision::fp32) EXPECT_LE(m.declared.head, whole.declared.head);
     EXPECT_LT(m.peak, whole.peak);
     EXPECT_EQ(m.peak, ranks[0].peak);  // every rank holds shards of the same size
   }

@@ -300,7 +300,7 @@ TEST_F(LayoutCli, EstimateMemoryReadsATrainingConfig) {
 }
 
 // `lattice estimate memory --config` under tensor parallelism: the trainer activations of one tp
-// rank (its blocks' shards; the residual stream and the whole head as at tp = 1), given as a
+// rank (its blocks' shards and head slice; the residual stream as at tp = 1), given as a
 // --parallelism.tp override, against the peak a tp run of the same config measures on its rank.
 TEST_F(LayoutCli, EstimateMemoryCountsOneTensorParallelRanksActivations) {
   std::vector<double> measured;
@@ -325,7 +325,7 @@ TEST_F(LayoutCli, EstimateMemoryCountsOneTensorParallelRanksActivations) {
   EXPECT_LT(two["total_bytes"].get<double>(), one["total_bytes"].get<double>());
   EXPECT_LT(two["block_bytes"].get<double>(), one["block_bytes"].get<double>());
   EXPECT_EQ(two["residual_bytes"].get<double>(), one["residual_bytes"].get<double>());
-  EXPECT_EQ(two["head_bytes"].get<double>(), one["head_bytes"].get<double>());
+  EXPECT_GT(two["head_bytes"].get<double>(), 0.0);  // the vocabulary-parallel head's slice
   // The bound: within 10% of the measured peak (on the AMX host where this was written,
   // to the byte).
   EXPECT_NEAR(one["total_bytes"].get<double>() / measured[0], 1.0, 0.10) << measured[0];
