@@ -14,7 +14,8 @@
 namespace lattice::model {
 
 // x[0, n) summed over the tensor-parallel group, in place (nothing at tp = 1): the all-reduce
-// after a row-parallel layer's forward and after a column-parallel layer's input gradient.
+// after a row-parallel layer's forward and after a column-parallel layer's input gradient. Adds
+// its wall time to *tp.comm_seconds when set.
 void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n);
 
 class KvCache;

@@ -19,6 +19,9 @@ struct TensorParallelGroup {
   comm::Communicator* comm = nullptr;  // null means size 1
   int rank = 0;
   int size = 1;
+  // When set, every all_reduce_over_tp adds its wall time (seconds) here: the training line's
+  // "tp comm" (blocking, so all of it exposed). Owned by the caller, one per rank.
+  double* comm_seconds = nullptr;
 };
 
 // Called by the Transformer around the forward and backward of each parameter unit (see
