@@ -1,9 +1,11 @@
 // Tensor parallelism through the `lattice` CLI (issue #21): `lattice parity` with tp layouts
 // composed with dp and ZeRO on local threads and under real mpirun (also over TCP), for the GPT-2
 // and Llama presets; a tp run's checkpoint holds the logical tensors, so a one-rank run resumes
-// it and `lattice generate` reads it, and a tp run resumes its own checkpoint bit-identically.
+// it and `lattice generate` reads it, and a tp run resumes its own checkpoint bit-identically; the
+// training line and JSONL report the exposed tp communication; `lattice bench tp` runs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -145,6 +147,64 @@ TEST_F(TpCli, CheckpointIsLogicalResumesBitIdenticallyAndGenerates) {
                                dir_);
   EXPECT_EQ(text.status, 0) << text.out << text.err;
   EXPECT_FALSE(text.out.empty());
+}
+
+TEST_F(TpCli, TrainingLineAndJsonlReportTensorParallelCommunication) {
+  const auto run = [&](const std::string& dir, const std::string& extra) {
+    return run_lattice("train" + tiny_flags(dir_, "gpt2-tiny") + " --metrics.log_freq=1" +
+                           " --checkpoint.enable=false --job.run_dir=" + (dir_ / dir).string() +
+                           extra,
+                       dir_);
+  };
+  CliResult tp = run("tp", " --tp 2");
+  ASSERT_EQ(tp.status, 0) << tp.out << tp.err;
+  const auto records = read_jsonl(dir_ / "tp/metrics.jsonl");
+  ASSERT_EQ(records.size(), 4u) << tp.out;
+  // Every step line shows rank 0's tp all-reduce time; with log_freq 1 a line is one step, so it
+  // is that step's JSONL value in milliseconds (to the printed 0.1 ms).
+  size_t at = 0;
+  for (const auto& record : records) {
+    ASSERT_TRUE(record.contains("tp_comm_seconds")) << record.dump();
+    const double comm = record["tp_comm_seconds"].get<double>();
+    const double step = record["step_seconds"].get<double>();
+    EXPECT_GT(comm, 0) << record.dump();
+    EXPECT_LT(comm, step) << record.dump();
+    at = tp.out.find("| tp comm ", at);
+    ASSERT_NE(at, std::string::npos) << tp.out;
+    at += std::string("| tp comm ").size();
+    const double printed_ms = std::strtod(tp.out.c_str() + at, nullptr);
+    EXPECT_EQ(tp.out.compare(tp.out.find(' ', at), 4, " ms\n"), 0) << tp.out.substr(at, 40);
+    EXPECT_NEAR(printed_ms, 1e3 * comm, 0.051) << tp.out;
+  }
+  // One rank has no tensor-parallel communication to report: neither field appears.
+  CliResult one = run("one", "");
+  ASSERT_EQ(one.status, 0) << one.out << one.err;
+  EXPECT_EQ(one.out.find("tp comm"), std::string::npos) << one.out;
+  for (const auto& record : read_jsonl(dir_ / "one/metrics.jsonl"))
+    EXPECT_FALSE(record.contains("tp_comm_seconds")) << record.dump();
+}
+
+TEST_F(TpCli, BenchTpRunsAndPrintsTheRatio) {
+  // Tiny and untimed: the command runs both layouts and prints its row (no timing assertions).
+  CliResult r = run_lattice(
+      "bench tp --model gpt2-tiny --seq-len 32 --batch 4 --steps 1 --warmup 0 --rounds 1", dir_);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ISA:"), std::string::npos) << r.out;
+  const size_t row = r.out.find("\ngpt2-tiny (T32 B4)");
+  ASSERT_NE(row, std::string::npos) << r.out;
+  std::istringstream line(r.out.substr(row + 1, r.out.find('\n', row + 1) - row - 1));
+  std::string name, shape, precision, ratio;
+  double one = 0, two = 0;
+  line >> name >> shape >> shape >> precision >> one >> two >> ratio;
+  EXPECT_EQ(precision, "fp32") << r.out;
+  EXPECT_GT(one, 0) << r.out;
+  EXPECT_GT(two, 0) << r.out;
+  ASSERT_FALSE(ratio.empty()) << r.out;
+  EXPECT_EQ(ratio.back(), 'x') << r.out;
+  EXPECT_NEAR(std::strtod(ratio.c_str(), nullptr), two / one, 0.01 + 0.01 * two / one) << r.out;
+  // A model whose heads tp 2 cannot split: one clear error line, before any run.
+  expect_one_error_line(run_lattice("bench tp --model gpt2-1.5b --steps 1", dir_),
+                        "attention heads");
 }
 
 #ifdef LATTICE_MPIEXEC

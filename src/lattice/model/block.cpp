@@ -2,15 +2,21 @@
 // allocation (see block.hpp).
 #include "lattice/model/block.hpp"
 
+#include <chrono>
+
 #include "lattice/comm/communicator.hpp"
 
 namespace lattice::model {
 
-void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n) {
+void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n, comm::ReduceOp op) {
   if (tp.size == 1) return;
   check(tp.comm != nullptr, "tensor parallelism of size " + std::to_string(tp.size) +
                                 " without a communicator (internal error)");
-  tp.comm->allreduce(x, n, DType::f32, comm::ReduceOp::sum);
+  const auto start = std::chrono::steady_clock::now();
+  tp.comm->allreduce(x, n, DType::f32, op);
+  if (tp.comm_seconds)
+    *tp.comm_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 float* BackwardScratch::get(int slot, int64_t numel, MemoryTracker* tracker) {

@@ -7,15 +7,18 @@
 #include <memory>
 #include <vector>
 
+#include "lattice/comm/reduce_op.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/core/tensor.hpp"
 #include "lattice/model/layer_context.hpp"
 
 namespace lattice::model {
 
-// x[0, n) summed over the tensor-parallel group, in place (nothing at tp = 1): the all-reduce
-// after a row-parallel layer's forward and after a column-parallel layer's input gradient.
-void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n);
+// x[0, n) summed (or reduced by `op`) over the tensor-parallel group, in place (nothing at tp = 1):
+// the all-reduce after a row-parallel layer's forward, after a column-parallel layer's input
+// gradient, and the vocabulary-parallel loss's. Adds its wall time to *tp.comm_seconds when set.
+void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n,
+                        comm::ReduceOp op = comm::ReduceOp::sum);
 
 class KvCache;
 

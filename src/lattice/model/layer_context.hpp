@@ -1,8 +1,8 @@
 // What every layer's forward and backward receives: the kernel backend (kernels/ops.hpp: every op a
-// layer computes goes through it), the compute precision, the
-// memory tracker for activations, and the tensor-parallel group (size 1 until tensor parallelism
-// lands: the seam exists so layers become tensor-parallel by being handed a larger group, not by
-// being rewritten), and optional hooks around each parameter unit (data parallelism and ZeRO-3).
+// layer computes goes through it), the compute precision, the memory tracker for activations and
+// optional hooks around each parameter unit (data parallelism and ZeRO-3); and the tensor-parallel
+// group the layers are built with (size 1 without tensor parallelism: the layers are the same code
+// handed a larger group and their shards).
 #pragma once
 
 #include "lattice/core/memory.hpp"
@@ -19,6 +19,9 @@ struct TensorParallelGroup {
   comm::Communicator* comm = nullptr;  // null means size 1
   int rank = 0;
   int size = 1;
+  // When set, every all_reduce_over_tp adds its wall time (seconds) here: the training line's
+  // "tp comm" (blocking, so all of it exposed). Owned by the caller, one per rank.
+  double* comm_seconds = nullptr;
 };
 
 // Called by the Transformer around the forward and backward of each parameter unit (see

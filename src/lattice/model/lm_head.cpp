@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "lattice/comm/communicator.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/model/block.hpp"
 
@@ -182,10 +181,10 @@ double LmHead::vocab_parallel_loss(const LayerContext& ctx, HeadActivations& h, 
   float* row_max = stats.f32();
   float* sums = row_max + rows;  // [row_sum | target_logit]
   ctx.ops.vocab_slice_row_max(row_max, h.logits.f32(), rows, V_, valid);
-  tp_.comm->allreduce(row_max, rows, DType::f32, comm::ReduceOp::max);
+  all_reduce_over_tp(tp_, row_max, rows, comm::ReduceOp::max);
   ctx.ops.vocab_slice_row_sums(sums, sums + rows, h.logits.f32(), row_max, targets, rows, V_, valid,
                                slice_);
-  tp_.comm->allreduce(sums, 2 * rows, DType::f32, comm::ReduceOp::sum);
+  all_reduce_over_tp(tp_, sums, 2 * rows);
   return ctx.ops.vocab_slice_loss(grad_scale != 0.0f ? h.logits.f32() : nullptr, h.logits.f32(),
                                   row_max, sums, sums + rows, targets, rows, V_, valid, slice_,
                                   grad_scale);

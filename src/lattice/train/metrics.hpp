@@ -1,5 +1,6 @@
-// Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory),
-// the JSONL record of the same scalars, a progress bar with ETA on terminals, and the GEMM
+// Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory,
+// data- and tensor-parallel communication), the JSONL record of the same scalars, a progress bar
+// with ETA on terminals, and the GEMM
 // calibration that measures the peak FLOP/s MFU is taken against when the config gives none.
 #pragma once
 
@@ -24,6 +25,9 @@ struct StepMetrics {
   // Data parallelism: communication the step waited for (exposed) and ran in total, and tokens/s
   // against the configured single-rank rate.
   std::optional<double> exposed_comm_seconds, comm_seconds, scaling_efficiency;
+  // Tensor parallelism: the wall time of this rank's tp all-reduces in the step (blocking, so all
+  // of it exposed).
+  std::optional<double> tp_comm_seconds;
 };
 
 // Model FLOP/s of a square GEMM at the given precision, the best of at least 8 runs over at least

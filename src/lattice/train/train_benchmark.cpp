@@ -55,14 +55,18 @@ std::string jemalloc_library() {
 }  // namespace
 
 ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
-                                            int64_t steps, int64_t warmup, int ranks) {
+                                            int64_t steps, int64_t warmup, int ranks, int tp) {
   check(steps > 0, "the benchmark needs at least one timed step");
-  check(ranks >= 1 && c.batch % ranks == 0,
+  check(tp >= 1 && ranks % tp == 0,
+        "the benchmark's " + std::to_string(ranks) + " ranks do not split into tensor-parallel " +
+            "groups of " + std::to_string(tp) + ": use a tp that divides the rank count");
+  const int replicas = ranks / tp;
+  check(ranks >= 1 && c.batch % replicas == 0,
         "the benchmark batch of " + std::to_string(c.batch) + " sequences does not split over " +
-            std::to_string(ranks) + " ranks: use a rank count that divides it");
-  const int64_t batch = c.batch / ranks, n = batch * c.seq_len;
+            std::to_string(replicas) + " data-parallel ranks: use a rank count that divides it");
+  const int64_t batch = c.batch / replicas, n = batch * c.seq_len;
   const int threads = std::max(1, omp_get_max_threads() / ranks);
-  double seconds = 0;
+  double seconds = 0, tp_comm = 0;
   comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {
     // One rank: a private one-rank world, so that it runs the trainer's step as every layout does.
     std::unique_ptr<comm::LocalWorld> own_world;
@@ -76,16 +80,22 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     const kernels::ScopedOmpThreads kernel_threads(threads);
     MemoryTracker tracker;
     kernels::CpuOps ops;
-    model::Transformer model(c.model, &tracker);
+    // The trainer's layout (tp innermost): the blocks split over the tp group, the batch over dp.
+    mesh::Mesh mesh(*group, {.dp = replicas, .tp = tp});
+    comm::Communicator& tp_group = mesh.group(mesh::Axis::tp);
+    double tp_seconds = 0;
+    model::Transformer model(c.model, &tracker, model::StageRange{},
+                             {&tp_group, tp_group.rank(), tp_group.size(), &tp_seconds});
     model.initialize(0);
     // As the trainer does in bf16 without ZeRO-3: the weights' bf16 copies, rounded per step.
     if (precision == kernels::Precision::bf16) model.parameters().keep_bf16_copies(&tracker);
-    const auto tokens = random_tokens(n, c.model.vocab_size, 1 + 2 * static_cast<uint64_t>(rank));
-    const auto targets = random_tokens(n, c.model.vocab_size, 2 + 2 * static_cast<uint64_t>(rank));
-    // Plain data parallelism over the local backend (each rank a thread with its share of the
+    // Each replica's own tokens; the tp ranks of a replica read the same ones.
+    const auto replica = static_cast<uint64_t>(mesh.dp_cp().rank());
+    const auto tokens = random_tokens(n, c.model.vocab_size, 1 + 2 * replica);
+    const auto targets = random_tokens(n, c.model.vocab_size, 2 + 2 * replica);
+    // Data parallelism over the local backend (each replica with its share of the
     // batch, gradients averaged by the bucketed reduction overlapping the backward), clipping to
     // norm 1 and AdamW: the trainer's step (training_step.hpp) on a fixed batch.
-    mesh::Mesh mesh(*group, {.dp = ranks});
     parallel::DataParallel dp(ops, model, mesh, parallel::DataParallelSettings{},
                               optim::AdamWSettings{}, &tracker);
     model::LayerContext ctx{ops, precision, &tracker, &dp};
@@ -98,12 +108,18 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     auto one_step = [&] { training_step(model, dp, ctx, shape, fixed_batch, 3e-4f, ++step); };
     for (int64_t i = 0; i < warmup; ++i) one_step();
     group->barrier();
+    tp_seconds = 0;
     const double elapsed = seconds_for(steps, 0, one_step);
+    const double timed_tp_seconds = tp_seconds;
     dp.settle_parameters();
     group->barrier();
-    if (rank == 0) seconds = elapsed;
+    if (rank == 0) {
+      seconds = elapsed;
+      tp_comm = timed_tp_seconds;
+    }
   });
   ThroughputResult r;
+  r.tp_comm_seconds_per_step = tp_comm / static_cast<double>(steps);
   r.seconds_per_step = seconds / static_cast<double>(steps);
   r.tokens_per_second = static_cast<double>(c.batch * c.seq_len) / r.seconds_per_step;
   return r;

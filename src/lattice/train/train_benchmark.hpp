@@ -1,6 +1,6 @@
 // Training benchmark: times Lattice's training step (train/training_step.hpp: forward, backward,
-// gradient reduction, clipping, AdamW) on a fixed random batch, on one rank or data-parallel over
-// local ranks, and runs the PyTorch peer
+// gradient reduction, clipping, AdamW) on a fixed random batch, on one rank or data- and
+// tensor-parallel over local ranks, and runs the PyTorch peer
 // (bench/pytorch_train.py, alone or under DDP) on the same model and batch so the two are measured
 // side by side in one invocation.
 #pragma once
@@ -23,14 +23,18 @@ struct BenchmarkCase {
 struct ThroughputResult {
   double tokens_per_second = 0;
   double seconds_per_step = 0;
+  // Lattice under tensor parallelism: rank 0's blocking tp all-reduces per timed step.
+  double tp_comm_seconds_per_step = 0;
   std::string blas;  // PyTorch only: the BLAS its fp32 GEMMs ran on, as its script names it
 };
 
-// Lattice: `warmup` untimed steps, then `steps` timed ones. With ranks > 1, data parallelism over
-// the local backend (ranks as threads, each with 1/ranks of the batch and of the OpenMP threads);
-// tokens/s are of the whole batch.
+// Lattice: `warmup` untimed steps, then `steps` timed ones. With ranks > 1, local ranks (threads,
+// each with 1/ranks of the OpenMP threads) laid out as ranks / tp data-parallel replicas of `tp`
+// tensor-parallel ranks; each replica takes 1/(ranks / tp) of the batch. tokens/s are of the
+// whole batch.
 ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
-                                            int64_t steps, int64_t warmup, int ranks = 1);
+                                            int64_t steps, int64_t warmup, int ranks = 1,
+                                            int tp = 1);
 
 // How the PyTorch peer allocates memory. PyTorch 1.13 on glibc malloc maps and faults in its
 // large activation blocks afresh every step; Intel's CPU tuning guide for PyTorch preloads jemalloc

@@ -76,7 +76,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   ops_ = std::make_unique<kernels::CpuOps>(kernels::MatmulOptions::from_environment());
   // Tensor parallelism: the blocks' matrices split over the tp ranks (placements in the store).
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
-  const model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size()};
+  const model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &tp_comm_seconds_};
   model_ =
       std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{}, tp_group);
   model_->set_activation_checkpointing(config_.activation_checkpoint);
@@ -228,7 +228,7 @@ TrainResult Trainer::run() {
   TrainResult result;
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
-  double window_seconds = 0, window_exposed = 0, window_comm = 0;
+  double window_seconds = 0, window_exposed = 0, window_comm = 0, window_tp_comm = 0;
   int64_t window_steps = 0;
   double total_seconds = 0;
   auto set_rates = [&](StepMetrics& m, double tokens, double seconds) {
@@ -245,8 +245,10 @@ TrainResult Trainer::run() {
   };
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
     const float lr = schedule.at(step);
+    tp_comm_seconds_ = 0;  // the step's own tp all-reduces (not validation's or a checkpoint's)
     const StepOutcome outcome =
         training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
+    const double tp_comm = tp_comm_seconds_;
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
       std::raise(SIGKILL);
@@ -260,6 +262,8 @@ TrainResult Trainer::run() {
     result.exposed_comm_seconds += comm_times.exposed_seconds;
     result.comm_seconds += comm_times.total_seconds;
     window_comm += comm_times.total_seconds;
+    window_tp_comm += tp_comm;
+    result.tp_comm_seconds += tp_comm;
     ++window_steps;
     total_seconds += seconds;
 
@@ -287,6 +291,7 @@ TrainResult Trainer::run() {
         m.exposed_comm_seconds = comm_times.exposed_seconds;
         m.comm_seconds = comm_times.total_seconds;
       }
+      if (tp_size > 1) m.tp_comm_seconds = tp_comm;
       logger.record(m);
       if (step % config_.log_freq == 0 || step == result.first_step || step == config_.steps ||
           validate) {
@@ -297,8 +302,9 @@ TrainResult Trainer::run() {
           line.exposed_comm_seconds = window_exposed / static_cast<double>(window_steps);
           line.comm_seconds = window_comm / static_cast<double>(window_steps);
         }
+        if (tp_size > 1) line.tp_comm_seconds = window_tp_comm / static_cast<double>(window_steps);
         logger.log_step(line);
-        window_seconds = window_exposed = window_comm = 0;
+        window_seconds = window_exposed = window_comm = window_tp_comm = 0;
         window_steps = 0;
       } else {
         logger.progress(step, config_.steps, seconds);

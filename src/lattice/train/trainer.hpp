@@ -37,6 +37,8 @@ struct TrainResult {
   // Data parallelism, summed over the steps run: communication the training thread waited for,
   // and the time the collectives ran.
   double exposed_comm_seconds = 0, comm_seconds = 0;
+  // Tensor parallelism, summed over the steps run: this rank's blocking tp all-reduces.
+  double tp_comm_seconds = 0;
   int rank = 0;  // the world rank that ran it (rank 0 reports)
 };
 
@@ -84,6 +86,7 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   int64_t start_step_ = 0;
   int64_t fault_kill_after_step_ = -1;  // LATTICE_FAULT_KILL_* (tests only)
+  double tp_comm_seconds_ = 0;          // the model's tp all-reduces add their time here (per step)
 };
 
 // Runs training on the layout's pp x dp x cp x tp ranks: under a launcher (mpirun, srun,
