@@ -139,8 +139,8 @@ void run_bench(const Options& o) {
   std::printf(
       "\nratio: tp2 tokens/s over 1x2 tokens/s (median of the rounds' ratios; target >= 0.85x on "
       "2 cores). tp comm: rank 0's blocking tensor-parallel all-reduces per step (all of it "
-      "exposed: no overlap yet); share: of the tp2 step. The embedding and head are whole on "
-      "every tp rank (computed twice).\n");
+      "exposed: no overlap yet); share: of the tp2 step. The embedding, head and loss are "
+      "vocabulary-parallel; the norms are computed on every tp rank.\n");
 }
 
 }  // namespace
