@@ -182,3 +182,27 @@ TEST(TensorParallelBlocks, ActivationCheckpointingUnderTensorParallelismIsBitIde
     });
   }
 }
+
+TEST(TensorParallelBlocks, OverlappedInputGradientReductionsAreBitIdenticalToBlockingOnes) {
+  // The column-parallel layers' input-gradient all-reduces run while their weight gradients are
+  // computed (TensorParallelGroup::overlap): the same operations in another order of independent
+  // work, so the same bits as blocking all-reduces, for every family and precision.
+  for (const Family family : {Family::gpt2, Family::llama}) {
+    const ModelConfig config = tiny(family);
+    const Batch b = batch(config.vocab_size);
+    comm::run_local_ranks(2, [&](comm::Communicator& group) {
+      TensorParallelGroup overlapped{&group, group.rank(), group.size()};
+      TensorParallelGroup blocking = overlapped;
+      blocking.overlap = false;
+      Transformer a(config, nullptr, {}, overlapped), c(config, nullptr, {}, blocking);
+      a.initialize(5);
+      c.initialize(5);
+      for (Precision precision : {Precision::fp32, Precision::bf16}) {
+        const StepResult x = train_once(a, precision, b);
+        const StepResult y = train_once(c, precision, b);
+        EXPECT_EQ(x.loss, y.loss);
+        EXPECT_EQ(x.grads, y.grads) << "rank " << group.rank();
+      }
+    });
+  }
+}

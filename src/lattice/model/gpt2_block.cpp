@@ -233,10 +233,24 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
   float* d_x2 = kept(a.d_x2, 2, rows * C_);     // d residual after attention
   float* d_qkv = kept(a.d_qkv, 3, rows * 3 * A_);  // d q, k, v packed
   float* d_att = scratch.get(4, rows * A_, tr);
+  // Tensor parallelism: a column-parallel layer's input gradient is all-reduced over tp while its
+  // weight gradient is computed (its input half, the reduction started, the weight half, the
+  // wait); without overlap (or when the weight half is deferred) the reduction blocks.
+  const bool overlap = tp_.size > 1 && tp_.overlap && !defer;
+  const bool input_half_only = defer || overlap;
+  auto reduce_input_gradient = [&](auto&& weight_half) {
+    if (!overlap) {
+      all_reduce_over_tp(tp_, d_ln, rows * C_);
+      return;
+    }
+    TpReduction reduction(tp_, d_ln, rows * C_);
+    weight_half();
+    reduction.wait();
+  };
 
   // MLP branch: x_out = x2 + c_proj(gelu(c_fc(ln2(x2)))).
   if (bf16) {
-    mlp_backward_bf16(ctx, a, d_ln, d_x_out, d_fc, d_y16_or_gelu, rows, defer);
+    mlp_backward_bf16(ctx, a, d_ln, d_x_out, d_fc, d_y16_or_gelu, rows, defer, input_half_only);
   } else {
     float* d_gelu = d_y16_or_gelu;
     if (defer) {  // d_x_out may be overwritten by d_x_in below: c_proj's W keeps its own copy
@@ -246,12 +260,18 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
       mlp_proj_.backward(ctx, a.mlp_proj, d_gelu, d_x_out, a.gelu.f32(), rows);
     }
     ctx.ops.gelu_backward(d_fc, d_gelu, a.fc.f32(), rows * F_);
-    if (defer)
+    if (input_half_only)
       c_fc_.backward_input(ctx, a.c_fc, d_ln, d_fc, rows);
     else
       c_fc_.backward(ctx, a.c_fc, d_ln, d_fc, a.ln2.f32(), rows);
   }
-  all_reduce_over_tp(tp_, d_ln, rows * C_);  // the column-parallel c_fc's partial input gradients
+  reduce_input_gradient([&] {  // the column-parallel c_fc's partial input gradients
+    if (bf16)
+      c_fc_.backward_rounded(ctx, a.c_fc, nullptr, reinterpret_cast<const lattice::bf16*>(d_fc),
+                             a.ln2.f32(), rows);
+    else
+      c_fc_.backward_weight(ctx, a.c_fc, d_fc, a.ln2.f32(), rows);
+  });
   ctx.ops.layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln,
                              a.x2.f32(), store_.value(ln2_weight_), a.ln2_mean.f32(),
                              a.ln2_rstd.f32(), rows, C_, /*residual_grad=*/d_x_out);
@@ -262,18 +282,24 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
   else
     attn_proj_.backward(ctx, a.attn_proj, d_att, d_x2, a.att.f32(), rows);
   if (bf16) {
-    attention_backward_bf16(ctx, a, d_ln, d_att, d_qkv, B, T, defer);
+    attention_backward_bf16(ctx, a, d_ln, d_att, d_qkv, B, T, input_half_only);
   } else {
     const float* qkv = a.qkv.f32();
     ctx.ops.attention_backward(d_qkv, d_qkv + A_, d_qkv + 2 * A_, d_att, qkv, qkv + A_,
                                qkv + 2 * A_, a.att.f32(), a.lse.f32(),
                                packed_qkv_shape(B, T, heads_, head_dim_), ctx.precision, {});
-    if (defer)
+    if (input_half_only)
       c_attn_.backward_input(ctx, a.c_attn, d_ln, d_qkv, rows);
     else
       c_attn_.backward(ctx, a.c_attn, d_ln, d_qkv, a.ln1.f32(), rows);
   }
-  all_reduce_over_tp(tp_, d_ln, rows * C_);
+  reduce_input_gradient([&] {
+    if (bf16)
+      c_attn_.backward_rounded(ctx, a.c_attn, nullptr,
+                               reinterpret_cast<const lattice::bf16*>(d_qkv), nullptr, rows);
+    else
+      c_attn_.backward_weight(ctx, a.c_attn, d_qkv, a.ln1.f32(), rows);
+  });
   ctx.ops.layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
                              store_.value(ln1_weight_), a.ln1_mean.f32(), a.ln1_rstd.f32(), rows,
                              C_, /*residual_grad=*/d_x2);
@@ -308,7 +334,7 @@ void Gpt2Block::backward_weight(const LayerContext& ctx, BlockActivations& saved
 
 void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln,
                                         const float* d_att, float* d_qkv_buffer, int64_t B,
-                                        int64_t T, bool defer) {
+                                        int64_t T, bool input_half_only) {
   const int64_t rows = B * T;
   auto* d_qkv16 = reinterpret_cast<lattice::bf16*>(d_qkv_buffer);
   const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
@@ -317,7 +343,7 @@ void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float
   ctx.ops.attention_backward_bf16(d_qkv16, d_qkv16 + A_, d_qkv16 + 2 * A_, c_attn_.bias_grad(),
                                   d_att, qkv16, qkv16 + A_, qkv16 + 2 * A_, a.att.f32(),
                                   a.lse.f32(), packed_qkv_shape(B, T, heads_, head_dim_), {});
-  if (defer)
+  if (input_half_only)
     c_attn_.backward_input_rounded(ctx, d_ln, d_qkv16, rows);
   else
     c_attn_.backward_rounded(ctx, a.c_attn, d_ln, d_qkv16, nullptr, rows);
@@ -325,7 +351,7 @@ void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float
 
 void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln,
                                   const float* d_x_out, float* d_fc_buffer, float* d_y_buffer,
-                                  int64_t rows, bool defer) {
+                                  int64_t rows, bool defer, bool fc_input_half_only) {
   // c_proj's d_out rounded once (with its bias gradient) for its weight gradient and for d_gelu.
   auto* d_y16 = reinterpret_cast<lattice::bf16*>(d_y_buffer);
   ctx.ops.round_with_column_sums(d_y16, mlp_proj_.bias_grad(), d_x_out, rows, C_);
@@ -335,7 +361,7 @@ void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln
   auto* d_fc16 = reinterpret_cast<lattice::bf16*>(d_fc_buffer);
   mlp_proj_.backward_input_through_gelu_bf16(ctx, d_fc16, c_fc_.bias_grad(), d_y16,
                                              a.gelu_slope16.data<lattice::bf16>(), rows);
-  if (defer)
+  if (fc_input_half_only)
     c_fc_.backward_input_rounded(ctx, d_ln, d_fc16, rows);
   else
     c_fc_.backward_rounded(ctx, a.c_fc, d_ln, d_fc16, a.ln2.f32(), rows);

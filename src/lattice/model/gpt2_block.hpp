@@ -68,9 +68,10 @@ class Gpt2Block final : public Block {
                      const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                      BackwardScratch& scratch, bool defer) override;
   // bf16 backward of attention and c_attn, from d_att to d_ln (LayerNorm 1's output gradient):
-  // attention writes c_attn's bf16 d_out (d_qkv_buffer, [rows, 3C] bf16) and its column sums.
+  // attention writes c_attn's bf16 d_out (d_qkv_buffer, [rows, 3C] bf16) and its column sums;
+  // `input_half_only` leaves c_attn's weight half to the caller.
   void attention_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_att,
-                               float* d_qkv_buffer, int64_t B, int64_t T, bool defer);
+                               float* d_qkv_buffer, int64_t B, int64_t T, bool input_half_only);
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                   const float* x_in, int64_t rows);
   // bf16 forward of LayerNorm 2 and the MLP from x2 to x_out (before the residual add), with
@@ -79,8 +80,11 @@ class Gpt2Block final : public Block {
   // bf16 backward of the MLP from d_x_out to d_ln (LayerNorm 2's output gradient), with c_proj's
   // input gradient and the GELU backward fused (Linear::backward_input_through_gelu_bf16);
   // d_fc_buffer holds c_fc's bf16 d_out [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
+  // `defer`: c_proj's weight half is left for backward_weight; `fc_input_half_only`: c_fc's too
+  // (deferred, or run by the caller while the tp all-reduce of d_ln is in flight).
   void mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_x_out,
-                         float* d_fc_buffer, float* d_y_buffer, int64_t rows, bool defer);
+                         float* d_fc_buffer, float* d_y_buffer, int64_t rows, bool defer,
+                         bool fc_input_half_only);
 
   ParameterStore& store_;
   TensorParallelGroup tp_;

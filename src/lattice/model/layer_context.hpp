@@ -22,6 +22,11 @@ struct TensorParallelGroup {
   // When set, every all_reduce_over_tp adds its wall time (seconds) here: the training line's
   // "tp comm" (blocking, so all of it exposed). Owned by the caller, one per rank.
   double* comm_seconds = nullptr;
+  // Overlap a column-parallel layer's input-gradient all-reduce with its weight-gradient GEMMs
+  // (started asynchronously after the input half, waited for after the weight half; Megatron's
+  // asynchronous tensor-parallel all-reduce). The same arithmetic either way: false is for
+  // measuring what the overlap hides.
+  bool overlap = true;
 };
 
 // Called by the Transformer around the forward and backward of each parameter unit (see

@@ -1,6 +1,8 @@
 // Llama transformer block: see llama_block.hpp.
 #include "lattice/model/llama_block.hpp"
 
+#include <initializer_list>
+
 #include "lattice/core/error.hpp"
 #include "lattice/model/kv_cache.hpp"
 
@@ -178,16 +180,45 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
     else
       layer.backward(ctx, saved, d_in, d_out, in, rows);
   };
+  // Tensor parallelism: the column-parallel layers' summed input gradient is all-reduced over tp
+  // while their weight gradients are computed (input halves, the reduction started, weight
+  // halves, the wait); without overlap (or when the weight halves are deferred) it blocks.
+  const bool overlap = tp_.size > 1 && tp_.overlap && !defer;
+  auto column_input_half = [&](Linear& layer, LinearActivations& saved, float* d_in,
+                               const float* d_out, const float* in) {
+    if (overlap)
+      layer.backward_input(ctx, saved, d_in, d_out, rows);
+    else
+      linear_backward(layer, saved, d_in, d_out, in);
+  };
+  struct WeightHalf {
+    Linear* layer;
+    LinearActivations* saved;
+    const float* d_out;
+    const float* in;
+  };
+  auto reduce_input_gradient = [&](float* d_in, std::initializer_list<WeightHalf> weight_halves) {
+    if (!overlap) {
+      all_reduce_over_tp(tp_, d_in, rows * C_);
+      return;
+    }
+    TpReduction reduction(tp_, d_in, rows * C_);
+    for (const WeightHalf& w : weight_halves)
+      w.layer->backward_weight(ctx, *w.saved, w.d_out, w.in, rows);
+    reduction.wait();
+  };
 
   // MLP branch: x_out = x2 + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(x2).
   if (defer)  // d_x_out may be overwritten by d_x_in below: down_proj's W keeps its own copy
     ctx.ops.copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
   linear_backward(down_proj_, a.down_proj, d_h, d_x_out, a.h.f32());
   ctx.ops.swiglu_backward(d_gate, d_up, d_h, a.gate.f32(), a.up.f32(), rows * F_);
-  linear_backward(gate_proj_, a.gate_proj, d_norm, d_gate, a.n2.f32());
-  linear_backward(up_proj_, a.up_proj, d_part, d_up, a.n2.f32());
+  column_input_half(gate_proj_, a.gate_proj, d_norm, d_gate, a.n2.f32());
+  column_input_half(up_proj_, a.up_proj, d_part, d_up, a.n2.f32());
   ctx.ops.add_inplace(d_norm, d_part, rows * C_);
-  all_reduce_over_tp(tp_, d_norm, rows * C_);  // the column-parallel layers' partial gradients
+  reduce_input_gradient(
+      d_norm,  // the column-parallel layers' partial gradients
+      {{&gate_proj_, &a.gate_proj, d_gate, a.n2.f32()}, {&up_proj_, &a.up_proj, d_up, a.n2.f32()}});
   ctx.ops.rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, a.x2.f32(),
                            store_.value(norm2_weight_), a.rstd2.f32(), rows, C_,
                            /*residual_grad=*/d_x_out);
@@ -199,12 +230,14 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
                              a.lse.f32(), shape, ctx.precision, {});
   ctx.ops.rope(rope_, d_q, B, T, heads_, A_, T * A_, 0, true);
   ctx.ops.rope(rope_, d_k, B, T, kv_heads_, kv, T * kv, 0, true);
-  linear_backward(q_proj_, a.q_proj, d_norm, d_q, a.n1.f32());
-  linear_backward(k_proj_, a.k_proj, d_part, d_k, a.n1.f32());
+  column_input_half(q_proj_, a.q_proj, d_norm, d_q, a.n1.f32());
+  column_input_half(k_proj_, a.k_proj, d_part, d_k, a.n1.f32());
   ctx.ops.add_inplace(d_norm, d_part, rows * C_);
-  linear_backward(v_proj_, a.v_proj, d_part, d_v, a.n1.f32());
+  column_input_half(v_proj_, a.v_proj, d_part, d_v, a.n1.f32());
   ctx.ops.add_inplace(d_norm, d_part, rows * C_);
-  all_reduce_over_tp(tp_, d_norm, rows * C_);
+  reduce_input_gradient(d_norm, {{&q_proj_, &a.q_proj, d_q, a.n1.f32()},
+                                 {&k_proj_, &a.k_proj, d_k, a.n1.f32()},
+                                 {&v_proj_, &a.v_proj, d_v, a.n1.f32()}});
   ctx.ops.rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in,
                            store_.value(norm1_weight_), a.rstd1.f32(), rows, C_,
                            /*residual_grad=*/d_x2);

@@ -23,7 +23,8 @@ struct BenchmarkCase {
 struct ThroughputResult {
   double tokens_per_second = 0;
   double seconds_per_step = 0;
-  // Lattice under tensor parallelism: rank 0's blocking tp all-reduces per timed step.
+  // Lattice under tensor parallelism: rank 0's exposed tp communication per timed step (the
+  // blocking all-reduces and the waits for the overlapped ones).
   double tp_comm_seconds_per_step = 0;
   std::string blas;  // PyTorch only: the BLAS its fp32 GEMMs ran on, as its script names it
 };
@@ -31,10 +32,11 @@ struct ThroughputResult {
 // Lattice: `warmup` untimed steps, then `steps` timed ones. With ranks > 1, local ranks (threads,
 // each with 1/ranks of the OpenMP threads) laid out as ranks / tp data-parallel replicas of `tp`
 // tensor-parallel ranks; each replica takes 1/(ranks / tp) of the batch. tokens/s are of the
-// whole batch.
+// whole batch. `tp_overlap` false makes every tp all-reduce blocking
+// (TensorParallelGroup::overlap).
 ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
                                             int64_t steps, int64_t warmup, int ranks = 1,
-                                            int tp = 1);
+                                            int tp = 1, bool tp_overlap = true);
 
 // How the PyTorch peer allocates memory. PyTorch 1.13 on glibc malloc maps and faults in its
 // large activation blocks afresh every step; Intel's CPU tuning guide for PyTorch preloads jemalloc
