@@ -17,6 +17,7 @@
 #include "lattice/plan/report.hpp"
 #include "lattice/plan/simulator.hpp"
 #include "lattice/train/train_config.hpp"
+#include "lattice/train/trainer.hpp"
 #include "verbs.hpp"
 
 namespace lattice::cli {
@@ -66,14 +67,13 @@ train::TrainConfig resolve_from_train_config(const CLI::App& verb, const Estimat
 // This trainer's own activations on the CPU for the config's micro-batch (activation_memory.hpp):
 // the tensors its layers save, in its precision, with its checkpointing — where the estimate above
 // counts 16-bit activations as GPU trainers keep them. Under tensor parallelism, one tp rank's:
-// its blocks' shards (every rank's are the same size; the embedding and head are whole).
+// its blocks' shards and its vocabulary slice of the embedding and head (every rank's are the same
+// size).
 model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
   // The fused LM head keeps one weight-gradient partial per kernel thread: count a rank's, as
   // `lattice train` on the local backend shares them (training.threads, or every core, divided
   // among the dp x tp x ... ranks of the process; train::train_on_ranks).
-  const int total = config.threads > 0 ? static_cast<int>(config.threads) : omp_get_num_procs();
-  omp_set_num_threads(
-      std::max(1, total / static_cast<int>(std::max<int64_t>(1, config.world_size()))));
+  omp_set_num_threads(train::threads_per_rank(config, static_cast<int>(config.world_size())));
   const model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.tp)};
   auto declared = model::Transformer::declared_only(config.model, {}, tp);
   declared->set_activation_checkpointing(config.activation_checkpoint);

@@ -45,6 +45,9 @@ int64_t Transformer::parameter_count(const ModelConfig& config, StageRange range
 
 std::unique_ptr<Transformer> Transformer::declared_only(const ModelConfig& config, StageRange range,
                                                         TensorParallelGroup tp) {
+  check(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size,
+        "tensor-parallel rank " + std::to_string(tp.rank) + " of " + std::to_string(tp.size) +
+            " is not a rank of the group (internal error)");
   return std::unique_ptr<Transformer>(new Transformer(config, range, tp, DeclareOnly{}));
 }
 

@@ -326,15 +326,10 @@ TrainResult Trainer::run() {
   return result;
 }
 
-namespace {
-
-// Kernel threads per rank: training.threads, or every core shared among this process's ranks.
 int threads_per_rank(const TrainConfig& config, int ranks_in_process) {
   const int total = config.threads > 0 ? static_cast<int>(config.threads) : omp_get_num_procs();
   return std::max(1, total / std::max(1, ranks_in_process));
 }
-
-}  // namespace
 
 TrainResult train_on_ranks(const TrainConfig& config) {
   const comm::LaunchInfo launch = comm::detect_launch();

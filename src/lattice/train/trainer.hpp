@@ -96,4 +96,9 @@ class Trainer {
 // 0's result (or this process's rank's under MPI). parallelism.backend forces a backend.
 TrainResult train_on_ranks(const TrainConfig& config);
 
+// Kernel threads per rank: training.threads, or every core, shared among this process's ranks (as
+// train_on_ranks gives them; the activation estimate counts the fused head's per-thread partials
+// with it).
+int threads_per_rank(const TrainConfig& config, int ranks_in_process);
+
 }  // namespace lattice::train
