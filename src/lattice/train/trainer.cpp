@@ -213,7 +213,8 @@ TrainResult Trainer::run() {
     if (tp_size > 1)
       std::printf(
           "tensor parallel: %d ranks per replica (attention heads, key/value heads and MLP split; "
-          "embedding and head whole), one all-reduce per sub-layer each way\n",
+          "embedding, head and loss split by vocabulary), one all-reduce per sub-layer each "
+          "way\n",
           tp_size);
     std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
                 peak / 1e12, peak_source);
