@@ -10,6 +10,7 @@
 
 #include "../train/cli_runner.hpp"
 #include "dp_fixture.hpp"
+#include "mpi_runner.hpp"
 
 using namespace lattice::testing;
 namespace fs = std::filesystem;
@@ -35,27 +36,6 @@ class DpCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;
 };
-
-#ifdef LATTICE_MPIEXEC
-// `mpirun -np N lattice <args>` in the test directory (a 120 s timeout keeps a hang from blocking
-// CI).
-CliResult run_mpi(int ranks, const std::string& args, const fs::path& dir,
-                  const std::string& mpirun_flags = "", const std::string& env = "") {
-  const std::string command =
-      "env OMPI_MCA_rmaps_base_oversubscribe=1 LATTICE_COMM_TIMEOUT_MS=60000 " + env +
-      " timeout 120 " LATTICE_MPIEXEC " --allow-run-as-root --oversubscribe -n " +
-      std::to_string(ranks) + " " + mpirun_flags + " '" LATTICE_BINARY "' " + args;
-  const fs::path out = dir / "mpi.out", err = dir / "mpi.err";
-  const int raw = std::system(("cd '" + dir.string() + "' && " + command + " > '" + out.string() +
-                               "' 2> '" + err.string() + "' < /dev/null")
-                                  .c_str());
-  CliResult r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-#endif
 
 }  // namespace
 

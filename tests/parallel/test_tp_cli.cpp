@@ -12,6 +12,7 @@
 
 #include "../train/cli_runner.hpp"
 #include "dp_fixture.hpp"
+#include "mpi_runner.hpp"
 
 using namespace lattice::testing;
 namespace fs = std::filesystem;
@@ -208,26 +209,6 @@ TEST_F(TpCli, BenchTpRunsAndPrintsTheRatio) {
 }
 
 #ifdef LATTICE_MPIEXEC
-namespace {
-
-CliResult run_mpi(int ranks, const std::string& args, const fs::path& dir,
-                  const std::string& mpirun_flags = "") {
-  const std::string command =
-      "env OMPI_MCA_rmaps_base_oversubscribe=1 LATTICE_COMM_TIMEOUT_MS=60000 timeout "
-      "120 " LATTICE_MPIEXEC " --allow-run-as-root --oversubscribe -n " +
-      std::to_string(ranks) + " " + mpirun_flags + " '" LATTICE_BINARY "' " + args;
-  const fs::path out = dir / "mpi.out", err = dir / "mpi.err";
-  const int raw = std::system(("cd '" + dir.string() + "' && " + command + " > '" + out.string() +
-                               "' 2> '" + err.string() + "' < /dev/null")
-                                  .c_str());
-  CliResult r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
-}  // namespace
 
 TEST_F(TpCli, ParityUnderMpirun) {
   CliResult r = run_mpi(
