@@ -2,6 +2,7 @@
 // on N local rank threads and returns rank 0's losses, gradient norms and final parameters.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -34,6 +35,16 @@ inline std::filesystem::path dp_test_directory(const std::string& name) {
   for (int i = 0; i < 200; ++i) out << lines[i % 4];
   return dir;
 }
+
+// A test in a fresh dp_test_directory of its own (named after the test), removed afterwards.
+class CorpusDirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = dp_test_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
 
 // A 2-layer GPT-2 (d_model 64) on 32-token sequences: a step takes milliseconds.
 inline train::TrainConfig tiny_dp_config(const std::filesystem::path& dir, int dp, int zero,

@@ -28,14 +28,7 @@ std::string tiny_flags(const fs::path& dir) {
          (dir / "run").string();
 }
 
-class DpCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = dp_test_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class DpCli : public CorpusDirectoryTest {};
 
 }  // namespace
 

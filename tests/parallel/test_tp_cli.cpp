@@ -43,14 +43,7 @@ std::string parity_line(const std::string& out, const std::string& layout) {
   return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
 }
 
-class TpCli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = dp_test_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+class TpCli : public CorpusDirectoryTest {};
 
 }  // namespace
 

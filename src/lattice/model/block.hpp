@@ -78,6 +78,7 @@ class Block {
   void backward(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
                 const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                 BackwardScratch& scratch) {
+    check_no_weight_half_pending(saved);
     backward_pass(ctx, saved, d_x_in, d_x_out, x_in, B, T, scratch, /*defer=*/false);
   }
   // The two halves of backward, for schedules that run them apart (zero-bubble pipelines).
@@ -88,10 +89,17 @@ class Block {
   void backward_input(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
                       const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                       BackwardScratch& scratch) {
+    check_no_weight_half_pending(saved);
     backward_pass(ctx, saved, d_x_in, d_x_out, x_in, B, T, scratch, /*defer=*/true);
+    saved.weight_gradients_pending = true;
   }
-  virtual void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
-                               int64_t B, int64_t T) = 0;
+  void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                       int64_t B, int64_t T) {
+    check(saved.weight_gradients_pending,
+          "backward_weight without a preceding backward_input (internal error)");
+    weight_pass(ctx, saved, x_in, B, T);
+    saved.weight_gradients_pending = false;
+  }
   // Bytes a training forward of B sequences of T tokens leaves in this block's activations (the
   // terms of the activation-memory estimate, activation_memory.hpp), of which the attention
   // output and log-sum-exp that selective checkpointing drops; and the backward scratch it uses.
@@ -116,6 +124,15 @@ class Block {
   virtual void backward_pass(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
                              const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                              BackwardScratch& scratch, bool defer) = 0;
+  // backward_weight's GEMMs from the output gradients backward_pass(defer = true) kept; frees them.
+  virtual void weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                           int64_t B, int64_t T) = 0;
+
+ private:
+  static void check_no_weight_half_pending(const BlockActivations& saved) {
+    check(!saved.weight_gradients_pending,
+          "backward of a block whose weight gradients are still pending (internal error)");
+  }
 };
 
 // The block type's own activations struct behind a BlockActivations reference (checked).

@@ -206,9 +206,6 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
                               const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                               BackwardScratch& scratch, bool defer) {
   Saved& a = saved_as<Saved>(saved);
-  check(!a.weight_gradients_pending,
-        "backward of a block whose weight gradients are still "
-        "pending (internal error)");
   const int64_t rows = B * T;
   auto* tr = ctx.tracker;
   const bool bf16 = ctx.precision == k::Precision::bf16;
@@ -303,15 +300,12 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
   ctx.ops.layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
                              store_.value(ln1_weight_), a.ln1_mean.f32(), a.ln1_rstd.f32(), rows,
                              C_, /*residual_grad=*/d_x2);
-  a.weight_gradients_pending = defer;
   if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
 
-void Gpt2Block::backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
-                                int64_t B, int64_t T) {
+void Gpt2Block::weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                            int64_t B, int64_t T) {
   Saved& a = saved_as<Saved>(saved);
-  check(a.weight_gradients_pending,
-        "backward_weight without a preceding backward_input (internal error)");
   const int64_t rows = B * T;
   if (ctx.precision == k::Precision::bf16) {
     mlp_proj_.backward_rounded(ctx, a.mlp_proj, nullptr,
@@ -328,7 +322,6 @@ void Gpt2Block::backward_weight(const LayerContext& ctx, BlockActivations& saved
     c_attn_.backward_weight(ctx, a.c_attn, a.d_qkv.f32(), a.ln1.f32(), rows);
   }
   for (Tensor* t : {&a.d_qkv, &a.d_x2, &a.d_fc, &a.d_y}) t->reset();
-  a.weight_gradients_pending = false;
   drop_recomputed_attention(a, a.att, a.lse);
 }
 

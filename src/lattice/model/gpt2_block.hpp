@@ -43,8 +43,6 @@ class Gpt2Block final : public Block {
   std::unique_ptr<BlockActivations> make_activations() const override;
   void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out, const float* x_in,
                int64_t B, int64_t T) override;
-  void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
-                       int64_t B, int64_t T) override;
   void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
                       const float* x_in, int64_t B, int64_t n, KvCache& cache,
                       int64_t cache_layer) override;
@@ -53,6 +51,8 @@ class Gpt2Block final : public Block {
   int64_t scratch_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
 
  private:
+  void weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in, int64_t B,
+                   int64_t T) override;
   using Saved = Gpt2BlockActivations;
   // The forward pieces shared by training and cached inference: activation buffers for B·T rows;
   // LayerNorm 1 and the fused QKV projection; then, after attention has filled att, the output

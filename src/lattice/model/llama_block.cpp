@@ -145,9 +145,6 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
                                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                                BackwardScratch& scratch, bool defer) {
   Saved& a = saved_as<Saved>(saved);
-  check(!a.weight_gradients_pending,
-        "backward of a block whose weight gradients are still "
-        "pending (internal error)");
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
   if (a.recompute_attention && a.att.empty()) {  // selective checkpointing: the attention again
@@ -241,15 +238,12 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   ctx.ops.rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in,
                            store_.value(norm1_weight_), a.rstd1.f32(), rows, C_,
                            /*residual_grad=*/d_x2);
-  a.weight_gradients_pending = defer;
   if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
 
-void LlamaBlock::backward_weight(const LayerContext& ctx, BlockActivations& saved,
-                                 const float* x_in, int64_t B, int64_t T) {
+void LlamaBlock::weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
+                             int64_t B, int64_t T) {
   Saved& a = saved_as<Saved>(saved);
-  check(a.weight_gradients_pending,
-        "backward_weight without a preceding backward_input (internal error)");
   const int64_t rows = B * T;
   down_proj_.backward_weight(ctx, a.down_proj, a.d_y.f32(), a.h.f32(), rows);
   gate_proj_.backward_weight(ctx, a.gate_proj, a.d_gate.f32(), a.n2.f32(), rows);
@@ -259,7 +253,6 @@ void LlamaBlock::backward_weight(const LayerContext& ctx, BlockActivations& save
   k_proj_.backward_weight(ctx, a.k_proj, a.d_k.f32(), a.n1.f32(), rows);
   v_proj_.backward_weight(ctx, a.v_proj, a.d_v.f32(), a.n1.f32(), rows);
   for (Tensor* t : {&a.d_q, &a.d_k, &a.d_v, &a.d_x2, &a.d_gate, &a.d_up, &a.d_y}) t->reset();
-  a.weight_gradients_pending = false;
   drop_recomputed_attention(a, a.att, a.lse);
 }
 

@@ -35,8 +35,6 @@ class LlamaBlock final : public Block {
   std::unique_ptr<BlockActivations> make_activations() const override;
   void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out, const float* x_in,
                int64_t B, int64_t T) override;
-  void backward_weight(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
-                       int64_t B, int64_t T) override;
   void forward_cached(const LayerContext& ctx, BlockActivations& work, float* x_out,
                       const float* x_in, int64_t B, int64_t n, KvCache& cache,
                       int64_t cache_layer) override;
@@ -45,6 +43,8 @@ class LlamaBlock final : public Block {
   int64_t scratch_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
 
  private:
+  void weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in, int64_t B,
+                   int64_t T) override;
   using Saved = LlamaBlockActivations;
   // The forward pieces shared by training and cached inference: activation buffers for B·T rows;
   // RMSNorm 1 and the q/k/v projections (before RoPE); then, after attention has filled att, the
