@@ -1,7 +1,6 @@
 // Embedding: see embedding.hpp.
 #include "lattice/model/embedding.hpp"
 
-#include <algorithm>
 #include <string>
 
 #include "lattice/core/error.hpp"
@@ -21,8 +20,7 @@ Embedding::Embedding(ParameterStore& store, const ModelConfig& config,
     token_weight_ =
         store.declare_shard(name, {vocab_, d_model_}, shard,
                             mesh::AxisSet::all().without(mesh::Axis::tp), InitKind::normal, true);
-    const int64_t rows = store.info(token_weight_).shape[0];
-    slice_ = {std::min(vocab_, tp.rank * rows), std::min(vocab_, (tp.rank + 1) * rows)};
+    slice_ = config.vocab_slice(tp.rank, tp.size);
   }
   if (gpt2)
     position_weight_ = store.declare("transformer.wpe.weight", {config.max_seq_len, d_model_},

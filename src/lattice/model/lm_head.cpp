@@ -1,8 +1,6 @@
 // LmHead: see lm_head.hpp.
 #include "lattice/model/lm_head.hpp"
 
-#include <algorithm>
-
 #include "lattice/core/error.hpp"
 #include "lattice/model/block.hpp"
 
@@ -35,7 +33,7 @@ LmHead::LmHead(ParameterStore& store, const ModelConfig& config, int tied_weight
   }
   // This rank's rows of the (padded) vocabulary and the real ones among them.
   V_ = store.info(weight_).shape[0];
-  if (tp.size > 1) slice_ = {std::min(vocab, tp.rank * V_), std::min(vocab, (tp.rank + 1) * V_)};
+  if (tp.size > 1) slice_ = config.vocab_slice(tp.rank, tp.size);
 }
 
 int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,

@@ -4,9 +4,12 @@
 // estimates it, and both read the same preset table.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "lattice/kernels/vocab_range.hpp"
 
 namespace lattice::model {
 
@@ -44,6 +47,12 @@ struct ModelConfig {
   int64_t padded_vocab_size(int tp) const {
     const int64_t multiple = int64_t{64} * tp;
     return tp == 1 ? vocab_size : (vocab_size + multiple - 1) / multiple * multiple;
+  }
+  // The real vocabulary rows [begin, end) of tp rank `rank`'s slice of the padded vocabulary (empty
+  // where the slice is all padding; the whole vocabulary at tp = 1).
+  kernels::VocabRange vocab_slice(int rank, int tp) const {
+    const int64_t rows = padded_vocab_size(tp) / tp;
+    return {std::min(vocab_size, rank * rows), std::min(vocab_size, (rank + 1) * rows)};
   }
   bool is_moe() const { return n_experts > 1; }
   bool has_dropout() const { return dropout > 0; }
