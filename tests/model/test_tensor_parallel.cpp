@@ -1,5 +1,6 @@
 // Tensor-parallel blocks (issue #21): a model built with a tensor-parallel group of 2 or 4 local
-// ranks, each holding its column and row slices (ParameterStore placements), gives the loss and,
+// ranks, each holding its column and row slices (ParameterStore placements), with and without
+// sequence parallelism (the residual stream on each rank's sequence rows), gives the loss and,
 // slice by slice, the gradients of the whole model on one rank from the same initial weights and
 // batch. The reference is that single-rank run.
 #include <gtest/gtest.h>
@@ -67,12 +68,18 @@ StepResult train_once(Transformer& model, Precision precision, const Batch& b) {
   return r;
 }
 
-using Case = std::tuple<Family, Precision, int>;
+using Case = std::tuple<Family, Precision, int, bool>;  // ..., tp, sequence parallelism
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(std::get<0>(info.param) == Family::gpt2 ? "gpt2" : "llama") + "_" +
          (std::get<1>(info.param) == Precision::bf16 ? "bf16" : "fp32") + "_tp" +
-         std::to_string(std::get<2>(info.param));
+         std::to_string(std::get<2>(info.param)) + (std::get<3>(info.param) ? "_sp" : "");
+}
+
+TensorParallelGroup group_of(comm::Communicator& group, bool sequence_parallel) {
+  TensorParallelGroup g{&group, group.rank(), group.size()};
+  g.sequence_parallel = sequence_parallel;
+  return g;
 }
 
 }  // namespace
@@ -80,7 +87,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 class TensorParallelBlocks : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelBlocks, EachRanksSlicesMatchTheWholeModelsGradients) {
-  const auto [family, precision, tp] = GetParam();
+  const auto [family, precision, tp, sp] = GetParam();
   const ModelConfig config = tiny(family);
   const Batch b = batch(config.vocab_size);
   Transformer whole(config, nullptr);
@@ -93,11 +100,13 @@ TEST_P(TensorParallelBlocks, EachRanksSlicesMatchTheWholeModelsGradients) {
   // (about 1e-6 relative), which the backward carries: 1e-4 of each tensor's largest gradient.
   // bf16: the same reordering, and then an activation rounded to bf16 from a sum that differs in
   // its last fp32 bits can land on the neighbouring bf16 (2^-8 relative), so a tensor's gradient
-  // is compared by its relative L2 distance, 2e-2.
+  // is compared by its relative L2 distance, 2e-2. Sequence parallelism reorders more sums the same
+  // way (reduce-scatters for all-reduces, the norms' weight gradients summed from each rank's rows)
+  // and is held to the same bounds.
   const bool bf16 = precision == Precision::bf16;
   std::vector<int> sharded(static_cast<size_t>(tp), 0);
   comm::run_local_ranks(tp, [&](comm::Communicator& group) {
-    const TensorParallelGroup g{&group, group.rank(), group.size()};
+    const TensorParallelGroup g = group_of(group, sp);
     Transformer model(config, nullptr, {}, g);
     model.initialize(5);
     const StepResult run = train_once(model, precision, b);
@@ -143,7 +152,7 @@ TEST_P(TensorParallelBlocks, EachRanksSlicesMatchTheWholeModelsGradients) {
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelBlocks,
                          ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
                                             ::testing::Values(Precision::fp32, Precision::bf16),
-                                            ::testing::Values(2, 4)),
+                                            ::testing::Values(2, 4), ::testing::Bool()),
                          case_name);
 
 TEST(TensorParallelBlocks, RefusesATpThatDoesNotDivideTheHeads) {
@@ -163,46 +172,110 @@ TEST(TensorParallelBlocks, RefusesATpThatDoesNotDivideTheHeads) {
 TEST(TensorParallelBlocks, ActivationCheckpointingUnderTensorParallelismIsBitIdentical) {
   // Full recomputation runs each block's forward again, all-reduces included, before its
   // backward; selective recomputes the attention on this rank's heads. Either way the same
-  // arithmetic: bit for bit the gradients without checkpointing, on every tp rank.
-  for (const auto mode : {Recompute::kFull, Recompute::kSelective}) {
-    const ModelConfig config = tiny(Family::gpt2);
-    const Batch b = batch(config.vocab_size);
-    comm::run_local_ranks(2, [&](comm::Communicator& group) {
-      const TensorParallelGroup g{&group, group.rank(), group.size()};
-      Transformer plain(config, nullptr, {}, g), checkpointed(config, nullptr, {}, g);
-      checkpointed.set_activation_checkpointing({mode, 1});
-      plain.initialize(5);
-      checkpointed.initialize(5);
-      for (Precision precision : {Precision::fp32, Precision::bf16}) {
-        const StepResult a = train_once(plain, precision, b);
-        const StepResult c = train_once(checkpointed, precision, b);
-        EXPECT_EQ(a.loss, c.loss);
-        EXPECT_EQ(a.grads, c.grads) << "rank " << group.rank();
-      }
-    });
-  }
+  // arithmetic: bit for bit the gradients without checkpointing, on every tp rank, with sequence
+  // parallelism (whose recomputed forward gathers and reduce-scatters again) and without.
+  for (const auto mode : {Recompute::kFull, Recompute::kSelective})
+    for (const bool sp : {false, true}) {
+      const ModelConfig config = tiny(Family::gpt2);
+      const Batch b = batch(config.vocab_size);
+      comm::run_local_ranks(2, [&](comm::Communicator& group) {
+        const TensorParallelGroup g = group_of(group, sp);
+        Transformer plain(config, nullptr, {}, g), checkpointed(config, nullptr, {}, g);
+        checkpointed.set_activation_checkpointing({mode, 1});
+        plain.initialize(5);
+        checkpointed.initialize(5);
+        for (Precision precision : {Precision::fp32, Precision::bf16}) {
+          const StepResult a = train_once(plain, precision, b);
+          const StepResult c = train_once(checkpointed, precision, b);
+          EXPECT_EQ(a.loss, c.loss);
+          EXPECT_EQ(a.grads, c.grads) << "rank " << group.rank();
+        }
+      });
+    }
 }
 
 TEST(TensorParallelBlocks, OverlappedInputGradientReductionsAreBitIdenticalToBlockingOnes) {
   // The column-parallel layers' input-gradient all-reduces run while their weight gradients are
   // computed (TensorParallelGroup::overlap): the same operations in another order of independent
-  // work, so the same bits as blocking all-reduces, for every family and precision.
+  // work, so the same bits as blocking all-reduces, for every family and precision. Under sequence
+  // parallelism the overlapped collectives are the reduce-scatters of those gradients and the
+  // all-gathers of the column layers' inputs (run while the input halves compute).
+  for (const Family family : {Family::gpt2, Family::llama})
+    for (const bool sp : {false, true}) {
+      const ModelConfig config = tiny(family);
+      const Batch b = batch(config.vocab_size);
+      comm::run_local_ranks(2, [&](comm::Communicator& group) {
+        TensorParallelGroup overlapped = group_of(group, sp);
+        TensorParallelGroup blocking = overlapped;
+        blocking.overlap = false;
+        Transformer a(config, nullptr, {}, overlapped), c(config, nullptr, {}, blocking);
+        a.initialize(5);
+        c.initialize(5);
+        for (Precision precision : {Precision::fp32, Precision::bf16}) {
+          const StepResult x = train_once(a, precision, b);
+          const StepResult y = train_once(c, precision, b);
+          EXPECT_EQ(x.loss, y.loss);
+          EXPECT_EQ(x.grads, y.grads) << "rank " << group.rank();
+        }
+      });
+    }
+}
+
+TEST(TensorParallelBlocks, SplitBackwardUnderSequenceParallelismGivesTheWholeBackwardsBits) {
+  // Zero-bubble schedules run a stage's backward as B (input gradients) and later W (weight
+  // gradients); under sequence parallelism W gathers the column layers' inputs again. B then W
+  // performs the whole backward's operations: the same bits, on every tp rank.
   for (const Family family : {Family::gpt2, Family::llama}) {
     const ModelConfig config = tiny(family);
     const Batch b = batch(config.vocab_size);
     comm::run_local_ranks(2, [&](comm::Communicator& group) {
-      TensorParallelGroup overlapped{&group, group.rank(), group.size()};
-      TensorParallelGroup blocking = overlapped;
-      blocking.overlap = false;
-      Transformer a(config, nullptr, {}, overlapped), c(config, nullptr, {}, blocking);
-      a.initialize(5);
-      c.initialize(5);
+      const TensorParallelGroup g = group_of(group, true);
+      Transformer model(config, nullptr, {}, g);
+      model.initialize(5);
+      kernels::CpuOps ops;
       for (Precision precision : {Precision::fp32, Precision::bf16}) {
-        const StepResult x = train_once(a, precision, b);
-        const StepResult y = train_once(c, precision, b);
-        EXPECT_EQ(x.loss, y.loss);
-        EXPECT_EQ(x.grads, y.grads) << "rank " << group.rank();
+        const LayerContext ctx{ops, precision, nullptr};
+        const StepResult whole = train_once(model, precision, b);
+        model.parameters().zero_grads();
+        StageActivations acts = model.make_activations();
+        const float loss = model.forward_stage(ctx, acts, b.tokens.data(), nullptr,
+                                               b.targets.data(), kB, kT, 1.0f);
+        model.backward_stage_input(ctx, acts, nullptr);
+        model.backward_stage_weight(ctx, acts);
+        const ParameterStore& p = model.parameters();
+        EXPECT_EQ(loss, whole.loss);
+        EXPECT_EQ(std::vector<float>(p.grads(), p.grads() + p.size()), whole.grads)
+            << "rank " << group.rank();
       }
     });
   }
+}
+
+TEST(TensorParallelBlocks, RefusesSequenceParallelismWithoutTensorParallelism) {
+  TensorParallelGroup one;
+  one.sequence_parallel = true;
+  try {
+    Transformer model(tiny(Family::gpt2), nullptr, {}, one);
+    ADD_FAILURE() << "sequence parallelism at tp = 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallelism.tp > 1"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TensorParallelBlocks, RefusesSequenceRowsThatDoNotSplitOverTheGroup) {
+  // 9 sequences of 3 tokens: 27 rows do not split over tp = 2.
+  const ModelConfig config = tiny(Family::llama);
+  comm::run_local_ranks(2, [&](comm::Communicator& group) {
+    Transformer model(config, nullptr, {}, group_of(group, true));
+    model.initialize(5);
+    kernels::CpuOps ops;
+    const LayerContext ctx{ops, Precision::fp32, nullptr};
+    const Batch b = batch(config.vocab_size);
+    try {
+      model.forward(ctx, b.tokens.data(), b.targets.data(), 9, 3, 1.0f);
+      ADD_FAILURE() << "27 rows over tp 2 were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("divisible by tp"), std::string::npos) << e.what();
+    }
+  });
 }

@@ -10,11 +10,13 @@ namespace lattice::model {
 ActivationMemory estimate_activation_memory(const Transformer& model, kernels::Precision precision,
                                             int64_t B, int64_t T, const kernels::Ops& ops) {
   const ModelConfig& config = model.config();
-  const int64_t rows = B * T, C = config.d_model;
+  // The residual stream and its gradient hold this rank's sequence rows (all rows without
+  // sequence parallelism).
+  const int64_t rows = B * T, local = model.tensor_parallel().local_rows(rows), C = config.d_model;
   const ActivationCheckpoint& checkpointing = model.activation_checkpointing();
   const int64_t first = model.stage_range().first_block;
   ActivationMemory memory;
-  memory.residuals = (model.block_count() + 1) * rows * C * 4;
+  memory.residuals = (model.block_count() + 1) * local * C * 4;
   int64_t scratch = 0;
   for (int64_t i = 0; i < model.block_count(); ++i) {
     const Block& block = model.block(i);
@@ -31,7 +33,7 @@ ActivationMemory estimate_activation_memory(const Transformer& model, kernels::P
     scratch = std::max(scratch, block.scratch_bytes(precision, B, T));
   }
   if (model.has_head()) memory.head = model.head().saved_bytes(precision, rows, ops);
-  memory.backward = rows * C * 4 + scratch;
+  memory.backward = local * C * 4 + scratch;
   return memory;
 }
 

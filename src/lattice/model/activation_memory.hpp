@@ -7,13 +7,15 @@
 //
 // The peak is reached in the backward of the stage's last block, where everything is allocated:
 //   residuals   (blocks + 1) · rows · d_model · 4    every block's input and the stage's output
+//               (rows / tp of them under sequence parallelism: this rank's sequence rows)
 //   blocks      what each block keeps from its forward (none for blocks full checkpointing
 //               recomputes; selective: less the attention output and log-sum-exp)
 //   transient   the one block being recomputed (full: its whole set; selective: its attention
 //               output), alive only during its backward
 //   head        the final norm, head input and logits (or their gradient, or the fused head's
 //               per-thread weight-gradient partials)
-//   backward    the gradient flowing down (rows · d_model · 4) and the blocks' shared scratch
+//   backward    the gradient flowing down (rows · d_model · 4, or this rank's rows) and the
+//               blocks' shared scratch
 #pragma once
 
 #include <cstdint>

@@ -7,36 +7,12 @@
 #include <memory>
 #include <vector>
 
-#include "lattice/comm/comm_handle.hpp"
-#include "lattice/comm/reduce_op.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/core/tensor.hpp"
 #include "lattice/model/layer_context.hpp"
+#include "lattice/model/tensor_parallel_comm.hpp"
 
 namespace lattice::model {
-
-// x[0, n) summed (or reduced by `op`) over the tensor-parallel group, in place (nothing at tp = 1):
-// the all-reduce after a row-parallel layer's forward, after a column-parallel layer's input
-// gradient, and the vocabulary-parallel loss's. Adds its wall time to *tp.comm_seconds when set.
-void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n,
-                        comm::ReduceOp op = comm::ReduceOp::sum);
-
-// The sum of x[0, n) over the tensor-parallel group, started at construction (asynchronously) and
-// finished by wait() or the destructor: what runs in between (a layer's weight-gradient GEMMs)
-// overlaps it. Adds the time wait() blocks, the exposed part, to *tp.comm_seconds when set.
-class TpReduction {
- public:
-  TpReduction(const TensorParallelGroup& tp, float* x, int64_t n);
-  ~TpReduction();
-  TpReduction(const TpReduction&) = delete;
-  TpReduction& operator=(const TpReduction&) = delete;
-  void wait();
-
- private:
-  const TensorParallelGroup& tp_;
-  comm::CommHandle handle_;
-  bool pending_ = false;
-};
 
 class KvCache;
 

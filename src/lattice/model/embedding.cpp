@@ -4,7 +4,7 @@
 #include <string>
 
 #include "lattice/core/error.hpp"
-#include "lattice/model/block.hpp"
+#include "lattice/model/tensor_parallel_comm.hpp"
 
 namespace lattice::model {
 
@@ -41,15 +41,30 @@ void Embedding::forward(const LayerContext& ctx, float* x, const int32_t* tokens
   // The positions once: tp rank 0 adds them before the slices are summed.
   const float* wpe =
       position_weight_ >= 0 && tp_.rank == 0 ? store_.value(position_weight_) : nullptr;
-  ctx.ops.embedding_forward(x, tokens, store_.value(token_weight_), wpe, B, T, d_model_, start,
+  const int64_t rows = B * T;
+  // Each rank's vocabulary slice gives a partial sum over all rows, summed over tp: in place, or
+  // reduce-scattered onto this rank's sequence rows of x from a transient under sequence
+  // parallelism.
+  Tensor partial;
+  if (tp_.sequence_parallel)
+    partial = Tensor({rows, d_model_}, DType::f32, ctx.tracker, MemoryCategory::activations);
+  float* lookup = tp_.sequence_parallel ? partial.f32() : x;
+  ctx.ops.embedding_forward(lookup, tokens, store_.value(token_weight_), wpe, B, T, d_model_, start,
                             slice_);
-  all_reduce_over_tp(tp_, x, B * T * d_model_);
+  reduce_over_tp(tp_, x, lookup, rows, d_model_);
 }
 
 void Embedding::backward(const LayerContext& ctx, const float* d_x, const int32_t* tokens,
                          int64_t B, int64_t T) {
   float* d_wpe = position_weight_ >= 0 ? store_.grad(position_weight_) : nullptr;
-  // Every tp rank has the whole d_x: its slice's rows, and the (replicated) positions' gradient.
+  // Every tp rank needs the whole d_x (gathered from the sequence rows under sequence
+  // parallelism): its slice's rows, and the (replicated) positions' gradient.
+  Tensor gathered;
+  if (tp_.sequence_parallel) {
+    gathered = Tensor({B * T, d_model_}, DType::f32, ctx.tracker, MemoryCategory::activations);
+    gather_sequence(tp_, gathered.f32(), d_x, B * T, d_model_);
+    d_x = gathered.f32();
+  }
   ctx.ops.embedding_backward(store_.grad(token_weight_), d_wpe, d_x, tokens, B, T, d_model_,
                              slice_);
 }

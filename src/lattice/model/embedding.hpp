@@ -21,7 +21,8 @@ class Embedding {
   Embedding(ParameterStore& store, const ModelConfig& config, const TensorParallelGroup& tp = {});
 
   // x[B·T, d_model] = wte[tokens] (+ wpe[start + t]) for tokens [B, T] at positions start + t.
-  // Token ids must be in [0, vocab) (check_tokens).
+  // Token ids must be in [0, vocab) (check_tokens). Under sequence parallelism x (and backward's
+  // d_x) holds this rank's sequence rows only (tensor_parallel_comm.hpp).
   void forward(const LayerContext& ctx, float* x, const int32_t* tokens, int64_t B, int64_t T,
                int64_t start = 0) const;
   // Accumulates the gradients of wte (and wpe) from d_x [B·T, d_model].

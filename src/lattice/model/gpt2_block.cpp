@@ -49,8 +49,9 @@ static k::AttentionShape packed_qkv_shape(int64_t B, int64_t T, int64_t heads, i
 }
 
 void Gpt2BlockActivations::release() {
-  for (Tensor* t : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &qkv16, &att, &lse, &x2, &ln2, &ln2_mean,
-                    &ln2_rstd, &fc, &gelu, &gelu_slope16, &d_qkv, &d_x2, &d_fc, &d_y})
+  for (Tensor* t : {&ln1,  &ln1_16,       &ln2_16, &ln1_mean, &ln1_rstd, &qkv,      &qkv16,
+                    &att,  &lse,          &x2,     &ln2,      &ln2_mean, &ln2_rstd, &fc,
+                    &gelu, &gelu_slope16, &d_qkv,  &d_x2,     &d_fc,     &d_y})
     t->reset();
   for (LinearActivations* l : {&c_attn, &attn_proj, &c_fc, &mlp_proj}) l->release();
   weight_gradients_pending = false;
@@ -61,15 +62,18 @@ std::unique_ptr<BlockActivations> Gpt2Block::make_activations() const {
 }
 
 int64_t Gpt2Block::saved_bytes(k::Precision precision, int64_t B, int64_t T) const {
-  // prepare_activations' tensors and the Linears' kept bf16 inputs, per row of rows = B·T.
-  const int64_t rows = B * T, C = C_, F = F_, A = A_;
+  // prepare_activations' tensors and the Linears' kept bf16 inputs: per row of rows = B·T for what
+  // is split by heads or MLP channels (A and F are this rank's widths), per row of this rank's
+  // sequence rows (local = rows / tp under sequence parallelism) for the norms and the residual.
+  const int64_t rows = B * T, local = tp_.local_rows(rows), C = C_, F = F_, A = A_;
   const int64_t stats = 2 * 2 * 4;      // LayerNorm 1 and 2: mean and rstd
-  if (precision != k::Precision::bf16)  // ln1, qkv, x2, ln2, fc, gelu fp32 (att, lse below)
-    return rows * (4 * (C + 3 * A + C + C + 2 * F) + stats) + attention_output_bytes(B, T);
-  // bf16: c_attn's input and q, k, v in bf16; att and x2 fp32 with attn_proj's bf16 copy of att;
-  // c_fc's input, the GELU slope and c_proj's input in bf16 (the fp32 pre-activation is the
-  // backend's transient: Ops::linear_gelu_forward_bf16). A and F are this rank's widths.
-  return rows * (2 * C + 6 * A + 2 * A + 4 * C + 2 * C + 2 * F + 2 * F + stats) +
+  if (precision != k::Precision::bf16)  // ln1, x2, ln2 (local); qkv, fc, gelu fp32 (att, lse below)
+    return local * (4 * 3 * C + stats) + rows * 4 * (3 * A + 2 * F) + attention_output_bytes(B, T);
+  // bf16: the LayerNorm outputs in bf16 (c_attn's and c_fc's inputs; under sequence parallelism
+  // this rank's rows, gathered again in backward) and x2 fp32; q, k, v in bf16, att fp32 with
+  // attn_proj's bf16 copy, the GELU slope and c_proj's input in bf16 (the fp32 pre-activation is
+  // the backend's transient: Ops::linear_gelu_forward_bf16).
+  return local * (2 * C + 4 * C + 2 * C + stats) + rows * (6 * A + 2 * A + 2 * F + 2 * F) +
          attention_output_bytes(B, T);
 }
 
@@ -79,25 +83,41 @@ int64_t Gpt2Block::attention_output_bytes(int64_t B, int64_t T) const {
 
 int64_t Gpt2Block::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
   // backward_pass's scratch slots: d_gelu (fp32 [rows, F]; bf16: c_proj's rounded d_out), d_fc,
-  // d_ln, d_x2, d_qkv, d_att.
-  const int64_t rows = B * T;
-  const int64_t slot0 = precision == k::Precision::bf16 ? (rows * C_ + 1) / 2 : rows * F_;
-  return 4 * (slot0 + rows * F_ + rows * C_ + rows * C_ + rows * 3 * A_ + rows * A_);
+  // d_ln and d_x2 (this rank's rows), d_qkv, d_att. Sequence parallelism adds the gathered d_y and
+  // d_x2 and the column layers' partial d_ln over all rows (fp32 [rows, C] each), the norm
+  // weights' partial gradients, and the column layers' inputs gathered again for their weight
+  // gradients (fp32 [rows, C] scratch, or bf16 in the Linear's kept input, one at a time).
+  const int64_t rows = B * T, local = tp_.local_rows(rows);
+  const bool bf16 = precision == k::Precision::bf16;
+  const int64_t slot0 = bf16 ? (rows * C_ + 1) / 2 : rows * F_;
+  int64_t floats = slot0 + rows * F_ + 2 * local * C_ + rows * 3 * A_ + rows * A_;
+  if (tp_.sequence_parallel)
+    floats += 3 * rows * C_ + 2 * C_ + (bf16 ? (rows * C_ + 1) / 2 : rows * C_);
+  return 4 * floats;
 }
 
 void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T,
                                     bool cached) {
-  const int64_t rows = B * T;
+  const int64_t rows = B * T, local = tp_.local_rows(rows);
   auto* tr = ctx.tracker;
-  // In bf16 the LayerNorm outputs exist only as the next Linear's bf16 input (see qkv_forward),
-  // and in bf16 training q, k, v only in bf16 (see qkv_forward).
+  // In bf16 the LayerNorm outputs exist only as the next Linear's bf16 input (see
+  // norm_into_column; under sequence parallelism this rank's rows of it), and in bf16 training
+  // q, k, v only in bf16 (see qkv_forward).
   const bool bf16 = ctx.precision == k::Precision::bf16;
-  if (bf16)
-    a.ln1.reset();
-  else
-    ensure_activation(a.ln1, {rows, C_}, tr);
-  ensure_activation(a.ln1_mean, {rows}, tr);
-  ensure_activation(a.ln1_rstd, {rows}, tr);
+  for (Tensor* ln : {&a.ln1, &a.ln2}) {
+    if (bf16)
+      ln->reset();
+    else
+      ensure_activation(*ln, {local, C_}, tr);
+  }
+  for (Tensor* ln16 : {&a.ln1_16, &a.ln2_16}) {
+    if (bf16 && tp_.sequence_parallel)
+      ensure_bf16_activation(*ln16, {local, C_}, tr);
+    else
+      ln16->reset();
+  }
+  for (Tensor* stats : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd})
+    ensure_activation(*stats, {local}, tr);
   if (bf16 && !cached) {
     a.qkv.reset();
     ensure_bf16_activation(a.qkv16, {rows, 3 * A_}, tr);
@@ -107,13 +127,7 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B
   }
   ensure_activation(a.att, {rows, A_}, tr);
   ensure_activation(a.lse, {B, heads_, T}, tr);
-  ensure_activation(a.x2, {rows, C_}, tr);
-  if (bf16)
-    a.ln2.reset();
-  else
-    ensure_activation(a.ln2, {rows, C_}, tr);
-  ensure_activation(a.ln2_mean, {rows}, tr);
-  ensure_activation(a.ln2_rstd, {rows}, tr);
+  ensure_activation(a.x2, {local, C_}, tr);
   // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward),
   // and backward keeps the GELU's bf16 slope instead of the fp32 pre-activation, which the backend
   // never stores (see mlp_forward_bf16).
@@ -128,24 +142,60 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B
   }
 }
 
-void Gpt2Block::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
+const float* Gpt2Block::norm_into_column(const LayerContext& ctx, Linear& layer,
+                                         LinearActivations& saved, Tensor& out, Tensor& out16,
+                                         Tensor& mean, Tensor& rstd, const float* x, int weight,
+                                         int bias, Tensor& gathered, int64_t rows) {
+  const int64_t local = tp_.local_rows(rows);
+  const bool sp = tp_.sequence_parallel;
+  const float* w = store_.value(weight);
+  const float* b = store_.value(bias);
   if (ctx.precision != k::Precision::bf16) {
-    ctx.ops.layernorm_forward(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x_in,
-                              store_.value(ln1_weight_), store_.value(ln1_bias_), rows, C_, eps_);
-    c_attn_.forward(ctx, a.c_attn, a.qkv.f32(), a.ln1.f32(), rows);
-    return;
+    ctx.ops.layernorm_forward(out.f32(), mean.f32(), rstd.f32(), x, w, b, local, C_, eps_);
+    if (!sp) return out.f32();
+    ensure_activation(gathered, {rows, C_}, ctx.tracker);
+    gather_sequence(tp_, gathered.f32(), out.f32(), rows, C_);
+    return gathered.f32();
   }
-  // LayerNorm writes c_attn's bf16 input directly.
-  ctx.ops.layernorm_forward_bf16(c_attn_.prepare_bf16_input(ctx, a.c_attn, rows), a.ln1_mean.f32(),
-                                 a.ln1_rstd.f32(), x_in, store_.value(ln1_weight_),
-                                 store_.value(ln1_bias_), rows, C_, eps_);
-  if (a.qkv16.empty()) {  // cached inference: fp32 q, k, v for the KV cache
+  // The LayerNorm writes the layer's bf16 input directly (this rank's rows of it, gathered).
+  lattice::bf16* in16 = layer.prepare_bf16_input(ctx, saved, rows);
+  lattice::bf16* own = sp ? out16.data<lattice::bf16>() : in16;
+  ctx.ops.layernorm_forward_bf16(own, mean.f32(), rstd.f32(), x, w, b, local, C_, eps_);
+  if (sp) gather_sequence(tp_, in16, own, rows, C_, DType::bf16);
+  return nullptr;
+}
+
+TpCollective Gpt2Block::regather_column_input(const LayerContext& ctx, Linear& layer,
+                                              LinearActivations& saved, const Tensor& out,
+                                              const Tensor& out16, float* gathered, int64_t rows,
+                                              const float** input) {
+  const bool bf16 = ctx.precision == k::Precision::bf16;
+  *input = bf16 ? nullptr : out.f32();
+  if (!tp_.sequence_parallel) return TpCollective::none(tp_);
+  *input = bf16 ? nullptr : gathered;
+  TpCollective gather =
+      bf16 ? TpCollective::gather(tp_, layer.refill_prepared_input(ctx, saved, rows),
+                                  out16.data<lattice::bf16>(), rows, C_, DType::bf16)
+           : TpCollective::gather(tp_, gathered, out.f32(), rows, C_);
+  if (!tp_.overlap) gather.wait();  // measuring what the overlap hides: blocking
+  return gather;
+}
+
+void Gpt2Block::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
+  Tensor gathered;  // fp32 sequence parallelism: LayerNorm 1's output over all rows, for the GEMM
+  const float* in = norm_into_column(ctx, c_attn_, a.c_attn, a.ln1, a.ln1_16, a.ln1_mean,
+                                     a.ln1_rstd, x_in, ln1_weight_, ln1_bias_, gathered, rows);
+  if (ctx.precision != k::Precision::bf16) {
+    c_attn_.forward(ctx, a.c_attn, a.qkv.f32(), in, rows);
+  } else if (a.qkv16.empty()) {  // cached inference: fp32 q, k, v for the KV cache
     c_attn_.forward_prepared(ctx, a.c_attn, a.qkv.f32(), rows);
-    return;
+  } else {
+    // Training: c_attn's output (bias included) rounded to bf16 as it is produced: the same values
+    // attention would round from an fp32 qkv, which is never stored.
+    c_attn_.forward_prepared_to_bf16(ctx, a.c_attn, a.qkv16.data<lattice::bf16>(), rows);
   }
-  // Training: c_attn's output (bias included) rounded to bf16 as it is produced: the same values
-  // attention would round from an fp32 qkv, which is never stored.
-  c_attn_.forward_prepared_to_bf16(ctx, a.c_attn, a.qkv16.data<lattice::bf16>(), rows);
+  // Sequence parallelism keeps this rank's rows (ln1_16), not the gathered input.
+  if (tp_.sequence_parallel) Linear::release_prepared_input(a.c_attn);
 }
 
 void Gpt2Block::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
@@ -163,32 +213,39 @@ void Gpt2Block::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int
 
 void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                            const float* x_in, int64_t rows) {
-  attn_proj_.forward(ctx, a.attn_proj, a.x2.f32(), a.att.f32(), rows);
-  all_reduce_over_tp(tp_, a.x2.f32(), rows * C_);  // the row-parallel projection's partial sums
-  ctx.ops.add_inplace(a.x2.f32(), x_in, rows * C_);
+  const int64_t local = tp_.local_rows(rows);
+  const bool sp = tp_.sequence_parallel;
+  // The row-parallel projections' partial sums over all rows, reduced over tp: all-reduced in
+  // place, or reduce-scattered onto this rank's rows from `partial` under sequence parallelism.
+  Tensor partial;
+  if (sp) ensure_activation(partial, {rows, C_}, ctx.tracker);
+  float* attn_out = sp ? partial.f32() : a.x2.f32();
+  attn_proj_.forward(ctx, a.attn_proj, attn_out, a.att.f32(), rows);
+  reduce_over_tp(tp_, a.x2.f32(), attn_out, rows, C_);
+  ctx.ops.add_inplace(a.x2.f32(), x_in, local * C_);
+  Tensor gathered;
+  const float* ln2 = norm_into_column(ctx, c_fc_, a.c_fc, a.ln2, a.ln2_16, a.ln2_mean, a.ln2_rstd,
+                                      a.x2.f32(), ln2_weight_, ln2_bias_, gathered, rows);
+  float* mlp_out = sp ? partial.f32() : x_out;
   if (ctx.precision == k::Precision::bf16) {
-    mlp_forward_bf16(ctx, a, x_out, rows);
+    mlp_forward_bf16(ctx, a, mlp_out, rows);
+    if (sp) Linear::release_prepared_input(a.c_fc);
   } else {
-    ctx.ops.layernorm_forward(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.x2.f32(),
-                              store_.value(ln2_weight_), store_.value(ln2_bias_), rows, C_, eps_);
-    c_fc_.forward(ctx, a.c_fc, a.fc.f32(), a.ln2.f32(), rows);
+    c_fc_.forward(ctx, a.c_fc, a.fc.f32(), ln2, rows);
+    gathered.reset();
     ctx.ops.gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
-    mlp_proj_.forward(ctx, a.mlp_proj, x_out, a.gelu.f32(), rows);
+    mlp_proj_.forward(ctx, a.mlp_proj, mlp_out, a.gelu.f32(), rows);
   }
-  all_reduce_over_tp(tp_, x_out, rows * C_);
-  ctx.ops.add_inplace(x_out, a.x2.f32(), rows * C_);
+  reduce_over_tp(tp_, x_out, mlp_out, rows, C_);
+  ctx.ops.add_inplace(x_out, a.x2.f32(), local * C_);
 }
 
-void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* x_out, int64_t rows) {
-  // LayerNorm 2 writes c_fc's bf16 input and the GELU mlp_proj's: no fp32 copy of either exists.
-  ctx.ops.layernorm_forward_bf16(c_fc_.prepare_bf16_input(ctx, a.c_fc, rows), a.ln2_mean.f32(),
-                                 a.ln2_rstd.f32(), a.x2.f32(), store_.value(ln2_weight_),
-                                 store_.value(ln2_bias_), rows, C_, eps_);
-  // c_fc and the GELU in one op: the pre-activation is never stored; backward keeps the GELU's
-  // bf16 slope.
+void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* mlp_out, int64_t rows) {
+  // c_fc and the GELU in one op on the LayerNorm's bf16 output: the pre-activation is never
+  // stored, and the GELU is written as mlp_proj's bf16 input; backward keeps its bf16 slope.
   c_fc_.forward_prepared_gelu_bf16(ctx, a.c_fc, mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows),
                                    a.gelu_slope16.data<lattice::bf16>(), rows);
-  mlp_proj_.forward_prepared(ctx, a.mlp_proj, x_out, rows);
+  mlp_proj_.forward_prepared(ctx, a.mlp_proj, mlp_out, rows);
 }
 
 void Gpt2Block::forward(const LayerContext& ctx, BlockActivations& saved, float* x_out,
@@ -206,9 +263,10 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
                               const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                               BackwardScratch& scratch, bool defer) {
   Saved& a = saved_as<Saved>(saved);
-  const int64_t rows = B * T;
+  const int64_t rows = B * T, local = tp_.local_rows(rows);
   auto* tr = ctx.tracker;
   const bool bf16 = ctx.precision == k::Precision::bf16;
+  const bool sp = tp_.sequence_parallel;
   if (a.recompute_attention && a.att.empty()) {  // selective checkpointing: the attention again
     ensure_activation(a.att, {rows, A_}, tr);
     ensure_activation(a.lse, {B, heads_, T}, tr);
@@ -218,108 +276,163 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
       a.attn_proj.rounded_from = a.att.f32();
   }
   // The gradients each Linear's weight half reads: scratch when it runs here, kept in `a` when
-  // backward_weight runs it later.
+  // backward_weight runs it later. d_x_out, d_x_in, d_ln and d_x2 hold this rank's rows (local);
+  // the rest all rows.
   auto kept = [&](Tensor& pending, int slot, int64_t numel) {
     return weight_gradient_operand(defer, pending, scratch, slot, numel, tr);
   };
   // d gelu output: fp32 [rows, F]; in bf16 only c_proj's rounded d_out [rows, C] (d_gelu stays
   // in per-chunk buffers, see mlp_backward_bf16).
   float* d_y16_or_gelu = bf16 ? kept(a.d_y, 0, (rows * C_ + 1) / 2) : scratch.get(0, rows * F_, tr);
-  float* d_fc = kept(a.d_fc, 5, rows * F_);     // fp32, or bf16 in its first half (bf16 precision)
-  float* d_ln = scratch.get(1, rows * C_, tr);  // d of a LayerNorm output
-  float* d_x2 = kept(a.d_x2, 2, rows * C_);     // d residual after attention
+  float* d_fc = kept(a.d_fc, 5, rows * F_);      // fp32, or bf16 in its first half (bf16 precision)
+  float* d_ln = scratch.get(1, local * C_, tr);  // d of a LayerNorm output
+  float* d_x2 = sp ? scratch.get(2, local * C_, tr) : kept(a.d_x2, 2, rows * C_);
   float* d_qkv = kept(a.d_qkv, 3, rows * 3 * A_);  // d q, k, v packed
   float* d_att = scratch.get(4, rows * A_, tr);
-  // Tensor parallelism: a column-parallel layer's input gradient is all-reduced over tp while its
-  // weight gradient is computed (its input half, the reduction started, the weight half, the
-  // wait); without overlap (or when the weight half is deferred) the reduction blocks.
-  const bool overlap = tp_.size > 1 && tp_.overlap && !defer;
-  const bool input_half_only = defer || overlap;
-  auto reduce_input_gradient = [&](auto&& weight_half) {
-    if (!overlap) {
-      all_reduce_over_tp(tp_, d_ln, rows * C_);
-      return;
+  // Sequence parallelism: the row-parallel layers' output gradients over all rows (gathered from
+  // every rank's), the column-parallel layers' partial input gradients over all rows (before their
+  // reduce-scatter onto d_ln), a column layer's input gathered again, the norms' partial weight
+  // gradients. Without it these are d_x_out, d_x2, d_ln and the saved LayerNorm outputs.
+  const float* d_y = d_x_out;
+  if (sp) {
+    float* gathered = !bf16 && defer ? kept(a.d_y, 0, rows * C_) : scratch.get(6, rows * C_, tr);
+    gather_sequence(tp_, gathered, d_x_out, rows, C_);
+    d_y = gathered;
+  } else if (!bf16 && defer) {  // d_x_out may be overwritten by d_x_in: c_proj's W keeps a copy
+    float* copy = kept(a.d_y, 0, rows * C_);
+    ctx.ops.copy(copy, d_x_out, rows * C_);
+    d_y = copy;
+  }
+  float* d_ln_rows = sp ? scratch.get(9, rows * C_, tr) : d_ln;
+  float* gathered_input = sp && !bf16 ? scratch.get(7, rows * C_, tr) : nullptr;
+  float* norm_grads = sp ? scratch.get(8, 2 * C_, tr) : nullptr;
+  // With tensor parallelism the column-parallel layers run their halves apart: the input half
+  // into d_ln_rows, then its partial sums reduced onto d_ln (all-reduce, or reduce-scatter under
+  // sequence parallelism) while the weight half runs (TensorParallelGroup::overlap; without it,
+  // or when the weight half is deferred, the reduction blocks). Under sequence parallelism the
+  // weight half's input is gathered again first, while the input half runs.
+  const bool split = defer || tp_.size > 1;
+  auto finish_column = [&](TpCollective& input_gather, auto&& weight_half) {
+    if (!split) return;
+    TpCollective reduction = TpCollective::reduce(tp_, d_ln, d_ln_rows, rows, C_);
+    if (!tp_.overlap) reduction.wait();
+    if (!defer) {
+      input_gather.wait();
+      weight_half();
     }
-    TpReduction reduction(tp_, d_ln, rows * C_);
-    weight_half();
     reduction.wait();
+  };
+  auto norm_backward = [&](float* d_in, int weight, int bias, const float* x, const Tensor& mean,
+                           const Tensor& rstd, const float* residual_grad) {
+    ReplicatedGradients grads(tp_, ctx.ops, {store_.grad(weight), store_.grad(bias)}, C_,
+                              norm_grads);
+    ctx.ops.layernorm_backward(d_in, grads.target(0), grads.target(1), d_ln, x,
+                               store_.value(weight), mean.f32(), rstd.f32(), local, C_,
+                               residual_grad);
+    grads.finish();
   };
 
   // MLP branch: x_out = x2 + c_proj(gelu(c_fc(ln2(x2)))).
+  const float* ln2 = nullptr;
+  TpCollective ln2_gather = defer ? TpCollective::none(tp_)
+                                  : regather_column_input(ctx, c_fc_, a.c_fc, a.ln2, a.ln2_16,
+                                                          gathered_input, rows, &ln2);
   if (bf16) {
-    mlp_backward_bf16(ctx, a, d_ln, d_x_out, d_fc, d_y16_or_gelu, rows, defer, input_half_only);
+    mlp_backward_bf16(ctx, a, d_ln_rows, d_y, d_fc, d_y16_or_gelu, rows, defer, split);
   } else {
     float* d_gelu = d_y16_or_gelu;
-    if (defer) {  // d_x_out may be overwritten by d_x_in below: c_proj's W keeps its own copy
-      ctx.ops.copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
-      mlp_proj_.backward_input(ctx, a.mlp_proj, d_gelu, d_x_out, rows);
-    } else {
-      mlp_proj_.backward(ctx, a.mlp_proj, d_gelu, d_x_out, a.gelu.f32(), rows);
-    }
+    if (defer)
+      mlp_proj_.backward_input(ctx, a.mlp_proj, d_gelu, d_y, rows);
+    else
+      mlp_proj_.backward(ctx, a.mlp_proj, d_gelu, d_y, a.gelu.f32(), rows);
     ctx.ops.gelu_backward(d_fc, d_gelu, a.fc.f32(), rows * F_);
-    if (input_half_only)
-      c_fc_.backward_input(ctx, a.c_fc, d_ln, d_fc, rows);
+    if (split)
+      c_fc_.backward_input(ctx, a.c_fc, d_ln_rows, d_fc, rows);
     else
       c_fc_.backward(ctx, a.c_fc, d_ln, d_fc, a.ln2.f32(), rows);
   }
-  reduce_input_gradient([&] {  // the column-parallel c_fc's partial input gradients
+  finish_column(ln2_gather, [&] {  // the column-parallel c_fc's weight half
     if (bf16)
       c_fc_.backward_rounded(ctx, a.c_fc, nullptr, reinterpret_cast<const lattice::bf16*>(d_fc),
-                             a.ln2.f32(), rows);
+                             nullptr, rows);
     else
-      c_fc_.backward_weight(ctx, a.c_fc, d_fc, a.ln2.f32(), rows);
+      c_fc_.backward_weight(ctx, a.c_fc, d_fc, ln2, rows);
   });
-  ctx.ops.layernorm_backward(d_x2, store_.grad(ln2_weight_), store_.grad(ln2_bias_), d_ln,
-                             a.x2.f32(), store_.value(ln2_weight_), a.ln2_mean.f32(),
-                             a.ln2_rstd.f32(), rows, C_, /*residual_grad=*/d_x_out);
+  if (sp && bf16 && !defer) Linear::release_prepared_input(a.c_fc);
+  norm_backward(d_x2, ln2_weight_, ln2_bias_, a.x2.f32(), a.ln2_mean, a.ln2_rstd, d_x_out);
 
   // Attention branch: x2 = x_in + c_proj(attention(c_attn(ln1(x_in)))).
+  float* d_x2_rows = d_x2;  // the row-parallel projection's d_out over all rows
+  if (sp) {
+    d_x2_rows = kept(a.d_x2, 10, rows * C_);
+    gather_sequence(tp_, d_x2_rows, d_x2, rows, C_);
+  }
+  const float* ln1 = nullptr;
+  TpCollective ln1_gather = defer ? TpCollective::none(tp_)
+                                  : regather_column_input(ctx, c_attn_, a.c_attn, a.ln1, a.ln1_16,
+                                                          gathered_input, rows, &ln1);
   if (defer)
-    attn_proj_.backward_input(ctx, a.attn_proj, d_att, d_x2, rows);
+    attn_proj_.backward_input(ctx, a.attn_proj, d_att, d_x2_rows, rows);
   else
-    attn_proj_.backward(ctx, a.attn_proj, d_att, d_x2, a.att.f32(), rows);
+    attn_proj_.backward(ctx, a.attn_proj, d_att, d_x2_rows, a.att.f32(), rows);
   if (bf16) {
-    attention_backward_bf16(ctx, a, d_ln, d_att, d_qkv, B, T, input_half_only);
+    attention_backward_bf16(ctx, a, d_ln_rows, d_att, d_qkv, B, T, split);
   } else {
     const float* qkv = a.qkv.f32();
     ctx.ops.attention_backward(d_qkv, d_qkv + A_, d_qkv + 2 * A_, d_att, qkv, qkv + A_,
                                qkv + 2 * A_, a.att.f32(), a.lse.f32(),
                                packed_qkv_shape(B, T, heads_, head_dim_), ctx.precision, {});
-    if (input_half_only)
-      c_attn_.backward_input(ctx, a.c_attn, d_ln, d_qkv, rows);
+    if (split)
+      c_attn_.backward_input(ctx, a.c_attn, d_ln_rows, d_qkv, rows);
     else
       c_attn_.backward(ctx, a.c_attn, d_ln, d_qkv, a.ln1.f32(), rows);
   }
-  reduce_input_gradient([&] {
+  finish_column(ln1_gather, [&] {
     if (bf16)
       c_attn_.backward_rounded(ctx, a.c_attn, nullptr,
                                reinterpret_cast<const lattice::bf16*>(d_qkv), nullptr, rows);
     else
-      c_attn_.backward_weight(ctx, a.c_attn, d_qkv, a.ln1.f32(), rows);
+      c_attn_.backward_weight(ctx, a.c_attn, d_qkv, ln1, rows);
   });
-  ctx.ops.layernorm_backward(d_x_in, store_.grad(ln1_weight_), store_.grad(ln1_bias_), d_ln, x_in,
-                             store_.value(ln1_weight_), a.ln1_mean.f32(), a.ln1_rstd.f32(), rows,
-                             C_, /*residual_grad=*/d_x2);
+  if (sp && bf16 && !defer) Linear::release_prepared_input(a.c_attn);
+  norm_backward(d_x_in, ln1_weight_, ln1_bias_, x_in, a.ln1_mean, a.ln1_rstd, d_x2);
   if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
 
 void Gpt2Block::weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
                             int64_t B, int64_t T) {
   Saved& a = saved_as<Saved>(saved);
+  (void)x_in;
   const int64_t rows = B * T;
+  // The column layers' inputs over all rows: gathered again under sequence parallelism (into a
+  // transient fp32 buffer, or into the Linears' kept bf16 inputs), else the saved LayerNorm
+  // outputs.
+  Tensor gathered;
+  if (tp_.sequence_parallel && ctx.precision != k::Precision::bf16)
+    ensure_activation(gathered, {2 * rows, C_}, ctx.tracker);
+  const float *ln1 = nullptr, *ln2 = nullptr;
+  float* buffer = gathered.empty() ? nullptr : gathered.f32();
+  regather_column_input(ctx, c_fc_, a.c_fc, a.ln2, a.ln2_16, buffer, rows, &ln2).wait();
+  regather_column_input(ctx, c_attn_, a.c_attn, a.ln1, a.ln1_16,
+                        buffer == nullptr ? nullptr : buffer + rows * C_, rows, &ln1)
+      .wait();
   if (ctx.precision == k::Precision::bf16) {
     mlp_proj_.backward_rounded(ctx, a.mlp_proj, nullptr,
                                reinterpret_cast<const lattice::bf16*>(a.d_y.f32()), nullptr, rows);
     c_fc_.backward_rounded(ctx, a.c_fc, nullptr,
-                           reinterpret_cast<const lattice::bf16*>(a.d_fc.f32()), a.ln2.f32(), rows);
+                           reinterpret_cast<const lattice::bf16*>(a.d_fc.f32()), nullptr, rows);
     attn_proj_.backward_weight(ctx, a.attn_proj, a.d_x2.f32(), a.att.f32(), rows);
     c_attn_.backward_rounded(ctx, a.c_attn, nullptr,
                              reinterpret_cast<const lattice::bf16*>(a.d_qkv.f32()), nullptr, rows);
   } else {
     mlp_proj_.backward_weight(ctx, a.mlp_proj, a.d_y.f32(), a.gelu.f32(), rows);
-    c_fc_.backward_weight(ctx, a.c_fc, a.d_fc.f32(), a.ln2.f32(), rows);
+    c_fc_.backward_weight(ctx, a.c_fc, a.d_fc.f32(), ln2, rows);
     attn_proj_.backward_weight(ctx, a.attn_proj, a.d_x2.f32(), a.att.f32(), rows);
-    c_attn_.backward_weight(ctx, a.c_attn, a.d_qkv.f32(), a.ln1.f32(), rows);
+    c_attn_.backward_weight(ctx, a.c_attn, a.d_qkv.f32(), ln1, rows);
+  }
+  if (tp_.sequence_parallel) {
+    Linear::release_prepared_input(a.c_fc);
+    Linear::release_prepared_input(a.c_attn);
   }
   for (Tensor* t : {&a.d_qkv, &a.d_x2, &a.d_fc, &a.d_y}) t->reset();
   drop_recomputed_attention(a, a.att, a.lse);
@@ -342,12 +455,12 @@ void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float
     c_attn_.backward_rounded(ctx, a.c_attn, d_ln, d_qkv16, nullptr, rows);
 }
 
-void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln,
-                                  const float* d_x_out, float* d_fc_buffer, float* d_y_buffer,
-                                  int64_t rows, bool defer, bool fc_input_half_only) {
+void Gpt2Block::mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_y,
+                                  float* d_fc_buffer, float* d_y_buffer, int64_t rows, bool defer,
+                                  bool fc_input_half_only) {
   // c_proj's d_out rounded once (with its bias gradient) for its weight gradient and for d_gelu.
   auto* d_y16 = reinterpret_cast<lattice::bf16*>(d_y_buffer);
-  ctx.ops.round_with_column_sums(d_y16, mlp_proj_.bias_grad(), d_x_out, rows, C_);
+  ctx.ops.round_with_column_sums(d_y16, mlp_proj_.bias_grad(), d_y, rows, C_);
   if (!defer) mlp_proj_.backward_rounded(ctx, a.mlp_proj, nullptr, d_y16, nullptr, rows);
   // d_gelu = d_y · W_proj taken through the GELU backward into c_fc's bf16 d_out (with c_fc's
   // bias gradient): the fp32 d_gelu is never stored.

@@ -13,24 +13,29 @@
 
 namespace lattice::model {
 
-// What a GPT-2 block's forward saves (rows = B·T, C = d_model, F = ffn_hidden, H = heads).
+// What a GPT-2 block's forward saves (rows = B·T, C = d_model, F = ffn_hidden, H = heads; under
+// tensor parallelism A, F and H are this rank's; `local` = this rank's sequence rows, rows / tp
+// under sequence parallelism, else rows).
 struct Gpt2BlockActivations final : BlockActivations {
-  Tensor ln1;                 // [rows, C] LayerNorm 1 output (fp32; in bf16 only c_attn's in16)
-  Tensor ln1_mean, ln1_rstd;  // [rows]
+  Tensor ln1;                 // [local, C] LayerNorm 1 output (fp32; in bf16 only c_attn's in16)
+  Tensor ln1_16, ln2_16;      // [local, C] bf16 LayerNorm outputs (bf16 sequence parallelism: the
+                              // rows gathered into c_attn's and c_fc's in16, which is not kept)
+  Tensor ln1_mean, ln1_rstd;  // [local]
   Tensor qkv;                 // [rows, 3C] fp32 q, k, v (fp32 training, cached inference)
   Tensor qkv16;               // [rows, 3C] bf16 q, k, v (bf16 training; qkv is then not kept)
   Tensor att;                 // [rows, C] attention output (dropped by selective checkpointing)
   Tensor lse;                 // [B, H, T] its log-sum-exp (dropped with it)
-  Tensor x2;                  // [rows, C] residual after attention
-  Tensor ln2;                 // [rows, C] LayerNorm 2 output (fp32; in bf16 only c_fc's in16)
-  Tensor ln2_mean, ln2_rstd;  // [rows]
+  Tensor x2;                  // [local, C] residual after attention
+  Tensor ln2;                 // [local, C] LayerNorm 2 output (fp32; in bf16 only c_fc's in16)
+  Tensor ln2_mean, ln2_rstd;  // [local]
   Tensor fc;                  // [rows, F] MLP pre-activation (fp32 only; bf16 never stores it)
   Tensor gelu;                // [rows, F] GELU output (fp32; in bf16 only c_proj's in16)
   Tensor gelu_slope16;        // [rows, F] bf16: the GELU's slope at the pre-activation
   LinearActivations c_attn, attn_proj, c_fc, mlp_proj;
   // Between backward_input and backward_weight: each Linear's output gradient. fp32: d_qkv [rows,
-  // 3C], d_x2 [rows, C], d_fc [rows, F], d_y [rows, C]; bf16: d_qkv, d_fc and d_y hold the rounded
-  // bf16 gradients (in the first half of their floats), d_x2 stays fp32.
+  // 3C], d_x2 [rows, C], d_fc [rows, F], d_y [rows, C] (all rows: under sequence parallelism
+  // d_x2 and d_y are gathered); bf16: d_qkv, d_fc and d_y hold the rounded bf16 gradients (in the
+  // first half of their floats), d_x2 stays fp32.
   Tensor d_qkv, d_x2, d_fc, d_y;
   void release() override;
 };
@@ -62,6 +67,23 @@ class Gpt2Block final : public Block {
   // LayerNorm 1 and c_attn into qkv (fp32, cached inference), or in bf16 training into qkv16
   // only, rounded chunk by chunk as the GEMM produces them.
   void qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows);
+  // A LayerNorm on this rank's rows of x feeding the column-parallel `layer`: its output over all
+  // rows is the layer's input — fp32: `out` [local, C] itself, or gathered from every rank into
+  // `gathered` [rows, C] under sequence parallelism (returned); bf16: written into the layer's
+  // prepared bf16 input (gathered into it from out16 [local, C] under sequence parallelism;
+  // returns null).
+  const float* norm_into_column(const LayerContext& ctx, Linear& layer, LinearActivations& saved,
+                                Tensor& out, Tensor& out16, Tensor& mean, Tensor& rstd,
+                                const float* x, int weight, int bias, Tensor& gathered,
+                                int64_t rows);
+  // Sequence parallelism: c_attn's or c_fc's input over all rows again for its weight gradient,
+  // gathered (asynchronously: wait for the returned collective) from the saved LayerNorm output —
+  // fp32 into `gathered` [rows, C] (*input set to it), bf16 into the layer's kept bf16 input
+  // (*input null). Without sequence parallelism nothing moves: *input is the saved output.
+  TpCollective regather_column_input(const LayerContext& ctx, Linear& layer,
+                                     LinearActivations& saved, const Tensor& out,
+                                     const Tensor& out16, float* gathered, int64_t rows,
+                                     const float** input);
   // The attention core on the saved q, k, v into att and lse (forward, and its recomputation).
   void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
   void backward_pass(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
@@ -74,15 +96,16 @@ class Gpt2Block final : public Block {
                                float* d_qkv_buffer, int64_t B, int64_t T, bool input_half_only);
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                   const float* x_in, int64_t rows);
-  // bf16 forward of LayerNorm 2 and the MLP from x2 to x_out (before the residual add), with
-  // c_fc's GEMM and the GELU fused (Linear::forward_prepared_gelu_bf16).
-  void mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* x_out, int64_t rows);
-  // bf16 backward of the MLP from d_x_out to d_ln (LayerNorm 2's output gradient), with c_proj's
+  // bf16 forward of the MLP from c_fc's prepared input to mlp_out (before the reduction over tp
+  // and the residual add), with c_fc's GEMM and the GELU fused (forward_prepared_gelu_bf16).
+  void mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* mlp_out, int64_t rows);
+  // bf16 backward of the MLP from d_y (the block's output gradient over all rows) to d_ln
+  // (LayerNorm 2's output gradient, a partial sum over tp under tensor parallelism), with c_proj's
   // input gradient and the GELU backward fused (Linear::backward_input_through_gelu_bf16);
   // d_fc_buffer holds c_fc's bf16 d_out [rows, F], d_y_buffer c_proj's bf16 d_out [rows, C].
   // `defer`: c_proj's weight half is left for backward_weight; `fc_input_half_only`: c_fc's too
   // (deferred, or run by the caller while the tp all-reduce of d_ln is in flight).
-  void mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_x_out,
+  void mlp_backward_bf16(const LayerContext& ctx, Saved& a, float* d_ln, const float* d_y,
                          float* d_fc_buffer, float* d_y_buffer, int64_t rows, bool defer,
                          bool fc_input_half_only);
 

@@ -5,6 +5,8 @@
 // handed a larger group and their shards).
 #pragma once
 
+#include <cstdint>
+
 #include "lattice/core/memory.hpp"
 #include "lattice/kernels/ops.hpp"
 #include "lattice/kernels/precision.hpp"
@@ -27,6 +29,14 @@ struct TensorParallelGroup {
   // asynchronous tensor-parallel all-reduce). The same arithmetic either way: false is for
   // measuring what the overlap hides.
   bool overlap = true;
+  // Sequence parallelism (Korthikanti et al.): the residual stream, the norms and the residual adds
+  // run on this rank's rows / size of the rows (tensor_parallel_comm.hpp's sequence rows); the
+  // column-parallel layers' inputs are all-gathered and the row-parallel layers' outputs
+  // reduce-scattered instead of all-reduced. Requires size > 1 and rows divisible by size.
+  bool sequence_parallel = false;
+
+  // The rows of the residual stream this rank holds out of `rows`.
+  int64_t local_rows(int64_t rows) const { return sequence_parallel ? rows / size : rows; }
 };
 
 // Called by the Transformer around the forward and backward of each parameter unit (see

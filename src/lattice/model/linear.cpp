@@ -95,6 +95,15 @@ lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, LinearActivat
   return saved.in16.data<lattice::bf16>();
 }
 
+lattice::bf16* Linear::refill_prepared_input(const LayerContext& ctx, LinearActivations& saved,
+                                             int64_t rows) {
+  check(saved.prepared && saved.rounded_rows == rows,
+        "Linear::refill_prepared_input without a prepared forward of " + std::to_string(rows) +
+            " rows (internal error)");
+  ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
+  return saved.in16.data<lattice::bf16>();
+}
+
 void Linear::forward_prepared(const LayerContext& ctx, LinearActivations& saved, float* out,
                               int64_t rows) {
   check(saved.in16.shape() == Shape{rows, in_},

@@ -93,6 +93,13 @@ class Linear {
   void backward_input_through_gelu_bf16(const LayerContext& ctx, lattice::bf16* d_pre16,
                                         float* pre_bias_grad, const lattice::bf16* d_out16,
                                         const lattice::bf16* slope16, int64_t rows);
+  // Sequence parallelism: a prepared bf16 input holds every rank's rows (all-gathered into the
+  // buffer by the block), so the block frees it after the forward (release_prepared_input) and
+  // gathers it again into refill_prepared_input's buffer ([rows, in_features]) before the weight
+  // gradient: what a rank keeps between forward and backward is its own rows.
+  static void release_prepared_input(LinearActivations& saved) { saved.in16.reset(); }
+  lattice::bf16* refill_prepared_input(const LayerContext& ctx, LinearActivations& saved,
+                                       int64_t rows);
   // The bias gradient (null without a bias).
   float* bias_grad();
 

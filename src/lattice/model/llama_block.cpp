@@ -60,12 +60,16 @@ std::unique_ptr<BlockActivations> LlamaBlock::make_activations() const {
 }
 
 int64_t LlamaBlock::saved_bytes(k::Precision precision, int64_t B, int64_t T) const {
-  // prepare_activations' fp32 tensors (n1, q, k, v, x2, n2, gate, up, h, the two rstd; att and
-  // lse below) and, in bf16, each Linear's kept bf16 input: n1 for q/k/v, att for o, n2 for
-  // gate/up, h for down.
-  const int64_t rows = B * T, C = C_, F = F_, kv = kv_heads_ * head_dim_;
-  int64_t bytes = rows * 4 * (C + A_ + 2 * kv + C + C + 3 * F + 2) + attention_output_bytes(B, T);
-  if (precision == k::Precision::bf16) bytes += rows * 2 * (3 * C + A_ + 2 * C + F);
+  // prepare_activations' fp32 tensors — n1, x2, n2 and the two rstd on this rank's sequence rows
+  // (local); q, k, v, gate, up, h on all rows (att and lse below) — and, in bf16, each Linear's
+  // kept bf16 input: n1 for q/k/v, att for o, n2 for gate/up, h for down. Under sequence
+  // parallelism the gathered n1 and n2 are not kept (gathered again in backward).
+  const int64_t rows = B * T, local = tp_.local_rows(rows), C = C_, F = F_;
+  const int64_t kv = kv_heads_ * head_dim_;
+  int64_t bytes =
+      local * 4 * (3 * C + 2) + rows * 4 * (A_ + 2 * kv + 3 * F) + attention_output_bytes(B, T);
+  if (precision == k::Precision::bf16)
+    bytes += rows * 2 * (A_ + F) + (tp_.sequence_parallel ? 0 : rows * 2 * 5 * C);
   return bytes;
 }
 
@@ -74,37 +78,61 @@ int64_t LlamaBlock::attention_output_bytes(int64_t B, int64_t T) const {
 }
 
 int64_t LlamaBlock::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
-  // backward_pass's scratch slots: d_h, d_gate, d_up [rows, F]; d_norm, d_part, d_x2, d_att, d_q
-  // [rows, C]; d_k, d_v [rows, kv].
+  // backward_pass's scratch slots: d_h, d_gate, d_up [rows, F]; d_part [rows, C], d_norm and d_x2
+  // [local, C]; d_att, d_q [rows, A]; d_k, d_v [rows, kv]. Sequence parallelism adds the gathered
+  // d_y and d_x2, the column layers' partial d_norm over all rows and their input gathered again
+  // ([rows, C] each), and the norm weight's partial gradient.
   (void)precision;
-  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
-  return 4 * rows * (3 * F_ + 3 * C_ + 2 * A_ + 2 * kv);
+  const int64_t rows = B * T, local = tp_.local_rows(rows), kv = kv_heads_ * head_dim_;
+  int64_t floats = rows * (3 * F_ + C_ + 2 * A_ + 2 * kv) + 2 * local * C_;
+  if (tp_.sequence_parallel) floats += 4 * rows * C_ + C_;
+  return 4 * floats;
 }
 
 void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
-  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
+  const int64_t rows = B * T, local = tp_.local_rows(rows), kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
-  ensure_activation(a.n1, {rows, C_}, tr);
-  ensure_activation(a.rstd1, {rows}, tr);
+  ensure_activation(a.n1, {local, C_}, tr);
+  ensure_activation(a.rstd1, {local}, tr);
   ensure_activation(a.q, {rows, A_}, tr);
   ensure_activation(a.k, {rows, kv}, tr);
   ensure_activation(a.v, {rows, kv}, tr);
   ensure_activation(a.att, {rows, A_}, tr);
   ensure_activation(a.lse, {B, heads_, T}, tr);
-  ensure_activation(a.x2, {rows, C_}, tr);
-  ensure_activation(a.n2, {rows, C_}, tr);
-  ensure_activation(a.rstd2, {rows}, tr);
+  ensure_activation(a.x2, {local, C_}, tr);
+  ensure_activation(a.n2, {local, C_}, tr);
+  ensure_activation(a.rstd2, {local}, tr);
   ensure_activation(a.gate, {rows, F_}, tr);
   ensure_activation(a.up, {rows, F_}, tr);
   ensure_activation(a.h, {rows, F_}, tr);
 }
 
+const float* LlamaBlock::norm_rows(const Tensor& norm, float* gathered, int64_t rows,
+                                   TpCollective* pending) {
+  if (!tp_.sequence_parallel) return norm.f32();
+  if (pending == nullptr) {
+    gather_sequence(tp_, gathered, norm.f32(), rows, C_);
+  } else {
+    *pending = TpCollective::gather(tp_, gathered, norm.f32(), rows, C_);
+    if (!tp_.overlap) pending->wait();  // measuring what the overlap hides: blocking
+  }
+  return gathered;
+}
+
 void LlamaBlock::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
-  ctx.ops.rmsnorm_forward(a.n1.f32(), a.rstd1.f32(), x_in, store_.value(norm1_weight_), rows, C_,
-                          eps_);
-  q_proj_.forward(ctx, a.q_proj, a.q.f32(), a.n1.f32(), rows);
-  k_proj_.forward(ctx, a.k_proj, a.k.f32(), a.n1.f32(), rows);
-  v_proj_.forward(ctx, a.v_proj, a.v.f32(), a.n1.f32(), rows);
+  const bool sp = tp_.sequence_parallel;
+  ctx.ops.rmsnorm_forward(a.n1.f32(), a.rstd1.f32(), x_in, store_.value(norm1_weight_),
+                          tp_.local_rows(rows), C_, eps_);
+  Tensor gathered;  // sequence parallelism: RMSNorm 1's output over all rows, for the GEMMs
+  if (sp) ensure_activation(gathered, {rows, C_}, ctx.tracker);
+  const float* n1 = norm_rows(a.n1, gathered.empty() ? nullptr : gathered.f32(), rows, nullptr);
+  q_proj_.forward(ctx, a.q_proj, a.q.f32(), n1, rows);
+  k_proj_.forward(ctx, a.k_proj, a.k.f32(), n1, rows);
+  v_proj_.forward(ctx, a.v_proj, a.v.f32(), n1, rows);
+  // Sequence parallelism keeps this rank's rows (n1), not the gathered input or its bf16
+  // rounding: backward gathers and rounds it again (the same bits).
+  if (sp)
+    for (LinearActivations* l : {&a.q_proj, &a.k_proj, &a.v_proj}) l->release();
 }
 
 void LlamaBlock::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
@@ -115,17 +143,32 @@ void LlamaBlock::attention_core(const LayerContext& ctx, Saved& a, int64_t B, in
 
 void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                             const float* x_in, int64_t rows) {
-  o_proj_.forward(ctx, a.o_proj, a.x2.f32(), a.att.f32(), rows);
-  all_reduce_over_tp(tp_, a.x2.f32(), rows * C_);  // the row-parallel projection's partial sums
-  ctx.ops.add_inplace(a.x2.f32(), x_in, rows * C_);
-  ctx.ops.rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), rows,
+  const int64_t local = tp_.local_rows(rows);
+  const bool sp = tp_.sequence_parallel;
+  // The row-parallel projections' partial sums over all rows, reduced over tp: all-reduced in
+  // place, or reduce-scattered onto this rank's rows from `partial` under sequence parallelism.
+  Tensor partial, gathered;
+  if (sp) {
+    ensure_activation(partial, {rows, C_}, ctx.tracker);
+    ensure_activation(gathered, {rows, C_}, ctx.tracker);
+  }
+  float* attn_out = sp ? partial.f32() : a.x2.f32();
+  o_proj_.forward(ctx, a.o_proj, attn_out, a.att.f32(), rows);
+  reduce_over_tp(tp_, a.x2.f32(), attn_out, rows, C_);
+  ctx.ops.add_inplace(a.x2.f32(), x_in, local * C_);
+  ctx.ops.rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), local,
                           C_, eps_);
-  gate_proj_.forward(ctx, a.gate_proj, a.gate.f32(), a.n2.f32(), rows);
-  up_proj_.forward(ctx, a.up_proj, a.up.f32(), a.n2.f32(), rows);
+  const float* n2 = norm_rows(a.n2, sp ? gathered.f32() : nullptr, rows, nullptr);
+  gate_proj_.forward(ctx, a.gate_proj, a.gate.f32(), n2, rows);
+  up_proj_.forward(ctx, a.up_proj, a.up.f32(), n2, rows);
+  if (sp)
+    for (LinearActivations* l : {&a.gate_proj, &a.up_proj}) l->release();
+  gathered.reset();
   ctx.ops.swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
-  down_proj_.forward(ctx, a.down_proj, x_out, a.h.f32(), rows);
-  all_reduce_over_tp(tp_, x_out, rows * C_);
-  ctx.ops.add_inplace(x_out, a.x2.f32(), rows * C_);
+  float* mlp_out = sp ? partial.f32() : x_out;
+  down_proj_.forward(ctx, a.down_proj, mlp_out, a.h.f32(), rows);
+  reduce_over_tp(tp_, x_out, mlp_out, rows, C_);
+  ctx.ops.add_inplace(x_out, a.x2.f32(), local * C_);
 }
 
 void LlamaBlock::forward(const LayerContext& ctx, BlockActivations& saved, float* x_out,
@@ -145,8 +188,9 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
                                const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                                BackwardScratch& scratch, bool defer) {
   Saved& a = saved_as<Saved>(saved);
-  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
+  const int64_t rows = B * T, local = tp_.local_rows(rows), kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
+  const bool sp = tp_.sequence_parallel;
   if (a.recompute_attention && a.att.empty()) {  // selective checkpointing: the attention again
     ensure_activation(a.att, {rows, A_}, tr);
     ensure_activation(a.lse, {B, heads_, T}, tr);
@@ -155,20 +199,38 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
     if (a.o_proj.rounded_from != nullptr) a.o_proj.rounded_from = a.att.f32();
   }
   // The gradients each Linear's weight half reads: scratch when it runs here, kept in `a` when
-  // backward_weight runs it later.
+  // backward_weight runs it later. d_x_out, d_x_in, d_norm and d_x2 hold this rank's rows
+  // (local); the rest all rows.
   auto kept = [&](Tensor& pending, int slot, int64_t numel) {
     return weight_gradient_operand(defer, pending, scratch, slot, numel, tr);
   };
   float* d_h = scratch.get(0, rows * F_, tr);
   float* d_gate = kept(a.d_gate, 1, rows * F_);
   float* d_up = kept(a.d_up, 2, rows * F_);
-  float* d_norm = scratch.get(3, rows * C_, tr);
+  float* d_norm = scratch.get(3, local * C_, tr);
   float* d_part = scratch.get(4, rows * C_, tr);
-  float* d_x2 = kept(a.d_x2, 5, rows * C_);
+  float* d_x2 = sp ? scratch.get(5, local * C_, tr) : kept(a.d_x2, 5, rows * C_);
   float* d_att = scratch.get(6, rows * A_, tr);
   float* d_q = kept(a.d_q, 7, rows * A_);
   float* d_k = kept(a.d_k, 8, rows * kv);
   float* d_v = kept(a.d_v, 9, rows * kv);
+  // Sequence parallelism: the row-parallel layers' output gradients over all rows (gathered), the
+  // column-parallel layers' partial input gradient over all rows (before its reduce-scatter onto
+  // d_norm), their input gathered again, the norm's partial weight gradient. Without it these are
+  // d_x_out, d_x2, d_norm and the saved norm outputs.
+  const float* d_y = d_x_out;
+  if (sp) {
+    float* gathered = kept(a.d_y, 10, rows * C_);
+    gather_sequence(tp_, gathered, d_x_out, rows, C_);
+    d_y = gathered;
+  } else if (defer) {  // d_x_out may be overwritten by d_x_in: down_proj's W keeps its own copy
+    float* copy = kept(a.d_y, 10, rows * C_);
+    ctx.ops.copy(copy, d_x_out, rows * C_);
+    d_y = copy;
+  }
+  float* d_norm_rows = sp ? scratch.get(11, rows * C_, tr) : d_norm;
+  float* gathered_input = sp ? scratch.get(12, rows * C_, tr) : nullptr;
+  float* norm_grad = sp ? scratch.get(13, C_, tr) : nullptr;
   // A Linear's backward: both halves now, or the input half with the weight half left for later.
   auto linear_backward = [&](Linear& layer, LinearActivations& saved, float* d_in,
                              const float* d_out, const float* in) {
@@ -177,81 +239,102 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
     else
       layer.backward(ctx, saved, d_in, d_out, in, rows);
   };
-  // Tensor parallelism: the column-parallel layers' summed input gradient is all-reduced over tp
-  // while their weight gradients are computed (input halves, the reduction started, weight
-  // halves, the wait); without overlap (or when the weight halves are deferred) it blocks.
-  const bool overlap = tp_.size > 1 && tp_.overlap && !defer;
+  // With tensor parallelism the column-parallel layers run their halves apart: the input halves
+  // into d_norm_rows, then their summed partial gradient reduced onto d_norm (all-reduce, or
+  // reduce-scatter under sequence parallelism) while the weight halves run
+  // (TensorParallelGroup::overlap; without it, or when the weight halves are deferred, the
+  // reduction blocks). Under sequence parallelism their input is gathered again first, while the
+  // input halves run.
+  const bool split = defer || tp_.size > 1;
   auto column_input_half = [&](Linear& layer, LinearActivations& saved, float* d_in,
                                const float* d_out, const float* in) {
-    if (overlap)
+    if (split)
       layer.backward_input(ctx, saved, d_in, d_out, rows);
     else
-      linear_backward(layer, saved, d_in, d_out, in);
+      layer.backward(ctx, saved, d_in, d_out, in, rows);
   };
   struct WeightHalf {
     Linear* layer;
     LinearActivations* saved;
     const float* d_out;
-    const float* in;
   };
-  auto reduce_input_gradient = [&](float* d_in, std::initializer_list<WeightHalf> weight_halves) {
-    if (!overlap) {
-      all_reduce_over_tp(tp_, d_in, rows * C_);
-      return;
+  auto finish_column = [&](TpCollective& input_gather, const float* in,
+                           std::initializer_list<WeightHalf> weight_halves) {
+    if (!split) return;
+    TpCollective reduction = TpCollective::reduce(tp_, d_norm, d_norm_rows, rows, C_);
+    if (!tp_.overlap) reduction.wait();
+    if (!defer) {
+      input_gather.wait();
+      for (const WeightHalf& w : weight_halves)
+        w.layer->backward_weight(ctx, *w.saved, w.d_out, in, rows);
     }
-    TpReduction reduction(tp_, d_in, rows * C_);
-    for (const WeightHalf& w : weight_halves)
-      w.layer->backward_weight(ctx, *w.saved, w.d_out, w.in, rows);
     reduction.wait();
+  };
+  auto norm_backward = [&](float* d_in, int weight, const float* x, const Tensor& rstd,
+                           const float* residual_grad) {
+    ReplicatedGradients grads(tp_, ctx.ops, {store_.grad(weight)}, C_, norm_grad);
+    ctx.ops.rmsnorm_backward(d_in, grads.target(0), d_norm, x, store_.value(weight), rstd.f32(),
+                             local, C_, residual_grad);
+    grads.finish();
   };
 
   // MLP branch: x_out = x2 + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(x2).
-  if (defer)  // d_x_out may be overwritten by d_x_in below: down_proj's W keeps its own copy
-    ctx.ops.copy(kept(a.d_y, 0, rows * C_), d_x_out, rows * C_);
-  linear_backward(down_proj_, a.down_proj, d_h, d_x_out, a.h.f32());
+  TpCollective n2_gather = TpCollective::none(tp_);
+  const float* n2 = defer ? nullptr : norm_rows(a.n2, gathered_input, rows, &n2_gather);
+  linear_backward(down_proj_, a.down_proj, d_h, d_y, a.h.f32());
   ctx.ops.swiglu_backward(d_gate, d_up, d_h, a.gate.f32(), a.up.f32(), rows * F_);
-  column_input_half(gate_proj_, a.gate_proj, d_norm, d_gate, a.n2.f32());
-  column_input_half(up_proj_, a.up_proj, d_part, d_up, a.n2.f32());
-  ctx.ops.add_inplace(d_norm, d_part, rows * C_);
-  reduce_input_gradient(
-      d_norm,  // the column-parallel layers' partial gradients
-      {{&gate_proj_, &a.gate_proj, d_gate, a.n2.f32()}, {&up_proj_, &a.up_proj, d_up, a.n2.f32()}});
-  ctx.ops.rmsnorm_backward(d_x2, store_.grad(norm2_weight_), d_norm, a.x2.f32(),
-                           store_.value(norm2_weight_), a.rstd2.f32(), rows, C_,
-                           /*residual_grad=*/d_x_out);
+  column_input_half(gate_proj_, a.gate_proj, d_norm_rows, d_gate, n2);
+  column_input_half(up_proj_, a.up_proj, d_part, d_up, n2);
+  ctx.ops.add_inplace(d_norm_rows, d_part, rows * C_);
+  finish_column(n2_gather, n2,
+                {{&gate_proj_, &a.gate_proj, d_gate}, {&up_proj_, &a.up_proj, d_up}});
+  norm_backward(d_x2, norm2_weight_, a.x2.f32(), a.rstd2, d_x_out);
 
   // Attention branch: x2 = x_in + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
-  linear_backward(o_proj_, a.o_proj, d_att, d_x2, a.att.f32());
+  float* d_x2_rows = d_x2;  // the row-parallel o_proj's d_out over all rows
+  if (sp) {
+    d_x2_rows = kept(a.d_x2, 14, rows * C_);
+    gather_sequence(tp_, d_x2_rows, d_x2, rows, C_);
+  }
+  TpCollective n1_gather = TpCollective::none(tp_);
+  const float* n1 = defer ? nullptr : norm_rows(a.n1, gathered_input, rows, &n1_gather);
+  linear_backward(o_proj_, a.o_proj, d_att, d_x2_rows, a.att.f32());
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
   ctx.ops.attention_backward(d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
                              a.lse.f32(), shape, ctx.precision, {});
   ctx.ops.rope(rope_, d_q, B, T, heads_, A_, T * A_, 0, true);
   ctx.ops.rope(rope_, d_k, B, T, kv_heads_, kv, T * kv, 0, true);
-  column_input_half(q_proj_, a.q_proj, d_norm, d_q, a.n1.f32());
-  column_input_half(k_proj_, a.k_proj, d_part, d_k, a.n1.f32());
-  ctx.ops.add_inplace(d_norm, d_part, rows * C_);
-  column_input_half(v_proj_, a.v_proj, d_part, d_v, a.n1.f32());
-  ctx.ops.add_inplace(d_norm, d_part, rows * C_);
-  reduce_input_gradient(d_norm, {{&q_proj_, &a.q_proj, d_q, a.n1.f32()},
-                                 {&k_proj_, &a.k_proj, d_k, a.n1.f32()},
-                                 {&v_proj_, &a.v_proj, d_v, a.n1.f32()}});
-  ctx.ops.rmsnorm_backward(d_x_in, store_.grad(norm1_weight_), d_norm, x_in,
-                           store_.value(norm1_weight_), a.rstd1.f32(), rows, C_,
-                           /*residual_grad=*/d_x2);
+  column_input_half(q_proj_, a.q_proj, d_norm_rows, d_q, n1);
+  column_input_half(k_proj_, a.k_proj, d_part, d_k, n1);
+  ctx.ops.add_inplace(d_norm_rows, d_part, rows * C_);
+  column_input_half(v_proj_, a.v_proj, d_part, d_v, n1);
+  ctx.ops.add_inplace(d_norm_rows, d_part, rows * C_);
+  finish_column(
+      n1_gather, n1,
+      {{&q_proj_, &a.q_proj, d_q}, {&k_proj_, &a.k_proj, d_k}, {&v_proj_, &a.v_proj, d_v}});
+  norm_backward(d_x_in, norm1_weight_, x_in, a.rstd1, d_x2);
   if (!defer) drop_recomputed_attention(a, a.att, a.lse);
 }
 
 void LlamaBlock::weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in,
                              int64_t B, int64_t T) {
   Saved& a = saved_as<Saved>(saved);
+  (void)x_in;
   const int64_t rows = B * T;
+  // The column layers' inputs over all rows: gathered again under sequence parallelism.
+  Tensor gathered;
+  if (tp_.sequence_parallel) ensure_activation(gathered, {2 * rows, C_}, ctx.tracker);
+  float* buffer = gathered.empty() ? nullptr : gathered.f32();
+  const float* n2 = norm_rows(a.n2, buffer, rows, nullptr);
+  const float* n1 =
+      norm_rows(a.n1, buffer == nullptr ? nullptr : buffer + rows * C_, rows, nullptr);
   down_proj_.backward_weight(ctx, a.down_proj, a.d_y.f32(), a.h.f32(), rows);
-  gate_proj_.backward_weight(ctx, a.gate_proj, a.d_gate.f32(), a.n2.f32(), rows);
-  up_proj_.backward_weight(ctx, a.up_proj, a.d_up.f32(), a.n2.f32(), rows);
+  gate_proj_.backward_weight(ctx, a.gate_proj, a.d_gate.f32(), n2, rows);
+  up_proj_.backward_weight(ctx, a.up_proj, a.d_up.f32(), n2, rows);
   o_proj_.backward_weight(ctx, a.o_proj, a.d_x2.f32(), a.att.f32(), rows);
-  q_proj_.backward_weight(ctx, a.q_proj, a.d_q.f32(), a.n1.f32(), rows);
-  k_proj_.backward_weight(ctx, a.k_proj, a.d_k.f32(), a.n1.f32(), rows);
-  v_proj_.backward_weight(ctx, a.v_proj, a.d_v.f32(), a.n1.f32(), rows);
+  q_proj_.backward_weight(ctx, a.q_proj, a.d_q.f32(), n1, rows);
+  k_proj_.backward_weight(ctx, a.k_proj, a.d_k.f32(), n1, rows);
+  v_proj_.backward_weight(ctx, a.v_proj, a.d_v.f32(), n1, rows);
   for (Tensor* t : {&a.d_q, &a.d_k, &a.d_v, &a.d_x2, &a.d_gate, &a.d_up, &a.d_y}) t->reset();
   drop_recomputed_attention(a, a.att, a.lse);
 }

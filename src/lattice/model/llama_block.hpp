@@ -13,16 +13,18 @@
 namespace lattice::model {
 
 // What a Llama block's forward saves (rows = B·T, C = d_model, F = ffn_hidden, Hq / Hkv = query /
-// key-value heads, kv = Hkv · head_dim).
+// key-value heads, kv = Hkv · head_dim; under tensor parallelism A = Hq · head_dim, F, Hq and Hkv
+// are this rank's; `local` = this rank's sequence rows, rows / tp under sequence parallelism).
 struct LlamaBlockActivations final : BlockActivations {
-  Tensor n1, rstd1;    // [rows, C], [rows]: RMSNorm 1
-  Tensor q, k, v;      // [rows, C], [rows, kv], [rows, kv]: q and k after RoPE
-  Tensor att, lse;     // [rows, C], [B, Hq, T]: attention (dropped by selective checkpointing)
-  Tensor x2;           // [rows, C] residual after attention
-  Tensor n2, rstd2;    // [rows, C], [rows]: RMSNorm 2
+  Tensor n1, rstd1;    // [local, C], [local]: RMSNorm 1
+  Tensor q, k, v;      // [rows, A], [rows, kv], [rows, kv]: q and k after RoPE
+  Tensor att, lse;     // [rows, A], [B, Hq, T]: attention (dropped by selective checkpointing)
+  Tensor x2;           // [local, C] residual after attention
+  Tensor n2, rstd2;    // [local, C], [local]: RMSNorm 2
   Tensor gate, up, h;  // [rows, F] each: SwiGLU's inputs and output
   LinearActivations q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
-  // Between backward_input and backward_weight: each Linear's output gradient (fp32).
+  // Between backward_input and backward_weight: each Linear's output gradient (fp32, all rows:
+  // under sequence parallelism d_x2 and d_y are gathered).
   Tensor d_q, d_k, d_v, d_x2, d_gate, d_up, d_y;
   void release() override;
 };
@@ -51,6 +53,10 @@ class LlamaBlock final : public Block {
   // output projection, both residual adds, RMSNorm 2 and the SwiGLU MLP.
   void prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
   void qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows);
+  // An RMSNorm output over all rows, the column-parallel layers' input: `norm` itself, or gathered
+  // from every rank's rows into `gathered` ([rows, C], returned) under sequence parallelism.
+  // With `pending` null the gather blocks; otherwise *pending holds it, still in flight.
+  const float* norm_rows(const Tensor& norm, float* gathered, int64_t rows, TpCollective* pending);
   // The attention core on the saved (rotated) q, k and v into att and lse.
   void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,

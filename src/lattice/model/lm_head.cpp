@@ -3,6 +3,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/model/block.hpp"
+#include "lattice/model/tensor_parallel_comm.hpp"
 
 namespace lattice::model {
 
@@ -39,13 +40,16 @@ LmHead::LmHead(ParameterStore& store, const ModelConfig& config, int tied_weight
 int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,
                             const kernels::Ops& ops) const {
   // What forward_loss and backward allocate in HeadActivations for `rows` training rows.
-  const int64_t stats = (norm_bias_ >= 0 ? 2 : 1) * rows * 4;  // LayerNorm: mean and rstd
-  const int64_t d_normed = rows * C_ * 4;                      // backward (or the fused forward)
+  const int64_t local = tp_.local_rows(rows);
+  const int64_t stats = (norm_bias_ >= 0 ? 2 : 1) * local * 4;  // LayerNorm: mean and rstd
+  const int64_t d_normed = rows * C_ * 4;                       // backward (or the fused forward)
   // fp32, and every tensor-parallel head: the normed input and this rank's logits [rows, V_]
-  // (bf16: and the rounded input).
+  // (bf16: and the rounded input); under sequence parallelism the norm's output and gradient on
+  // this rank's rows too.
   if (precision != k::Precision::bf16 || tp_.size > 1)
     return rows * C_ * 4 + stats + rows * V_ * 4 + d_normed +
-           (precision == k::Precision::bf16 ? rows * C_ * 2 : 0);
+           (precision == k::Precision::bf16 ? rows * C_ * 2 : 0) +
+           (tp_.sequence_parallel ? 2 * local * C_ * 4 : 0);
   // bf16: the rounded input; Llama's RMSNorm keeps its fp32 output too (GPT-2's LayerNorm writes
   // bf16 directly); then either the fused head's per-lane weight-gradient partials or the rounded
   // logits gradient.
@@ -77,17 +81,24 @@ double LmHead::forward_loss(const LayerContext& ctx, HeadActivations& h, const f
 
 void LmHead::norm_forward(const LayerContext& ctx, HeadActivations& h, const float* x, int64_t rows,
                           MemoryTracker* tracker) {
-  const int64_t C = C_;
-  ensure_activation(h.normed, {rows, C}, tracker);
-  ensure_activation(h.norm_rstd, {rows}, tracker);
+  // Under sequence parallelism x holds this rank's rows: the norm runs on them and its output is
+  // gathered into normed, all rows, which the vocabulary-parallel GEMM reads.
+  const int64_t C = C_, local = tp_.local_rows(rows);
+  const bool sp = tp_.sequence_parallel;
+  Tensor& out = sp ? h.normed_local : h.normed;
+  ensure_activation(out, {local, C}, tracker);
+  ensure_activation(h.norm_rstd, {local}, tracker);
   if (family_ == Family::gpt2) {
-    ensure_activation(h.norm_mean, {rows}, tracker);
-    ctx.ops.layernorm_forward(h.normed.f32(), h.norm_mean.f32(), h.norm_rstd.f32(), x,
-                              store_.value(norm_weight_), store_.value(norm_bias_), rows, C, eps_);
+    ensure_activation(h.norm_mean, {local}, tracker);
+    ctx.ops.layernorm_forward(out.f32(), h.norm_mean.f32(), h.norm_rstd.f32(), x,
+                              store_.value(norm_weight_), store_.value(norm_bias_), local, C, eps_);
   } else {
-    ctx.ops.rmsnorm_forward(h.normed.f32(), h.norm_rstd.f32(), x, store_.value(norm_weight_), rows,
-                            C, eps_);
+    ctx.ops.rmsnorm_forward(out.f32(), h.norm_rstd.f32(), x, store_.value(norm_weight_), local, C,
+                            eps_);
   }
+  if (!sp) return;
+  ensure_activation(h.normed, {rows, C}, tracker);
+  gather_sequence(tp_, h.normed.f32(), out.f32(), rows, C);
 }
 
 double LmHead::loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, const float* x,
@@ -205,21 +216,35 @@ void LmHead::backward_gemm(const LayerContext& ctx, HeadActivations& h, int64_t 
   float* d_weight = part != BackwardPart::input ? store_.grad(weight_) : nullptr;
   ctx.ops.linear_backward(d_in, d_weight, nullptr, d_logits, h.normed.f32(), store_.value(weight_),
                           rows, C, V, ctx.precision, rounded);
-  // The vocabulary slices' partial input gradients, summed over tp (a column-parallel layer's).
-  if (d_in != nullptr) all_reduce_over_tp(tp_, d_in, rows * C);
+  // The vocabulary slices' partial input gradients, summed over tp (a column-parallel layer's):
+  // in place, or onto this rank's sequence rows under sequence parallelism.
+  if (d_in == nullptr) return;
+  if (tp_.sequence_parallel)
+    ensure_activation(h.d_normed_local, {tp_.local_rows(rows), C}, tracker);
+  reduce_over_tp(tp_, tp_.sequence_parallel ? h.d_normed_local.f32() : d_in, d_in, rows, C);
 }
 
 void LmHead::norm_backward(const LayerContext& ctx, HeadActivations& h, float* d_x, const float* x,
                            int64_t rows) {
-  const int64_t C = C_;
+  // Under sequence parallelism on this rank's rows, the norm's weight gradients partial sums
+  // over tp (ReplicatedGradients).
+  const int64_t C = C_, local = tp_.local_rows(rows);
+  const float* d_out = tp_.sequence_parallel ? h.d_normed_local.f32() : h.d_normed.f32();
+  Tensor partial;
+  if (tp_.sequence_parallel) partial = Tensor({2 * C}, DType::f32);
+  ReplicatedGradients grads(
+      tp_, ctx.ops,
+      {store_.grad(norm_weight_), norm_bias_ >= 0 ? store_.grad(norm_bias_) : nullptr}, C,
+      partial.empty() ? nullptr : partial.f32());
   if (family_ == Family::gpt2) {
-    ctx.ops.layernorm_backward(d_x, store_.grad(norm_weight_), store_.grad(norm_bias_),
-                               h.d_normed.f32(), x, store_.value(norm_weight_), h.norm_mean.f32(),
-                               h.norm_rstd.f32(), rows, C, nullptr);
+    ctx.ops.layernorm_backward(d_x, grads.target(0), grads.target(1), d_out, x,
+                               store_.value(norm_weight_), h.norm_mean.f32(), h.norm_rstd.f32(),
+                               local, C, nullptr);
   } else {
-    ctx.ops.rmsnorm_backward(d_x, store_.grad(norm_weight_), h.d_normed.f32(), x,
-                             store_.value(norm_weight_), h.norm_rstd.f32(), rows, C, nullptr);
+    ctx.ops.rmsnorm_backward(d_x, grads.target(0), d_out, x, store_.value(norm_weight_),
+                             h.norm_rstd.f32(), local, C, nullptr);
   }
+  grads.finish();
 }
 
 const float* LmHead::inference_logits(const LayerContext& ctx, HeadActivations& h, const float* x,

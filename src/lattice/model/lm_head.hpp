@@ -36,6 +36,8 @@ class LmHead {
 
   // The summed cross-entropy of rows x [rows, d_model] against targets (< 0 ignored), saving in h
   // what backward needs; grad_scale != 0 prepares the gradient of grad_scale · the summed loss.
+  // Under sequence parallelism x (and backward's x and d_x) holds this rank's sequence rows,
+  // rows / tp of them, and targets all rows.
   double forward_loss(const LayerContext& ctx, HeadActivations& h, const float* x,
                       const int32_t* targets, int64_t rows, float grad_scale,
                       MemoryTracker* tracker);

@@ -26,17 +26,23 @@ struct HeadActivations {
   bool backward_in_forward = false;
   Tensor grad_partials;
   Tensor d_normed;  // [rows, C] ∂loss/∂normed
+  // Sequence parallelism: the norm runs on this rank's rows (local = rows / tp; the statistics
+  // above are [local] then): its output [local, C] before the all-gather into normed, and
+  // ∂loss/∂ it [local, C] after the reduce-scatter of d_normed.
+  Tensor normed_local, d_normed_local;
   void release();
 };
 
 struct StageActivations {
   int64_t B = 0, T = 0;
   Tensor tokens;  // [rows] i32: the first stage's tokens (for the embedding's backward)
-  std::vector<Tensor> residual;  // blocks + 1 of [rows, C]: residual[i] is block i's input
+  // blocks + 1 of [local, C]: residual[i] is block i's input (local: this rank's sequence rows,
+  // rows / tp under sequence parallelism, else rows); d_residual too.
+  std::vector<Tensor> residual;
   std::vector<std::unique_ptr<BlockActivations>> blocks;  // one per block of the stage
   HeadActivations head;                                   // the last stage's
-  Tensor d_residual;            // [rows, C] backward: ∂loss/∂ the stage's input when it is done
-  bool gradient_ready = false;  // a training forward ran; its backward has not
+  Tensor d_residual;  // [local, C] backward: ∂loss/∂ the stage's input when it is done
+  bool gradient_ready = false;            // a training forward ran; its backward has not
   bool weight_gradients_pending = false;  // backward_stage_input ran; backward_stage_weight has not
 
   // The stage's output (the next stage's input) and, after backward, ∂loss/∂ its input.

@@ -53,8 +53,11 @@ std::unique_ptr<Transformer> Transformer::declared_only(const ModelConfig& confi
 
 Transformer::Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp,
                          DeclareOnly)
-    : config_(config), range_(range), tracker_(nullptr) {
+    : config_(config), range_(range), tp_(tp), tracker_(nullptr) {
   config_.validate();
+  check(!tp.sequence_parallel || tp.size > 1,
+        "sequence parallelism splits the sequence over the tensor-parallel ranks: set "
+        "parallelism.tp > 1, or turn parallelism.sequence_parallel off");
   if (range_.last_block < 0) range_.last_block = config_.n_layers;
   check(range_.first_block >= 0 && range_.first_block < range_.last_block &&
             range_.last_block <= config_.n_layers,
@@ -129,12 +132,16 @@ void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, co
   check(!a.weight_gradients_pending,
         "forward into an activation set whose weight gradients are still pending: run "
         "backward_stage_weight first");
-  const int64_t rows = B * T, C = config_.d_model;
+  check(!tp_.sequence_parallel || (B * T) % tp_.size == 0,
+        "sequence parallelism splits the " + std::to_string(B * T) +
+            " tokens of a micro-batch over tp = " + std::to_string(tp_.size) +
+            " ranks: make micro_batch_size x seq_len divisible by tp");
+  const int64_t local = tp_.local_rows(B * T), C = config_.d_model;
   a.B = B;
   a.T = T;
   a.gradient_ready = false;
   a.residual.resize(blocks_.size() + 1);
-  for (auto& r : a.residual) ensure_activation(r, {rows, C}, tracker_);
+  for (auto& r : a.residual) ensure_activation(r, {local, C}, tracker_);
   if (has_embedding()) {
     hook_before_forward(ctx, embedding_unit_);
     embedding_->check_tokens(tokens, B * T, "token");
@@ -143,7 +150,7 @@ void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, co
     embedding_->forward(ctx, a.residual[0].f32(), tokens, B, T);
     hook_after_forward(ctx, embedding_unit_);
   } else {
-    ctx.ops.copy(a.residual[0].f32(), hidden_in, rows * C);
+    ctx.ops.copy(a.residual[0].f32(), hidden_in, local * C);
   }
   const bool selective = checkpointing_.mode == Recompute::kSelective;
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -186,18 +193,18 @@ float Transformer::forward_stage(const LayerContext& ctx, StageActivations& a,
 
 void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
                                  const float* d_hidden_out, BackwardPart part) {
-  const int64_t B = a.B, T = a.T, rows = B * T, C = config_.d_model;
+  const int64_t B = a.B, T = a.T, rows = B * T, local = tp_.local_rows(rows), C = config_.d_model;
   if (part != BackwardPart::weight) {
     check(a.gradient_ready, "backward() needs a preceding training forward (loss_scale != 0)");
     a.gradient_ready = false;
-    ensure_activation(a.d_residual, {rows, C}, tracker_);
+    ensure_activation(a.d_residual, {local, C}, tracker_);
     if (has_head()) {
       hook_before_backward(ctx, head_unit_);
       head_->backward(ctx, a.head, a.d_residual.f32(), a.residual.back().f32(), rows, part,
                       tracker_);
       if (part == BackwardPart::both) hook_after_backward(ctx, head_unit_);
     } else
-      ctx.ops.copy(a.d_residual.f32(), d_hidden_out, rows * C);
+      ctx.ops.copy(a.d_residual.f32(), d_hidden_out, local * C);
     // Each block's d_x_in overwrites its d_x_out in place.
     for (size_t i = blocks_.size(); i-- > 0;) {
       const int unit = first_block_unit_ + static_cast<int>(i);

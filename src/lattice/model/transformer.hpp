@@ -65,6 +65,8 @@ class Transformer {
   int64_t block_count() const { return static_cast<int64_t>(blocks_.size()); }
   const Block& block(int64_t i) const { return *blocks_.at(static_cast<size_t>(i)); }
   const LmHead& head() const { return *head_; }
+  // The tensor-parallel group the layers were built with (size 1 without tensor parallelism).
+  const TensorParallelGroup& tensor_parallel() const { return tp_; }
 
   // The parameter units in forward order (see ParameterUnit); hooks receive indices into it.
   const std::vector<ParameterUnit>& units() const { return units_; }
@@ -115,10 +117,11 @@ class Transformer {
   StageActivations make_activations() const;
 
   // Stage-level forward/backward on caller-owned activations (the pipeline seam). The first stage
-  // reads tokens, later stages read hidden_in [B·T, d_model]; the last stage computes the loss
-  // from targets, earlier ones leave their output in saved.hidden_out(). backward_stage takes
-  // d_hidden_out (ignored on the last stage) and leaves ∂/∂hidden_in in saved.d_hidden_in() on
-  // stages after the first. forward_stage returns the mean loss on the last stage. Any number of
+  // reads tokens, later stages read hidden_in [B·T, d_model] (under sequence parallelism this
+  // rank's sequence rows, B·T / tp, as are hidden_out and the gradients); the last stage computes
+  // the loss from targets, earlier ones leave their output in saved.hidden_out(). backward_stage
+  // takes d_hidden_out (ignored on the last stage) and leaves ∂/∂hidden_in in saved.d_hidden_in()
+  // on stages after the first. forward_stage returns the mean loss on the last stage. Any number of
   // sets may be between their forward and their backward, and backwards may run in any order.
   float forward_stage(const LayerContext& ctx, StageActivations& saved, const int32_t* tokens,
                       const float* hidden_in, const int32_t* targets, int64_t B, int64_t T,
@@ -158,6 +161,7 @@ class Transformer {
 
   ModelConfig config_;
   StageRange range_;
+  TensorParallelGroup tp_;
   MemoryTracker* tracker_;
   ParameterStore params_;
   std::optional<kernels::RopeTable> rope_;

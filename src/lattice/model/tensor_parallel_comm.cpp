@@ -1,0 +1,159 @@
+// The tensor-parallel group's collectives: see tensor_parallel_comm.hpp.
+#include "lattice/model/tensor_parallel_comm.hpp"
+
+#include <chrono>
+#include <string>
+
+#include "lattice/comm/communicator.hpp"
+#include "lattice/core/error.hpp"
+
+namespace lattice::model {
+
+namespace {
+
+comm::Communicator& communicator(const TensorParallelGroup& tp) {
+  check(tp.comm != nullptr, "tensor parallelism of size " + std::to_string(tp.size) +
+                                " without a communicator (internal error)");
+  return *tp.comm;
+}
+
+// Runs `collective` and adds its wall time to *tp.comm_seconds.
+template <typename Collective>
+void timed(const TensorParallelGroup& tp, Collective&& collective) {
+  const auto start = std::chrono::steady_clock::now();
+  collective(communicator(tp));
+  if (tp.comm_seconds)
+    *tp.comm_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void check_sequence_rows(const TensorParallelGroup& tp, int64_t rows) {
+  check(tp.sequence_parallel && rows % tp.size == 0,
+        "sequence-parallel rows: " + std::to_string(rows) +
+            " rows over tp = " + std::to_string(tp.size) +
+            " without sequence parallelism or not divisible (internal "
+            "error)");
+}
+
+}  // namespace
+
+void all_reduce_over_tp(const TensorParallelGroup& tp, float* x, int64_t n, comm::ReduceOp op) {
+  if (tp.size == 1) return;
+  timed(tp, [&](comm::Communicator& c) { c.allreduce(x, n, DType::f32, op); });
+}
+
+void gather_sequence(const TensorParallelGroup& tp, void* full, const void* local, int64_t rows,
+                     int64_t width, DType dtype) {
+  check_sequence_rows(tp, rows);
+  timed(tp,
+        [&](comm::Communicator& c) { c.all_gather(local, full, rows / tp.size * width, dtype); });
+}
+
+void reduce_scatter_sequence(const TensorParallelGroup& tp, float* local, const float* partial,
+                             int64_t rows, int64_t width) {
+  check_sequence_rows(tp, rows);
+  timed(tp, [&](comm::Communicator& c) {
+    c.reduce_scatter(partial, local, rows / tp.size * width, DType::f32, comm::ReduceOp::sum);
+  });
+}
+
+void reduce_over_tp(const TensorParallelGroup& tp, float* out, float* partial, int64_t rows,
+                    int64_t width) {
+  if (tp.sequence_parallel) {
+    reduce_scatter_sequence(tp, out, partial, rows, width);
+    return;
+  }
+  check(out == partial, "reduce_over_tp without sequence parallelism is in place (internal error)");
+  all_reduce_over_tp(tp, partial, rows * width);
+}
+
+TpCollective TpCollective::all_reduce(const TensorParallelGroup& tp, float* x, int64_t n) {
+  TpCollective c(tp);
+  if (tp.size == 1 || n == 0) return c;
+  c.handle_ = communicator(tp).allreduce_async(x, n, DType::f32, comm::ReduceOp::sum);
+  c.pending_ = true;
+  return c;
+}
+
+TpCollective TpCollective::reduce(const TensorParallelGroup& tp, float* out, float* partial,
+                                  int64_t rows, int64_t width) {
+  if (!tp.sequence_parallel) {
+    check(out == partial,
+          "TpCollective::reduce without sequence parallelism is in place "
+          "(internal error)");
+    return all_reduce(tp, partial, rows * width);
+  }
+  check_sequence_rows(tp, rows);
+  TpCollective c(tp);
+  c.handle_ = communicator(tp).reduce_scatter_async(partial, out, rows / tp.size * width,
+                                                    DType::f32, comm::ReduceOp::sum);
+  c.pending_ = true;
+  return c;
+}
+
+TpCollective TpCollective::gather(const TensorParallelGroup& tp, void* full, const void* local,
+                                  int64_t rows, int64_t width, DType dtype) {
+  check_sequence_rows(tp, rows);
+  TpCollective c(tp);
+  c.handle_ = communicator(tp).all_gather_async(local, full, rows / tp.size * width, dtype);
+  c.pending_ = true;
+  return c;
+}
+
+TpCollective::TpCollective(TpCollective&& other) noexcept
+    : tp_(other.tp_), handle_(std::move(other.handle_)), pending_(other.pending_) {
+  other.pending_ = false;
+}
+
+TpCollective& TpCollective::operator=(TpCollective&& other) noexcept {
+  if (this == &other) return *this;
+  try {
+    wait();
+  } catch (...) {  // noexcept: the error surfaced (or will) through the collective's own wait()
+  }
+  tp_ = other.tp_;
+  handle_ = std::move(other.handle_);
+  pending_ = other.pending_;
+  other.pending_ = false;
+  return *this;
+}
+
+TpCollective::~TpCollective() {
+  if (!pending_) return;
+  try {
+    wait();
+  } catch (...) {  // a destructor may not throw: the error surfaced (or will) through wait()
+  }
+}
+
+void TpCollective::wait() {
+  if (!pending_) return;
+  pending_ = false;
+  const auto start = std::chrono::steady_clock::now();
+  handle_.wait();
+  if (tp_->comm_seconds)
+    *tp_->comm_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+ReplicatedGradients::ReplicatedGradients(const TensorParallelGroup& tp, kernels::Ops& ops,
+                                         std::initializer_list<float*> grads, int64_t n,
+                                         float* scratch)
+    : tp_(tp), ops_(ops), grads_(grads), n_(n), scratch_(scratch) {
+  const bool partial = tp.sequence_parallel && tp.size > 1;
+  for (size_t i = 0; i < grads_.size(); ++i)
+    targets_.push_back(grads_[i] == nullptr ? nullptr
+                       : partial            ? scratch_ + static_cast<int64_t>(i) * n_
+                                            : grads_[i]);
+  if (partial) ops_.fill_zero(scratch_, static_cast<int64_t>(grads_.size()) * n_);
+}
+
+void ReplicatedGradients::finish() {
+  if (!tp_.sequence_parallel || tp_.size == 1) return;
+  // One all-reduce for all of them; then each partial sum of the whole batch onto its gradient.
+  all_reduce_over_tp(tp_, scratch_, static_cast<int64_t>(grads_.size()) * n_);
+  for (size_t i = 0; i < grads_.size(); ++i)
+    if (grads_[i] != nullptr) ops_.add_inplace(grads_[i], targets_[i], n_);
+}
+
+}  // namespace lattice::model
