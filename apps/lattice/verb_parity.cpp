@@ -1,8 +1,9 @@
 // The `lattice parity` verb: the parity harness. Trains one config from the same initial weights
 // on the same global batches under several layouts (`dp<N>` plain data parallelism over N ranks,
-// `t<T>` tensor parallelism over T ranks per replica, `z<S>` ZeRO stage S, `h<G>` HSDP with shard
-// groups of G ranks: dp2t2z1 is 4 ranks) and compares per-step losses, gradient norms and the
-// final (logical) parameters against the first layout: layouts with the same dp and tp must agree
+// `t<T>` tensor parallelism over T ranks per replica, `s` with sequence parallelism, `z<S>` ZeRO
+// stage S, `h<G>` HSDP with shard groups of G ranks: dp2t2sz1 is 4 ranks) and compares per-step
+// losses, gradient norms and the final (logical) parameters against the first layout: layouts
+// with the same dp, tp and sequence parallelism must agree
 // bit for bit (ZeRO only changes where state lives, not the arithmetic), others within --tolerance
 // (the gradient sum order differs between dp counts, the row-parallel layers' sums between tp
 // counts), and so must HSDP (it sums within groups first).
@@ -34,13 +35,14 @@ struct Layout {
   std::string name;
   int dp = 1;
   int tp = 1;
+  bool sp = false;  // sequence parallelism (with tp > 1)
   int zero = 0;
   int hsdp = 0;  // shard group size (0: not hybrid)
 };
 
 std::vector<Layout> parse_layouts(const std::string& text) {
   std::vector<Layout> layouts;
-  const std::regex pattern(R"(dp(\d+)(?:t(\d+))?(?:z(\d+))?(?:h(\d+))?)");
+  const std::regex pattern(R"(dp(\d+)(?:t(\d+)(s?))?(?:z(\d+))?(?:h(\d+))?)");
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = std::min(text.find(',', start), text.size());
@@ -48,11 +50,16 @@ std::vector<Layout> parse_layouts(const std::string& text) {
     std::smatch m;
     check(std::regex_match(item, m, pattern),
           "layout '" + item +
-              "' is not understood: write dp<N>[t<tp>][z<stage>][h<group>], e.g. "
-              "\"dp1,dp2,dp2z1,dp1t2,dp2t2z3,dp4z3h2\"");
-    Layout layout{item, std::stoi(m[1].str()), m[2].matched ? std::stoi(m[2].str()) : 1,
-                  m[3].matched ? std::stoi(m[3].str()) : 0,
-                  m[4].matched ? std::stoi(m[4].str()) : 0};
+              "' is not understood: write dp<N>[t<tp>[s]][z<stage>][h<group>], e.g. "
+              "\"dp1,dp2,dp2z1,dp1t2,dp1t2s,dp2t2z3,dp4z3h2\"");
+    Layout layout{item,
+                  std::stoi(m[1].str()),
+                  m[2].matched ? std::stoi(m[2].str()) : 1,
+                  m[3].matched && m[3].length() > 0,
+                  m[4].matched ? std::stoi(m[4].str()) : 0,
+                  m[5].matched ? std::stoi(m[5].str()) : 0};
+    check(!layout.sp || layout.tp > 1,
+          "layout '" + item + "': sequence parallelism (s) needs t<tp> with tp > 1");
     check(layout.dp >= 1 && layout.tp >= 1, "layout '" + item + "' needs at least one rank");
     check(layout.zero >= 0 && layout.zero <= 3,
           "layout '" + item + "': ZeRO stage must be 0, 1, 2 or 3");
@@ -79,6 +86,7 @@ train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& l
             " ranks: choose a global batch every layout divides");
   c.dp = layout.dp;
   c.tp = layout.tp;
+  c.sequence_parallel = layout.sp;
   c.zero = layout.zero;
   c.hsdp_shard_size = layout.hsdp;
   c.micro_batch_size = per_step / layout.dp;
@@ -176,12 +184,14 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
               "param rel", "verdict");
   std::string failures;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    // The reference: the first layout with the same dp and tp (bit-equality unless either is
-    // HSDP, whose two-level reduction adds in another order), else the first.
+    // The reference: the first layout with the same dp, tp and sequence parallelism
+    // (bit-equality unless either is HSDP, whose two-level reduction adds in another order), else
+    // the first.
     size_t ref = 0;
     bool exact = false;
     for (size_t j = 0; j < i; ++j)
-      if (layouts[j].dp == layouts[i].dp && layouts[j].tp == layouts[i].tp) {
+      if (layouts[j].dp == layouts[i].dp && layouts[j].tp == layouts[i].tp &&
+          layouts[j].sp == layouts[i].sp) {
         ref = j;
         exact = layouts[i].hsdp == 0 && layouts[j].hsdp == 0;
         break;
@@ -204,7 +214,7 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   std::fflush(stdout);
   check(failures.empty(), "parity failed for " + failures +
                               " (bit-identical expected for the same "
-                              "dp and tp, relative " +
+                              "dp, tp and sequence parallelism, relative " +
                               std::to_string(tolerance) + " otherwise)");
   std::printf("parity ok\n");
 }
@@ -218,8 +228,9 @@ void register_parity_verb(CLI::App& app) {
   auto layouts = std::make_shared<std::string>("dp1,dp2,dp2z1,dp2z2,dp2z3");
   auto tolerance = std::make_shared<double>(0.0);
   verb->add_option("config", *config_path, "TOML configuration file");
-  verb->add_option("--layouts", *layouts,
-                   "comma-separated dp<N>[t<tp>][z<stage>][h<group>] layouts")
+  verb->add_option(
+          "--layouts", *layouts,
+          "comma-separated dp<N>[t<tp>[s]][z<stage>][h<group>] layouts (s: sequence parallelism)")
       ->capture_default_str();
   verb->add_option("--tolerance", *tolerance,
                    "relative tolerance between different rank counts (sum order differs); "

@@ -211,6 +211,20 @@ TEST(LayoutConfig, TensorParallelismMustDivideTheKeyValueHeadsAndTheMlp) {
       << mlp;
 }
 
+// Sequence parallelism splits each sequence over the tp ranks: without tp, or with a tp that does
+// not divide the sequence, it is refused with one line naming the fix.
+TEST(LayoutConfig, SequenceParallelismNeedsATpThatDividesTheSequence) {
+  EXPECT_EQ(refusal({"parallelism.tp=2", "parallelism.dp=1", "training.global_batch_size=8",
+                     "parallelism.sequence_parallel=true"}),
+            "");
+  const std::string alone = refusal({"parallelism.sequence_parallel=true"});
+  EXPECT_NE(alone.find("set parallelism.tp > 1"), std::string::npos) << alone;
+  EXPECT_EQ(alone.find('\n'), std::string::npos) << alone;
+  const std::string odd = refusal({"model.preset=gpt2-tiny", "training.seq_len=30",
+                                   "parallelism.tp=4", "parallelism.sequence_parallel=true"});
+  EXPECT_NE(odd.find("does not divide the sequence length 30"), std::string::npos) << odd;
+}
+
 // Through the binary, as a user meets them: exit status 2 and one error line.
 class LayoutCli : public ::testing::Test {
  protected:

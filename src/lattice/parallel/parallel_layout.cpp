@@ -73,6 +73,13 @@ void validate_layout(const model::ModelConfig& model, int64_t seq_len, const Par
   check(model.ffn_hidden % l.tp == 0,
         "parallelism.tp = " + str(l.tp) + " does not divide the MLP width " +
             str(model.ffn_hidden) + " (model.ffn_hidden): pick a tp that divides it");
+  check(!l.sequence_parallel || l.tp > 1,
+        "sequence parallelism splits the sequence over the tensor-parallel ranks: set "
+        "parallelism.tp > 1, or turn parallelism.sequence_parallel (--sp) off");
+  check(!l.sequence_parallel || seq_len % l.tp == 0,
+        "sequence parallelism splits each sequence over parallelism.tp = " + str(l.tp) +
+            " ranks, which does not divide the sequence length " + str(seq_len) +
+            " (training.seq_len): pick a tp that divides it");
   if (devices_per_node > 0)
     check(l.tp <= devices_per_node,
           "parallelism.tp = " + str(l.tp) + " exceeds the " + str(devices_per_node) +

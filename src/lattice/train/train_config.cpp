@@ -232,6 +232,7 @@ const Schema& schema() {
       {"parallelism",
        {{"dp", int_key(&TrainConfig::dp)},
         {"tp", int_key(&TrainConfig::tp)},
+        {"sequence_parallel", bool_key(&TrainConfig::sequence_parallel)},
         {"pp", int_key(&TrainConfig::pp)},
         {"cp", int_key(&TrainConfig::cp)},
         {"ep", int_key(&TrainConfig::ep)},
@@ -479,6 +480,7 @@ parallel::ParallelLayout TrainConfig::layout() const {
   parallel::ParallelLayout l;
   l.dp = static_cast<int>(dp);
   l.tp = static_cast<int>(tp);
+  l.sequence_parallel = sequence_parallel;
   l.pp = static_cast<int>(pp);
   l.cp = static_cast<int>(cp);
   l.ep = static_cast<int>(ep);

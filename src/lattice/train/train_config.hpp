@@ -47,6 +47,7 @@ struct TrainConfig {
   // land.
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
   double bucket_mb = 25;         // gradient bucket size (MiB of fp32 gradients)
+  bool sequence_parallel = false;  // with tp > 1: norms and residuals on each rank's sequence rows
   bool check_replicas = false;   // verify after each step that replicated parameters agree
   std::string backend = "auto";  // "auto" (mpi under a launcher, else local), "local" or "mpi"
   double baseline_tokens_per_second = 0;  // single-rank rate for the DP scaling efficiency; 0: none

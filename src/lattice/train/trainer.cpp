@@ -76,7 +76,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   ops_ = std::make_unique<kernels::CpuOps>(kernels::MatmulOptions::from_environment());
   // Tensor parallelism: the blocks' matrices split over the tp ranks (placements in the store).
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
-  const model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &tp_comm_seconds_};
+  model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &tp_comm_seconds_};
+  tp_group.sequence_parallel = config_.sequence_parallel;
   model_ =
       std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{}, tp_group);
   model_->set_activation_checkpointing(config_.activation_checkpoint);
@@ -213,9 +214,12 @@ TrainResult Trainer::run() {
     if (tp_size > 1)
       std::printf(
           "tensor parallel: %d ranks per replica (attention heads, key/value heads and MLP split; "
-          "embedding, head and loss split by vocabulary), one all-reduce per sub-layer each "
-          "way\n",
-          tp_size);
+          "embedding, head and loss split by vocabulary), %s\n",
+          tp_size,
+          config_.sequence_parallel
+              ? "sequence parallel (norms and residuals on 1/tp of the rows each; an all-gather "
+                "and a reduce-scatter per sub-layer each way)"
+              : "one all-reduce per sub-layer each way");
     std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
                 peak / 1e12, peak_source);
     if (config_.precision == kernels::Precision::bf16)
