@@ -68,13 +68,14 @@ train::TrainConfig resolve_from_train_config(const CLI::App& verb, const Estimat
 // the tensors its layers save, in its precision, with its checkpointing — where the estimate above
 // counts 16-bit activations as GPU trainers keep them. Under tensor parallelism, one tp rank's:
 // its blocks' shards and its vocabulary slice of the embedding and head (every rank's are the same
-// size).
+// size), and under sequence parallelism its rows of the residual stream and the norms.
 model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
   // The fused LM head keeps one weight-gradient partial per kernel thread: count a rank's, as
   // `lattice train` on the local backend shares them (training.threads, or every core, divided
   // among the dp x tp x ... ranks of the process; train::train_on_ranks).
   omp_set_num_threads(train::threads_per_rank(config, static_cast<int>(config.world_size())));
-  const model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.tp)};
+  model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.tp)};
+  tp.sequence_parallel = config.sequence_parallel;
   auto declared = model::Transformer::declared_only(config.model, {}, tp);
   declared->set_activation_checkpointing(config.activation_checkpoint);
   // The backend the trainer would make (its plan chooses the LM head's path).
@@ -118,6 +119,7 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
       out["trainer_activations"] = {
           {"precision", config->precision == kernels::Precision::bf16 ? "bf16" : "fp32"},
           {"tp", config->tp},
+          {"sequence_parallel", config->sequence_parallel},
           {"residual_bytes", trainer->residuals},
           {"block_bytes", trainer->blocks},
           {"recomputed_bytes", trainer->transient},
@@ -130,14 +132,15 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
   std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
   if (trainer)
     std::printf(
-        "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s, tp %lld): "
+        "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s, tp %lld%s): "
         "activations peak %s per rank = residuals %s + blocks %s + recomputed block %s + head %s "
         "+ backward %s\n",
         config->precision == kernels::Precision::bf16 ? "bf16" : "fp32",
         static_cast<long long>(config->micro_batch_size), static_cast<long long>(config->seq_len),
         config->activation_checkpoint.describe().c_str(), static_cast<long long>(config->tp),
-        mib(trainer->total()).c_str(), mib(trainer->residuals).c_str(),
-        mib(trainer->blocks).c_str(), mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
+        config->sequence_parallel ? " sp" : "", mib(trainer->total()).c_str(),
+        mib(trainer->residuals).c_str(), mib(trainer->blocks).c_str(),
+        mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
         mib(trainer->backward).c_str());
 }
 

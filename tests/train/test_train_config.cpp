@@ -314,18 +314,23 @@ TEST_F(LayoutCli, EstimateMemoryReadsATrainingConfig) {
 }
 
 // `lattice estimate memory --config` under tensor parallelism: the trainer activations of one tp
-// rank (its blocks' shards and head slice; the residual stream as at tp = 1), given as a
-// --parallelism.tp override, against the peak a tp run of the same config measures on its rank.
+// rank (its blocks' shards and head slice; the residual stream as at tp = 1, or its rows under
+// sequence parallelism), given as --parallelism overrides, against the peak a tp (and tp + sp) run
+// of the same config measures on its rank (the Table 2 rows of Korthikanti et al.).
 TEST_F(LayoutCli, EstimateMemoryCountsOneTensorParallelRanksActivations) {
+  // 6 layers: sequence parallelism's saving grows with the blocks (each keeps half its norm and
+  // residual rows), its cost does not (the gathered rows of the one block in backward).
+  const std::string sp = "--parallelism.tp=2 --parallelism.sequence_parallel=true";
   std::vector<double> measured;
-  for (const char* tp : {"1", "2"}) {
-    const auto r = run_lattice(tiny(std::string("--parallelism.tp=") + tp), dir_);
+  for (const std::string& layout :
+       {std::string("--parallelism.tp=1"), std::string("--parallelism.tp=2"), sp}) {
+    const auto r = run_lattice(tiny("--model.n_layers=6 " + layout), dir_);
     ASSERT_EQ(r.status, 0) << r.out << r.err;
     const std::vector<nlohmann::json> steps =
         lattice::testing::read_jsonl(dir_ / "run" / "metrics.jsonl");
     ASSERT_FALSE(steps.empty());
     measured.push_back(steps.back()["memory"]["peak_activations"].get<double>());
-    if (std::string(tp) == "1") fs::copy_file(dir_ / "run" / "config.toml", dir_ / "tp1.toml");
+    if (measured.size() == 1) fs::copy_file(dir_ / "run" / "config.toml", dir_ / "tp1.toml");
     fs::remove_all(dir_ / "run");
   }
   auto trainer = [&](const std::string& extra) {
@@ -344,6 +349,14 @@ TEST_F(LayoutCli, EstimateMemoryCountsOneTensorParallelRanksActivations) {
   // to the byte).
   EXPECT_NEAR(one["total_bytes"].get<double>() / measured[0], 1.0, 0.10) << measured[0];
   EXPECT_NEAR(two["total_bytes"].get<double>() / measured[1], 1.0, 0.10) << measured[1];
+  // Sequence parallelism: the residual stream is split too (half the rows on each of 2 ranks),
+  // and the whole is smaller again; within 10% of what the sp run measured.
+  const nlohmann::json two_sp = trainer(sp);
+  EXPECT_TRUE(two_sp["sequence_parallel"].get<bool>());
+  EXPECT_EQ(two_sp["residual_bytes"].get<double>() * 2, one["residual_bytes"].get<double>());
+  EXPECT_LT(two_sp["total_bytes"].get<double>(), two["total_bytes"].get<double>());
+  EXPECT_LT(measured[2], measured[1]);
+  EXPECT_NEAR(two_sp["total_bytes"].get<double>() / measured[2], 1.0, 0.10) << measured[2];
   // The text report says the figure is one tp rank's.
   const auto text = run_lattice("estimate memory --config tp1.toml --parallelism.tp=2", dir_);
   ASSERT_EQ(text.status, 0) << text.out << text.err;

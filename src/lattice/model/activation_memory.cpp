@@ -17,7 +17,7 @@ ActivationMemory estimate_activation_memory(const Transformer& model, kernels::P
   const int64_t first = model.stage_range().first_block;
   ActivationMemory memory;
   memory.residuals = (model.block_count() + 1) * local * C * 4;
-  int64_t scratch = 0;
+  int64_t scratch = 0, passing = 0;
   for (int64_t i = 0; i < model.block_count(); ++i) {
     const Block& block = model.block(i);
     const int64_t saved = block.saved_bytes(precision, B, T);
@@ -31,7 +31,11 @@ ActivationMemory estimate_activation_memory(const Transformer& model, kernels::P
       memory.blocks += saved;
     }
     scratch = std::max(scratch, block.scratch_bytes(precision, B, T));
+    passing = std::max(passing, block.transient_bytes(precision, B, T));
   }
+  // What one block allocates and frees within its forward or backward comes on top (the
+  // embedding's and the head's own are smaller: one [rows, d_model] each).
+  memory.transient += passing;
   if (model.has_head()) memory.head = model.head().saved_bytes(precision, rows, ops);
   memory.backward = local * C * 4 + scratch;
   return memory;

@@ -11,7 +11,9 @@
 //   blocks      what each block keeps from its forward (none for blocks full checkpointing
 //               recomputes; selective: less the attention output and log-sum-exp)
 //   transient   the one block being recomputed (full: its whole set; selective: its attention
-//               output), alive only during its backward
+//               output), alive only during its backward, and the largest buffers one block's
+//               forward or backward allocates and frees (Block::transient_bytes: sequence
+//               parallelism's gathered rows and partial sums)
 //   head        the final norm, head input and logits (or their gradient, or the fused head's
 //               per-thread weight-gradient partials)
 //   backward    the gradient flowing down (rows · d_model · 4, or this rank's rows) and the

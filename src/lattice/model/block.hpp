@@ -82,6 +82,13 @@ class Block {
   virtual int64_t saved_bytes(kernels::Precision precision, int64_t B, int64_t T) const = 0;
   virtual int64_t attention_output_bytes(int64_t B, int64_t T) const = 0;
   virtual int64_t scratch_bytes(kernels::Precision precision, int64_t B, int64_t T) const = 0;
+  // The largest buffer set a forward or backward of this block allocates and frees again (under
+  // sequence parallelism: the gathered rows and the partial sums before a reduce-scatter); one
+  // block's at a time, on top of everything that stays allocated.
+  virtual int64_t transient_bytes(kernels::Precision precision, int64_t B, int64_t T) const {
+    (void)precision, (void)B, (void)T;
+    return 0;
+  }
   // Incremental inference: x_out = block(x_in) for n new tokens of each of B sequences at
   // positions [cache.length(), cache.length() + n), attending to the cached positions before them;
   // writes the new keys and values into layer `cache_layer` of `cache` (the caller advances the

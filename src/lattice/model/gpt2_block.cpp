@@ -83,17 +83,26 @@ int64_t Gpt2Block::attention_output_bytes(int64_t B, int64_t T) const {
 
 int64_t Gpt2Block::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
   // backward_pass's scratch slots: d_gelu (fp32 [rows, F]; bf16: c_proj's rounded d_out), d_fc,
-  // d_ln and d_x2 (this rank's rows), d_qkv, d_att. Sequence parallelism adds the gathered d_y and
-  // d_x2 and the column layers' partial d_ln over all rows (fp32 [rows, C] each), the norm
-  // weights' partial gradients, and the column layers' inputs gathered again for their weight
-  // gradients (fp32 [rows, C] scratch, or bf16 in the Linear's kept input, one at a time).
+  // d_ln and d_x2 (this rank's rows), d_qkv, d_att. Sequence parallelism adds the gathered d_y
+  // (then d_x2, in the same slot) and the column layers' partial d_ln over all rows (fp32 [rows, C]
+  // each), the norm weights' partial gradients, and in fp32 the column layers' inputs gathered
+  // again for their weight gradients (bf16 gathers them into the Linear's kept input, a transient:
+  // transient_bytes).
   const int64_t rows = B * T, local = tp_.local_rows(rows);
   const bool bf16 = precision == k::Precision::bf16;
   const int64_t slot0 = bf16 ? (rows * C_ + 1) / 2 : rows * F_;
   int64_t floats = slot0 + rows * F_ + 2 * local * C_ + rows * 3 * A_ + rows * A_;
-  if (tp_.sequence_parallel)
-    floats += 3 * rows * C_ + 2 * C_ + (bf16 ? (rows * C_ + 1) / 2 : rows * C_);
+  if (tp_.sequence_parallel) floats += 2 * rows * C_ + 2 * C_ + (bf16 ? 0 : rows * C_);
   return 4 * floats;
+}
+
+int64_t Gpt2Block::transient_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // Sequence parallelism: the MLP forward's is the largest — the partial sums before the
+  // reduce-scatter (fp32 [rows, C]) with c_fc's gathered input (fp32, or bf16 in its kept input,
+  // freed after the GEMM). Backward's gathered bf16 inputs are smaller.
+  if (!tp_.sequence_parallel) return 0;
+  const int64_t rows = B * T;
+  return rows * C_ * (4 + (precision == k::Precision::bf16 ? 2 : 4));
 }
 
 void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T,
@@ -364,7 +373,7 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
   // Attention branch: x2 = x_in + c_proj(attention(c_attn(ln1(x_in)))).
   float* d_x2_rows = d_x2;  // the row-parallel projection's d_out over all rows
   if (sp) {
-    d_x2_rows = kept(a.d_x2, 10, rows * C_);
+    d_x2_rows = kept(a.d_x2, 6, rows * C_);  // d_y's slot: the MLP branch is done with it
     gather_sequence(tp_, d_x2_rows, d_x2, rows, C_);
   }
   const float* ln1 = nullptr;

@@ -80,13 +80,24 @@ int64_t LlamaBlock::attention_output_bytes(int64_t B, int64_t T) const {
 int64_t LlamaBlock::scratch_bytes(k::Precision precision, int64_t B, int64_t T) const {
   // backward_pass's scratch slots: d_h, d_gate, d_up [rows, F]; d_part [rows, C], d_norm and d_x2
   // [local, C]; d_att, d_q [rows, A]; d_k, d_v [rows, kv]. Sequence parallelism adds the gathered
-  // d_y and d_x2, the column layers' partial d_norm over all rows and their input gathered again
+  // d_y (then d_x2, in the same slot), the column layers' partial d_norm over all rows and their
+  // input gathered again
   // ([rows, C] each), and the norm weight's partial gradient.
   (void)precision;
   const int64_t rows = B * T, local = tp_.local_rows(rows), kv = kv_heads_ * head_dim_;
   int64_t floats = rows * (3 * F_ + C_ + 2 * A_ + 2 * kv) + 2 * local * C_;
-  if (tp_.sequence_parallel) floats += 4 * rows * C_ + C_;
+  if (tp_.sequence_parallel) floats += 3 * rows * C_ + C_;
   return 4 * floats;
+}
+
+int64_t LlamaBlock::transient_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // Sequence parallelism: the MLP forward's is the largest — the partial sums before the
+  // reduce-scatter and RMSNorm 2's gathered output (fp32 [rows, C] each), and in bf16 gate's and
+  // up's roundings of it (freed after their GEMMs; q, k and v's three with one fp32 buffer are
+  // less). A deferred weight half gathers both norms' outputs (fp32, as much).
+  if (!tp_.sequence_parallel) return 0;
+  const int64_t rows = B * T;
+  return rows * C_ * (8 + (precision == k::Precision::bf16 ? 4 : 0));
 }
 
 void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
@@ -293,7 +304,7 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   // Attention branch: x2 = x_in + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
   float* d_x2_rows = d_x2;  // the row-parallel o_proj's d_out over all rows
   if (sp) {
-    d_x2_rows = kept(a.d_x2, 14, rows * C_);
+    d_x2_rows = kept(a.d_x2, 10, rows * C_);  // d_y's slot: the MLP branch is done with it
     gather_sequence(tp_, d_x2_rows, d_x2, rows, C_);
   }
   TpCollective n1_gather = TpCollective::none(tp_);

@@ -44,12 +44,12 @@ int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,
   const int64_t stats = (norm_bias_ >= 0 ? 2 : 1) * local * 4;  // LayerNorm: mean and rstd
   const int64_t d_normed = rows * C_ * 4;                       // backward (or the fused forward)
   // fp32, and every tensor-parallel head: the normed input and this rank's logits [rows, V_]
-  // (bf16: and the rounded input); under sequence parallelism the norm's output and gradient on
-  // this rank's rows too.
+  // (bf16: and the rounded input); under sequence parallelism the norm's output gradient on this
+  // rank's rows too.
   if (precision != k::Precision::bf16 || tp_.size > 1)
     return rows * C_ * 4 + stats + rows * V_ * 4 + d_normed +
            (precision == k::Precision::bf16 ? rows * C_ * 2 : 0) +
-           (tp_.sequence_parallel ? 2 * local * C_ * 4 : 0);
+           (tp_.sequence_parallel ? local * C_ * 4 : 0);
   // bf16: the rounded input; Llama's RMSNorm keeps its fp32 output too (GPT-2's LayerNorm writes
   // bf16 directly); then either the fused head's per-lane weight-gradient partials or the rounded
   // logits gradient.
@@ -85,7 +85,8 @@ void LmHead::norm_forward(const LayerContext& ctx, HeadActivations& h, const flo
   // gathered into normed, all rows, which the vocabulary-parallel GEMM reads.
   const int64_t C = C_, local = tp_.local_rows(rows);
   const bool sp = tp_.sequence_parallel;
-  Tensor& out = sp ? h.normed_local : h.normed;
+  Tensor local_out;  // sequence parallelism: this rank's rows, freed once gathered
+  Tensor& out = sp ? local_out : h.normed;
   ensure_activation(out, {local, C}, tracker);
   ensure_activation(h.norm_rstd, {local}, tracker);
   if (family_ == Family::gpt2) {

@@ -5,7 +5,7 @@ namespace lattice::model {
 
 void HeadActivations::release() {
   for (Tensor* t : {&normed, &norm_mean, &norm_rstd, &normed16, &logits, &d_logits16,
-                    &grad_partials, &d_normed, &normed_local, &d_normed_local})
+                    &grad_partials, &d_normed, &d_normed_local})
     t->reset();
   logits_grad_bf16 = false;
   backward_in_forward = false;

@@ -27,9 +27,9 @@ struct HeadActivations {
   Tensor grad_partials;
   Tensor d_normed;  // [rows, C] ∂loss/∂normed
   // Sequence parallelism: the norm runs on this rank's rows (local = rows / tp; the statistics
-  // above are [local] then): its output [local, C] before the all-gather into normed, and
-  // ∂loss/∂ it [local, C] after the reduce-scatter of d_normed.
-  Tensor normed_local, d_normed_local;
+  // above are [local] then; its output is gathered into normed): ∂loss/∂ its output [local, C]
+  // after the reduce-scatter of d_normed.
+  Tensor d_normed_local;
   void release();
 };
 
