@@ -28,6 +28,7 @@ struct Options {
   int64_t seq_len = 32, batch = 4;
   int64_t steps = 3, warmup = 1, rounds = 3;
   std::vector<std::string> precisions = {"fp32"};
+  bool sequence_parallel = false;  // the tp2 runs with sequence parallelism
 };
 
 // (a) bench train's small shape (L4 d256 h4 V8192 T256 B8), whose head (kept whole on every tp
@@ -98,8 +99,9 @@ void run_bench(const Options& o) {
       "(medians)\n\n",
       static_cast<long long>(o.steps), static_cast<long long>(o.warmup),
       static_cast<long long>(o.rounds));
+  const char* tp_label = o.sequence_parallel ? "tp2sp tok/s" : "tp2 tok/s";
   std::printf("%-36s %-5s %11s %11s %7s %10s %10s %7s %12s %10s\n", "model", "prec", "1x2 tok/s",
-              "tp2 tok/s", "ratio", "tp2 step", "tp comm", "share", "no-overlap", "tp comm");
+              tp_label, "ratio", "tp2 step", "tp comm", "share", "no-overlap", "tp comm");
   for (const auto& c : cases) {
     for (const auto& name : o.precisions) {
       const auto precision = kernels::parse_precision(name);
@@ -108,10 +110,12 @@ void run_bench(const Options& o) {
       for (int64_t round = 0; round < o.rounds; ++round) {
         const auto one =
             train::benchmark_lattice_training(c, precision, o.steps, o.warmup, /*ranks=*/1);
-        const auto two = train::benchmark_lattice_training(c, precision, o.steps, o.warmup,
-                                                           /*ranks=*/2, /*tp=*/2);
-        const auto blocking = train::benchmark_lattice_training(
-            c, precision, o.steps, o.warmup, /*ranks=*/2, /*tp=*/2, /*tp_overlap=*/false);
+        const auto two =
+            train::benchmark_lattice_training(c, precision, o.steps, o.warmup, /*ranks=*/2,
+                                              /*tp=*/2, /*tp_overlap=*/true, o.sequence_parallel);
+        const auto blocking =
+            train::benchmark_lattice_training(c, precision, o.steps, o.warmup, /*ranks=*/2,
+                                              /*tp=*/2, /*tp_overlap=*/false, o.sequence_parallel);
         blocking_rates.push_back(blocking.tokens_per_second);
         blocking_comms.push_back(blocking.tp_comm_seconds_per_step);
         one_rates.push_back(one.tokens_per_second);
@@ -145,10 +149,14 @@ void run_bench(const Options& o) {
   std::printf(
       "\nratio: tp2 tokens/s over 1x2 tokens/s (median of the rounds' ratios; target >= 0.85x on "
       "2 cores). tp comm: rank 0's exposed tensor-parallel communication per step (the blocking "
-      "all-reduces, and the waits for the input-gradient all-reduces that overlap the weight "
-      "gradients); share: of the tp2 step; no-overlap: tp2 with every all-reduce blocking, its "
-      "tokens/s and tp comm. The embedding, head and loss are vocabulary-parallel; the norms are "
-      "computed on every tp rank.\n");
+      "collectives, and the waits for the overlapped ones: the input-gradient reductions during "
+      "the weight gradients and, with sequence parallelism, the re-gathers of the column layers' "
+      "inputs during the input gradients); share: of the tp2 step; no-overlap: tp2 with every "
+      "collective blocking, its tokens/s and tp comm. The embedding, head and loss are "
+      "vocabulary-parallel; %s.\n",
+      o.sequence_parallel
+          ? "sequence parallel (--sp): the norms and residuals run on half the rows of each rank"
+          : "the norms are computed on every tp rank (--sp: sequence parallelism)");
 }
 
 }  // namespace
@@ -180,6 +188,8 @@ void register_bench_tp(CLI::App& bench) {
   target->add_option("--precision", o->precisions, "fp32 and/or bf16")
       ->delimiter(',')
       ->capture_default_str();
+  target->add_flag("--sp", o->sequence_parallel,
+                   "run tp 2 with sequence parallelism (all-gather / reduce-scatter)");
   target->callback([o] { run_bench(*o); });
 }
 

@@ -56,7 +56,7 @@ std::string jemalloc_library() {
 
 ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
                                             int64_t steps, int64_t warmup, int ranks, int tp,
-                                            bool tp_overlap) {
+                                            bool tp_overlap, bool sequence_parallel) {
   check(steps > 0, "the benchmark needs at least one timed step");
   check(tp >= 1 && ranks % tp == 0,
         "the benchmark's " + std::to_string(ranks) + " ranks do not split into tensor-parallel " +
@@ -85,9 +85,10 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     mesh::Mesh mesh(*group, {.dp = replicas, .tp = tp});
     comm::Communicator& tp_group = mesh.group(mesh::Axis::tp);
     double tp_seconds = 0;
-    model::Transformer model(
-        c.model, &tracker, model::StageRange{},
-        {&tp_group, tp_group.rank(), tp_group.size(), &tp_seconds, tp_overlap});
+    model::TensorParallelGroup tp_layers{&tp_group, tp_group.rank(), tp_group.size(), &tp_seconds,
+                                         tp_overlap};
+    tp_layers.sequence_parallel = sequence_parallel && tp > 1;
+    model::Transformer model(c.model, &tracker, model::StageRange{}, tp_layers);
     model.initialize(0);
     // As the trainer does in bf16 without ZeRO-3: the weights' bf16 copies, rounded per step.
     if (precision == kernels::Precision::bf16) model.parameters().keep_bf16_copies(&tracker);

@@ -32,11 +32,12 @@ struct ThroughputResult {
 // Lattice: `warmup` untimed steps, then `steps` timed ones. With ranks > 1, local ranks (threads,
 // each with 1/ranks of the OpenMP threads) laid out as ranks / tp data-parallel replicas of `tp`
 // tensor-parallel ranks; each replica takes 1/(ranks / tp) of the batch. tokens/s are of the
-// whole batch. `tp_overlap` false makes every tp all-reduce blocking
-// (TensorParallelGroup::overlap).
+// whole batch. `tp_overlap` false makes every tp collective blocking
+// (TensorParallelGroup::overlap); `sequence_parallel` runs tp > 1 with sequence parallelism.
 ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Precision precision,
                                             int64_t steps, int64_t warmup, int ranks = 1,
-                                            int tp = 1, bool tp_overlap = true);
+                                            int tp = 1, bool tp_overlap = true,
+                                            bool sequence_parallel = false);
 
 // How the PyTorch peer allocates memory. PyTorch 1.13 on glibc malloc maps and faults in its
 // large activation blocks afresh every step; Intel's CPU tuning guide for PyTorch preloads jemalloc
