@@ -224,6 +224,13 @@ TEST_F(TpCli, BenchTpRunsAndPrintsTheRatio) {
   ASSERT_FALSE(ratio.empty()) << r.out;
   EXPECT_EQ(ratio.back(), 'x') << r.out;
   EXPECT_NEAR(std::strtod(ratio.c_str(), nullptr), two / one, 0.01 + 0.01 * two / one) << r.out;
+  // With sequence parallelism: the same row, under its own header.
+  CliResult sp = run_lattice(
+      "bench tp --model gpt2-tiny --seq-len 32 --batch 4 --steps 1 --warmup 0 --rounds 1 --sp",
+      dir_);
+  ASSERT_EQ(sp.status, 0) << sp.out << sp.err;
+  EXPECT_NE(sp.out.find("tp2sp tok/s"), std::string::npos) << sp.out;
+  EXPECT_NE(sp.out.find("\ngpt2-tiny (T32 B4)"), std::string::npos) << sp.out;
   // A model whose heads tp 2 cannot split: one clear error line, before any run.
   expect_one_error_line(run_lattice("bench tp --model gpt2-1.5b --steps 1", dir_),
                         "attention heads");

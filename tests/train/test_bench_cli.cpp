@@ -153,8 +153,13 @@ TEST(BenchTrainCli, PytorchRunsEveryLayoutAndTheBestModesAreCompared) {
   ASSERT_NE(at, std::string::npos) << r.out;
   const std::string best_line = r.out.substr(at, r.out.find('\n', at) - at);
   const double ratio = std::stod(best_line.substr(best_line.rfind(": ") + 2));
-  // The rows print %.0f tokens/s and the ratio %.2f: compare to within that rounding.
-  EXPECT_NEAR(ratio, best_lattice / best_pytorch, 0.01 + 1.0 / best_pytorch) << best_line;
+  // The rows print %.0f tokens/s and the ratio %.2f: compare to within that rounding (each rate
+  // off by up to half a token/s moves the quotient by that share of it: on the AMD host, PyTorch's
+  // bf16 at 29 tokens/s made it 10.31 against the printed 10.29).
+  const double quotient = best_lattice / best_pytorch;
+  EXPECT_NEAR(ratio, quotient,
+              0.01 + quotient * (0.5 / best_pytorch + 0.5 / std::max(best_lattice, 1.0)))
+      << best_line;
 }
 
 TEST(BenchTrainCli, ImpossibleRoundsAreRefused) {
