@@ -76,6 +76,19 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          std::to_string(std::get<2>(info.param)) + (std::get<3>(info.param) ? "_sp" : "");
 }
 
+// Both models from the same initial weights: a training step of each, fp32 then bf16, gives the
+// same loss and gradients bit for bit.
+void expect_bit_identical_steps(Transformer& a, Transformer& c, const Batch& b, int rank) {
+  a.initialize(5);
+  c.initialize(5);
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    const StepResult x = train_once(a, precision, b);
+    const StepResult y = train_once(c, precision, b);
+    EXPECT_EQ(x.loss, y.loss);
+    EXPECT_EQ(x.grads, y.grads) << "rank " << rank;
+  }
+}
+
 TensorParallelGroup group_of(comm::Communicator& group, bool sequence_parallel) {
   TensorParallelGroup g{&group, group.rank(), group.size()};
   g.sequence_parallel = sequence_parallel;
@@ -182,14 +195,7 @@ TEST(TensorParallelBlocks, ActivationCheckpointingUnderTensorParallelismIsBitIde
         const TensorParallelGroup g = group_of(group, sp);
         Transformer plain(config, nullptr, {}, g), checkpointed(config, nullptr, {}, g);
         checkpointed.set_activation_checkpointing({mode, 1});
-        plain.initialize(5);
-        checkpointed.initialize(5);
-        for (Precision precision : {Precision::fp32, Precision::bf16}) {
-          const StepResult a = train_once(plain, precision, b);
-          const StepResult c = train_once(checkpointed, precision, b);
-          EXPECT_EQ(a.loss, c.loss);
-          EXPECT_EQ(a.grads, c.grads) << "rank " << group.rank();
-        }
+        expect_bit_identical_steps(plain, checkpointed, b, group.rank());
       });
     }
 }
@@ -209,14 +215,7 @@ TEST(TensorParallelBlocks, OverlappedInputGradientReductionsAreBitIdenticalToBlo
         TensorParallelGroup blocking = overlapped;
         blocking.overlap = false;
         Transformer a(config, nullptr, {}, overlapped), c(config, nullptr, {}, blocking);
-        a.initialize(5);
-        c.initialize(5);
-        for (Precision precision : {Precision::fp32, Precision::bf16}) {
-          const StepResult x = train_once(a, precision, b);
-          const StepResult y = train_once(c, precision, b);
-          EXPECT_EQ(x.loss, y.loss);
-          EXPECT_EQ(x.grads, y.grads) << "rank " << group.rank();
-        }
+        expect_bit_identical_steps(a, c, b, group.rank());
       });
     }
 }
