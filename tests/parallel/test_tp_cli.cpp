@@ -80,12 +80,14 @@ TEST_F(TpCli, ParityWithHsdpAndGradientAccumulation) {
   // tensor-parallel all-reduces run inside every microbatch, the data-parallel reduction after the
   // last. HSDP sums within groups first, so it is within the tolerance of plain ZeRO on 8 ranks.
   CliResult r =
-      run_lattice("parity --layouts dp1,dp1t2,dp4t2,dp4t2z3h2 --tolerance 1e-4" +
+      run_lattice("parity --layouts dp1,dp1t2,dp4t2,dp4t2z3h2,dp4t2s,dp4t2sz3h2 --tolerance 1e-4" +
                       tiny_flags(dir_, "gpt2-tiny") + " --training.gradient_accumulation_steps=2",
                   dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
   EXPECT_NE(parity_line(r.out, "dp4t2z3h2").find("within tolerance"), std::string::npos) << r.out;
+  // And with sequence parallelism (its reductions inside every microbatch as well).
+  EXPECT_NE(parity_line(r.out, "dp4t2sz3h2").find("within tolerance"), std::string::npos) << r.out;
 }
 
 TEST_F(TpCli, ParityInBf16) {
