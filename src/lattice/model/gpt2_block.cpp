@@ -139,7 +139,7 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B
   ensure_activation(a.x2, {local, C_}, tr);
   // In bf16 the GELU output exists only as mlp_proj's bf16 input (see projection_and_mlp_forward),
   // and backward keeps the GELU's bf16 slope instead of the fp32 pre-activation, which the backend
-  // never stores (see mlp_forward_bf16).
+  // never stores (see projection_and_mlp_forward).
   if (bf16) {
     a.gelu.reset();
     a.fc.reset();
@@ -229,32 +229,40 @@ void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, fl
   Tensor partial;
   if (sp) ensure_activation(partial, {rows, C_}, ctx.tracker);
   float* attn_out = sp ? partial.f32() : a.x2.f32();
-  attn_proj_.forward(ctx, a.attn_proj, attn_out, a.att.f32(), rows);
-  reduce_over_tp(tp_, a.x2.f32(), attn_out, rows, C_);
+  row_parallel_forward(
+      tp_,
+      [&](int64_t first, int64_t count) {
+        attn_proj_.forward_rows(ctx, a.attn_proj, attn_out, a.att.f32(), rows, first, count);
+      },
+      a.x2.f32(), attn_out, rows, C_);
   ctx.ops.add_inplace(a.x2.f32(), x_in, local * C_);
   Tensor gathered;
   const float* ln2 = norm_into_column(ctx, c_fc_, a.c_fc, a.ln2, a.ln2_16, a.ln2_mean, a.ln2_rstd,
                                       a.x2.f32(), ln2_weight_, ln2_bias_, gathered, rows);
   float* mlp_out = sp ? partial.f32() : x_out;
-  if (ctx.precision == k::Precision::bf16) {
-    mlp_forward_bf16(ctx, a, mlp_out, rows);
+  const bool bf16 = ctx.precision == k::Precision::bf16;
+  if (bf16) {
+    // c_fc and the GELU in one op on the LayerNorm's bf16 output: the pre-activation is never
+    // stored, and the GELU is written as mlp_proj's bf16 input; backward keeps its bf16 slope.
+    c_fc_.forward_prepared_gelu_bf16(ctx, a.c_fc,
+                                     mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows),
+                                     a.gelu_slope16.data<lattice::bf16>(), rows);
     if (sp) Linear::release_prepared_input(a.c_fc);
   } else {
     c_fc_.forward(ctx, a.c_fc, a.fc.f32(), ln2, rows);
     gathered.reset();
     ctx.ops.gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
-    mlp_proj_.forward(ctx, a.mlp_proj, mlp_out, a.gelu.f32(), rows);
   }
-  reduce_over_tp(tp_, x_out, mlp_out, rows, C_);
+  row_parallel_forward(
+      tp_,
+      [&](int64_t first, int64_t count) {
+        if (bf16)
+          mlp_proj_.forward_prepared_rows(ctx, a.mlp_proj, mlp_out, rows, first, count);
+        else
+          mlp_proj_.forward_rows(ctx, a.mlp_proj, mlp_out, a.gelu.f32(), rows, first, count);
+      },
+      x_out, mlp_out, rows, C_);
   ctx.ops.add_inplace(x_out, a.x2.f32(), local * C_);
-}
-
-void Gpt2Block::mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* mlp_out, int64_t rows) {
-  // c_fc and the GELU in one op on the LayerNorm's bf16 output: the pre-activation is never
-  // stored, and the GELU is written as mlp_proj's bf16 input; backward keeps its bf16 slope.
-  c_fc_.forward_prepared_gelu_bf16(ctx, a.c_fc, mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows),
-                                   a.gelu_slope16.data<lattice::bf16>(), rows);
-  mlp_proj_.forward_prepared(ctx, a.mlp_proj, mlp_out, rows);
 }
 
 void Gpt2Block::forward(const LayerContext& ctx, BlockActivations& saved, float* x_out,

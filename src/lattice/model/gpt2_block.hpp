@@ -97,9 +97,6 @@ class Gpt2Block final : public Block {
                                float* d_qkv_buffer, int64_t B, int64_t T, bool input_half_only);
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                   const float* x_in, int64_t rows);
-  // bf16 forward of the MLP from c_fc's prepared input to mlp_out (before the reduction over tp
-  // and the residual add), with c_fc's GEMM and the GELU fused (forward_prepared_gelu_bf16).
-  void mlp_forward_bf16(const LayerContext& ctx, Saved& a, float* mlp_out, int64_t rows);
   // bf16 backward of the MLP from d_y (the block's output gradient over all rows) to d_ln
   // (LayerNorm 2's output gradient, a partial sum over tp under tensor parallelism), with c_proj's
   // input gradient and the GELU backward fused (Linear::backward_input_through_gelu_bf16);

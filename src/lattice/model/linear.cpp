@@ -87,6 +87,45 @@ void Linear::forward(const LayerContext& ctx, LinearActivations& saved, float* o
                          keep);
 }
 
+void Linear::forward_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
+                          const float* in, int64_t rows, int64_t first, int64_t count) {
+  check(first >= 0 && count >= 0 && first + count <= rows,
+        "Linear::forward_rows: rows [" + std::to_string(first) + ", " +
+            std::to_string(first + count) + ") outside " + std::to_string(rows) +
+            " (internal error)");
+  const float* bias = forward_bias();
+  kernels::Bf16Operands keep;
+  saved.prepared = false;
+  saved.rounded_from = nullptr;
+  if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0) {
+    ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
+    keep.in = saved.in16.data<lattice::bf16>() + first * in_;
+    keep.weight = store_->bf16_value(weight_);
+    saved.rounded_rows = rows;
+    saved.rounded_from = in;
+  }
+  if (count == 0) return;
+  ctx.ops.linear_forward(out + first * out_, in + first * in_, store_->value(weight_), bias, count,
+                         in_, out_, ctx.precision, keep);
+}
+
+void Linear::forward_prepared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
+                                   int64_t rows, int64_t first, int64_t count) {
+  check(saved.in16.shape() == Shape{rows, in_} && first >= 0 && count >= 0 && first + count <= rows,
+        "Linear::forward_prepared_rows without prepare_bf16_input for " + std::to_string(rows) +
+            " rows, or rows outside them (internal error)");
+  const float* bias = forward_bias();
+  kernels::Bf16Operands keep;
+  keep.in = saved.in16.data<lattice::bf16>() + first * in_;
+  keep.weight = store_->bf16_value(weight_);
+  saved.rounded_rows = rows;
+  saved.rounded_from = nullptr;
+  saved.prepared = true;
+  if (count == 0) return;
+  ctx.ops.linear_forward(out + first * out_, nullptr, store_->value(weight_), bias, count, in_,
+                         out_, ctx.precision, keep);
+}
+
 lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, LinearActivations& saved,
                                           int64_t rows) {
   check(ctx.precision == kernels::Precision::bf16,

@@ -50,6 +50,14 @@ class Linear {
 
   void forward(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
                int64_t rows);
+  // The forward of rows [first, first + count) of a `rows`-row input and output (`out` and `in`
+  // point at row 0), for pieces that overlap communication with the GEMM. In bf16 the kept input
+  // is sized for all rows and the piece's rounding written into its rows; pieces covering
+  // [0, rows) leave what forward(rows) leaves. forward_prepared_rows is forward_prepared's.
+  void forward_rows(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
+                    int64_t rows, int64_t first, int64_t count);
+  void forward_prepared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
+                             int64_t rows, int64_t first, int64_t count);
   // bf16 precision only: a producer writes this layer's input directly in bf16 into the buffer
   // prepare_bf16_input returns ([rows, in_features]), then forward_prepared runs the layer on it;
   // the fp32 input never exists, and backward uses the bf16 one.

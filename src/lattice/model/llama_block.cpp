@@ -164,8 +164,12 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
     ensure_activation(gathered, {rows, C_}, ctx.tracker);
   }
   float* attn_out = sp ? partial.f32() : a.x2.f32();
-  o_proj_.forward(ctx, a.o_proj, attn_out, a.att.f32(), rows);
-  reduce_over_tp(tp_, a.x2.f32(), attn_out, rows, C_);
+  row_parallel_forward(
+      tp_,
+      [&](int64_t first, int64_t count) {
+        o_proj_.forward_rows(ctx, a.o_proj, attn_out, a.att.f32(), rows, first, count);
+      },
+      a.x2.f32(), attn_out, rows, C_);
   ctx.ops.add_inplace(a.x2.f32(), x_in, local * C_);
   ctx.ops.rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), local,
                           C_, eps_);
@@ -177,8 +181,12 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
   gathered.reset();
   ctx.ops.swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
   float* mlp_out = sp ? partial.f32() : x_out;
-  down_proj_.forward(ctx, a.down_proj, mlp_out, a.h.f32(), rows);
-  reduce_over_tp(tp_, x_out, mlp_out, rows, C_);
+  row_parallel_forward(
+      tp_,
+      [&](int64_t first, int64_t count) {
+        down_proj_.forward_rows(ctx, a.down_proj, mlp_out, a.h.f32(), rows, first, count);
+      },
+      x_out, mlp_out, rows, C_);
   ctx.ops.add_inplace(x_out, a.x2.f32(), local * C_);
 }
 

@@ -91,6 +91,38 @@ TpCollective TpCollective::reduce(const TensorParallelGroup& tp, float* out, flo
   return c;
 }
 
+TpCollective TpCollective::reduce_to(const TensorParallelGroup& tp, float* out, const float* in,
+                                     int64_t n, int root) {
+  TpCollective c(tp);
+  if (n == 0) return c;
+  c.handle_ = communicator(tp).reduce_async(in, out, n, DType::f32, comm::ReduceOp::sum, root);
+  c.pending_ = true;
+  return c;
+}
+
+void row_parallel_forward(const TensorParallelGroup& tp,
+                          const std::function<void(int64_t first, int64_t count)>& gemm, float* out,
+                          float* partial, int64_t rows, int64_t width) {
+  if (!tp.sequence_parallel) {
+    gemm(0, rows);
+    reduce_over_tp(tp, out, partial, rows, width);
+    return;
+  }
+  check_sequence_rows(tp, rows);
+  const int64_t local = rows / tp.size;
+  // Every rank runs the chunks, and starts their reduces, in the same order.
+  std::vector<TpCollective> reduces;
+  reduces.reserve(static_cast<size_t>(tp.size));
+  for (int owner = 0; owner < tp.size; ++owner) {
+    gemm(owner * local, local);
+    reduces.push_back(TpCollective::reduce_to(tp, owner == tp.rank ? out : nullptr,
+                                              partial + owner * local * width, local * width,
+                                              owner));
+    if (!tp.overlap) reduces.back().wait();
+  }
+  for (TpCollective& reduce : reduces) reduce.wait();
+}
+
 TpCollective TpCollective::gather(const TensorParallelGroup& tp, void* full, const void* local,
                                   int64_t rows, int64_t width, DType dtype) {
   check_sequence_rows(tp, rows);

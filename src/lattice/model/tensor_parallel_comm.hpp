@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -42,6 +43,17 @@ void reduce_scatter_sequence(const TensorParallelGroup& tp, float* local, const 
 void reduce_over_tp(const TensorParallelGroup& tp, float* out, float* partial, int64_t rows,
                     int64_t width);
 
+// A row-parallel layer's forward with its reduction over tp. `gemm(first, count)` writes the
+// layer's partial sums of rows [first, first + count) into `partial` ([rows, width]). Without
+// sequence parallelism: one GEMM over all rows, then the all-reduce in place (out == partial).
+// With it, the reduce-scatter in pieces: the GEMM on tp chunks of rows / tp in rank order, each
+// chunk's partial sums reduced onto its owner rank (into `out`, [rows / tp, width], on that rank)
+// while the next chunk's GEMM runs (TensorParallelGroup::overlap; without it each reduce blocks:
+// the same arithmetic).
+void row_parallel_forward(const TensorParallelGroup& tp,
+                          const std::function<void(int64_t first, int64_t count)>& gemm, float* out,
+                          float* partial, int64_t rows, int64_t width);
+
 // An asynchronous collective of the group, started at construction and finished by wait() or the
 // destructor: what runs in between (a layer's weight-gradient GEMMs, or its input-gradient GEMM)
 // overlaps it. Adds the time wait() blocks, the exposed part, to *tp.comm_seconds when set.
@@ -54,6 +66,9 @@ class TpCollective {
                              int64_t rows, int64_t width);
   // Nothing to wait for (a collective that did not need to run).
   static TpCollective none(const TensorParallelGroup& tp) { return TpCollective(tp); }
+  // The sum over tp of in[0, n) into out on tp rank `root` (out unused elsewhere).
+  static TpCollective reduce_to(const TensorParallelGroup& tp, float* out, const float* in,
+                                int64_t n, int root);
   // gather_sequence's all-gather.
   static TpCollective gather(const TensorParallelGroup& tp, void* full, const void* local,
                              int64_t rows, int64_t width, DType dtype = DType::f32);
