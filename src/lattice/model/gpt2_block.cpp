@@ -151,27 +151,30 @@ void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B
   }
 }
 
-const float* Gpt2Block::norm_into_column(const LayerContext& ctx, Linear& layer,
+TpCollective Gpt2Block::norm_into_column(const LayerContext& ctx, Linear& layer,
                                          LinearActivations& saved, Tensor& out, Tensor& out16,
                                          Tensor& mean, Tensor& rstd, const float* x, int weight,
-                                         int bias, Tensor& gathered, int64_t rows) {
+                                         int bias, Tensor& gathered, int64_t rows,
+                                         const float** input) {
   const int64_t local = tp_.local_rows(rows);
   const bool sp = tp_.sequence_parallel;
   const float* w = store_.value(weight);
   const float* b = store_.value(bias);
   if (ctx.precision != k::Precision::bf16) {
     ctx.ops.layernorm_forward(out.f32(), mean.f32(), rstd.f32(), x, w, b, local, C_, eps_);
-    if (!sp) return out.f32();
+    *input = out.f32();
+    if (!sp) return TpCollective::none(tp_);
     ensure_activation(gathered, {rows, C_}, ctx.tracker);
-    gather_sequence(tp_, gathered.f32(), out.f32(), rows, C_);
-    return gathered.f32();
+    *input = gathered.f32();
+    return TpCollective::gather(tp_, gathered.f32(), out.f32(), rows, C_);
   }
   // The LayerNorm writes the layer's bf16 input directly (this rank's rows of it, gathered).
+  *input = nullptr;
   lattice::bf16* in16 = layer.prepare_bf16_input(ctx, saved, rows);
   lattice::bf16* own = sp ? out16.data<lattice::bf16>() : in16;
   ctx.ops.layernorm_forward_bf16(own, mean.f32(), rstd.f32(), x, w, b, local, C_, eps_);
-  if (sp) gather_sequence(tp_, in16, own, rows, C_, DType::bf16);
-  return nullptr;
+  if (!sp) return TpCollective::none(tp_);
+  return TpCollective::gather(tp_, in16, own, rows, C_, DType::bf16);
 }
 
 TpCollective Gpt2Block::regather_column_input(const LayerContext& ctx, Linear& layer,
@@ -192,16 +195,36 @@ TpCollective Gpt2Block::regather_column_input(const LayerContext& ctx, Linear& l
 
 void Gpt2Block::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
   Tensor gathered;  // fp32 sequence parallelism: LayerNorm 1's output over all rows, for the GEMM
-  const float* in = norm_into_column(ctx, c_attn_, a.c_attn, a.ln1, a.ln1_16, a.ln1_mean,
-                                     a.ln1_rstd, x_in, ln1_weight_, ln1_bias_, gathered, rows);
+  const float* in = nullptr;
+  TpCollective gather =
+      norm_into_column(ctx, c_attn_, a.c_attn, a.ln1, a.ln1_16, a.ln1_mean, a.ln1_rstd, x_in,
+                       ln1_weight_, ln1_bias_, gathered, rows, &in);
+  const int64_t width = c_attn_.out_features();
   if (ctx.precision != k::Precision::bf16) {
-    c_attn_.forward(ctx, a.c_attn, a.qkv.f32(), in, rows);
-  } else if (a.qkv16.empty()) {  // cached inference: fp32 q, k, v for the KV cache
+    column_parallel_forward(
+        tp_, gather,
+        [&](int64_t first, int64_t count, bool own) {
+          if (own)
+            c_attn_.forward_piece(ctx, a.c_attn, a.qkv.f32() + first * width, a.ln1.f32(), rows,
+                                  first, count);
+          else
+            c_attn_.forward_rows(ctx, a.c_attn, a.qkv.f32(), in, rows, first, count);
+        },
+        rows);
+  } else if (a.qkv16.empty()) {  // cached inference (one rank): fp32 q, k, v for the KV cache
+    gather.wait();
     c_attn_.forward_prepared(ctx, a.c_attn, a.qkv.f32(), rows);
   } else {
     // Training: c_attn's output (bias included) rounded to bf16 as it is produced: the same values
     // attention would round from an fp32 qkv, which is never stored.
-    c_attn_.forward_prepared_to_bf16(ctx, a.c_attn, a.qkv16.data<lattice::bf16>(), rows);
+    column_parallel_forward(
+        tp_, gather,
+        [&](int64_t first, int64_t count, bool own) {
+          c_attn_.forward_prepared_to_bf16_rows(ctx, a.c_attn, a.qkv16.data<lattice::bf16>(), rows,
+                                                first, count,
+                                                own ? a.ln1_16.data<lattice::bf16>() : nullptr);
+        },
+        rows);
   }
   // Sequence parallelism keeps this rank's rows (ln1_16), not the gathered input.
   if (tp_.sequence_parallel) Linear::release_prepared_input(a.c_attn);
@@ -237,19 +260,36 @@ void Gpt2Block::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, fl
       a.x2.f32(), attn_out, rows, C_);
   ctx.ops.add_inplace(a.x2.f32(), x_in, local * C_);
   Tensor gathered;
-  const float* ln2 = norm_into_column(ctx, c_fc_, a.c_fc, a.ln2, a.ln2_16, a.ln2_mean, a.ln2_rstd,
-                                      a.x2.f32(), ln2_weight_, ln2_bias_, gathered, rows);
+  const float* ln2 = nullptr;
+  TpCollective gather =
+      norm_into_column(ctx, c_fc_, a.c_fc, a.ln2, a.ln2_16, a.ln2_mean, a.ln2_rstd, a.x2.f32(),
+                       ln2_weight_, ln2_bias_, gathered, rows, &ln2);
   float* mlp_out = sp ? partial.f32() : x_out;
   const bool bf16 = ctx.precision == k::Precision::bf16;
   if (bf16) {
     // c_fc and the GELU in one op on the LayerNorm's bf16 output: the pre-activation is never
     // stored, and the GELU is written as mlp_proj's bf16 input; backward keeps its bf16 slope.
-    c_fc_.forward_prepared_gelu_bf16(ctx, a.c_fc,
-                                     mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows),
-                                     a.gelu_slope16.data<lattice::bf16>(), rows);
+    lattice::bf16* gelu16 = mlp_proj_.prepare_bf16_input(ctx, a.mlp_proj, rows);
+    column_parallel_forward(
+        tp_, gather,
+        [&](int64_t first, int64_t count, bool own) {
+          c_fc_.forward_prepared_gelu_bf16_rows(
+              ctx, a.c_fc, gelu16, a.gelu_slope16.data<lattice::bf16>(), rows, first, count,
+              own ? a.ln2_16.data<lattice::bf16>() : nullptr);
+        },
+        rows);
     if (sp) Linear::release_prepared_input(a.c_fc);
   } else {
-    c_fc_.forward(ctx, a.c_fc, a.fc.f32(), ln2, rows);
+    column_parallel_forward(
+        tp_, gather,
+        [&](int64_t first, int64_t count, bool own) {
+          if (own)
+            c_fc_.forward_piece(ctx, a.c_fc, a.fc.f32() + first * F_, a.ln2.f32(), rows, first,
+                                count);
+          else
+            c_fc_.forward_rows(ctx, a.c_fc, a.fc.f32(), ln2, rows, first, count);
+        },
+        rows);
     gathered.reset();
     ctx.ops.gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
   }

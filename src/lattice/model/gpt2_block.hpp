@@ -68,15 +68,16 @@ class Gpt2Block final : public Block {
   // LayerNorm 1 and c_attn into qkv (fp32, cached inference), or in bf16 training into qkv16
   // only, rounded chunk by chunk as the GEMM produces them.
   void qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows);
-  // A LayerNorm on this rank's rows of x feeding the column-parallel `layer`: its output over all
-  // rows is the layer's input — fp32: `out` [local, C] itself, or gathered from every rank into
-  // `gathered` [rows, C] under sequence parallelism (returned); bf16: written into the layer's
-  // prepared bf16 input (gathered into it from out16 [local, C] under sequence parallelism;
-  // returns null).
-  const float* norm_into_column(const LayerContext& ctx, Linear& layer, LinearActivations& saved,
+  // A LayerNorm on this rank's rows of x feeding the column-parallel `layer`, whose input is its
+  // output over all rows — fp32: `out` [local, C] itself, or gathered from every rank into
+  // `gathered` [rows, C] under sequence parallelism (*input set to it); bf16: written into the
+  // layer's prepared bf16 input (gathered into it from out16 [local, C] under sequence
+  // parallelism; *input null). Returns the all-gather, still in flight (column_parallel_forward
+  // runs the GEMM on this rank's own rows meanwhile).
+  TpCollective norm_into_column(const LayerContext& ctx, Linear& layer, LinearActivations& saved,
                                 Tensor& out, Tensor& out16, Tensor& mean, Tensor& rstd,
                                 const float* x, int weight, int bias, Tensor& gathered,
-                                int64_t rows);
+                                int64_t rows, const float** input);
   // Sequence parallelism: c_attn's or c_fc's input over all rows again for its weight gradient,
   // gathered (asynchronously: wait for the returned collective) from the saved LayerNorm output —
   // fp32 into `gathered` [rows, C] (*input set to it), bf16 into the layer's kept bf16 input

@@ -93,6 +93,18 @@ void Linear::forward_rows(const LayerContext& ctx, LinearActivations& saved, flo
         "Linear::forward_rows: rows [" + std::to_string(first) + ", " +
             std::to_string(first + count) + ") outside " + std::to_string(rows) +
             " (internal error)");
+  forward_piece(ctx, saved, out + first * out_, in + first * in_, rows, first, count);
+  // The pieces read one input: a backward handed it reuses the kept bf16 rounding.
+  if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0)
+    saved.rounded_from = in;
+}
+
+void Linear::forward_piece(const LayerContext& ctx, LinearActivations& saved, float* out,
+                           const float* in, int64_t rows, int64_t first, int64_t count) {
+  check(first >= 0 && count >= 0 && first + count <= rows,
+        "Linear::forward_piece: rows [" + std::to_string(first) + ", " +
+            std::to_string(first + count) + ") outside " + std::to_string(rows) +
+            " (internal error)");
   const float* bias = forward_bias();
   kernels::Bf16Operands keep;
   saved.prepared = false;
@@ -102,11 +114,10 @@ void Linear::forward_rows(const LayerContext& ctx, LinearActivations& saved, flo
     keep.in = saved.in16.data<lattice::bf16>() + first * in_;
     keep.weight = store_->bf16_value(weight_);
     saved.rounded_rows = rows;
-    saved.rounded_from = in;
   }
   if (count == 0) return;
-  ctx.ops.linear_forward(out + first * out_, in + first * in_, store_->value(weight_), bias, count,
-                         in_, out_, ctx.precision, keep);
+  ctx.ops.linear_forward(out, in, store_->value(weight_), bias, count, in_, out_, ctx.precision,
+                         keep);
 }
 
 void Linear::forward_prepared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
@@ -171,18 +182,43 @@ const lattice::bf16* Linear::prepared_input(const LayerContext& ctx, LinearActiv
 
 void Linear::forward_prepared_to_bf16(const LayerContext& ctx, LinearActivations& saved,
                                       lattice::bf16* out16, int64_t rows) {
-  const lattice::bf16* in16 = prepared_input(ctx, saved, rows, "forward_prepared_to_bf16");
-  const float* bias = forward_bias();
-  ctx.ops.linear_forward_to_bf16(out16, in16, weight_operand(ctx), bias, rows, in_, out_);
+  forward_prepared_to_bf16_rows(ctx, saved, out16, rows, 0, rows, nullptr);
+}
+
+void Linear::forward_prepared_to_bf16_rows(const LayerContext& ctx, LinearActivations& saved,
+                                           lattice::bf16* out16, int64_t rows, int64_t first,
+                                           int64_t count, const lattice::bf16* piece_in16) {
+  const lattice::bf16* in16 = piece_rows(
+      prepared_input(ctx, saved, rows, "forward_prepared_to_bf16"), rows, first, count, piece_in16);
+  if (count == 0) return;
+  ctx.ops.linear_forward_to_bf16(out16 + first * out_, in16, weight_operand(ctx), forward_bias(),
+                                 count, in_, out_);
 }
 
 void Linear::forward_prepared_gelu_bf16(const LayerContext& ctx, LinearActivations& saved,
                                         lattice::bf16* gelu16, lattice::bf16* slope16,
                                         int64_t rows) {
-  const lattice::bf16* in16 = prepared_input(ctx, saved, rows, "forward_prepared_gelu_bf16");
-  const float* bias = forward_bias();
-  ctx.ops.linear_gelu_forward_bf16(gelu16, slope16, in16, weight_operand(ctx), bias, rows, in_,
-                                   out_);
+  forward_prepared_gelu_bf16_rows(ctx, saved, gelu16, slope16, rows, 0, rows, nullptr);
+}
+
+void Linear::forward_prepared_gelu_bf16_rows(const LayerContext& ctx, LinearActivations& saved,
+                                             lattice::bf16* gelu16, lattice::bf16* slope16,
+                                             int64_t rows, int64_t first, int64_t count,
+                                             const lattice::bf16* piece_in16) {
+  const lattice::bf16* in16 =
+      piece_rows(prepared_input(ctx, saved, rows, "forward_prepared_gelu_bf16"), rows, first, count,
+                 piece_in16);
+  if (count == 0) return;
+  ctx.ops.linear_gelu_forward_bf16(gelu16 + first * out_, slope16 + first * out_, in16,
+                                   weight_operand(ctx), forward_bias(), count, in_, out_);
+}
+
+const lattice::bf16* Linear::piece_rows(const lattice::bf16* in16, int64_t rows, int64_t first,
+                                        int64_t count, const lattice::bf16* piece_in16) const {
+  check(first >= 0 && count >= 0 && first + count <= rows,
+        "Linear: rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+            ") outside " + std::to_string(rows) + " (internal error)");
+  return piece_in16 != nullptr ? piece_in16 : in16 + first * in_;
 }
 
 const lattice::bf16* Linear::kept_input(const LayerContext& ctx, const LinearActivations& saved,

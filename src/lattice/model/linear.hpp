@@ -56,6 +56,11 @@ class Linear {
   // [0, rows) leave what forward(rows) leaves. forward_prepared_rows is forward_prepared's.
   void forward_rows(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
                     int64_t rows, int64_t first, int64_t count);
+  // forward_rows with `out` and `in` pointing at the piece's rows (row `first`), which may come
+  // from another buffer than the other pieces (a sequence-parallel rank's own rows, while the
+  // others are still being gathered); a backward then rounds its input again (same bits).
+  void forward_piece(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
+                     int64_t rows, int64_t first, int64_t count);
   void forward_prepared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
                              int64_t rows, int64_t first, int64_t count);
   // bf16 precision only: a producer writes this layer's input directly in bf16 into the buffer
@@ -73,6 +78,15 @@ class Linear {
   // fp32 pre-activation never stored (Ops::linear_gelu_forward_bf16).
   void forward_prepared_gelu_bf16(const LayerContext& ctx, LinearActivations& saved,
                                   lattice::bf16* gelu16, lattice::bf16* slope16, int64_t rows);
+  // The two above on rows [first, first + count) (outputs point at row 0), reading the prepared
+  // input's rows or, when given, piece_in16 (that piece's rows from another buffer).
+  void forward_prepared_to_bf16_rows(const LayerContext& ctx, LinearActivations& saved,
+                                     lattice::bf16* out16, int64_t rows, int64_t first,
+                                     int64_t count, const lattice::bf16* piece_in16);
+  void forward_prepared_gelu_bf16_rows(const LayerContext& ctx, LinearActivations& saved,
+                                       lattice::bf16* gelu16, lattice::bf16* slope16, int64_t rows,
+                                       int64_t first, int64_t count,
+                                       const lattice::bf16* piece_in16);
   // d_in overwritten (skipped when null); weight and bias gradients accumulate. In bf16, when the
   // forward that filled `saved` saw this same `in` (or was forward_prepared) and row count, its
   // bf16 input is used (bit-identical); after forward_prepared, `in` is not read.
@@ -127,6 +141,9 @@ class Linear {
   // forward_prepared's bookkeeping for a fused forward: the prepared bf16 input of `rows` rows.
   const lattice::bf16* prepared_input(const LayerContext& ctx, LinearActivations& saved,
                                       int64_t rows, const char* who);
+  // The bf16 input of rows [first, first + count): piece_in16, or those rows of in16 (checked).
+  const lattice::bf16* piece_rows(const lattice::bf16* in16, int64_t rows, int64_t first,
+                                  int64_t count, const lattice::bf16* piece_in16) const;
   // The weight as the backend takes it: fp32, with the store's bf16 copy in bf16 precision.
   kernels::WeightOperand weight_operand(const LayerContext& ctx);
   // The kept bf16 input for backward from `in` (null when not kept); checks forward_prepared's.

@@ -130,16 +130,35 @@ const float* LlamaBlock::norm_rows(const Tensor& norm, float* gathered, int64_t 
   return gathered;
 }
 
+void LlamaBlock::column_inputs_forward(const LayerContext& ctx, TpCollective& gather,
+                                       const float* own_rows, const float* all_rows, int64_t rows,
+                                       std::initializer_list<ColumnLayer> layers) {
+  column_parallel_forward(
+      tp_, gather,
+      [&](int64_t first, int64_t count, bool own) {
+        for (const ColumnLayer& l : layers) {
+          if (own)
+            l.layer->forward_piece(ctx, *l.saved, l.out + first * l.layer->out_features(), own_rows,
+                                   rows, first, count);
+          else
+            l.layer->forward_rows(ctx, *l.saved, l.out, all_rows, rows, first, count);
+        }
+      },
+      rows);
+}
+
 void LlamaBlock::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in, int64_t rows) {
   const bool sp = tp_.sequence_parallel;
   ctx.ops.rmsnorm_forward(a.n1.f32(), a.rstd1.f32(), x_in, store_.value(norm1_weight_),
                           tp_.local_rows(rows), C_, eps_);
   Tensor gathered;  // sequence parallelism: RMSNorm 1's output over all rows, for the GEMMs
   if (sp) ensure_activation(gathered, {rows, C_}, ctx.tracker);
-  const float* n1 = norm_rows(a.n1, gathered.empty() ? nullptr : gathered.f32(), rows, nullptr);
-  q_proj_.forward(ctx, a.q_proj, a.q.f32(), n1, rows);
-  k_proj_.forward(ctx, a.k_proj, a.k.f32(), n1, rows);
-  v_proj_.forward(ctx, a.v_proj, a.v.f32(), n1, rows);
+  TpCollective gather = TpCollective::none(tp_);
+  const float* n1 = norm_rows(a.n1, gathered.empty() ? nullptr : gathered.f32(), rows, &gather);
+  column_inputs_forward(ctx, gather, a.n1.f32(), n1, rows,
+                        {{&q_proj_, &a.q_proj, a.q.f32()},
+                         {&k_proj_, &a.k_proj, a.k.f32()},
+                         {&v_proj_, &a.v_proj, a.v.f32()}});
   // Sequence parallelism keeps this rank's rows (n1), not the gathered input or its bf16
   // rounding: backward gathers and rounds it again (the same bits).
   if (sp)
@@ -173,9 +192,11 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
   ctx.ops.add_inplace(a.x2.f32(), x_in, local * C_);
   ctx.ops.rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), local,
                           C_, eps_);
-  const float* n2 = norm_rows(a.n2, sp ? gathered.f32() : nullptr, rows, nullptr);
-  gate_proj_.forward(ctx, a.gate_proj, a.gate.f32(), n2, rows);
-  up_proj_.forward(ctx, a.up_proj, a.up.f32(), n2, rows);
+  TpCollective gather = TpCollective::none(tp_);
+  const float* n2 = norm_rows(a.n2, sp ? gathered.f32() : nullptr, rows, &gather);
+  column_inputs_forward(
+      ctx, gather, a.n2.f32(), n2, rows,
+      {{&gate_proj_, &a.gate_proj, a.gate.f32()}, {&up_proj_, &a.up_proj, a.up.f32()}});
   if (sp)
     for (LinearActivations* l : {&a.gate_proj, &a.up_proj}) l->release();
   gathered.reset();

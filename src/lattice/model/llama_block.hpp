@@ -3,6 +3,7 @@
 // parameters named as Hugging Face's LlamaModel ("model.layers.<i>.self_attn.q_proj.weight", ...).
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include "lattice/kernels/rope_table.hpp"
@@ -58,6 +59,18 @@ class LlamaBlock final : public Block {
   // from every rank's rows into `gathered` ([rows, C], returned) under sequence parallelism.
   // With `pending` null the gather blocks; otherwise *pending holds it, still in flight.
   const float* norm_rows(const Tensor& norm, float* gathered, int64_t rows, TpCollective* pending);
+  // Column-parallel layers reading one norm output: each writes `out` ([rows, out_features]).
+  struct ColumnLayer {
+    Linear* layer;
+    LinearActivations* saved;
+    float* out;
+  };
+  // Their forward over all rows (column_parallel_forward): under sequence parallelism this rank's
+  // own rows first, from `own_rows` (its norm output), while `gather` brings the others into
+  // `all_rows`; without it one forward each over `all_rows`.
+  void column_inputs_forward(const LayerContext& ctx, TpCollective& gather, const float* own_rows,
+                             const float* all_rows, int64_t rows,
+                             std::initializer_list<ColumnLayer> layers);
   // The attention core on the saved (rotated) q, k and v into att and lse.
   void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,

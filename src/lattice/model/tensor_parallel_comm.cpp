@@ -123,6 +123,23 @@ void row_parallel_forward(const TensorParallelGroup& tp,
   for (TpCollective& reduce : reduces) reduce.wait();
 }
 
+void column_parallel_forward(
+    const TensorParallelGroup& tp, TpCollective& gather,
+    const std::function<void(int64_t first, int64_t count, bool own)>& gemm, int64_t rows) {
+  if (!tp.sequence_parallel) {
+    gather.wait();
+    gemm(0, rows, false);
+    return;
+  }
+  check_sequence_rows(tp, rows);
+  const int64_t local = rows / tp.size, first = tp.rank * local;
+  if (!tp.overlap) gather.wait();
+  gemm(first, local, true);
+  gather.wait();
+  if (first > 0) gemm(0, first, false);
+  if (first + local < rows) gemm(first + local, rows - first - local, false);
+}
+
 TpCollective TpCollective::gather(const TensorParallelGroup& tp, void* full, const void* local,
                                   int64_t rows, int64_t width, DType dtype) {
   check_sequence_rows(tp, rows);

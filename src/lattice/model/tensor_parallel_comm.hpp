@@ -54,6 +54,17 @@ void row_parallel_forward(const TensorParallelGroup& tp,
                           const std::function<void(int64_t first, int64_t count)>& gemm, float* out,
                           float* partial, int64_t rows, int64_t width);
 
+class TpCollective;
+// The column-parallel layers' forward over all rows while `gather`, the all-gather of their input
+// under sequence parallelism, is in flight: `gemm(first, count, own)` first on this rank's own rows
+// (own = true: the caller reads them from its local rows), then, once the gather is done, on the
+// rows before and after them (own = false: from the gathered buffer). Without sequence
+// parallelism: gemm(0, rows, false). TensorParallelGroup::overlap off waits first (the same
+// pieces, the same bits).
+void column_parallel_forward(
+    const TensorParallelGroup& tp, TpCollective& gather,
+    const std::function<void(int64_t first, int64_t count, bool own)>& gemm, int64_t rows);
+
 // An asynchronous collective of the group, started at construction and finished by wait() or the
 // destructor: what runs in between (a layer's weight-gradient GEMMs, or its input-gradient GEMM)
 // overlaps it. Adds the time wait() blocks, the exposed part, to *tp.comm_seconds when set.
