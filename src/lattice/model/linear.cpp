@@ -9,6 +9,14 @@ namespace lattice::model {
 
 namespace {
 
+// A row piece [first, first + count) must lie in the layer's rows.
+void check_row_piece(int64_t rows, int64_t first, int64_t count) {
+  check(first >= 0 && count >= 0 && first + count <= rows,
+        "Linear: rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
+            ") outside the " + std::to_string(rows) +
+            " rows of the layer's input (internal error)");
+}
+
 // A bf16 tensor of exactly `shape`, tracked as activations.
 void ensure_bf16(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
   if (tensor.shape() == shape && tensor.dtype() == DType::bf16) return;
@@ -89,10 +97,7 @@ void Linear::forward(const LayerContext& ctx, LinearActivations& saved, float* o
 
 void Linear::forward_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
                           const float* in, int64_t rows, int64_t first, int64_t count) {
-  check(first >= 0 && count >= 0 && first + count <= rows,
-        "Linear::forward_rows: rows [" + std::to_string(first) + ", " +
-            std::to_string(first + count) + ") outside " + std::to_string(rows) +
-            " (internal error)");
+  check_row_piece(rows, first, count);
   forward_piece(ctx, saved, out + first * out_, in + first * in_, rows, first, count);
   // The pieces read one input: a backward handed it reuses the kept bf16 rounding.
   if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0)
@@ -101,10 +106,7 @@ void Linear::forward_rows(const LayerContext& ctx, LinearActivations& saved, flo
 
 void Linear::forward_piece(const LayerContext& ctx, LinearActivations& saved, float* out,
                            const float* in, int64_t rows, int64_t first, int64_t count) {
-  check(first >= 0 && count >= 0 && first + count <= rows,
-        "Linear::forward_piece: rows [" + std::to_string(first) + ", " +
-            std::to_string(first + count) + ") outside " + std::to_string(rows) +
-            " (internal error)");
+  check_row_piece(rows, first, count);
   const float* bias = forward_bias();
   kernels::Bf16Operands keep;
   saved.prepared = false;
@@ -122,9 +124,10 @@ void Linear::forward_piece(const LayerContext& ctx, LinearActivations& saved, fl
 
 void Linear::forward_prepared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
                                    int64_t rows, int64_t first, int64_t count) {
-  check(saved.in16.shape() == Shape{rows, in_} && first >= 0 && count >= 0 && first + count <= rows,
+  check_row_piece(rows, first, count);
+  check(saved.in16.shape() == Shape{rows, in_},
         "Linear::forward_prepared_rows without prepare_bf16_input for " + std::to_string(rows) +
-            " rows, or rows outside them (internal error)");
+            " rows (internal error)");
   const float* bias = forward_bias();
   kernels::Bf16Operands keep;
   keep.in = saved.in16.data<lattice::bf16>() + first * in_;
@@ -215,9 +218,7 @@ void Linear::forward_prepared_gelu_bf16_rows(const LayerContext& ctx, LinearActi
 
 const lattice::bf16* Linear::piece_rows(const lattice::bf16* in16, int64_t rows, int64_t first,
                                         int64_t count, const lattice::bf16* piece_in16) const {
-  check(first >= 0 && count >= 0 && first + count <= rows,
-        "Linear: rows [" + std::to_string(first) + ", " + std::to_string(first + count) +
-            ") outside " + std::to_string(rows) + " (internal error)");
+  check_row_piece(rows, first, count);
   return piece_in16 != nullptr ? piece_in16 : in16 + first * in_;
 }
 
