@@ -16,6 +16,7 @@
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/parallel/pipeline/executor.hpp"
+#include "lattice/parallel/pipeline/replay.hpp"
 
 using namespace lattice;
 using namespace lattice::model;
@@ -115,6 +116,22 @@ TEST(PipelineExecutor, EveryScheduleGivesOneRanksGradients) {
       kernels::CpuOps ops;
       const LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
       const double loss = executor.run_step(ctx, b.view());
+      // Memory as scheduled: a set lives from its forward to its backward (its W when split), so
+      // the most this rank holds is the most forwards its list has ahead of those.
+      int ahead = 0, most = 0;
+      const ActionKind done =
+          schedule.splits_weight_gradient ? ActionKind::kBackwardWeight : ActionKind::kBackward;
+      for (const Action& action : schedule.actions[static_cast<size_t>(group.rank())]) {
+        if (action.kind == ActionKind::kForward) most = std::max(most, ++ahead);
+        if (action.kind == done) --ahead;
+      }
+      EXPECT_EQ(executor.peak_in_flight(), most) << "rank " << group.rank();
+      // Without W the count is the replay's (the simulator's view of the same list).
+      if (!schedule.splits_weight_gradient)
+        EXPECT_EQ(
+            executor.peak_in_flight(),
+            replay(schedule, uniform_costs(1, 2)).peak_in_flight[static_cast<size_t>(group.rank())])
+            << "rank " << group.rank();
       const bool holds_last = schedule.stage_owner.back() == group.rank();
       if (holds_last)
         EXPECT_EQ(loss, reference_loss);

@@ -1,6 +1,7 @@
 // PipelineExecutor: see executor.hpp.
 #include "lattice/parallel/pipeline/executor.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "lattice/comm/communicator.hpp"
@@ -48,8 +49,21 @@ model::Transformer& PipelineExecutor::stage(int virtual_stage) {
 
 PipelineExecutor::InFlight& PipelineExecutor::in_flight(int virtual_stage, int microbatch) {
   auto [it, fresh] = in_flight_.try_emplace({virtual_stage, microbatch});
-  if (fresh) it->second.saved = stage(virtual_stage).make_activations();
+  if (fresh) {
+    it->second.saved = stage(virtual_stage).make_activations();
+    it->second.gradient_handed_over = virtual_stage == 0;  // the first stage's goes nowhere
+  }
   return it->second;
+}
+
+bool PipelineExecutor::release_if_done(int virtual_stage, int microbatch) {
+  const auto it = in_flight_.find({virtual_stage, microbatch});
+  if (it == in_flight_.end()) return false;
+  InFlight& f = it->second;
+  if (!(f.backward_done && f.weight_done && f.gradient_handed_over)) return false;
+  for (comm::CommHandle& send : f.sends) send.wait();  // they read its tensors
+  in_flight_.erase(it);
+  return true;
 }
 
 int PipelineExecutor::tag(bool backward, int virtual_stage, int microbatch) const {
@@ -68,7 +82,8 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
   const int last = schedule_.num_stages() - 1;
   const float loss_scale = 1.0f / static_cast<float>(m);
   double loss = 0;
-  std::vector<comm::CommHandle> sends;
+  peak_in_flight_ = 0;
+  int forwarded_sets = 0;  // forwarded and not yet freed (every freed set was forwarded)
   for (const Action& action : schedule_.actions[static_cast<size_t>(rank_)]) {
     model::Transformer& model = stage(action.stage);
     const int64_t elements = model.tensor_parallel().local_rows(B * T) * model.config().d_model;
@@ -92,6 +107,8 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
             ctx, f.saved, action.stage == 0 ? batches.tokens[mb] : nullptr, hidden_in,
             action.stage == last ? batches.targets[mb] : nullptr, B, T, loss_scale);
         if (action.stage == last) loss += mean;
+        f.forwarded = true;
+        peak_in_flight_ = std::max(peak_in_flight_, ++forwarded_sets);
         break;
       }
       case ActionKind::kBackward: {
@@ -111,14 +128,21 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
           model.backward_stage_input(ctx, f.saved, d_hidden_out);
         else
           model.backward_stage(ctx, f.saved, d_hidden_out);
+        f.backward_done = true;
+        f.weight_done = !schedule_.splits_weight_gradient;
+        if (action.stage < last && owns(action.stage + 1)) {  // its input gradient was read now
+          in_flight(action.stage + 1, action.microbatch).gradient_handed_over = true;
+          forwarded_sets -= release_if_done(action.stage + 1, action.microbatch) ? 1 : 0;
+        }
         break;
       }
       case ActionKind::kBackwardWeight:
         model.backward_stage_weight(ctx, f.saved);
+        f.weight_done = true;
         break;
       case ActionKind::kSendForward:
-        sends.push_back(pp_.isend(f.saved.hidden_out(), elements, DType::f32, action.peer,
-                                  tag(false, action.stage + 1, action.microbatch)));
+        f.sends.push_back(pp_.isend(f.saved.hidden_out(), elements, DType::f32, action.peer,
+                                    tag(false, action.stage + 1, action.microbatch)));
         break;
       case ActionKind::kRecvForward:
         if (f.hidden_in.numel() != elements)
@@ -127,8 +151,9 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
                                         tag(false, action.stage, action.microbatch));
         break;
       case ActionKind::kSendBackward:
-        sends.push_back(pp_.isend(f.saved.d_hidden_in(), elements, DType::f32, action.peer,
-                                  tag(true, action.stage - 1, action.microbatch)));
+        f.sends.push_back(pp_.isend(f.saved.d_hidden_in(), elements, DType::f32, action.peer,
+                                    tag(true, action.stage - 1, action.microbatch)));
+        f.gradient_handed_over = true;
         break;
       case ActionKind::kRecvBackward:
         if (f.d_hidden_out.numel() != elements)
@@ -137,10 +162,12 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
                                        tag(true, action.stage, action.microbatch));
         break;
     }
+    forwarded_sets -= release_if_done(action.stage, action.microbatch) ? 1 : 0;
   }
-  // Every send done before the activations it read are freed.
-  for (comm::CommHandle& send : sends) send.wait();
-  in_flight_.clear();
+  // A complete schedule (the checker's) leaves nothing in flight.
+  check(in_flight_.empty(), "pipeline rank " + std::to_string(rank_) + " ended its step with " +
+                                std::to_string(in_flight_.size()) +
+                                " activation sets in flight (internal error)");
   return loss;
 }
 

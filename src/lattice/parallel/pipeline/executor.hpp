@@ -39,7 +39,12 @@ class PipelineExecutor {
   // Runs this rank's actions for one step: every microbatch's loss scaled by 1/m, the parameter
   // gradients accumulated into the stages' stores (as m accumulation steps on one rank). Returns
   // the sum over microbatches of their mean losses on the rank holding the last stage, else 0.
+  // A (stage, microbatch)'s activations are freed as soon as the schedule is done with them: after
+  // its backward (its W when split) and the hand-over of its input gradient.
   double run_step(const model::LayerContext& ctx, const Microbatches& batches);
+  // The most (stage, microbatch) activation sets this rank held at once in the last step: forwarded
+  // and not yet freed (the schedule's in-flight count).
+  int peak_in_flight() const { return peak_in_flight_; }
 
   const Schedule& schedule() const { return schedule_; }
 
@@ -50,7 +55,12 @@ class PipelineExecutor {
     Tensor hidden_in;     // the input activations (stages after the first)
     Tensor d_hidden_out;  // the output gradient (stages before the last)
     comm::CommHandle hidden_in_arrival, gradient_arrival;
+    std::vector<comm::CommHandle> sends;  // of its output and its input gradient
+    bool forwarded = false, backward_done = false, weight_done = false;
+    bool gradient_handed_over = false;  // sent, or read by this rank's previous stage (or none)
   };
+  // Frees (stage, microbatch)'s set once it is done (its sends finished first); true if freed.
+  bool release_if_done(int virtual_stage, int microbatch);
   model::Transformer& stage(int virtual_stage);
   bool owns(int virtual_stage) const;
   InFlight& in_flight(int virtual_stage, int microbatch);
@@ -62,6 +72,7 @@ class PipelineExecutor {
   int rank_ = 0;
   std::map<int, model::Transformer*> stages_;  // virtual stage -> its model
   std::map<std::pair<int, int>, InFlight> in_flight_;
+  int peak_in_flight_ = 0;
 };
 
 }  // namespace lattice::pipeline
