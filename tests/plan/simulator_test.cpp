@@ -43,6 +43,34 @@ TEST(Simulator, DeterministicAndFastOn3072Gpus) {
   EXPECT_GT(a.bubble_fraction, 0.0);
 }
 
+TEST(Simulator, UnevenStagesAsLlama3405bWasTrained) {
+  // 126 layers on 16 pipeline stages (Llama 3 405B's layout: tp 8, pp 16): the stages hold 7, 8 x
+  // 14, 7 blocks (pipeline::even_partition), in the memory estimate and in the simulator alike.
+  HardwareCatalog catalog;
+  const ModelSpec model = model_preset("llama3-405b");
+  ASSERT_EQ(model.n_layers, 126);
+  ParallelLayout l;
+  l.tp = 8;
+  l.pp = 16;
+  l.dp = 4;
+  l.global_batch_size = 256;
+  l.recompute = Recompute::kSelective;
+  const MemoryEstimate memory = estimate_memory(model, l);
+  ASSERT_EQ(memory.stages.size(), 16u);
+  const ParameterCount count = count_parameters(model);
+  // A middle rank holds 8 blocks' parameters (its tp shard; a dense MLP counts as one expert),
+  // the second rank as many: no edge. The first rank: 7 blocks and the embedding.
+  const double block = static_cast<double>(count.per_layer_dense + count.per_layer_experts);
+  EXPECT_DOUBLE_EQ(memory.stages[1].parameters, 8 * block / l.tp);
+  EXPECT_DOUBLE_EQ(memory.stages[7].parameters, 8 * block / l.tp);
+  EXPECT_DOUBLE_EQ(memory.stages[0].parameters,
+                   7 * block / l.tp + static_cast<double>(count.embedding) / l.tp);
+  EXPECT_LT(memory.stages[0].activation_bytes, memory.stages[1].activation_bytes);
+  const SimulationResult r = simulate(model, l, catalog.get("h100-sxm"));
+  EXPECT_TRUE(r.replay.completed);
+  EXPECT_GT(r.model_tflops_per_device, 0.0);
+}
+
 TEST(Simulator, MechanismsMoveThroughputTheRightWay) {
   HardwareCatalog catalog;
   const HardwareSpec& a100 = catalog.get("a100-80gb");

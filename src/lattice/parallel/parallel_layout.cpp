@@ -85,9 +85,12 @@ void validate_layout(const model::ModelConfig& model, int64_t seq_len, const Par
           "parallelism.tp = " + str(l.tp) + " exceeds the " + str(devices_per_node) +
               " devices of a node: keep tensor parallelism inside a node");
   const int chunks = l.pp * l.virtual_stages;
-  check(model.n_layers % chunks == 0, "parallelism.pp = " + str(l.pp) + " x virtual stages " +
-                                          str(l.virtual_stages) + " does not divide the " +
-                                          str(model.n_layers) + " layers (model.n_layers)");
+  // Layer counts the stages do not divide split unevenly (pipeline/stage_partition.hpp: the
+  // remainder on the middle stages, e.g. 126 layers on 16 stages).
+  check(model.n_layers >= chunks,
+        "parallelism.pp = " + str(l.pp) + " x virtual stages " + str(l.virtual_stages) + " = " +
+            str(chunks) + " stages need at least one block each, but the model has " +
+            str(model.n_layers) + " layers (model.n_layers): lower pp or the virtual stages");
   check(seq_len % l.cp == 0, "parallelism.cp = " + str(l.cp) +
                                  " does not divide the sequence length " + str(seq_len) +
                                  " (training.seq_len)");

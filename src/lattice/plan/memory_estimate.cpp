@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/parallel/pipeline/stage_partition.hpp"
 
 namespace lattice::plan {
 
@@ -73,11 +74,13 @@ double stage_bytes_per_layer(const ModelSpec& m, const ParallelLayout& l, int st
   if (l.recompute != Recompute::kFull || l.recompute_interval <= 1)
     return layer_activation_bytes(m, l, l.recompute);
   const model::ActivationCheckpoint checkpoint = l.activation_checkpoint();
-  const int64_t per_chunk = m.n_layers / (l.pp * l.virtual_stages);
+  const pipeline::StagePartition partition =
+      pipeline::even_partition(m.n_layers, l.pp * l.virtual_stages);
   int64_t layers = 0, recomputed = 0;
   for (int chunk : virtual_stages_of(l, stage)) {
-    layers += per_chunk;
-    recomputed += checkpoint.full_blocks_in(chunk * per_chunk, per_chunk);
+    layers += partition.layers(chunk);
+    recomputed += checkpoint.full_blocks_in(partition.first[static_cast<size_t>(chunk)],
+                                            partition.layers(chunk));
   }
   const double full = layer_activation_bytes(m, l, Recompute::kFull);
   const double kept = layer_activation_bytes(m, l, Recompute::kNone);
@@ -121,8 +124,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ParallelLayout& l) {
   validate_layout(m, l);
   const ParameterCount count = count_parameters(m);
   const double t = l.tp;
-  const double layers_per_rank = static_cast<double>(m.n_layers) / l.pp;
-  const double layers_per_chunk = layers_per_rank / l.virtual_stages;
+  // Each rank's layers: its virtual stages' blocks, split as the trainer splits them (the remainder
+  // of a layer count the stages do not divide on the middle stages).
+  const pipeline::StagePartition partition =
+      pipeline::even_partition(m.n_layers, l.pp * l.virtual_stages);
   const int dense_shards = l.dp * l.cp;
   const int expert_shards = std::max(1, dense_shards / l.ep);
   const double s = static_cast<double>(m.seq_len) / l.cp;
@@ -132,6 +137,10 @@ MemoryEstimate estimate_memory(const ModelSpec& m, const ParallelLayout& l) {
   for (int stage = 0; stage < l.pp; ++stage) {
     StageMemory mem;
     mem.stage = stage;
+    double layers_per_rank = 0;
+    for (int chunk : virtual_stages_of(l, stage))
+      layers_per_rank += static_cast<double>(partition.layers(chunk));
+    const double layers_per_chunk = layers_per_rank / l.virtual_stages;
     // ZB-V folds the pipeline into a V: the first and the last virtual stage both live on rank 0.
     const bool v_shape = l.pp > 1 && l.schedule == pipeline::ScheduleKind::kZeroBubbleV;
     const bool first = stage == 0;

@@ -5,6 +5,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/parallel/pipeline/checker.hpp"
+#include "lattice/parallel/pipeline/stage_partition.hpp"
 #include "lattice/plan/compute_estimate.hpp"
 
 namespace lattice::plan {
@@ -23,15 +24,20 @@ SimulationResult simulate(const ModelSpec& model, const ParallelLayout& layout,
   const EdgeCosts edge = edge_costs(model, layout, hw, cost);
   const double transfer = pipeline_transfer_seconds(model, layout, hw, cost);
   const int stages = r.schedule.num_stages();
+  // The mean layers per virtual stage (rank-level totals below), and each stage's own count:
+  // layer counts the stages do not divide split as the trainer splits them (the remainder on the
+  // middle stages).
   const double layers_per_stage = static_cast<double>(model.n_layers) / stages;
+  const pipeline::StagePartition partition = pipeline::even_partition(model.n_layers, stages);
   const bool split = r.schedule.splits_weight_gradient;
 
   // Durations of F, B and W per virtual stage.
   std::vector<double> forward(stages), backward(stages), weight(stages);
   for (int stage = 0; stage < stages; ++stage) {
-    forward[stage] = layers_per_stage * layer.forward();
-    const double input_grad = layers_per_stage * (layer.backward_input + layer.recompute);
-    const double weight_grad = layers_per_stage * layer.backward_weight;
+    const auto layers_here = static_cast<double>(partition.layers(stage));
+    forward[stage] = layers_here * layer.forward();
+    const double input_grad = layers_here * (layer.backward_input + layer.recompute);
+    const double weight_grad = layers_here * layer.backward_weight;
     if (stage == 0) {
       forward[stage] += edge.embedding_forward;
       backward[stage] += edge.embedding_backward;
