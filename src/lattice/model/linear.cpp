@@ -69,9 +69,9 @@ void LinearActivations::release() {
 }
 
 void Linear::keep_bf16(const LayerContext& ctx, LinearActivations& saved, int64_t rows,
-                       kernels::Bf16Operands& keep) {
+                       int64_t first, kernels::Bf16Operands& keep) {
   ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
-  keep.in = saved.in16.data<lattice::bf16>();
+  keep.in = saved.in16.data<lattice::bf16>() + first * in_;
   keep.weight = store_->bf16_value(weight_);
   saved.rounded_rows = rows;
 }
@@ -83,16 +83,7 @@ kernels::WeightOperand Linear::weight_operand(const LayerContext& ctx) {
 
 void Linear::forward(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
                      int64_t rows) {
-  const float* bias = forward_bias();
-  kernels::Bf16Operands keep;
-  saved.rounded_from = nullptr;
-  saved.prepared = false;
-  if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0) {
-    keep_bf16(ctx, saved, rows, keep);
-    saved.rounded_from = in;
-  }
-  ctx.ops.linear_forward(out, in, store_->value(weight_), bias, rows, in_, out_, ctx.precision,
-                         keep);
+  forward_rows(ctx, saved, out, in, rows, 0, rows);
 }
 
 void Linear::forward_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
@@ -107,19 +98,14 @@ void Linear::forward_rows(const LayerContext& ctx, LinearActivations& saved, flo
 void Linear::forward_piece(const LayerContext& ctx, LinearActivations& saved, float* out,
                            const float* in, int64_t rows, int64_t first, int64_t count) {
   check_row_piece(rows, first, count);
-  const float* bias = forward_bias();
   kernels::Bf16Operands keep;
   saved.prepared = false;
   saved.rounded_from = nullptr;
-  if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0) {
-    ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
-    keep.in = saved.in16.data<lattice::bf16>() + first * in_;
-    keep.weight = store_->bf16_value(weight_);
-    saved.rounded_rows = rows;
-  }
+  if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0)
+    keep_bf16(ctx, saved, rows, first, keep);
   if (count == 0) return;
-  ctx.ops.linear_forward(out, in, store_->value(weight_), bias, count, in_, out_, ctx.precision,
-                         keep);
+  ctx.ops.linear_forward(out, in, store_->value(weight_), forward_bias(), count, in_, out_,
+                         ctx.precision, keep);
 }
 
 void Linear::forward_prepared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
@@ -128,16 +114,14 @@ void Linear::forward_prepared_rows(const LayerContext& ctx, LinearActivations& s
   check(saved.in16.shape() == Shape{rows, in_},
         "Linear::forward_prepared_rows without prepare_bf16_input for " + std::to_string(rows) +
             " rows (internal error)");
-  const float* bias = forward_bias();
   kernels::Bf16Operands keep;
-  keep.in = saved.in16.data<lattice::bf16>() + first * in_;
-  keep.weight = store_->bf16_value(weight_);
-  saved.rounded_rows = rows;
+  keep_bf16(ctx, saved, rows, first, keep);
   saved.rounded_from = nullptr;
   saved.prepared = true;
   if (count == 0) return;
-  ctx.ops.linear_forward(out + first * out_, nullptr, store_->value(weight_), bias, count, in_,
-                         out_, ctx.precision, keep);
+  // No fp32 input: the backend reads the prepared bf16 one.
+  ctx.ops.linear_forward(out + first * out_, nullptr, store_->value(weight_), forward_bias(), count,
+                         in_, out_, ctx.precision, keep);
 }
 
 lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, LinearActivations& saved,
@@ -159,17 +143,7 @@ lattice::bf16* Linear::refill_prepared_input(const LayerContext& ctx, LinearActi
 
 void Linear::forward_prepared(const LayerContext& ctx, LinearActivations& saved, float* out,
                               int64_t rows) {
-  check(saved.in16.shape() == Shape{rows, in_},
-        "Linear::forward_prepared without prepare_bf16_input for " + std::to_string(rows) +
-            " rows (internal error)");
-  const float* bias = forward_bias();
-  kernels::Bf16Operands keep;
-  keep_bf16(ctx, saved, rows, keep);
-  saved.rounded_from = nullptr;
-  saved.prepared = true;
-  // No fp32 input: the backend reads the prepared bf16 one.
-  ctx.ops.linear_forward(out, nullptr, store_->value(weight_), bias, rows, in_, out_, ctx.precision,
-                         keep);
+  forward_prepared_rows(ctx, saved, out, rows, 0, rows);
 }
 
 const lattice::bf16* Linear::prepared_input(const LayerContext& ctx, LinearActivations& saved,

@@ -136,7 +136,8 @@ class Linear {
   bool adds_bias_ = true;  // false on the tp ranks but 0 of a row-split layer
   // The bias the forward adds (null when none, or not on this rank).
   const float* forward_bias() const;
-  void keep_bf16(const LayerContext& ctx, LinearActivations& saved, int64_t rows,
+  // The kept bf16 input sized for `rows` rows, as the backend's operand from row `first` on.
+  void keep_bf16(const LayerContext& ctx, LinearActivations& saved, int64_t rows, int64_t first,
                  kernels::Bf16Operands& keep);
   // forward_prepared's bookkeeping for a fused forward: the prepared bf16 input of `rows` rows.
   const lattice::bf16* prepared_input(const LayerContext& ctx, LinearActivations& saved,

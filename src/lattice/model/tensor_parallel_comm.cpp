@@ -17,22 +17,26 @@ comm::Communicator& communicator(const TensorParallelGroup& tp) {
   return *tp.comm;
 }
 
-// Runs `collective` and adds its wall time to *tp.comm_seconds.
-template <typename Collective>
-void timed(const TensorParallelGroup& tp, Collective&& collective) {
-  const auto start = std::chrono::steady_clock::now();
-  collective(communicator(tp));
+// Adds the wall time since `start` to *tp.comm_seconds (when set).
+void add_exposed_time(const TensorParallelGroup& tp, std::chrono::steady_clock::time_point start) {
   if (tp.comm_seconds)
     *tp.comm_seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Runs a blocking `collective`: all of its time is exposed.
+template <typename Collective>
+void timed(const TensorParallelGroup& tp, Collective&& collective) {
+  const auto start = std::chrono::steady_clock::now();
+  collective(communicator(tp));
+  add_exposed_time(tp, start);
+}
+
 void check_sequence_rows(const TensorParallelGroup& tp, int64_t rows) {
   check(tp.sequence_parallel && rows % tp.size == 0,
-        "sequence-parallel rows: " + std::to_string(rows) +
-            " rows over tp = " + std::to_string(tp.size) +
-            " without sequence parallelism or not divisible (internal "
-            "error)");
+        "sequence-parallel collective over " + std::to_string(rows) +
+            " rows and tp = " + std::to_string(tp.size) +
+            " without sequence parallelism, or rows not divisible by tp (internal error)");
 }
 
 }  // namespace
@@ -79,8 +83,7 @@ TpCollective TpCollective::reduce(const TensorParallelGroup& tp, float* out, flo
                                   int64_t rows, int64_t width) {
   if (!tp.sequence_parallel) {
     check(out == partial,
-          "TpCollective::reduce without sequence parallelism is in place "
-          "(internal error)");
+          "TpCollective::reduce without sequence parallelism is in place (internal error)");
     return all_reduce(tp, partial, rows * width);
   }
   check_sequence_rows(tp, rows);
@@ -180,9 +183,7 @@ void TpCollective::wait() {
   pending_ = false;
   const auto start = std::chrono::steady_clock::now();
   handle_.wait();
-  if (tp_->comm_seconds)
-    *tp_->comm_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  add_exposed_time(*tp_, start);
 }
 
 ReplicatedGradients::ReplicatedGradients(const TensorParallelGroup& tp, kernels::Ops& ops,

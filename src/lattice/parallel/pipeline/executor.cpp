@@ -107,7 +107,6 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
             ctx, f.saved, action.stage == 0 ? batches.tokens[mb] : nullptr, hidden_in,
             action.stage == last ? batches.targets[mb] : nullptr, B, T, loss_scale);
         if (action.stage == last) loss += mean;
-        f.forwarded = true;
         peak_in_flight_ = std::max(peak_in_flight_, ++forwarded_sets);
         break;
       }

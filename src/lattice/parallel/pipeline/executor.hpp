@@ -56,7 +56,7 @@ class PipelineExecutor {
     Tensor d_hidden_out;  // the output gradient (stages before the last)
     comm::CommHandle hidden_in_arrival, gradient_arrival;
     std::vector<comm::CommHandle> sends;  // of its output and its input gradient
-    bool forwarded = false, backward_done = false, weight_done = false;
+    bool backward_done = false, weight_done = false;
     bool gradient_handed_over = false;  // sent, or read by this rank's previous stage (or none)
   };
   // Frees (stage, microbatch)'s set once it is done (its sends finished first); true if freed.
