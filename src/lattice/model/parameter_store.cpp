@@ -67,6 +67,11 @@ int ParameterStore::declare_shard(std::string name, Shape global_shape, TensorSh
   return static_cast<int>(params_.size()) - 1;
 }
 
+void ParameterStore::hold_along(mesh::Axis axis) {
+  check(values_.empty(), "parameter placements changed after the store was allocated");
+  for (ParameterInfo& p : params_) p.replicated = p.replicated.without(axis);
+}
+
 void ParameterStore::allocate(MemoryTracker* tracker) {
   values_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::parameters);
   grads_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::gradients);

@@ -72,6 +72,14 @@ struct ParameterInfo {
   InitKind init = InitKind::normal;
   bool weight_decay = true;  // matrices and embeddings decay; biases and norm weights do not
   std::string init_stream;   // the name whose random stream initialises it (its own by default)
+
+  // A copy of another parameter held by another store: a tied head's weight on a last pipeline
+  // stage without the embedding, which starts as (init_stream), is read from checkpoints as, and
+  // is counted in the gradient norm as that parameter (its gradient is summed with the
+  // original's, so the two stay equal).
+  bool is_copy() const { return init_stream != name; }
+  // The name a checkpoint holds this parameter under (the original's, for a copy).
+  const std::string& stored_name() const { return init_stream; }
 };
 
 class ParameterStore {
@@ -89,6 +97,9 @@ class ParameterStore {
   int declare_shard(std::string name, Shape global_shape, TensorShard shard,
                     mesh::AxisSet replicated, InitKind init, bool weight_decay,
                     std::string init_stream = "");
+  // Every parameter declared so far is held by this rank alone along `axis` (a pipeline stage's
+  // parameters: the other ranks of the pp axis hold other stages). Only before allocate().
+  void hold_along(mesh::Axis axis);
   // Allocates the flat parameter and gradient buffers (zero-filled).
   void allocate(MemoryTracker* tracker);
   bool allocated() const { return !values_.empty() || total_ == 0; }

@@ -92,6 +92,8 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
                   config_.tied_embeddings ? embedding_name : "", tp);
     head_unit_ = close_unit(true);
   }
+  // One pipeline stage of several: no other rank of the pp axis holds these parameters.
+  if (!has_embedding() || !has_head()) params_.hold_along(mesh::Axis::pp);
 }
 
 Transformer::~Transformer() = default;

@@ -65,6 +65,8 @@ class Transformer {
   int64_t block_count() const { return static_cast<int64_t>(blocks_.size()); }
   const Block& block(int64_t i) const { return *blocks_.at(static_cast<size_t>(i)); }
   const LmHead& head() const { return *head_; }
+  // The token embedding's parameter index (on the first stage; -1 elsewhere).
+  int token_embedding_weight() const { return embedding_ ? embedding_->token_weight() : -1; }
   // The tensor-parallel group the layers were built with (size 1 without tensor parallelism).
   const TensorParallelGroup& tensor_parallel() const { return tp_; }
 

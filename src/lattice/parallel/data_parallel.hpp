@@ -74,6 +74,10 @@ class DataParallel final : public model::ModelHooks {
 
   // Before each micro-batch's forward; `last` marks the micro-batch whose backward reduces.
   void begin_micro_batch(bool first, bool last);
+  // The bucket holding parameter unit `unit` is reduced by finish_gradients() only, not during
+  // the last backward: the caller completes its gradients after the backward (a tied weight's
+  // gradient summed across pipeline stages).
+  void hold_reduction(int unit) { reduction_.hold(layout_.bucket_of_unit(unit)); }
   // Waits for every bucket's reduction; returns the global gradient norm (the same on all ranks).
   double finish_gradients();
   // AdamW at learning rate lr with global-norm clipping from `norm`; then the parameter gathers

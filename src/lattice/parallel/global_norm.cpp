@@ -35,17 +35,25 @@ NormClasses::NormClasses(const model::ParameterStore& store, const mesh::AxisGro
   for (const auto& p : params)
     of_param.push_back(
         mesh::AxisSet::from_bits(p.replicated.complement().bits() & partition.bits()));
-  axes_ = of_param;
+  // A copy of another store's parameter (a tied head on the last stage) is counted there only.
+  bool copies = false;
+  axes_.clear();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].is_copy())
+      copies = true;
+    else
+      axes_.push_back(of_param[i]);
+  }
   std::sort(axes_.begin(), axes_.end(),
             [](mesh::AxisSet a, mesh::AxisSet b) { return a.bits() < b.bits(); });
   axes_.erase(std::unique(axes_.begin(), axes_.end()), axes_.end());
-  if (axes_.size() <= 1) {  // one class: the plain chunked sum (runs_ stays empty)
-    if (axes_.empty()) axes_.push_back(mesh::AxisSet{});
-    return;
-  }
+  if (axes_.empty()) axes_.push_back(mesh::AxisSet{});
+  if (axes_.size() == 1 && !copies) return;  // one class: the plain chunked sum (no runs)
   for (size_t i = 0; i < params.size(); ++i) {
     const int cls =
-        static_cast<int>(std::find(axes_.begin(), axes_.end(), of_param[i]) - axes_.begin());
+        params[i].is_copy()
+            ? kUncounted
+            : static_cast<int>(std::find(axes_.begin(), axes_.end(), of_param[i]) - axes_.begin());
     const int64_t begin = i == 0 ? 0 : params[i].offset;
     const int64_t end = i + 1 < params.size() ? params[i + 1].offset : store.size();
     if (!runs_.empty() && runs_.back().cls == cls)
@@ -76,7 +84,7 @@ void shard_chunk_sums(kernels::Ops& ops, const Bucket& bucket, int rank, const f
     partials.resize(base + count, 0.0);
     for (; run != runs.end() && run->begin < hi; ++run) {
       const int64_t a = std::max(lo, run->begin), e = std::min(hi, run->end);
-      if (a < e)
+      if (a < e && run->cls != NormClasses::kUncounted)
         partials[base + static_cast<size_t>(run->cls)] +=
             sum_of_squares(ops, data + (a - begin), e - a);
       if (run->end > hi) break;  // continues into the next chunk

@@ -33,8 +33,9 @@ inline constexpr mesh::AxisSet kModelPartitionAxes = {mesh::Axis::tp, mesh::Axis
                                                       mesh::Axis::ep};
 
 // Which class each element of the flat buffer belongs to: the model-partition axes (of more than
-// one rank) its parameter is not replicated over. A default NormClasses is one class added over no
-// axis.
+// one rank) its parameter is not replicated over; a copy of another store's parameter
+// (ParameterInfo::is_copy) belongs to none and is not counted. A default NormClasses is one class
+// added over no axis.
 class NormClasses {
  public:
   NormClasses() = default;
@@ -46,7 +47,9 @@ class NormClasses {
   // The axes class `k` is added over.
   mesh::AxisSet axes(int k) const { return axes_.at(static_cast<size_t>(k)); }
 
-  // Consecutive element ranges of one class, covering the store in buffer order.
+  // The class of the elements the norm does not count (copies of another store's parameter).
+  static constexpr int kUncounted = -1;
+  // Consecutive element ranges of one class (or kUncounted), covering the store in buffer order.
   struct Run {
     int64_t begin = 0, end = 0;
     int cls = 0;

@@ -14,6 +14,7 @@ struct GradientReduction::BucketState {
   comm::CommHandle reduction;
   bool reducing = false;
   bool grads_resident = true;  // stages 2-3: the model's gradient pages hold this bucket
+  bool held = false;           // reduced by finish() only
 };
 
 GradientReduction::GradientReduction(kernels::Ops& ops, model::ParameterStore& store,
@@ -69,6 +70,10 @@ void GradientReduction::before_backward(int b) {
   s.grads_resident = true;
 }
 
+void GradientReduction::hold(int b) {
+  state_.at(static_cast<size_t>(b))->held = true;
+}
+
 void GradientReduction::after_backward(int b) {
   if (last_micro_) launch(b);
 }
@@ -76,7 +81,7 @@ void GradientReduction::after_backward(int b) {
 void GradientReduction::launch(int b) {
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   BucketState& s = *state_[static_cast<size_t>(b)];
-  if (s.reducing) return;
+  if (s.reducing || (s.held && !finishing_)) return;
   comm::Communicator& shard = *groups_.shard;
   const int64_t padded = bucket.shard * shard.size();
   // Stage 0 keeps its reduction buffers from step to step (as DDP keeps its buckets): allocating
@@ -117,7 +122,9 @@ void GradientReduction::launch(int b) {
 }
 
 double GradientReduction::finish() {
+  finishing_ = true;
   for (size_t b = 0; b < state_.size(); ++b) launch(static_cast<int>(b));
+  finishing_ = false;
   for (size_t b = 0; b < state_.size(); ++b) {
     BucketState& s = *state_[b];
     clock_.wait(s.reduction);

@@ -46,6 +46,9 @@ class GradientReduction {
   void before_backward(int b);
   // Every gradient of bucket `b` is final (on the last micro-batch: start its reduction).
   void after_backward(int b);
+  // Bucket `b` is reduced by finish() only, not during backward: its gradients are completed after
+  // the backward (a tied weight's, summed across pipeline stages first).
+  void hold(int b);
   // Starts every reduction not yet started, waits for all (and the HSDP allreduce) and returns the
   // global gradient norm of the reduced gradients (the same on every rank).
   double finish();
@@ -68,6 +71,7 @@ class GradientReduction {
   std::vector<std::unique_ptr<BucketState>> state_;
   Tensor shard_grads_;  // stages 1-3: this rank's reduced gradient shards
   bool last_micro_ = true;
+  bool finishing_ = false;  // inside finish(): held buckets launch too
 };
 
 }  // namespace lattice::parallel

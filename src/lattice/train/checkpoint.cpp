@@ -88,7 +88,7 @@ std::vector<bool> check_placements(const SafetensorsFile& file, const std::strin
     Shape global;
     model::TensorShard shard;
     try {
-      const nlohmann::json& entry = j.at(p.name);
+      const nlohmann::json& entry = j.at(p.stored_name());
       global = entry.at("global_shape").get<Shape>();
       shard.dim = entry.at("shard").at("dim").get<int>();
       shard.index = entry.at("shard").at("index").get<int>();
@@ -128,17 +128,18 @@ void prune_checkpoints(const fs::path& folder, int64_t keep_latest) {
     fs::remove_all(steps[i]);
 }
 
-// Reads the stored tensor of `p` (named prefix + p.name) into `dst`, the store's tensor: as is,
-// or, with `slice`, this store's slice of the stored logical tensor.
+// Reads the stored tensor of `p` (named prefix + p.stored_name()) into `dst`, the store's tensor:
+// as is, or, with `slice`, this store's slice of the stored logical tensor.
 void read_parameter(const SafetensorsFile& file, const std::string& prefix,
                     const model::ParameterInfo& p, bool slice, float* dst,
                     std::vector<float>& scratch) {
+  // A copy of another stage's parameter (a tied head) is stored as that parameter.
   if (!slice) {
-    file.read_f32(prefix + p.name, dst, p.numel);
+    file.read_f32(prefix + p.stored_name(), dst, p.numel);
     return;
   }
   scratch.resize(static_cast<size_t>(shape_numel(p.global_shape)));
-  file.read_f32(prefix + p.name, scratch.data(), shape_numel(p.global_shape));
+  file.read_f32(prefix + p.stored_name(), scratch.data(), shape_numel(p.global_shape));
   parallel::take_slice(p, scratch.data(), dst);
 }
 
@@ -251,6 +252,17 @@ std::string save_checkpoint(const std::string& run_dir, const model::Transformer
   const auto logical = model::Transformer::declared_only(model.config(), model.stage_range());
   return save_checkpoint(run_dir, model.config(), model.parameters(), optimizer, state, config_toml,
                          keep_latest, logical->parameters(), tp);
+}
+
+std::string save_whole_checkpoint(const std::string& run_dir, const model::ModelConfig& config,
+                                  const model::ParameterStore& whole, const float* values,
+                                  const float* exp_avg, const float* exp_avg_sq,
+                                  int64_t optimizer_steps, const TrainerState& state,
+                                  const std::string& config_toml, int64_t keep_latest) {
+  check(!parallel::has_tensor_parallel_slices(whole),
+        "save_whole_checkpoint: the store holds tensor-parallel slices (internal error)");
+  return write_checkpoint(run_dir, config, whole, values, exp_avg, exp_avg_sq, optimizer_steps,
+                          state, config_toml, keep_latest);
 }
 
 std::string latest_checkpoint(const std::string& run_dir) {

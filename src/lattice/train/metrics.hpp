@@ -1,7 +1,7 @@
 // Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory,
-// data- and tensor-parallel communication), the JSONL record of the same scalars, a progress bar
-// with ETA on terminals, and the GEMM
-// calibration that measures the peak FLOP/s MFU is taken against when the config gives none.
+// data-, tensor- and pipeline-parallel communication, the pipeline bubble), the JSONL record of the
+// same scalars, a progress bar with ETA on terminals, and the GEMM calibration that measures the
+// peak FLOP/s MFU is taken against when the config gives none.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +28,9 @@ struct StepMetrics {
   // Tensor parallelism: the wall time of this rank's tp all-reduces in the step (blocking, so all
   // of it exposed).
   std::optional<double> tp_comm_seconds;
+  // Pipeline parallelism: the measured bubble (the pipeline ranks' idle share of the step:
+  // 1 - mean busy / longest step) and this rank's exposed point-to-point wait in the step.
+  std::optional<double> pp_bubble, pp_wait_seconds;
 };
 
 // Model FLOP/s of a square GEMM at the given precision, the best of at least 8 runs over at least

@@ -2,6 +2,7 @@
 #include "lattice/train/train_config.hpp"
 
 #include <toml++/toml.h>
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -11,6 +12,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/data/dataset_manifest.hpp"
 #include "lattice/data/token_dataset.hpp"
+#include "lattice/parallel/pipeline/stage_partition.hpp"
 
 namespace lattice::train {
 
@@ -77,6 +79,18 @@ std::vector<std::string> as_string_list(const toml::node& node, const std::strin
   return out;
 }
 
+std::vector<int64_t> as_int_list(const toml::node& node, const std::string& key) {
+  std::vector<int64_t> out;
+  auto arr = node.as_array();
+  if (!arr) wrong_type(key, "an array of integers", node);
+  for (const auto& item : *arr) {
+    auto v = item.as_integer();
+    if (!v) wrong_type(key, "an array of integers", item);
+    out.push_back(v->get());
+  }
+  return out;
+}
+
 template <class T>
 KeySpec int_key(T TrainConfig::*member) {
   return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
@@ -118,6 +132,16 @@ KeySpec list_key(std::vector<std::string> TrainConfig::*member) {
           [member](const TrainConfig& c, toml::table& t, const std::string& name) {
             toml::array arr;
             for (const auto& s : c.*member) arr.push_back(s);
+            t.insert_or_assign(name, arr);
+          }};
+}
+KeySpec int_list_key(std::vector<int64_t> TrainConfig::*member) {
+  return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.*member = as_int_list(n, k);
+          },
+          [member](const TrainConfig& c, toml::table& t, const std::string& name) {
+            toml::array arr;
+            for (int64_t v : c.*member) arr.push_back(v);
             t.insert_or_assign(name, arr);
           }};
 }
@@ -234,6 +258,11 @@ const Schema& schema() {
         {"tp", int_key(&TrainConfig::tp)},
         {"sequence_parallel", bool_key(&TrainConfig::sequence_parallel)},
         {"pp", int_key(&TrainConfig::pp)},
+        {"pipeline_schedule", string_key(&TrainConfig::pipeline_schedule)},
+        {"virtual_stages", int_key(&TrainConfig::virtual_stages)},
+        {"pipeline_layers", int_list_key(&TrainConfig::pipeline_layers)},
+        {"pipeline_partition", string_key(&TrainConfig::pipeline_partition)},
+        {"pipeline_schedule_file", string_key(&TrainConfig::pipeline_schedule_file)},
         {"cp", int_key(&TrainConfig::cp)},
         {"ep", int_key(&TrainConfig::ep)},
         {"zero", int_key(&TrainConfig::zero)},
@@ -377,6 +406,45 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
             std::to_string(c.model.n_kv_heads));
 }
 
+// The pipeline keys: the schedule's name, its virtual stages (0: the schedule's own, 2 for the
+// interleaved and V schedules, else 1), the partition, and what pipelines cannot do yet.
+void resolve_pipeline_keys(TrainConfig& c) {
+  const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(c.pipeline_schedule);
+  check(c.virtual_stages >= 0,
+        "parallelism.virtual_stages must not be negative (0: the "
+        "schedule's own: 2 for interleaved and zb-v, else 1)");
+  if (c.virtual_stages == 0)
+    c.virtual_stages =
+        kind == pipeline::ScheduleKind::kInterleaved || kind == pipeline::ScheduleKind::kZeroBubbleV
+            ? 2
+            : 1;
+  check(c.pipeline_partition == "even" || c.pipeline_partition == "balanced",
+        "parallelism.pipeline_partition '" + c.pipeline_partition +
+            "' is unknown: use \"even\" or \"balanced\" (or list the blocks per stage in "
+            "parallelism.pipeline_layers)");
+  if (c.pp == 1) {
+    check(c.pipeline_layers.empty() && c.pipeline_schedule_file.empty(),
+          "parallelism.pipeline_layers and pipeline_schedule_file need pp > 1: set parallelism.pp "
+          "or remove them");
+    return;
+  }
+  check(c.pipeline_layers.empty() ||
+            static_cast<int64_t>(c.pipeline_layers.size()) == c.pp * c.virtual_stages,
+        "parallelism.pipeline_layers lists " + std::to_string(c.pipeline_layers.size()) +
+            " stages, the pipeline has pp x virtual_stages = " +
+            std::to_string(c.pp * c.virtual_stages) + ": list one block count per stage");
+  check(c.zero < 3,
+        "parallelism.zero = 3 with pp > 1 is refused: ZeRO-3 would gather every stage's weights "
+        "again for each microbatch's forward and backward (m times the traffic of a step, as "
+        "DeepSpeed also refuses); use zero 1 or 2 with a pipeline");
+  if (!c.pipeline_schedule_file.empty()) {
+    check(std::filesystem::exists(c.pipeline_schedule_file), "parallelism.pipeline_schedule_file " +
+                                                                 c.pipeline_schedule_file +
+                                                                 " does not exist: check the path");
+    c.pipeline_schedule_file = std::filesystem::absolute(c.pipeline_schedule_file).string();
+  }
+}
+
 // Layouts the validator accepts but this trainer cannot run yet: one line each, naming the issue
 // that brings the axis.
 void refuse_unavailable_parallelism(const TrainConfig& c) {
@@ -386,8 +454,7 @@ void refuse_unavailable_parallelism(const TrainConfig& c) {
     const char* what;
   };
   for (const Axis& axis :
-       {Axis{"pp", c.pp, "pipeline parallelism comes with the pipeline-execution issue (#22"},
-        Axis{"cp", c.cp, "context parallelism comes with the ring-attention issue (#23"},
+       {Axis{"cp", c.cp, "context parallelism comes with the ring-attention issue (#23"},
         Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue (#24"}})
     check(axis.value == 1, std::string("parallelism.") + axis.key + " = " +
                                std::to_string(axis.value) + " is not available yet: " + axis.what +
@@ -470,8 +537,11 @@ void TrainConfig::finalize() {
             ") must equal micro_batch_size (" + std::to_string(micro_batch_size) +
             ") × gradient_accumulation_steps (" + std::to_string(gradient_accumulation_steps) +
             ") × dp (" + std::to_string(dp) + "): give only two of the three");
+  resolve_pipeline_keys(*this);
   // The one layout check the planner runs too, then what this trainer cannot run yet.
   parallel::validate_layout(model, seq_len, layout());
+  if (!pipeline_layers.empty())
+    pipeline::listed_partition(pipeline_layers, model.n_layers);  // its one-line refusals
   refuse_unavailable_parallelism(*this);
   refuse_tensor_parallel_misfit(*this);
 }
@@ -482,6 +552,10 @@ parallel::ParallelLayout TrainConfig::layout() const {
   l.tp = static_cast<int>(tp);
   l.sequence_parallel = sequence_parallel;
   l.pp = static_cast<int>(pp);
+  if (pp > 1) {
+    l.schedule = pipeline::parse_schedule_kind(pipeline_schedule);
+    l.virtual_stages = static_cast<int>(std::max<int64_t>(1, virtual_stages));
+  }
   l.cp = static_cast<int>(cp);
   l.ep = static_cast<int>(ep);
   l.zero_stage = static_cast<int>(zero);

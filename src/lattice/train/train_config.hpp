@@ -43,13 +43,22 @@ struct TrainConfig {
   optim::DecayKind decay = optim::DecayKind::cosine;
   float min_lr_ratio = 0.1f;
   // [parallelism] The world is dp x tp x pp x cp ranks (dp = -1: the rest of the launcher's world
-  // size), with ZeRO stage `zero` (0-3). tp, pp, cp and ep are refused above 1 until their issues
-  // land.
+  // size), with ZeRO stage `zero` (0-3). cp and ep are refused above 1 until their issues land.
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
-  double bucket_mb = 25;         // gradient bucket size (MiB of fp32 gradients)
+  // Pipeline parallelism (pp > 1): the schedule (gpipe, 1f1b, interleaved, zb-h1, zb-v; its
+  // microbatches are training.gradient_accumulation_steps), virtual stages per rank (0: the
+  // schedule's own), the blocks of each virtual stage (empty: by pipeline_partition, "even" or
+  // "balanced" by cost), and a schedule file (JSON or CSV action lists) that replaces the
+  // generated schedule.
+  std::string pipeline_schedule = "1f1b";
+  int64_t virtual_stages = 0;
+  std::vector<int64_t> pipeline_layers;
+  std::string pipeline_partition = "even";
+  std::string pipeline_schedule_file;
+  double bucket_mb = 25;           // gradient bucket size (MiB of fp32 gradients)
   bool sequence_parallel = false;  // with tp > 1: norms and residuals on each rank's sequence rows
-  bool check_replicas = false;   // verify after each step that replicated parameters agree
-  std::string backend = "auto";  // "auto" (mpi under a launcher, else local), "local" or "mpi"
+  bool check_replicas = false;     // verify after each step that replicated parameters agree
+  std::string backend = "auto";    // "auto" (mpi under a launcher, else local), "local" or "mpi"
   double baseline_tokens_per_second = 0;  // single-rank rate for the DP scaling efficiency; 0: none
   int64_t hsdp_shard_size =
       0;                    // HSDP: shard the state within groups of this many dp ranks (0: all)

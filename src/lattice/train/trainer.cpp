@@ -28,7 +28,7 @@ namespace fs = std::filesystem;
 namespace {
 
 // The whole layout from [parallelism] (the validator's type): the world is pp x dp x cp x tp
-// ranks (ep carved out of dp x cp). dp and tp train in parallel; the config refuses pp, cp and
+// ranks (ep carved out of dp x cp). dp, tp and pp train in parallel; the config refuses cp and
 // ep > 1 until their issues land.
 mesh::MeshShape layout_of(const TrainConfig& config) {
   return config.layout().mesh_shape();
@@ -78,34 +78,46 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
   model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &tp_comm_seconds_};
   tp_group.sequence_parallel = config_.sequence_parallel;
-  model_ =
-      std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{}, tp_group);
-  model_->set_activation_checkpointing(config_.activation_checkpoint);
-  model_->initialize(config_.seed);
   parallel::DataParallelSettings settings;
   settings.zero_stage = static_cast<int>(config_.zero);
   settings.bucket_elements =
       std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024 * 1024 / 4));
   settings.check_replicas = config_.check_replicas;
   settings.offload_dir = config_.offload_dir;
-  dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings, config_.adamw,
-                                                 &tracker_);
-  // bf16: the GEMMs read the weights' bf16 copies, rounded once per optimizer step (2 bytes per
-  // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
-  if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
-    model_->parameters().keep_bf16_copies(&tracker_);
+  if (shape.pp > 1) {
+    // Pipeline parallelism: this rank's virtual stages, each with its data parallelism (bf16
+    // copies kept as below; the config refuses ZeRO-3 with a pipeline).
+    pipeline_ =
+        std::make_unique<PipelineRank>(config_, *mesh_, *ops_, &tracker_, tp_group, settings);
+  } else {
+    model_ = std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{},
+                                                  tp_group);
+    model_->set_activation_checkpointing(config_.activation_checkpoint);
+    model_->initialize(config_.seed);
+    dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings, config_.adamw,
+                                                   &tracker_);
+    // bf16: the GEMMs read the weights' bf16 copies, rounded once per optimizer step (2 bytes per
+    // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
+    if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
+      model_->parameters().keep_bf16_copies(&tracker_);
+  }
   std::string resume_dir =
       config_.resume_from.empty() ? "" : resolve_checkpoint(config_.resume_from);
   if (resume_dir.empty() && config_.resume && config_.checkpoint_enable)
     resume_dir = latest_checkpoint(config_.run_dir);
   if (!resume_dir.empty()) {
     // Checkpoints are whole: every rank reads the full state and keeps its part.
-    optim::AdamWOptimizer full(*ops_, model_->parameters(), config_.adamw, nullptr);
-    TrainerState state = load_checkpoint(resume_dir, *model_, &full);
+    TrainerState state;
+    if (pipeline_) {
+      state = pipeline_->load(resume_dir);
+    } else {
+      optim::AdamWOptimizer full(*ops_, model_->parameters(), config_.adamw, nullptr);
+      state = load_checkpoint(resume_dir, *model_, &full);
+      dp_->import_state(full);
+    }
     check(state.seed == config_.seed,
           "checkpoint " + resume_dir + " was trained with training.seed = " +
               std::to_string(state.seed) + ": resume with the same seed or use a new job.run_dir");
-    dp_->import_state(full);
     start_step_ = state.step;
     batches_->set_position(state.samples_consumed);
     if (printing_)
@@ -115,6 +127,14 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
 }
 
 Trainer::~Trainer() = default;
+
+model::Transformer& Trainer::model() {
+  return pipeline_ ? pipeline_->model(0) : *model_;
+}
+
+parallel::DataParallel& Trainer::data_parallel() {
+  return pipeline_ ? pipeline_->data_parallel(0) : *dp_;
+}
 
 double Trainer::validation_loss() {
   // Each validation batch is the global micro-batch (micro_batch_size x ranks sequences, the same
@@ -127,17 +147,26 @@ double Trainer::validation_loss() {
   for (int64_t i = 0; i < config_.val_batches; ++i) {
     batches_->validation_batch(i, inputs.data(), targets.data(), B * ranks);
     const size_t slice = static_cast<size_t>(rank * B * T);
-    sum += model_->evaluate(ctx, inputs.data() + slice, targets.data() + slice, B, T);
+    sum += pipeline_ ? pipeline_->evaluate(ctx, inputs.data() + slice, targets.data() + slice, B, T)
+                     : model_->evaluate(ctx, inputs.data() + slice, targets.data() + slice, B, T);
   }
-  return dp_->average(sum / static_cast<double>(config_.val_batches));
+  return data_parallel().average(sum / static_cast<double>(config_.val_batches));
 }
 
 const model::ParameterStore& Trainer::full_parameters() {
+  if (pipeline_) {
+    pipeline_->settle_parameters();
+    return pipeline_->model(0).parameters();
+  }
   dp_->settle_parameters(true);
   return model_->parameters();
 }
 
 std::vector<float> Trainer::logical_parameters() {
+  if (pipeline_) {
+    WholeModelState state = pipeline_->gather_whole(false);
+    return printing_ ? std::move(state.values) : std::vector<float>{};
+  }
   const model::ParameterStore& mine = full_parameters();
   if (!writer_) return {};
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
@@ -154,6 +183,32 @@ std::vector<float> Trainer::logical_parameters() {
 }
 
 void Trainer::save(int64_t step, const std::string& config_toml) {
+  if (pipeline_) {
+    // The stages' state gathered into the one-rank model's layout on world rank 0, which writes
+    // it and tells every rank whether it could.
+    const WholeModelState whole = pipeline_->gather_whole(true);
+    int32_t written = 1;
+    std::string dir, failure;
+    if (printing_) {
+      try {
+        const auto layout = model::Transformer::declared_only(config_.model);
+        TrainerState state{step, batches_->position(), config_.seed};
+        dir = save_whole_checkpoint(config_.run_dir, config_.model, layout->parameters(),
+                                    whole.values.data(), whole.exp_avg.data(),
+                                    whole.exp_avg_sq.data(), pipeline_->optimizer_steps(), state,
+                                    config_toml, config_.keep_latest);
+      } catch (const Error& e) {
+        failure = e.what();
+        written = 0;
+      }
+    }
+    mesh_->world().broadcast(&written, 1, DType::i32, 0);
+    if (!failure.empty()) throw Error(failure);
+    check(written == 1, "world rank 0 could not write the checkpoint of step " +
+                            std::to_string(step) + " (its error names the problem)");
+    if (printing_) std::printf("checkpoint %s\n", dir.c_str());
+    return;
+  }
   // Collective: gather what ZeRO shards over the batch group; the batch group's rank 0 of each tp
   // rank then holds its tensor-parallel slices, and those ranks (one tp group) gather them into
   // one whole, layout-independent checkpoint that tp rank 0 writes.
@@ -209,7 +264,7 @@ TrainResult Trainer::run() {
           config_.hsdp_shard_size > 0
               ? (", HSDP shard groups of " + std::to_string(config_.hsdp_shard_size)).c_str()
               : "",
-          dp_->layout().buckets().size(),
+          data_parallel().layout().buckets().size(),
           config_.offload_dir.empty() ? "" : ", AdamW state offloaded to files");
     if (tp_size > 1)
       std::printf(
@@ -220,6 +275,22 @@ TrainResult Trainer::run() {
               ? "sequence parallel (norms and residuals on 1/tp of the rows each; an all-gather "
                 "and a reduce-scatter per sub-layer each way)"
               : "one all-reduce per sub-layer each way");
+    if (pipeline_) {
+      const pipeline::Schedule& s = pipeline_->schedule();
+      std::string blocks;
+      for (int stage = 0; stage < pipeline_->partition().stages(); ++stage)
+        blocks += (stage ? "," : "") + std::to_string(pipeline_->partition().layers(stage));
+      std::printf(
+          "pipeline parallel: %d ranks, %s schedule%s, %d microbatches, %d virtual stages of "
+          "[%s] blocks%s\n",
+          s.num_ranks,
+          config_.pipeline_schedule_file.empty() ? pipeline::schedule_kind_name(s.kind).c_str()
+                                                 : config_.pipeline_schedule_file.c_str(),
+          s.splits_weight_gradient ? " (B and W split)" : "", s.num_microbatches, s.num_stages(),
+          blocks.c_str(),
+          config_.model.tied_embeddings ? ", tied embedding summed between first and last stage"
+                                        : "");
+    }
     std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
                 peak / 1e12, peak_source);
     if (config_.precision == kernels::Precision::bf16)
@@ -230,6 +301,7 @@ TrainResult Trainer::run() {
       printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
   model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get()};
   const auto schedule = config_.lr_schedule();
+  double window_bubble = 0, window_pp_wait = 0;
   TrainResult result;
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
@@ -252,7 +324,14 @@ TrainResult Trainer::run() {
     const float lr = schedule.at(step);
     tp_comm_seconds_ = 0;  // the step's own tp all-reduces (not validation's or a checkpoint's)
     const StepOutcome outcome =
-        training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
+        pipeline_ ? pipeline_->step(ctx, shape, next_micro_batch, lr, step)
+                  : training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
+    if (pipeline_) {
+      result.pp_bubbles.push_back(outcome.pp_bubble);
+      result.pp_wait_seconds += outcome.pp_wait_seconds;
+      window_bubble += outcome.pp_bubble;
+      window_pp_wait += outcome.pp_wait_seconds;
+    }
     const double tp_comm = tp_comm_seconds_;
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
@@ -297,6 +376,10 @@ TrainResult Trainer::run() {
         m.comm_seconds = comm_times.total_seconds;
       }
       if (tp_size > 1) m.tp_comm_seconds = tp_comm;
+      if (pipeline_) {
+        m.pp_bubble = outcome.pp_bubble;
+        m.pp_wait_seconds = outcome.pp_wait_seconds;
+      }
       logger.record(m);
       if (step % config_.log_freq == 0 || step == result.first_step || step == config_.steps ||
           validate) {
@@ -308,8 +391,13 @@ TrainResult Trainer::run() {
           line.comm_seconds = window_comm / static_cast<double>(window_steps);
         }
         if (tp_size > 1) line.tp_comm_seconds = window_tp_comm / static_cast<double>(window_steps);
+        if (pipeline_) {
+          line.pp_bubble = window_bubble / static_cast<double>(window_steps);
+          line.pp_wait_seconds = window_pp_wait / static_cast<double>(window_steps);
+        }
         logger.log_step(line);
         window_seconds = window_exposed = window_comm = window_tp_comm = 0;
+        window_bubble = window_pp_wait = 0;
         window_steps = 0;
       } else {
         logger.progress(step, config_.steps, seconds);
@@ -324,7 +412,10 @@ TrainResult Trainer::run() {
   }
   logger.finish_progress();
   if (config_.checkpoint_enable && config_.steps > start_step_) save(config_.steps, config_toml);
-  dp_->settle_parameters();
+  if (pipeline_)
+    pipeline_->settle_parameters();
+  else
+    dp_->settle_parameters();
   const int64_t steps_run = config_.steps - start_step_;
   if (steps_run > 0)
     result.tokens_per_second = static_cast<double>(tokens_per_step * steps_run) / total_seconds;

@@ -1,5 +1,6 @@
-// Trainer: the training loop of one data-parallel rank — this rank's share of each global batch,
-// the training step of training_step.hpp (forward and backward over the micro-batches of a step
+// Trainer: the training loop of one rank — this rank's share of each global batch, the training
+// step of training_step.hpp (or, under pipeline parallelism, of pipeline_step.hpp on this rank's
+// stages, train/pipeline_rank.hpp) (forward and backward over the micro-batches of a step
 // with gradient buckets reduced during the last backward, the global gradient norm and clipping,
 // AdamW on this rank's part of the state: plain DP or ZeRO-1/2/3, see parallel/data_parallel.hpp),
 // periodic
@@ -20,6 +21,7 @@
 #include "lattice/model/transformer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
 #include "lattice/train/batch_source.hpp"
+#include "lattice/train/pipeline_rank.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::comm {
@@ -39,6 +41,10 @@ struct TrainResult {
   double exposed_comm_seconds = 0, comm_seconds = 0;
   // Tensor parallelism, summed over the steps run: this rank's blocking tp all-reduces.
   double tp_comm_seconds = 0;
+  // Pipeline parallelism: the measured bubble of each step run, and this rank's exposed
+  // point-to-point waits summed over them.
+  std::vector<double> pp_bubbles;
+  double pp_wait_seconds = 0;
   int rank = 0;  // the world rank that ran it (rank 0 reports)
 };
 
@@ -54,19 +60,24 @@ class Trainer {
   // checkpoints. Collective over the data-parallel group.
   TrainResult run();
 
-  model::Transformer& model() { return *model_; }
+  // This rank's model (under pipeline parallelism, its first virtual stage) and its data
+  // parallelism.
+  model::Transformer& model();
   const TrainConfig& config() const { return config_; }
-  parallel::DataParallel& data_parallel() { return *dp_; }
+  parallel::DataParallel& data_parallel();
+  // The pipeline rank (null without pipeline parallelism).
+  PipelineRank* pipeline() { return pipeline_.get(); }
   const MemoryTracker& memory() const { return tracker_; }
   // Mean validation loss over validation.batches fixed global batches, split over the ranks
   // (the same value on every rank and, up to rounding, in every layout). Collective.
   double validation_loss();
   // Every parameter of this rank's model, whole over the batch group (gathers ZeRO-3 shards;
-  // collective); under tensor parallelism, still this rank's slices.
+  // collective); under tensor parallelism, still this rank's slices; under pipeline parallelism,
+  // its first stage's.
   const model::ParameterStore& full_parameters();
   // The logical parameter values, laid out as a one-rank model's flat store, on world rank 0
-  // (empty elsewhere): ZeRO's shards gathered over the batch group and the tensor-parallel slices
-  // over the tp group. Collective.
+  // (empty elsewhere): ZeRO's shards gathered over the batch group, the tensor-parallel slices
+  // over the tp group and the pipeline stages over the pp group. Collective.
   std::vector<float> logical_parameters();
 
  private:
@@ -82,8 +93,9 @@ class Trainer {
   bool writer_ = true;                   // the batch group's rank 0 (one per tp rank): checkpoints
   std::unique_ptr<kernels::CpuOps> ops_;
   std::unique_ptr<BatchSource> batches_;
-  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<model::Transformer> model_;  // without pipeline parallelism
   std::unique_ptr<parallel::DataParallel> dp_;
+  std::unique_ptr<PipelineRank> pipeline_;  // pp > 1: the stages, their DP and the executor
   int64_t start_step_ = 0;
   int64_t fault_kill_after_step_ = -1;  // LATTICE_FAULT_KILL_* (tests only)
   double tp_comm_seconds_ = 0;          // the model's tp all-reduces add their time here (per step)

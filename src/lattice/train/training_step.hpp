@@ -29,6 +29,9 @@ struct StepOutcome {
   double grad_norm = 0;  // global gradient norm before clipping (the same on every rank)
   double seconds = 0;    // wall time of the step on this rank
   parallel::CommunicationTimes communication;  // since the last step's
+  // Pipeline parallelism (pipeline_step.hpp): the measured bubble (the pipeline ranks' idle share
+  // of the pipeline's part of the step) and this rank's exposed point-to-point waits.
+  double pp_bubble = 0, pp_wait_seconds = 0;
 };
 
 // Runs step `step` (1-based; it names the step when the loss is not finite) at learning rate lr.

@@ -2,6 +2,7 @@
 #include "lattice/parallel/pipeline/executor.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "lattice/comm/communicator.hpp"
@@ -10,8 +11,28 @@
 
 namespace lattice::pipeline {
 
+namespace {
+
+int64_t clock_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<PipelineStage> without_hooks(const std::vector<model::Transformer*>& models) {
+  std::vector<PipelineStage> stages;
+  for (model::Transformer* m : models) stages.push_back({m, nullptr});
+  return stages;
+}
+
+}  // namespace
+
 PipelineExecutor::PipelineExecutor(Schedule schedule, comm::Communicator& pp,
                                    std::vector<model::Transformer*> stages)
+    : PipelineExecutor(std::move(schedule), pp, without_hooks(stages)) {}
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, comm::Communicator& pp,
+                                   std::vector<PipelineStage> stages)
     : schedule_(std::move(schedule)), pp_(pp), rank_(pp.rank()) {
   require_valid_schedule(schedule_);
   check(pp.size() == schedule_.num_ranks,
@@ -29,22 +50,36 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, comm::Communicator& pp,
                                    std::to_string(stages.size()) + " models for " +
                                    std::to_string(next) + " virtual stages");
   const int last = schedule_.num_stages() - 1;
-  for (const auto& [s, model] : stages_) {
-    check(model->has_embedding() == (s == 0) && model->has_head() == (s == last),
+  for (const auto& [s, entry] : stages_) {
+    check(entry.model != nullptr, "pipeline stage " + std::to_string(s) + " has no model");
+    check(entry.model->has_embedding() == (s == 0) && entry.model->has_head() == (s == last),
           "virtual stage " + std::to_string(s) + " of " + std::to_string(last + 1) +
               ": the embedding belongs on the first stage and the head on the last");
   }
+  // The action that completes each stage's gradients: its last B, or its last W when split.
+  const std::vector<Action>& mine = schedule_.actions[static_cast<size_t>(rank_)];
+  final_backward_.assign(mine.size(), false);
+  const ActionKind completing =
+      schedule_.splits_weight_gradient ? ActionKind::kBackwardWeight : ActionKind::kBackward;
+  std::map<int, size_t> last_of_stage;
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (mine[i].kind == completing) last_of_stage[mine[i].stage] = i;
+  for (const auto& [s, i] : last_of_stage) final_backward_[i] = true;
 }
 
 bool PipelineExecutor::owns(int virtual_stage) const {
   return stages_.count(virtual_stage) != 0;
 }
 
-model::Transformer& PipelineExecutor::stage(int virtual_stage) {
+const PipelineStage& PipelineExecutor::stage_entry(int virtual_stage) const {
   const auto it = stages_.find(virtual_stage);
   check(it != stages_.end(), "pipeline rank " + std::to_string(rank_) + " does not own stage " +
                                  std::to_string(virtual_stage) + " (internal error)");
-  return *it->second;
+  return it->second;
+}
+
+model::Transformer& PipelineExecutor::stage(int virtual_stage) {
+  return *stage_entry(virtual_stage).model;
 }
 
 PipelineExecutor::InFlight& PipelineExecutor::in_flight(int virtual_stage, int microbatch) {
@@ -56,14 +91,34 @@ PipelineExecutor::InFlight& PipelineExecutor::in_flight(int virtual_stage, int m
   return it->second;
 }
 
+double PipelineExecutor::now() const {
+  return static_cast<double>(clock_ns() - step_start_ns_) * 1e-9;
+}
+
 bool PipelineExecutor::release_if_done(int virtual_stage, int microbatch) {
   const auto it = in_flight_.find({virtual_stage, microbatch});
   if (it == in_flight_.end()) return false;
   InFlight& f = it->second;
   if (!(f.backward_done && f.weight_done && f.gradient_handed_over)) return false;
+  const double start = now();
   for (comm::CommHandle& send : f.sends) send.wait();  // they read its tensors
+  timeline_.send_wait_seconds += now() - start;
   in_flight_.erase(it);
   return true;
+}
+
+void PipelineExecutor::wait_for(comm::CommHandle& arrival, const Action& action) {
+  const double start = now();
+  try {
+    arrival.wait();
+  } catch (const Error& e) {
+    throw Error("pipeline rank " + std::to_string(rank_) + " waited in vain for " +
+                describe(action) + ": " + e.what() +
+                " (the stage on that rank stalled or died; its own error names why)");
+  }
+  const double end = now();
+  timeline_.actions.push_back({action, start, end});
+  timeline_.wait_seconds += end - start;
 }
 
 int PipelineExecutor::tag(bool backward, int virtual_stage, int microbatch) const {
@@ -83,19 +138,30 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
   const float loss_scale = 1.0f / static_cast<float>(m);
   double loss = 0;
   peak_in_flight_ = 0;
+  timeline_ = {};
+  step_start_ns_ = clock_ns();
   int forwarded_sets = 0;  // forwarded and not yet freed (every freed set was forwarded)
-  for (const Action& action : schedule_.actions[static_cast<size_t>(rank_)]) {
-    model::Transformer& model = stage(action.stage);
+  const std::vector<Action>& actions = schedule_.actions[static_cast<size_t>(rank_)];
+  for (size_t index = 0; index < actions.size(); ++index) {
+    const Action& action = actions[index];
+    const PipelineStage& entry = stage_entry(action.stage);
+    model::Transformer& model = *entry.model;
+    model::LayerContext stage_ctx = ctx;
+    stage_ctx.hooks = entry.hooks;
     const int64_t elements = model.tensor_parallel().local_rows(B * T) * model.config().d_model;
     InFlight& f = in_flight(action.stage, action.microbatch);
     const auto mb = static_cast<size_t>(action.microbatch);
+    if (final_backward_[index] && before_final_backward) before_final_backward(action.stage);
+    double compute_start = 0;
     switch (action.kind) {
       case ActionKind::kForward: {
         // The input: received from the previous stage's rank, or that stage's output when this
         // rank holds it too (interleaved and V schedules).
         const float* hidden_in = nullptr;
         if (action.stage > 0) {
-          f.hidden_in_arrival.wait();
+          if (!owns(action.stage - 1))
+            wait_for(f.hidden_in_arrival,
+                     {ActionKind::kRecvForward, action.stage, action.microbatch, -1});
           hidden_in = owns(action.stage - 1)
                           ? in_flight(action.stage - 1, action.microbatch).saved.hidden_out()
                           : f.hidden_in.f32();
@@ -103,8 +169,9 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
                                           std::to_string(rank_) +
                                           " before its input arrived (schedule error)");
         }
+        compute_start = now();
         const float mean = model.forward_stage(
-            ctx, f.saved, action.stage == 0 ? batches.tokens[mb] : nullptr, hidden_in,
+            stage_ctx, f.saved, action.stage == 0 ? batches.tokens[mb] : nullptr, hidden_in,
             action.stage == last ? batches.targets[mb] : nullptr, B, T, loss_scale);
         if (action.stage == last) loss += mean;
         peak_in_flight_ = std::max(peak_in_flight_, ++forwarded_sets);
@@ -115,7 +182,9 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
         // gradient when this rank holds it too.
         const float* d_hidden_out = nullptr;
         if (action.stage < last) {
-          f.gradient_arrival.wait();
+          if (!owns(action.stage + 1))
+            wait_for(f.gradient_arrival,
+                     {ActionKind::kRecvBackward, action.stage, action.microbatch, -1});
           d_hidden_out = owns(action.stage + 1)
                              ? in_flight(action.stage + 1, action.microbatch).saved.d_hidden_in()
                              : f.d_hidden_out.f32();
@@ -123,10 +192,11 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
                 describe(action) + " on pipeline rank " + std::to_string(rank_) +
                     " before its output gradient arrived (schedule error)");
         }
+        compute_start = now();
         if (schedule_.splits_weight_gradient)
-          model.backward_stage_input(ctx, f.saved, d_hidden_out);
+          model.backward_stage_input(stage_ctx, f.saved, d_hidden_out);
         else
-          model.backward_stage(ctx, f.saved, d_hidden_out);
+          model.backward_stage(stage_ctx, f.saved, d_hidden_out);
         f.backward_done = true;
         f.weight_done = !schedule_.splits_weight_gradient;
         if (action.stage < last && owns(action.stage + 1)) {  // its input gradient was read now
@@ -136,7 +206,8 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
         break;
       }
       case ActionKind::kBackwardWeight:
-        model.backward_stage_weight(ctx, f.saved);
+        compute_start = now();
+        model.backward_stage_weight(stage_ctx, f.saved);
         f.weight_done = true;
         break;
       case ActionKind::kSendForward:
@@ -161,12 +232,60 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
                                        tag(true, action.stage, action.microbatch));
         break;
     }
+    if (is_compute(action.kind)) {
+      const double end = now();
+      timeline_.actions.push_back({action, compute_start, end});
+      timeline_.compute_seconds += end - compute_start;
+    }
     forwarded_sets -= release_if_done(action.stage, action.microbatch) ? 1 : 0;
   }
   // A complete schedule (the checker's) leaves nothing in flight.
   check(in_flight_.empty(), "pipeline rank " + std::to_string(rank_) + " ended its step with " +
                                 std::to_string(in_flight_.size()) +
                                 " activation sets in flight (internal error)");
+  timeline_.seconds = now();
+  return loss;
+}
+
+double PipelineExecutor::evaluate(const model::LayerContext& ctx, const int32_t* tokens,
+                                  const int32_t* targets, int64_t B, int64_t T) {
+  const int last = schedule_.num_stages() - 1;
+  Tensor hidden;  // the previous stage's output, on this rank
+  double loss = 0;
+  constexpr int kEvaluateTag = 1 << 30;  // apart from run_step's tags
+  for (int s = 0; s <= last; ++s) {
+    const int owner = schedule_.stage_owner[static_cast<size_t>(s)];
+    if (owner != rank_) continue;
+    model::Transformer& model = stage(s);
+    model::LayerContext stage_ctx = ctx;
+    stage_ctx.hooks = stage_entry(s).hooks;
+    const int64_t elements = model.tensor_parallel().local_rows(B * T) * model.config().d_model;
+    if (s > 0) {
+      const int from = schedule_.stage_owner[static_cast<size_t>(s - 1)];
+      if (from != rank_) {
+        hidden = Tensor({elements}, DType::f32, ctx.tracker, MemoryCategory::activations);
+        pp_.recv(hidden.f32(), elements, DType::f32, from, kEvaluateTag + s);
+      }
+    }
+    model::StageActivations saved = model.make_activations();
+    const float mean = model.forward_stage(stage_ctx, saved, s == 0 ? tokens : nullptr,
+                                           s == 0 ? nullptr : hidden.f32(),
+                                           s == last ? targets : nullptr, B, T, 1.0f);
+    if (s == last) {
+      loss = mean;
+      break;
+    }
+    const int to = schedule_.stage_owner[static_cast<size_t>(s + 1)];
+    if (to != rank_) {
+      pp_.send(saved.hidden_out(), elements, DType::f32, to, kEvaluateTag + s + 1);
+    } else {
+      Tensor next({elements}, DType::f32, ctx.tracker, MemoryCategory::activations);
+      std::copy(saved.hidden_out(), saved.hidden_out() + elements, next.f32());
+      hidden = std::move(next);
+    }
+  }
+  // Every pipeline rank gets the last stage's loss.
+  pp_.broadcast(&loss, 1, DType::i64, last_stage_rank());  // a double as 64 bits
   return loss;
 }
 
