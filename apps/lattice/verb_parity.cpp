@@ -193,8 +193,10 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   std::printf("parity of %zu layouts, %lld steps, global batch %lld (%s backend)\n", layouts.size(),
               static_cast<long long>(base.steps), static_cast<long long>(base.global_batch_size),
               mpi ? "mpi" : "local");
-  std::printf("%-18s %-10s %14s %14s %14s  %s\n", "layout", "reference", "loss rel", "norm rel",
-              "param rel", "verdict");
+  int width = 10;  // the layout column: as wide as the longest name
+  for (const Layout& l : layouts) width = std::max(width, static_cast<int>(l.name.size()));
+  std::printf("%-*s %-10s %14s %14s %14s  %s\n", width, "layout", "reference", "loss rel",
+              "norm rel", "param rel", "verdict");
   std::string failures;
   for (size_t i = 0; i < layouts.size(); ++i) {
     // The reference: the first layout with the same dp, tp and sequence parallelism
@@ -229,7 +231,7 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
         i == 0  ? "reference"
         : exact ? (bits ? (pipelined ? "bit-identical weights" : "bit-identical") : "DIFFERS")
                 : (ok ? "within tolerance" : "OUT OF TOLERANCE");
-    std::printf("%-18s %-10s %14.3e %14.3e %14.3e  %s\n", layouts[i].name.c_str(),
+    std::printf("%-*s %-10s %14.3e %14.3e %14.3e  %s\n", width, layouts[i].name.c_str(),
                 layouts[ref].name.c_str(), loss, norm, param, verdict);
     if (!ok) failures += (failures.empty() ? "" : ", ") + layouts[i].name;
   }

@@ -1,7 +1,7 @@
 // End-to-end activation checkpointing: `lattice train` with activation_checkpoint.mode = selective
 // and full trains to the same losses and gradient norms as none, bit for bit, in fp32 and bf16,
-// and the peak activation bytes it measures (metrics.jsonl's memory.peak_activations) are within 10% of what `lattice estimate
-// memory --config` predicts for the same run.
+// and the peak activation bytes it measures (metrics.jsonl's memory.peak_activations) are within
+// 10% of what `lattice estimate memory --config` predicts for the same run.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -170,7 +170,8 @@ TEST_F(TrainCli, ModelsThatDoNotFitAreRefused) {
   expect_error(tiny_run("r") + " --model.n_heads=5", "not divisible by model.n_heads");
   expect_error(tiny_run("r") + " --training.seq_len=64", "training.seq_len (64) must be in");
   expect_error(tiny_run("r") + " --model.vocab_size=100", "model.vocab_size >= 256");
-  expect_error(tiny_run("r") + " --pp 2", "parallelism.pp = 2 is not available");
+  expect_error(tiny_run("r") + " --pp 4",
+               "4 stages need at least one block each, but the model has 2 layers");
 }
 
 TEST_F(TrainCli, MissingCorpusOrCheckpointIsNamed) {

@@ -152,7 +152,7 @@ TEST(LayoutConfig, WorldOfDpTpPpCpIsAcceptedByTheValidatorAndResolved) {
 }
 
 TEST(LayoutConfig, AxesNotAvailableYetAreRefusedWithOneLineEach) {
-  for (const char* axis : {"pp", "cp"}) {
+  for (const char* axis : {"cp"}) {
     SCOPED_TRACE(axis);
     const std::string message = refusal({std::string("parallelism.") + axis + "=2"});
     EXPECT_NE(message.find(std::string("parallelism.") + axis + " = 2 is not available yet"),
@@ -163,9 +163,8 @@ TEST(LayoutConfig, AxesNotAvailableYetAreRefusedWithOneLineEach) {
     EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   }
   // Each names its capability and the issue that brings it.
-  EXPECT_NE(refusal({"parallelism.pp=2"})
-                .find("pipeline parallelism comes with the "
-                      "pipeline-execution issue (#22"),
+  // Pipelines run (issue #22); ZeRO-3 with one is refused with its reason.
+  EXPECT_NE(refusal({"parallelism.pp=2", "parallelism.zero=3"}).find("ZeRO-3 would gather"),
             std::string::npos);
   EXPECT_NE(refusal({"parallelism.cp=2"})
                 .find("context parallelism comes with the "
@@ -191,8 +190,8 @@ TEST(LayoutConfig, DpMinusOneTakesTheRestOfTheLaunchersWorld) {
   EXPECT_NE(message.find("world size 6 is not divisible by pp x cp x tp = 4"), std::string::npos)
       << message;
   // Divisible, then refused for the axis that is not available yet.
-  EXPECT_NE(refusal({"parallelism.dp=-1", "parallelism.pp=2", "training.global_batch_size=24"})
-                .find("parallelism.pp = 2 is not available yet"),
+  EXPECT_NE(refusal({"parallelism.dp=-1", "parallelism.cp=2", "training.global_batch_size=24"})
+                .find("parallelism.cp = 2 is not available yet"),
             std::string::npos);
 }
 
@@ -244,8 +243,6 @@ class LayoutCli : public ::testing::Test {
 };
 
 TEST_F(LayoutCli, EachUnavailableAxisGetsOneLine) {
-  expect_one_error_line(run_lattice(tiny("--pp 2"), dir_),
-                        "parallelism.pp = 2 is not available yet: pipeline parallelism");
   expect_one_error_line(run_lattice(tiny("--cp 2"), dir_),
                         "parallelism.cp = 2 is not available yet: context parallelism");
   expect_one_error_line(run_lattice(tiny("--tp 3"), dir_),

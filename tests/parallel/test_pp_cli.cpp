@@ -1,0 +1,270 @@
+// Pipeline parallelism through the `lattice` CLI (issue #22): `lattice parity` with every schedule
+// at pp 2 and 4, alone and composed with dp, ZeRO-1/2, HSDP, tp and sequence parallelism, on local
+// threads and under real mpirun; a pipeline run's checkpoint is the one-rank model's (byte for byte
+// for an untied model), a one-rank run and the pipeline itself resume it, and `generate` reads it;
+// a schedule from a CSV file trains like the generated one; the training line and JSONL report the
+// measured bubble; bad pipeline settings get one error line each.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "../train/cli_runner.hpp"
+#include "dp_fixture.hpp"
+#include "mpi_runner.hpp"
+
+using namespace lattice::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// An 8-layer model of 4 heads on 32-token sequences, 4 microbatches per step (the schedules'
+// m; interleaving needs a multiple of pp), 4 steps unless a test says otherwise. Llama's embeddings
+// are untied, GPT-2's tied.
+std::string tiny_flags(const fs::path& dir, const std::string& preset) {
+  return " --model.preset=" + preset +
+         " --model.vocab_size=256 --model.max_seq_len=32 --model.n_kv_heads=4 --model.n_layers=8"
+         " --training.seq_len=32 --training.global_batch_size=8"
+         " --training.gradient_accumulation_steps=4 --training.threads=1"
+         " --training.steps=4 --optimizer.lr=3e-3 --lr_scheduler.warmup_steps=1"
+         " --data.train_files=" +
+         (dir / "corpus.txt").string() +
+         " --data.val_fraction=0.1 --validation.freq=0 --metrics.peak_tflops=1"
+         " --parallelism.bucket_mb=0.05 --job.run_dir=" +
+         (dir / "run").string();
+}
+
+// The line of one layout in parity's table.
+std::string parity_line(const std::string& out, const std::string& layout) {
+  const size_t at = out.find("\n" + layout + " ");
+  if (at == std::string::npos) return "";
+  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+}
+
+void expect_verdict(const CliResult& r, const std::string& layout, const std::string& verdict) {
+  EXPECT_NE(parity_line(r.out, layout).find(verdict), std::string::npos)
+      << layout << " should be " << verdict << ":\n"
+      << r.out;
+}
+
+class PpCli : public CorpusDirectoryTest {};
+
+}  // namespace
+
+TEST_F(PpCli, EveryScheduleTrainsAsOneRankOnLocalThreads) {
+  // The issue's matrix over 20 steps: GPipe, 1F1B, interleaved (2 chunks per rank), ZB-H1 and
+  // ZB-V at pp 2 and 4. A pipeline runs every microbatch's arithmetic unchanged, so an untied
+  // model's losses and weights are bit-identical to one rank (the gradient norm is held to 1e-12
+  // relative: its double partial sums are added per stage, then across stages).
+  CliResult r = run_lattice(
+      "parity --layouts dp1,dp1p2-gpipe,dp1p2,dp1p2-interleaved,dp1p2-zb-h1,dp1p2-zb-v,"
+      "dp1p4-gpipe,dp1p4,dp1p4-interleaved,dp1p4-zb-h1,dp1p4-zb-v" +
+          tiny_flags(dir_, "llama-tiny") + " --training.steps=20",
+      dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  for (const char* layout :
+       {"dp1p2-gpipe", "dp1p2", "dp1p2-interleaved", "dp1p2-zb-h1", "dp1p2-zb-v", "dp1p4-gpipe",
+        "dp1p4", "dp1p4-interleaved", "dp1p4-zb-h1", "dp1p4-zb-v"})
+    expect_verdict(r, layout, "bit-identical weights");
+}
+
+TEST_F(PpCli, TiedEmbeddingsAcrossStagesStayWithinTolerance) {
+  // GPT-2 ties its head to the embedding: the first and last stage each hold a copy and sum their
+  // gradients after the backward, where one rank adds the head's and the embedding's parts
+  // microbatch by microbatch; the sum order differs, so relative 1e-4 over 20 steps (measured
+  // 3e-7 in the parameters after 4 steps). The copies stay equal, so the checkpoint has one tensor.
+  CliResult r =
+      run_lattice("parity --tolerance 1e-4 --layouts dp1,dp1p2,dp1p4-interleaved,dp1p2-zb-v" +
+                      tiny_flags(dir_, "gpt2-tiny") + " --training.steps=20",
+                  dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  for (const char* layout : {"dp1p2", "dp1p4-interleaved", "dp1p2-zb-v"})
+    expect_verdict(r, layout, "within tolerance");
+}
+
+TEST_F(PpCli, ThreeDimensionalLayoutsOnLocalThreads) {
+  // dp 2 x tp 2 x pp 2 on 8 ranks, with ZeRO-1/2, sequence parallelism and the split schedules;
+  // dp 4 x pp 2 with HSDP. Against the same dp x tp without a pipeline: weights bit-identical; the
+  // tp and dp layouts themselves within 1e-4 of one rank (their reasons: test_tp_cli.cpp).
+  CliResult r = run_lattice(
+      "parity --tolerance 1e-4 --layouts dp1,dp2t2,dp2t2p2,dp2t2p2z1,dp2t2s,dp2t2sp2-zb-vz2,"
+      "dp2t2sp2-interleavedz1,dp4,dp4p2z1h2" +
+          tiny_flags(dir_, "llama-tiny") + " --training.steps=20 --training.global_batch_size=16",
+      dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  for (const char* layout : {"dp2t2p2", "dp2t2p2z1", "dp2t2sp2-zb-vz2", "dp2t2sp2-interleavedz1"})
+    expect_verdict(r, layout, "bit-identical weights");
+  // HSDP sums within groups first: held to the tolerance against plain dp 4.
+  expect_verdict(r, "dp4p2z1h2", "within tolerance");
+}
+
+TEST_F(PpCli, CheckpointIsTheOneRankModelsAndResumes) {
+  const auto run = [&](const std::string& dir, const std::string& extra) {
+    return run_lattice("train" + tiny_flags(dir_, "llama-tiny") + " --metrics.log_freq=1" +
+                           " --job.run_dir=" + (dir_ / dir).string() + extra,
+                       dir_);
+  };
+  CliResult one = run("one", "");
+  ASSERT_EQ(one.status, 0) << one.out << one.err;
+  CliResult pipe = run("pipe",
+                       " --pp 2 --parallelism.pipeline_schedule=zb-h1 "
+                       "--checkpoint.interval=2");
+  ASSERT_EQ(pipe.status, 0) << pipe.out << pipe.err;
+  EXPECT_NE(pipe.out.find("pipeline parallel: 2 ranks, zb-h1 schedule (B and W split)"),
+            std::string::npos)
+      << pipe.out;
+  // The gathered stages are the one-rank model: the same tensors, byte for byte.
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
+    EXPECT_TRUE(slurp(dir_ / "one/checkpoints/step_00000004" / file) ==
+                slurp(dir_ / "pipe/checkpoints/step_00000004" / file))
+        << file << " differs from the one-rank run's";
+  const std::string step2 = (dir_ / "pipe/checkpoints/step_00000002").string();
+  // The pipeline resumes its own checkpoint and ends where the uninterrupted run ended, and so
+  // does one rank (on another schedule and partition too).
+  for (const std::string& layout :
+       {std::string(" --pp 2 --parallelism.pipeline_schedule=zb-h1"), std::string(""),
+        std::string(" --pp 4 --parallelism.pipeline_layers=[1,3,3,1]")}) {
+    SCOPED_TRACE(layout);
+    const std::string name = "resumed" + std::to_string(layout.size());
+    CliResult resumed = run(name, layout + " --checkpoint.resume_from=" + step2);
+    ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+    EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+    EXPECT_TRUE(slurp(dir_ / "one/checkpoints/step_00000004/model.safetensors") ==
+                slurp(dir_ / name / "checkpoints/step_00000004/model.safetensors"))
+        << resumed.out;
+  }
+  CliResult text = run_lattice("generate --checkpoint " + (dir_ / "pipe").string() +
+                                   " --max-tokens 4 --prompt ab --threads 1",
+                               dir_);
+  EXPECT_EQ(text.status, 0) << text.out << text.err;
+  EXPECT_FALSE(text.out.empty());
+}
+
+TEST_F(PpCli, TiedCheckpointHoldsOneEmbeddingAndResumesOnOneRank) {
+  const auto run = [&](const std::string& dir, const std::string& extra) {
+    return run_lattice(
+        "train" + tiny_flags(dir_, "gpt2-tiny") + " --job.run_dir=" + (dir_ / dir).string() + extra,
+        dir_);
+  };
+  CliResult pipe = run("pipe", " --pp 2 --checkpoint.interval=2");
+  ASSERT_EQ(pipe.status, 0) << pipe.out << pipe.err;
+  const std::string model = slurp(dir_ / "pipe/checkpoints/step_00000004/model.safetensors");
+  EXPECT_NE(model.find("transformer.wte.weight"), std::string::npos);
+  EXPECT_EQ(model.find("lm_head.weight"), std::string::npos) << "the head's copy was written";
+  // One rank (which has no copy) and a pipeline (whose last stage reads its copy from the
+  // embedding) both resume it.
+  for (const char* layout : {"", " --pp 2"}) {
+    CliResult resumed = run(std::string("resumed") + (*layout ? "-pp" : ""),
+                            std::string(layout) + " --checkpoint.resume_from=" +
+                                (dir_ / "pipe/checkpoints/step_00000002").string());
+    EXPECT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+    EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
+  }
+}
+
+TEST_F(PpCli, ScheduleFromACsvFileTrainsLikeTheGeneratedOne) {
+  // GPipe on 2 ranks with 2 microbatches, written by hand.
+  const fs::path csv = dir_ / "gpipe.csv";
+  std::ofstream(csv) << "rank,op,stage,microbatch,peer\n"
+                        "0,F,0,0,\n0,SEND_F,0,0,1\n0,F,0,1,\n0,SEND_F,0,1,1\n"
+                        "0,RECV_B,0,0,1\n0,B,0,0,\n0,RECV_B,0,1,1\n0,B,0,1,\n"
+                        "1,RECV_F,1,0,0\n1,F,1,0,\n1,RECV_F,1,1,0\n1,F,1,1,\n"
+                        "1,B,1,0,\n1,SEND_B,1,0,0\n1,B,1,1,\n1,SEND_B,1,1,0\n";
+  const auto run = [&](const std::string& dir, const std::string& extra) {
+    return run_lattice("train" + tiny_flags(dir_, "llama-tiny") +
+                           " --training.gradient_accumulation_steps=2 --job.run_dir=" +
+                           (dir_ / dir).string() + extra,
+                       dir_);
+  };
+  CliResult file = run("file", " --pp 2 --parallelism.pipeline_schedule_file=" + csv.string());
+  ASSERT_EQ(file.status, 0) << file.out << file.err;
+  EXPECT_NE(file.out.find("gpipe.csv"), std::string::npos) << file.out;
+  CliResult one = run("one", "");
+  ASSERT_EQ(one.status, 0) << one.out << one.err;
+  EXPECT_TRUE(slurp(dir_ / "one/checkpoints/step_00000004/model.safetensors") ==
+              slurp(dir_ / "file/checkpoints/step_00000004/model.safetensors"));
+  // The same list with rank 0's first backward moved before its forwards deadlocks: refused before
+  // any work, naming the stuck ranks and actions.
+  const fs::path deadlock = dir_ / "deadlock.csv";
+  std::ofstream(deadlock) << "rank,op,stage,microbatch,peer\n"
+                             "0,RECV_B,0,0,1\n0,B,0,0,\n0,F,0,0,\n0,SEND_F,0,0,1\n0,F,0,1,\n"
+                             "0,SEND_F,0,1,1\n0,RECV_B,0,1,1\n0,B,0,1,\n"
+                             "1,RECV_F,1,0,0\n1,F,1,0,\n1,RECV_F,1,1,0\n1,F,1,1,\n"
+                             "1,B,1,0,\n1,SEND_B,1,0,0\n1,B,1,1,\n1,SEND_B,1,1,0\n";
+  CliResult stuck =
+      run("stuck", " --pp 2 --parallelism.pipeline_schedule_file=" + deadlock.string());
+  expect_one_error_line(stuck, "rank 0");
+  // A file for another number of microbatches names the key to change.
+  expect_one_error_line(run("other",
+                            " --pp 2 --training.gradient_accumulation_steps=4 "
+                            "--parallelism.pipeline_schedule_file=" +
+                                csv.string()),
+                        "training.gradient_accumulation_steps = 2");
+}
+
+TEST_F(PpCli, TrainingLineAndJsonlReportTheBubble) {
+  CliResult r = run_lattice("train" + tiny_flags(dir_, "llama-tiny") +
+                                " --pp 2 --metrics.log_freq=1 --checkpoint.enable=false",
+                            dir_);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("| bubble "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| p2p wait "), std::string::npos) << r.out;
+  const auto records = read_jsonl(dir_ / "run/metrics.jsonl");
+  ASSERT_EQ(records.size(), 4u) << r.out;
+  for (const auto& record : records) {
+    ASSERT_TRUE(record.contains("pp_bubble")) << record.dump();
+    const double bubble = record["pp_bubble"].get<double>();
+    EXPECT_GE(bubble, 0.0) << record.dump();
+    EXPECT_LT(bubble, 1.0) << record.dump();
+    EXPECT_GE(record["pp_wait_seconds"].get<double>(), 0.0) << record.dump();
+  }
+}
+
+TEST_F(PpCli, BadPipelineSettingsGetOneErrorLine) {
+  const auto train = [&](const std::string& extra) {
+    return run_lattice("train" + tiny_flags(dir_, "llama-tiny") + extra, dir_);
+  };
+  expect_one_error_line(train(" --pp 16"), "lower pp");
+  expect_one_error_line(train(" --pp 2 --parallelism.pipeline_layers=[3,4]"), "sum");
+  expect_one_error_line(train(" --pp 2 --parallelism.pipeline_layers=[2,2,4]"),
+                        "one block count per stage");
+  expect_one_error_line(
+      train(" --pp 4 --parallelism.pipeline_schedule=interleaved "
+            "--training.gradient_accumulation_steps=2 --training.global_batch_size=4"),
+      "multiple of pp");
+  expect_one_error_line(train(" --pp 2 --zero 3"), "ZeRO-3");
+  expect_one_error_line(train(" --pp 2 --parallelism.pipeline_schedule=zigzag"), "zigzag");
+  expect_one_error_line(train(" --pp 2 --parallelism.pipeline_schedule_file=missing.json"),
+                        "does not exist");
+}
+
+#ifdef LATTICE_MPIEXEC
+
+TEST_F(PpCli, ThreeDimensionalParityUnderMpirun) {
+  // dp 2 x tp 2 x pp 2 as 8 MPI processes, with ZeRO-1 and the V schedule with sequence
+  // parallelism; the verdicts and reasons of ThreeDimensionalLayoutsOnLocalThreads.
+  CliResult r = run_mpi(
+      8,
+      "parity --tolerance 1e-4 --layouts dp1,dp1p2-zb-v,dp2t2,dp2t2p2z1,dp2t2s,dp2t2sp2-zb-vz2" +
+          tiny_flags(dir_, "llama-tiny") + " --training.steps=20",
+      dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  for (const char* layout : {"dp1p2-zb-v", "dp2t2p2z1", "dp2t2sp2-zb-vz2"})
+    expect_verdict(r, layout, "bit-identical weights");
+}
+
+TEST_F(PpCli, PipelineUnderMpirunOverTcp) {
+  CliResult r =
+      run_mpi(4, "parity --layouts dp1,dp1p2,dp1p4-interleaved" + tiny_flags(dir_, "llama-tiny"),
+              dir_, "--mca btl tcp,self");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+}
+#endif
