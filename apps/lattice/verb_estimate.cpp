@@ -11,11 +11,13 @@
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/activation_memory.hpp"
 #include "lattice/model/transformer.hpp"
+#include "lattice/parallel/pipeline/pipeline_memory.hpp"
 #include "lattice/plan/cli_options.hpp"
 #include "lattice/plan/compute_estimate.hpp"
 #include "lattice/plan/memory_estimate.hpp"
 #include "lattice/plan/report.hpp"
 #include "lattice/plan/simulator.hpp"
+#include "lattice/train/pipeline_rank.hpp"
 #include "lattice/train/train_config.hpp"
 #include "lattice/train/trainer.hpp"
 #include "verbs.hpp"
@@ -84,6 +86,37 @@ model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
                                            config.seq_len, ops);
 }
 
+std::string mib(int64_t bytes);
+
+// Under pipeline parallelism: each pipeline rank's activations as its schedule holds them
+// (parallel/pipeline/pipeline_memory.hpp), for one tp rank of its stages.
+std::vector<pipeline::PipelineActivationMemory> pipeline_activations(
+    const train::TrainConfig& config) {
+  omp_set_num_threads(train::threads_per_rank(config, static_cast<int>(config.world_size())));
+  const pipeline::Schedule schedule = train::pipeline_schedule_of(config);
+  const pipeline::StagePartition partition = train::pipeline_partition_of(config);
+  model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.tp)};
+  tp.sequence_parallel = config.sequence_parallel;
+  const kernels::CpuOps ops(kernels::MatmulOptions::from_environment());
+  std::vector<pipeline::PipelineActivationMemory> ranks;
+  for (int rank = 0; rank < schedule.num_ranks; ++rank) {
+    std::vector<std::unique_ptr<model::Transformer>> models;
+    std::vector<const model::Transformer*> stages;
+    for (int s = 0; s < schedule.num_stages(); ++s) {
+      if (schedule.stage_owner[static_cast<size_t>(s)] != rank) continue;
+      models.push_back(model::Transformer::declared_only(
+          config.model,
+          {partition.first[static_cast<size_t>(s)], partition.first[static_cast<size_t>(s) + 1]},
+          tp));
+      models.back()->set_activation_checkpointing(config.activation_checkpoint);
+      stages.push_back(models.back().get());
+    }
+    ranks.push_back(pipeline::estimate_pipeline_activations(
+        schedule, rank, stages, config.precision, config.micro_batch_size, config.seq_len, ops));
+  }
+  return ranks;
+}
+
 std::string mib(int64_t bytes) {
   char text[64];
   std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
@@ -126,11 +159,22 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
           {"head_bytes", trainer->head},
           {"backward_bytes", trainer->backward},
           {"total_bytes", trainer->total()}};
+    if (config && config->pp > 1) {
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const auto& r : pipeline_activations(*config))
+        ranks.push_back({{"in_flight", r.in_flight},
+                         {"awaiting_weight", r.awaiting_weight},
+                         {"per_microbatch_bytes", r.per_microbatch},
+                         {"per_pending_bytes", r.per_pending},
+                         {"running_bytes", r.running},
+                         {"total_bytes", r.total()}});
+      out["trainer_pipeline_activations"] = ranks;
+    }
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
   std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
-  if (trainer)
+  if (trainer && config->pp == 1)  // a pipeline's ranks are below, one line each
     std::printf(
         "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s, tp %lld%s): "
         "activations peak %s per rank = residuals %s + blocks %s + recomputed block %s + head %s "
@@ -142,6 +186,21 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
         mib(trainer->residuals).c_str(), mib(trainer->blocks).c_str(),
         mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
         mib(trainer->backward).c_str());
+  if (config && config->pp > 1) {
+    const auto ranks = pipeline_activations(*config);
+    std::printf("this trainer's pipeline (%s, %lld microbatches): activations per pipeline rank\n",
+                config->pipeline_schedule.c_str(),
+                static_cast<long long>(config->gradient_accumulation_steps));
+    for (size_t r = 0; r < ranks.size(); ++r)
+      std::printf("  pp rank %zu: %s = %d sets in flight x %s%s + running backward %s\n", r,
+                  mib(ranks[r].total()).c_str(), ranks[r].in_flight,
+                  mib(ranks[r].per_microbatch).c_str(),
+                  ranks[r].awaiting_weight > 0 ? (" + " + std::to_string(ranks[r].awaiting_weight) +
+                                                  " awaiting W x " + mib(ranks[r].per_pending))
+                                                     .c_str()
+                                               : "",
+                  mib(ranks[r].running).c_str());
+  }
 }
 
 void run_compute(const EstimateOptions& o) {

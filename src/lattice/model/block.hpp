@@ -89,6 +89,10 @@ class Block {
     (void)precision, (void)B, (void)T;
     return 0;
   }
+  // Bytes a backward's input half (backward_input) keeps in the activations for the deferred
+  // weight half: the Linears' output gradients (zero-bubble pipelines hold them until W).
+  virtual int64_t pending_weight_bytes(kernels::Precision precision, int64_t B,
+                                       int64_t T) const = 0;
   // Incremental inference: x_out = block(x_in) for n new tokens of each of B sequences at
   // positions [cache.length(), cache.length() + n), attending to the cached positions before them;
   // writes the new keys and values into layer `cache_layer` of `cache` (the caller advances the

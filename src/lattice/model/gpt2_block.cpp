@@ -105,6 +105,14 @@ int64_t Gpt2Block::transient_bytes(k::Precision precision, int64_t B, int64_t T)
   return rows * C_ * (4 + (precision == k::Precision::bf16 ? 2 : 4));
 }
 
+int64_t Gpt2Block::pending_weight_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // What backward_input keeps (its `kept` operands): c_proj's output gradient (bf16: rounded, in
+  // half the floats), c_fc's, the attention projection's (over all rows) and c_attn's.
+  const int64_t rows = B * T;
+  const int64_t d_y = precision == k::Precision::bf16 ? (rows * C_ + 1) / 2 : rows * C_;
+  return 4 * (d_y + rows * F_ + rows * C_ + rows * 3 * A_);
+}
+
 void Gpt2Block::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T,
                                     bool cached) {
   const int64_t rows = B * T, local = tp_.local_rows(rows);

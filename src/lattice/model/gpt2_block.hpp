@@ -55,6 +55,7 @@ class Gpt2Block final : public Block {
   int64_t attention_output_bytes(int64_t B, int64_t T) const override;
   int64_t scratch_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
   int64_t transient_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
+  int64_t pending_weight_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
 
  private:
   void weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in, int64_t B,

@@ -100,6 +100,14 @@ int64_t LlamaBlock::transient_bytes(k::Precision precision, int64_t B, int64_t T
   return rows * C_ * (8 + (precision == k::Precision::bf16 ? 4 : 0));
 }
 
+int64_t LlamaBlock::pending_weight_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // What backward_input keeps (its `kept` operands): gate's and up's output gradients, down's
+  // (its own copy), o's (over all rows) and q's, k's and v's.
+  (void)precision;
+  const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
+  return 4 * rows * (2 * F_ + 2 * C_ + A_ + 2 * kv);
+}
+
 void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const int64_t rows = B * T, local = tp_.local_rows(rows), kv = kv_heads_ * head_dim_;
   auto* tr = ctx.tracker;
