@@ -3,11 +3,14 @@
 // threads and under real mpirun; a pipeline run's checkpoint is the one-rank model's (byte for byte
 // for an untied model), a one-rank run and the pipeline itself resume it, and `generate` reads it;
 // a schedule from a CSV file trains like the generated one; the training line and JSONL report the
-// measured bubble; bad pipeline settings get one error line each.
+// measured bubble, `--metrics.trace` writes a Chrome trace of every rank's actions, `lattice bench
+// pp` prints its bubbles; bad pipeline settings get one error line each.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -222,6 +225,68 @@ TEST_F(PpCli, TrainingLineAndJsonlReportTheBubble) {
     EXPECT_GE(bubble, 0.0) << record.dump();
     EXPECT_LT(bubble, 1.0) << record.dump();
     EXPECT_GE(record["pp_wait_seconds"].get<double>(), 0.0) << record.dump();
+  }
+}
+
+TEST_F(PpCli, ChromeTraceHoldsEveryRanksActions) {
+  // pp 2 x dp 2 (4 world ranks), 1F1B, 4 microbatches, 4 steps: every rank's process, its F and B
+  // of each microbatch in every step on the compute track, its sends and receive waits on the
+  // communication track.
+  const fs::path trace = dir_ / "trace.json";
+  CliResult r = run_lattice("train" + tiny_flags(dir_, "llama-tiny") +
+                                " --pp 2 --dp 2 --training.global_batch_size=16"
+                                " --checkpoint.enable=false --metrics.trace=" +
+                                trace.string(),
+                            dir_);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  const nlohmann::json j = nlohmann::json::parse(slurp(trace));
+  std::map<int, int> forwards, backwards, communication, names;
+  for (const auto& e : j.at("traceEvents")) {
+    const int pid = e.at("pid").get<int>();
+    if (e.at("ph") == "M") {
+      if (e.at("name") == "process_name") ++names[pid];
+      continue;
+    }
+    const std::string name = e.at("name").get<std::string>();
+    EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
+    if (name.rfind("F s", 0) == 0) ++forwards[pid];
+    if (name.rfind("B s", 0) == 0) ++backwards[pid];
+    if (e.at("tid").get<int>() == 1) {
+      ++communication[pid];
+      EXPECT_TRUE(name.rfind("SEND_", 0) == 0 || name.rfind("RECV_", 0) == 0) << name;
+    }
+    EXPECT_NE(name.find(" mb"), std::string::npos) << name;
+  }
+  for (int pid = 0; pid < 4; ++pid) {
+    EXPECT_EQ(names[pid], 1) << pid;
+    EXPECT_EQ(forwards[pid], 4 * 4) << pid;  // 4 microbatches x 4 steps
+    EXPECT_EQ(backwards[pid], 4 * 4) << pid;
+    EXPECT_GE(communication[pid], 4 * 4) << pid;  // a send of each microbatch at least
+  }
+  // Without a pipeline there is no schedule to trace: one line.
+  expect_one_error_line(
+      run_lattice("train" + tiny_flags(dir_, "llama-tiny") + " --metrics.trace=t.json", dir_),
+      "metrics.trace");
+}
+
+TEST_F(PpCli, BenchPpPrintsMeasuredAnalyticAndReplayedBubbles) {
+  // Tiny and untimed: the rows and the analytic column (1F1B at p 2, m 4: 1/5), no timing asserts.
+  CliResult r = run_lattice(
+      "bench pp --layers 4 --seq-len 32 --micro-batch 1 --microbatches 4 --steps 1 --warmup 0 "
+      "--schedule 1f1b,zb-h1",
+      dir_);
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ISA:"), std::string::npos) << r.out;
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    const size_t at = r.out.find(std::string("\n") + schedule + " ");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    std::istringstream line(r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1));
+    std::string name, measured, analytic, last, replay, ratio;
+    line >> name >> measured >> analytic >> last >> replay >> ratio;
+    EXPECT_EQ(measured.back(), '%') << r.out;
+    EXPECT_EQ(replay.back(), '%') << r.out;
+    EXPECT_EQ(ratio.back(), 'x') << r.out;
+    EXPECT_EQ(analytic, std::string(schedule) == "1f1b" ? "20.0%" : "-") << r.out;
   }
 }
 

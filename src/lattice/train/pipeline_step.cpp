@@ -65,9 +65,10 @@ StepOutcome pipeline_training_step(PipelineStep& pipeline, const model::LayerCon
                                      " at step " + std::to_string(step) +
                                      ": lower optimizer.lr or raise lr_scheduler.warmup_steps");
   for (auto& [stage, dp] : pipeline.data_parallel) dp->update(lr, norm);
-  // The measured bubble: 1 - the ranks' mean compute time over the longest pipeline part.
+  // The measured bubble: the ranks' mean idle share of the longest rank's pipeline part, idle
+  // being the waits for transfers and the time after a rank's own part ended.
   const pipeline::StepTimeline& timeline = executor.timeline();
-  double mine[2] = {timeline.seconds, timeline.compute_seconds};
+  double mine[2] = {timeline.seconds, timeline.busy_seconds()};
   std::vector<double> all(static_cast<size_t>(2 * pp.size()));
   pp.all_gather(mine, all.data(), 2, DType::i64);
   double longest = 0, busy = 0;

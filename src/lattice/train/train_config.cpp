@@ -296,7 +296,8 @@ const Schema& schema() {
       {"metrics",
        {{"log_freq", int_key(&TrainConfig::log_freq)},
         {"jsonl", bool_key(&TrainConfig::jsonl)},
-        {"peak_tflops", float_key(&TrainConfig::peak_tflops)}}},
+        {"peak_tflops", float_key(&TrainConfig::peak_tflops)},
+        {"trace", string_key(&TrainConfig::trace)}}},
       {"data",
        {{"train_files", list_key(&TrainConfig::train_files)},
         {"exclude", list_key(&TrainConfig::exclude)},
@@ -423,6 +424,9 @@ void resolve_pipeline_keys(TrainConfig& c) {
             "' is unknown: use \"even\" or \"balanced\" (or list the blocks per stage in "
             "parallelism.pipeline_layers)");
   if (c.pp == 1) {
+    check(c.trace.empty(),
+          "metrics.trace records a pipeline's actions: it needs parallelism.pp > "
+          "1 (remove metrics.trace, or set pp)");
     check(c.pipeline_layers.empty() && c.pipeline_schedule_file.empty(),
           "parallelism.pipeline_layers and pipeline_schedule_file need pp > 1: set parallelism.pp "
           "or remove them");

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/comm/backends/mpi.hpp"
@@ -19,6 +20,7 @@
 #include "lattice/parallel/tensor_parallel_state.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/metrics.hpp"
+#include "lattice/train/pipeline_trace.hpp"
 #include "lattice/train/training_step.hpp"
 
 namespace lattice::train {
@@ -302,6 +304,13 @@ TrainResult Trainer::run() {
   model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get()};
   const auto schedule = config_.lr_schedule();
   double window_bubble = 0, window_pp_wait = 0;
+  std::optional<PipelineTrace> trace;
+  if (pipeline_ && !config_.trace.empty())
+    trace.emplace(mesh_->world().rank(), "rank " + std::to_string(mesh_->world().rank()) + " (pp " +
+                                             std::to_string(mesh_->group(mesh::Axis::pp).rank()) +
+                                             ", dp " + std::to_string(group_->rank()) + ", tp " +
+                                             std::to_string(mesh_->group(mesh::Axis::tp).rank()) +
+                                             ")");
   TrainResult result;
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
@@ -326,6 +335,7 @@ TrainResult Trainer::run() {
     const StepOutcome outcome =
         pipeline_ ? pipeline_->step(ctx, shape, next_micro_batch, lr, step)
                   : training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
+    if (trace) trace->add_step(pipeline_->executor().timeline(), step);
     if (pipeline_) {
       result.pp_bubbles.push_back(outcome.pp_bubble);
       result.pp_wait_seconds += outcome.pp_wait_seconds;
@@ -411,6 +421,10 @@ TrainResult Trainer::run() {
     }
   }
   logger.finish_progress();
+  if (trace) {
+    trace->write(config_.trace, mesh_->world());
+    if (printing_) std::printf("trace %s\n", config_.trace.c_str());
+  }
   if (config_.checkpoint_enable && config_.steps > start_step_) save(config_.steps, config_toml);
   if (pipeline_)
     pipeline_->settle_parameters();

@@ -140,6 +140,7 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
   peak_in_flight_ = 0;
   timeline_ = {};
   step_start_ns_ = clock_ns();
+  timeline_.start_ns = step_start_ns_;
   int forwarded_sets = 0;  // forwarded and not yet freed (every freed set was forwarded)
   const std::vector<Action>& actions = schedule_.actions[static_cast<size_t>(rank_)];
   for (size_t index = 0; index < actions.size(); ++index) {
@@ -152,7 +153,7 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
     InFlight& f = in_flight(action.stage, action.microbatch);
     const auto mb = static_cast<size_t>(action.microbatch);
     if (final_backward_[index] && before_final_backward) before_final_backward(action.stage);
-    double compute_start = 0;
+    double compute_start = now();  // compute actions restart it after their input arrived
     switch (action.kind) {
       case ActionKind::kForward: {
         // The input: received from the previous stage's rank, or that stage's output when this
@@ -236,6 +237,9 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
       const double end = now();
       timeline_.actions.push_back({action, compute_start, end});
       timeline_.compute_seconds += end - compute_start;
+    } else if (action.kind == ActionKind::kSendForward ||
+               action.kind == ActionKind::kSendBackward) {
+      timeline_.actions.push_back({action, compute_start, now()});
     }
     forwarded_sets -= release_if_done(action.stage, action.microbatch) ? 1 : 0;
   }

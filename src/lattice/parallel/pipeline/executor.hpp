@@ -43,11 +43,14 @@ struct PipelineStage {
 // actions from start to end; a receive from the moment its data was first needed to its arrival,
 // so its length is the exposed wait), and the totals.
 struct StepTimeline {
-  std::vector<TimedAction> actions;  // times since the step began
+  std::vector<TimedAction> actions;  // times since the step began (sends: their posting)
+  int64_t start_ns = 0;              // when the step began (steady clock, ns)
   double seconds = 0;                // the whole step on this rank
   double compute_seconds = 0;        // F, B and W
   double wait_seconds = 0;           // waiting for activations and gradients to arrive
   double send_wait_seconds = 0;      // waiting for sends to complete before freeing a set
+  // Not waiting: the compute and what runs between the actions (posting transfers, freeing sets).
+  double busy_seconds() const { return seconds - wait_seconds - send_wait_seconds; }
 };
 
 class PipelineExecutor {
