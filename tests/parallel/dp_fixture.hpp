@@ -67,6 +67,13 @@ inline train::TrainConfig tiny_dp_config(const std::filesystem::path& dir, int d
   return train::load_train_config("", overrides);
 }
 
+// The line of one layout in `lattice parity`'s table ("" when absent).
+inline std::string parity_line(const std::string& out, const std::string& layout) {
+  const size_t at = out.find("\n" + layout + " ");
+  if (at == std::string::npos) return "";
+  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+}
+
 // Trains `config` on config.dp local rank threads (one kernel thread each).
 inline DpOutcome run_dp(const train::TrainConfig& config) {
   DpOutcome out;

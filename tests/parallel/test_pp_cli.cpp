@@ -39,13 +39,6 @@ std::string tiny_flags(const fs::path& dir, const std::string& preset) {
          (dir / "run").string();
 }
 
-// The line of one layout in parity's table.
-std::string parity_line(const std::string& out, const std::string& layout) {
-  const size_t at = out.find("\n" + layout + " ");
-  if (at == std::string::npos) return "";
-  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
-}
-
 void expect_verdict(const CliResult& r, const std::string& layout, const std::string& verdict) {
   EXPECT_NE(parity_line(r.out, layout).find(verdict), std::string::npos)
       << layout << " should be " << verdict << ":\n"

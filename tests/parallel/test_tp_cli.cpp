@@ -36,13 +36,6 @@ std::string tiny_flags(const fs::path& dir, const std::string& preset,
          (dir / "run").string();
 }
 
-// The verdict column of one layout's line in parity's table.
-std::string parity_line(const std::string& out, const std::string& layout) {
-  const size_t at = out.find("\n" + layout + " ");
-  if (at == std::string::npos) return "";
-  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
-}
-
 class TpCli : public CorpusDirectoryTest {};
 
 }  // namespace
