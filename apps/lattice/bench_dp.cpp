@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_host.hpp"
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/train/metrics.hpp"
@@ -83,13 +84,7 @@ void run_bench(const Options& o) {
       "lattice bench dp: model %s, seq %lld, global batch %lld, %lld steps, buckets %.1f MiB\n",
       o.model.c_str(), static_cast<long long>(o.seq_len), static_cast<long long>(o.global_batch),
       static_cast<long long>(o.steps), o.bucket_mb);
-  std::printf("load average at start: ");
-  {
-    std::ifstream load("/proc/loadavg");
-    std::string line;
-    std::getline(load, line);
-    std::printf("%s\n", line.c_str());
-  }
+  std::printf("load average at start: %s\n", load_average().c_str());
 
   // 1-2. Scaling and overlap (fp32; two cores).
   const auto one = run_ranks(bench_config(o, dir, 1, 0, 2, o.steps), 2);

@@ -7,9 +7,7 @@
 // rank in the same run (their means per rank and kind), and its ratio to (b).
 #include <omp.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_host.hpp"
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
@@ -36,30 +35,6 @@ struct Options {
   int64_t steps = 4, warmup = 1;
   std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"};
 };
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n == 0 ? 0 : n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-// The CPU's model name and the extensions the kernels use, from /proc/cpuinfo.
-std::string cpu_description() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, name = "unknown CPU", flags;
-  while (std::getline(in, line)) {
-    const size_t colon = line.find(':');
-    const std::string value =
-        colon == std::string::npos || colon + 2 > line.size() ? "" : line.substr(colon + 2);
-    if (line.rfind("model name", 0) == 0 && name == "unknown CPU") name = value;
-    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + value + " ";
-  }
-  std::string isa;
-  for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
-    if (flags.find(" " + std::string(flag) + " ") != std::string::npos)
-      isa += (isa.empty() ? "" : " ") + std::string(flag);
-  return name + " | ISA: " + (isa.empty() ? "none of avx2/avx512f/amx" : isa);
-}
 
 struct ScheduleResult {
   double measured = 0, last = 0, replayed = 0, step_seconds = 0;
@@ -148,12 +123,7 @@ ScheduleResult run_schedule(const Options& o, const std::string& schedule_name) 
 void run_bench(const Options& o) {
   check(o.pp >= 2, "bench pp needs --pp 2 or more");
   std::printf("lattice bench pp: %s\n", cpu_description().c_str());
-  {
-    std::ifstream load("/proc/loadavg");
-    std::string line;
-    std::getline(load, line);
-    std::printf("load average at start: %s\n", line.c_str());
-  }
+  std::printf("load average at start: %s\n", load_average().c_str());
   std::printf(
       "%s with %lld layers, T%lld, microbatch %lld, m = %lld microbatches, pp = %d local ranks x "
       "1 thread; %lld timed steps after %lld warm-up (medians)\n\n",

@@ -6,7 +6,6 @@
 // communication per step (the blocking all-reduces, four per block per step) against the step.
 #include <omp.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -14,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_host.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/train/train_benchmark.hpp"
@@ -42,32 +42,6 @@ train::BenchmarkCase shape_case(const std::string& name) {
   throw Error("unknown tp benchmark shape '" + name + "': use small or demo (or --model PRESET)");
 }
 
-// The median (the mean of the middle two for an even count).
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
-// The CPU's model name and the vector and matrix extensions the kernels use, from /proc/cpuinfo.
-std::string cpu_description() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, name = "unknown CPU", flags;
-  while (std::getline(in, line)) {
-    const auto value = [&] {
-      const size_t colon = line.find(':');
-      return colon == std::string::npos ? std::string() : line.substr(colon + 2);
-    };
-    if (line.rfind("model name", 0) == 0 && name == "unknown CPU") name = value();
-    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + value() + " ";
-  }
-  std::string isa;
-  for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
-    if (flags.find(" " + std::string(flag) + " ") != std::string::npos)
-      isa += (isa.empty() ? "" : " ") + std::string(flag);
-  return name + " | ISA: " + (isa.empty() ? "none of avx2/avx512f/amx" : isa);
-}
-
 void run_bench(const Options& o) {
   std::vector<train::BenchmarkCase> cases;
   if (!o.model.empty()) {
@@ -84,12 +58,7 @@ void run_bench(const Options& o) {
   const int threads = 2;  // this machine's cores: 1 rank x 2 threads against 2 ranks x 1
   omp_set_num_threads(threads);
   std::printf("lattice bench tp: %s\n", cpu_description().c_str());
-  {
-    std::ifstream load("/proc/loadavg");
-    std::string line;
-    std::getline(load, line);
-    std::printf("load average at start: %s\n", line.c_str());
-  }
+  std::printf("load average at start: %s\n", load_average().c_str());
   bool any_bf16 = false;
   for (const auto& name : o.precisions)  // refuses an unknown precision before any run
     any_bf16 |= kernels::parse_precision(name) == kernels::Precision::bf16;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -183,6 +184,28 @@ std::string write_checkpoint(const std::string& run_dir, const model::ModelConfi
   return (folder / name).string();
 }
 
+// Runs `write` on `group`'s rank 0 and tells every rank whether it could: each returns the
+// directory (`dir` where rank 0 did not say), or throws rank 0's error there and a line naming
+// rank 0 elsewhere. Collective over `group`.
+std::string written_by_rank0(comm::Communicator& group, std::string dir,
+                             const std::function<std::string()>& write) {
+  int32_t written = 1;
+  std::exception_ptr failure;
+  if (group.rank() == 0) {
+    try {
+      dir = write();
+    } catch (...) {
+      failure = std::current_exception();
+      written = 0;
+    }
+  }
+  group.broadcast(&written, 1, DType::i32, 0);
+  if (failure) std::rethrow_exception(failure);
+  check(written == 1, "rank 0 of the checkpoint's group could not write " + dir +
+                          " (its error names the problem)");
+  return dir;
+}
+
 }  // namespace
 
 std::string save_checkpoint(const std::string& run_dir, const model::ModelConfig& config,
@@ -216,24 +239,12 @@ std::string save_checkpoint(const std::string& run_dir, const model::ModelConfig
                            tp);
   parallel::gather_logical(params, optimizer.exp_avg_sq(), logical,
                            writer ? exp_avg_sq.data() : nullptr, tp);
-  std::string dir = (fs::path(run_dir) / "checkpoints" / step_name(state.step)).string();
-  int32_t written = 1;
-  std::exception_ptr failure;
-  if (writer) {
-    try {
-      dir = write_checkpoint(run_dir, config, logical, values.data(), exp_avg.data(),
-                             exp_avg_sq.data(), optimizer.steps_taken(), state, config_toml,
-                             keep_latest);
-    } catch (...) {
-      failure = std::current_exception();
-      written = 0;
-    }
-  }
-  tp.broadcast(&written, 1, DType::i32, 0);
-  if (failure) std::rethrow_exception(failure);
-  check(written == 1, "tensor-parallel rank 0 could not write the checkpoint " + dir +
-                          " (its error names the problem)");
-  return dir;
+  return written_by_rank0(
+      tp, (fs::path(run_dir) / "checkpoints" / step_name(state.step)).string(), [&] {
+        return write_checkpoint(run_dir, config, logical, values.data(), exp_avg.data(),
+                                exp_avg_sq.data(), optimizer.steps_taken(), state, config_toml,
+                                keep_latest);
+      });
 }
 
 std::string save_checkpoint(const std::string& run_dir, const model::Transformer& model,
@@ -258,11 +269,15 @@ std::string save_whole_checkpoint(const std::string& run_dir, const model::Model
                                   const model::ParameterStore& whole, const float* values,
                                   const float* exp_avg, const float* exp_avg_sq,
                                   int64_t optimizer_steps, const TrainerState& state,
-                                  const std::string& config_toml, int64_t keep_latest) {
+                                  const std::string& config_toml, int64_t keep_latest,
+                                  comm::Communicator& group) {
   check(!parallel::has_tensor_parallel_slices(whole),
         "save_whole_checkpoint: the store holds tensor-parallel slices (internal error)");
-  return write_checkpoint(run_dir, config, whole, values, exp_avg, exp_avg_sq, optimizer_steps,
-                          state, config_toml, keep_latest);
+  return written_by_rank0(
+      group, (fs::path(run_dir) / "checkpoints" / step_name(state.step)).string(), [&] {
+        return write_checkpoint(run_dir, config, whole, values, exp_avg, exp_avg_sq,
+                                optimizer_steps, state, config_toml, keep_latest);
+      });
 }
 
 std::string latest_checkpoint(const std::string& run_dir) {

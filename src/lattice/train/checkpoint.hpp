@@ -63,12 +63,15 @@ std::string save_checkpoint(const std::string& run_dir, const model::ModelConfig
                             const model::ParameterStore& logical, comm::Communicator& tp);
 
 // A checkpoint from buffers laid out as `whole`'s values (a one-rank model's store: every parameter
-// whole), the state a pipeline run gathers from its stages (train/pipeline_rank.hpp).
+// whole), the state a pipeline run gathers from its stages (train/pipeline_rank.hpp). Collective
+// over `group`: its rank 0 passes the buffers (the others' are not read) and writes, and every rank
+// returns the directory once written, or throws when rank 0 could not write it.
 std::string save_whole_checkpoint(const std::string& run_dir, const model::ModelConfig& config,
                                   const model::ParameterStore& whole, const float* values,
                                   const float* exp_avg, const float* exp_avg_sq,
                                   int64_t optimizer_steps, const TrainerState& state,
-                                  const std::string& config_toml, int64_t keep_latest);
+                                  const std::string& config_toml, int64_t keep_latest,
+                                  comm::Communicator& group);
 
 // The directory `latest` points at under run_dir/checkpoints, or "" when the run has none.
 std::string latest_checkpoint(const std::string& run_dir);

@@ -14,10 +14,6 @@ namespace {
 
 constexpr int kWholeStateTag = (1 << 30) + (1 << 28);  // apart from the executor's tags
 
-std::string count_text(int64_t n) {
-  return std::to_string(n);
-}
-
 }  // namespace
 
 pipeline::Schedule pipeline_schedule_of(const TrainConfig& config) {
@@ -28,17 +24,18 @@ pipeline::Schedule pipeline_schedule_of(const TrainConfig& config) {
                                    v);
   pipeline::Schedule s = pipeline::load_schedule(config.pipeline_schedule_file);
   const std::string file = "parallelism.pipeline_schedule_file " + config.pipeline_schedule_file;
-  check(s.num_ranks == p, file + " is for " + count_text(s.num_ranks) +
-                              " pipeline ranks, the run has pp = " + count_text(p) +
-                              ": set parallelism.pp = " + count_text(s.num_ranks));
+  check(s.num_ranks == p, file + " is for " + std::to_string(s.num_ranks) +
+                              " pipeline ranks, the run has pp = " + std::to_string(p) +
+                              ": set parallelism.pp = " + std::to_string(s.num_ranks));
   check(s.num_microbatches == m,
-        file + " runs " + count_text(s.num_microbatches) + " microbatches, the step has " +
-            count_text(m) +
-            ": set training.gradient_accumulation_steps = " + count_text(s.num_microbatches));
-  check(s.num_stages() == p * v,
-        file + " has " + count_text(s.num_stages()) +
-            " virtual stages, the run pp x virtual_stages = " + count_text(p * v) +
-            ": set parallelism.virtual_stages = " + count_text(s.num_stages() / std::max(1, p)));
+        file + " runs " + std::to_string(s.num_microbatches) + " microbatches, the step has " +
+            std::to_string(m) +
+            ": set training.gradient_accumulation_steps = " + std::to_string(s.num_microbatches));
+  check(
+      s.num_stages() == p * v,
+      file + " has " + std::to_string(s.num_stages()) +
+          " virtual stages, the run pp x virtual_stages = " + std::to_string(p * v) +
+          ": set parallelism.virtual_stages = " + std::to_string(s.num_stages() / std::max(1, p)));
   return s;
 }
 
@@ -68,8 +65,8 @@ PipelineRank::PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels:
   pipeline::Schedule schedule = pipeline_schedule_of(config);
   comm::Communicator& pp = mesh.group(mesh::Axis::pp);
   check(partition_.stages() == schedule.num_stages(),
-        "the stage partition has " + count_text(partition_.stages()) + " stages, the schedule " +
-            count_text(schedule.num_stages()) + " (internal error)");
+        "the stage partition has " + std::to_string(partition_.stages()) +
+            " stages, the schedule " + std::to_string(schedule.num_stages()) + " (internal error)");
   std::vector<pipeline::PipelineStage> stages;
   for (int s = 0; s < schedule.num_stages(); ++s) {
     if (schedule.stage_owner[static_cast<size_t>(s)] != pp.rank()) continue;
@@ -86,7 +83,7 @@ PipelineRank::PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels:
     models_.push_back(std::move(model));
     dps_.push_back(std::move(dp));
   }
-  check(!models_.empty(), "pipeline rank " + count_text(pp.rank()) +
+  check(!models_.empty(), "pipeline rank " + std::to_string(pp.rank()) +
                               " holds no stage of the schedule (its stage_owner lists no stage "
                               "for it): every pipeline rank needs one");
   if (config.precision == kernels::Precision::bf16)
@@ -132,7 +129,6 @@ WholeModelState PipelineRank::gather_whole(bool with_optimizer) {
   const int kinds = with_optimizer ? 3 : 1;
   // Each stage's logical tensors (tp gathered) on its stage root: values, then the moments.
   std::vector<std::vector<std::vector<float>>> logical(models_.size());
-  std::vector<std::unique_ptr<model::Transformer>> logical_models;
   for (size_t i = 0; i < models_.size(); ++i) {
     model::Transformer& model = *models_[i];
     std::unique_ptr<optim::AdamWOptimizer> full;
@@ -142,10 +138,11 @@ WholeModelState PipelineRank::gather_whole(bool with_optimizer) {
                                                        nullptr);
       dps_[i]->export_state(full.get());
     }
-    logical_models.push_back(model::Transformer::declared_only(config_.model, model.stage_range()));
     if (!batch_root) continue;
+    const auto logical_model =
+        model::Transformer::declared_only(config_.model, model.stage_range());
     const model::ParameterStore& local = model.parameters();
-    const model::ParameterStore& whole = logical_models.back()->parameters();
+    const model::ParameterStore& whole = logical_model->parameters();
     const float* sources[3] = {local.values(), full ? full->exp_avg() : nullptr,
                                full ? full->exp_avg_sq() : nullptr};
     for (int k = 0; k < kinds; ++k) {

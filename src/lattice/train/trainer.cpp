@@ -189,25 +189,12 @@ void Trainer::save(int64_t step, const std::string& config_toml) {
     // The stages' state gathered into the one-rank model's layout on world rank 0, which writes
     // it and tells every rank whether it could.
     const WholeModelState whole = pipeline_->gather_whole(true);
-    int32_t written = 1;
-    std::string dir, failure;
-    if (printing_) {
-      try {
-        const auto layout = model::Transformer::declared_only(config_.model);
-        TrainerState state{step, batches_->position(), config_.seed};
-        dir = save_whole_checkpoint(config_.run_dir, config_.model, layout->parameters(),
-                                    whole.values.data(), whole.exp_avg.data(),
-                                    whole.exp_avg_sq.data(), pipeline_->optimizer_steps(), state,
-                                    config_toml, config_.keep_latest);
-      } catch (const Error& e) {
-        failure = e.what();
-        written = 0;
-      }
-    }
-    mesh_->world().broadcast(&written, 1, DType::i32, 0);
-    if (!failure.empty()) throw Error(failure);
-    check(written == 1, "world rank 0 could not write the checkpoint of step " +
-                            std::to_string(step) + " (its error names the problem)");
+    const auto layout = model::Transformer::declared_only(config_.model);
+    const TrainerState state{step, batches_->position(), config_.seed};
+    const std::string dir = save_whole_checkpoint(
+        config_.run_dir, config_.model, layout->parameters(), whole.values.data(),
+        whole.exp_avg.data(), whole.exp_avg_sq.data(), pipeline_->optimizer_steps(), state,
+        config_toml, config_.keep_latest, mesh_->world());
     if (printing_) std::printf("checkpoint %s\n", dir.c_str());
     return;
   }

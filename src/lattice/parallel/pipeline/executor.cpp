@@ -121,6 +121,25 @@ void PipelineExecutor::wait_for(comm::CommHandle& arrival, const Action& action)
   timeline_.wait_seconds += end - start;
 }
 
+const float* PipelineExecutor::neighbour_data(const Action& action, bool backward) {
+  InFlight& f = in_flight(action.stage, action.microbatch);
+  const int neighbour = action.stage + (backward ? 1 : -1);
+  const float* data = nullptr;
+  if (owns(neighbour)) {  // interleaved and V schedules: handed over in memory
+    const model::StageActivations& theirs = in_flight(neighbour, action.microbatch).saved;
+    data = backward ? theirs.d_hidden_in() : theirs.hidden_out();
+  } else {
+    wait_for(backward ? f.gradient_arrival : f.hidden_in_arrival,
+             {backward ? ActionKind::kRecvBackward : ActionKind::kRecvForward, action.stage,
+              action.microbatch, -1});
+    data = (backward ? f.d_hidden_out : f.hidden_in).f32();
+  }
+  check(data != nullptr, describe(action) + " on pipeline rank " + std::to_string(rank_) +
+                             (backward ? " before its output gradient" : " before its input") +
+                             " arrived (schedule error)");
+  return data;
+}
+
 int PipelineExecutor::tag(bool backward, int virtual_stage, int microbatch) const {
   return ((backward ? 1 : 0) * schedule_.num_stages() + virtual_stage) *
              schedule_.num_microbatches +
@@ -156,20 +175,7 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
     double compute_start = now();  // compute actions restart it after their input arrived
     switch (action.kind) {
       case ActionKind::kForward: {
-        // The input: received from the previous stage's rank, or that stage's output when this
-        // rank holds it too (interleaved and V schedules).
-        const float* hidden_in = nullptr;
-        if (action.stage > 0) {
-          if (!owns(action.stage - 1))
-            wait_for(f.hidden_in_arrival,
-                     {ActionKind::kRecvForward, action.stage, action.microbatch, -1});
-          hidden_in = owns(action.stage - 1)
-                          ? in_flight(action.stage - 1, action.microbatch).saved.hidden_out()
-                          : f.hidden_in.f32();
-          check(hidden_in != nullptr, describe(action) + " on pipeline rank " +
-                                          std::to_string(rank_) +
-                                          " before its input arrived (schedule error)");
-        }
+        const float* hidden_in = action.stage > 0 ? neighbour_data(action, false) : nullptr;
         compute_start = now();
         const float mean = model.forward_stage(
             stage_ctx, f.saved, action.stage == 0 ? batches.tokens[mb] : nullptr, hidden_in,
@@ -179,20 +185,7 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
         break;
       }
       case ActionKind::kBackward: {
-        // The output gradient: received from the next stage's rank, or that stage's input
-        // gradient when this rank holds it too.
-        const float* d_hidden_out = nullptr;
-        if (action.stage < last) {
-          if (!owns(action.stage + 1))
-            wait_for(f.gradient_arrival,
-                     {ActionKind::kRecvBackward, action.stage, action.microbatch, -1});
-          d_hidden_out = owns(action.stage + 1)
-                             ? in_flight(action.stage + 1, action.microbatch).saved.d_hidden_in()
-                             : f.d_hidden_out.f32();
-          check(d_hidden_out != nullptr,
-                describe(action) + " on pipeline rank " + std::to_string(rank_) +
-                    " before its output gradient arrived (schedule error)");
-        }
+        const float* d_hidden_out = action.stage < last ? neighbour_data(action, true) : nullptr;
         compute_start = now();
         if (schedule_.splits_weight_gradient)
           model.backward_stage_input(stage_ctx, f.saved, d_hidden_out);

@@ -103,6 +103,10 @@ class PipelineExecutor {
   };
   // Frees (stage, microbatch)'s set once it is done (its sends finished first); true if freed.
   bool release_if_done(int virtual_stage, int microbatch);
+  // What a compute action reads from its neighbouring stage: the previous stage's output (F) or
+  // the next stage's input gradient (`backward`: B). In memory when this rank holds that stage
+  // too, else the receive's buffer once it arrived.
+  const float* neighbour_data(const Action& action, bool backward);
   // Waits for a receive, timing the wait as `action` and naming it if the peer never sends.
   void wait_for(comm::CommHandle& arrival, const Action& action);
   double now() const;  // seconds since the step began

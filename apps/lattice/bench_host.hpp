@@ -1,0 +1,18 @@
+// What every `lattice bench` prints about the host and how it summarises repeated runs: the CPU's
+// model name with the vector and matrix extensions the kernels use, the load average at the start,
+// and the median of a set of measurements.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lattice::cli {
+
+// "AMD EPYC | ISA: avx2 avx512f avx512_bf16", from /proc/cpuinfo.
+std::string cpu_description();
+// The first line of /proc/loadavg ("" where there is none).
+std::string load_average();
+// The median (the mean of the middle two for an even count; 0 for none).
+double median(std::vector<double> values);
+
+}  // namespace lattice::cli
