@@ -191,6 +191,29 @@ TEST(Planner, FindsFittingLayoutsFastestFirst) {
   EXPECT_THROW(plan_layouts(request), Error);  // 405B does not fit on one node of A100
 }
 
+TEST(Planner, SearchesPipelinesThatDoNotDivideTheLayers) {
+  // Llama 3 405B's 126 layers on 2048 H100s: pp 4, 8 and 16 (16 is how it was trained) do not
+  // divide 126; the planner considers and simulates them, uneven stages and all.
+  HardwareCatalog catalog;
+  PlanRequest request;
+  request.model = model_preset("llama3-405b");
+  request.hardware = catalog.get("h100-sxm");
+  request.devices = 2048;
+  request.global_batch_size = 2048;
+  request.max_micro_batch_size = 2;
+  request.top = 100000;  // every fitting layout
+  const PlanResult result = plan_layouts(request);
+  int uneven = 0;
+  for (const auto& p : result.best) {
+    EXPECT_EQ(p.layout.world_size(), 2048);
+    if (126 % p.layout.pp != 0) {
+      ++uneven;
+      EXPECT_GT(p.tokens_per_second, 0.0);
+    }
+  }
+  EXPECT_GT(uneven, 0) << result.fitting << " fitting layouts, none with uneven stages";
+}
+
 std::string run_cli(const std::string& arguments, int* status) {
   const std::string command = std::string(LATTICE_BINARY) + " " + arguments + " 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);

@@ -86,7 +86,10 @@ PlanResult plan_layouts(const PlanRequest& request) {
   double smallest_need = std::numeric_limits<double>::infinity();
   std::string last_error;
   for (int tp : powers_of_two_up_to(std::min(hw.devices_per_node, request.devices))) {
-    for (int pp : divisors(static_cast<int>(model.n_layers))) {
+    // Any pp up to the layers: a layer count the stages do not divide splits unevenly
+    // (pipeline::even_partition), as Llama 3 405B's 126 layers on 16 stages.
+    for (int pp : divisors(request.devices)) {
+      if (pp > model.n_layers) break;
       for (int cp : cp_options) {
         if (request.devices % (tp * pp * cp) != 0) continue;
         const int dp = request.devices / (tp * pp * cp);
@@ -101,10 +104,10 @@ PlanResult plan_layouts(const PlanRequest& request) {
             if (pp > 1) {
               schedules.push_back({pipeline::ScheduleKind::kGPipe, 1});
               schedules.push_back({pipeline::ScheduleKind::kZeroBubbleH1, 1});
-              if (model.n_layers % (2 * pp) == 0)
+              if (model.n_layers >= 2 * pp)
                 schedules.push_back({pipeline::ScheduleKind::kZeroBubbleV, 2});
               for (int v : {2, 4})
-                if (model.n_layers % (pp * v) == 0 && microbatches % pp == 0)
+                if (model.n_layers >= pp * v && microbatches % pp == 0)
                   schedules.push_back({pipeline::ScheduleKind::kInterleaved, v});
             }
             for (auto [schedule, chunks] : schedules) {

@@ -1,7 +1,7 @@
 // Layout planner: for a model, a device type, a device count and a global batch, enumerates TP
-// (within a node), PP (dividing the layers), DP, CP, EP, ZeRO stage, microbatch size, recomputation
-// and pipeline schedule; drops layouts that do not fit in memory; ranks the rest by simulated step
-// time.
+// (within a node), PP (up to the layers; a layer count it does not divide splits unevenly), DP, CP,
+// EP, ZeRO stage, microbatch size, recomputation and pipeline schedule; drops layouts that do not
+// fit in memory; ranks the rest by simulated step time.
 #pragma once
 
 #include <string>
