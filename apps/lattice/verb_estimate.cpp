@@ -164,6 +164,7 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
       for (const auto& r : pipeline_activations(*config))
         ranks.push_back({{"in_flight", r.in_flight},
                          {"awaiting_weight", r.awaiting_weight},
+                         {"held_bytes", r.held_bytes},
                          {"per_microbatch_bytes", r.per_microbatch},
                          {"per_pending_bytes", r.per_pending},
                          {"running_bytes", r.running},
@@ -192,14 +193,12 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
                 config->pipeline_schedule.c_str(),
                 static_cast<long long>(config->gradient_accumulation_steps));
     for (size_t r = 0; r < ranks.size(); ++r)
-      std::printf("  pp rank %zu: %s = %d sets in flight x %s%s + running backward %s\n", r,
-                  mib(ranks[r].total()).c_str(), ranks[r].in_flight,
-                  mib(ranks[r].per_microbatch).c_str(),
-                  ranks[r].awaiting_weight > 0 ? (" + " + std::to_string(ranks[r].awaiting_weight) +
-                                                  " awaiting W x " + mib(ranks[r].per_pending))
-                                                     .c_str()
-                                               : "",
-                  mib(ranks[r].running).c_str());
+      std::printf(
+          "  pp rank %zu: %s = %d sets in flight (%d awaiting W; a set %s, its W's operands %s) "
+          "holding %s + running backward %s\n",
+          r, mib(ranks[r].total()).c_str(), ranks[r].in_flight, ranks[r].awaiting_weight,
+          mib(ranks[r].per_microbatch).c_str(), mib(ranks[r].per_pending).c_str(),
+          mib(ranks[r].held_bytes).c_str(), mib(ranks[r].running).c_str());
   }
 }
 

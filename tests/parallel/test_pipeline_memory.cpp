@@ -64,16 +64,21 @@ TEST_F(PipelineMemory, EachRankHoldsItsInFlightMicrobatchesOnly) {
   struct Case {
     const char* schedule;
     int pp;
+    const char* layers = "";  // parallelism.pipeline_layers (empty: even)
   };
+  // The interleaved and V ranks with uneven stages hold sets of two sizes.
   for (const Case c : {Case{"gpipe", 2}, Case{"1f1b", 2}, Case{"interleaved", 2}, Case{"zb-h1", 2},
-                       Case{"zb-v", 2}, Case{"gpipe", 4}, Case{"1f1b", 4}, Case{"zb-h1", 4}}) {
-    SCOPED_TRACE(std::string(c.schedule) + " pp " + std::to_string(c.pp));
+                       Case{"zb-v", 2}, Case{"gpipe", 4}, Case{"1f1b", 4}, Case{"zb-h1", 4},
+                       Case{"interleaved", 2, "[1,3,3,1]"}, Case{"zb-v", 2, "[3,1,1,3]"}}) {
+    SCOPED_TRACE(std::string(c.schedule) + " pp " + std::to_string(c.pp) + " " + c.layers);
     // 8 blocks of d_model 64 on 8 microbatches of 2 x 32 tokens (GPipe holds all 8).
     const train::TrainConfig config = tiny_dp_config(
         dir_, 1, 0, 16, 8,
         {"parallelism.pp=" + std::to_string(c.pp),
          std::string("parallelism.pipeline_schedule=") + c.schedule, "model.n_layers=8",
-         "model.d_model=64", "model.tied_embeddings=false", "training.steps=2"});
+         "model.d_model=64", "model.tied_embeddings=false", "training.steps=2",
+         *c.layers ? std::string("parallelism.pipeline_layers=") + c.layers
+                   : std::string("parallelism.pipeline_partition=even")});
     const std::vector<RankMemory> ranks = train_and_measure(config);
     for (size_t r = 0; r < ranks.size(); ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
@@ -84,9 +89,9 @@ TEST_F(PipelineMemory, EachRankHoldsItsInFlightMicrobatchesOnly) {
       // modelled).
       EXPECT_NEAR(static_cast<double>(m.measured), static_cast<double>(m.estimate.total()),
                   0.1 * static_cast<double>(m.estimate.total()))
-          << "measured " << m.measured << ", estimate " << m.estimate.in_flight << " x "
-          << m.estimate.per_microbatch << " + " << m.estimate.awaiting_weight << " x "
-          << m.estimate.per_pending << " + " << m.estimate.running;
+          << "measured " << m.measured << ", estimate " << m.estimate.held_bytes << " in "
+          << m.estimate.in_flight << " sets (" << m.estimate.awaiting_weight << " awaiting W) + "
+          << m.estimate.running;
       // More sets in flight than one is more memory than one set: the schedule decides it.
       if (m.estimate.in_flight > 1) EXPECT_GT(m.measured, 2 * m.estimate.per_microbatch);
     }
@@ -114,9 +119,12 @@ TEST_F(PipelineMemory, EstimateCliPrintsEveryRank) {
     for (size_t rank = 0; rank < 4; ++rank) {
       const int expected = std::string(schedule) == "gpipe" ? 8 : 4 - static_cast<int>(rank);
       EXPECT_EQ(ranks[rank].at("in_flight").get<int>(), expected) << rank;
-      EXPECT_EQ(ranks[rank].at("total_bytes").get<int64_t>(),
+      // One stage per rank and no W: every held set is that stage's.
+      EXPECT_EQ(ranks[rank].at("held_bytes").get<int64_t>(),
                 ranks[rank].at("in_flight").get<int64_t>() *
-                        ranks[rank].at("per_microbatch_bytes").get<int64_t>() +
+                    ranks[rank].at("per_microbatch_bytes").get<int64_t>());
+      EXPECT_EQ(ranks[rank].at("total_bytes").get<int64_t>(),
+                ranks[rank].at("held_bytes").get<int64_t>() +
                     ranks[rank].at("running_bytes").get<int64_t>());
     }
   }

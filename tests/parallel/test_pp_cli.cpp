@@ -7,6 +7,7 @@
 // pp` prints its bubbles; bad pipeline settings get one error line each.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -281,6 +282,27 @@ TEST_F(PpCli, BenchPpPrintsMeasuredAnalyticAndReplayedBubbles) {
     EXPECT_EQ(ratio.back(), 'x') << r.out;
     EXPECT_EQ(analytic, std::string(schedule) == "1f1b" ? "20.0%" : "-") << r.out;
   }
+}
+
+TEST_F(PpCli, StalledStageIsNamedByItsPeersWatchdog) {
+  // Rank 0 (the first stage) stalls for 4 s before step 2; the watchdog gives up on a wait after
+  // 1.5 s. The last stage, waiting for step 2's first activation, stops with one line naming what
+  // it waited for and from which rank, and the run ends (no hang) with an error.
+  const std::pair<const char*, const char*> environment[] = {
+      {"LATTICE_COMM_TIMEOUT_MS", "1500"},
+      {"LATTICE_FAULT_STALL_RANK", "0"},
+      {"LATTICE_FAULT_STALL_BEFORE_STEP", "2"},
+      {"LATTICE_FAULT_STALL_SECONDS", "4"}};
+  for (const auto& [name, value] : environment) setenv(name, value, 1);
+  CliResult r = run_lattice(
+      "train" + tiny_flags(dir_, "llama-tiny") + " --pp 2 --checkpoint.enable=false", dir_);
+  for (const auto& [name, value] : environment) unsetenv(name);
+  EXPECT_NE(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.err.find("pipeline rank 1 waited in vain for RECV_F(stage 1, mb 0 <- rank 0)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("rank 0"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("step      1/4"), std::string::npos) << r.out;  // step 1 ran
 }
 
 TEST_F(PpCli, BadPipelineSettingsGetOneErrorLine) {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/comm/backends/mpi.hpp"
@@ -72,6 +73,15 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   if (const char* rank = std::getenv("LATTICE_FAULT_KILL_RANK"))
     if (const char* step = std::getenv("LATTICE_FAULT_KILL_AFTER_STEP"))
       if (std::atoi(rank) == group_->rank()) fault_kill_after_step_ = std::atoll(step);
+  // ... or world rank LATTICE_FAULT_STALL_RANK stalls for LATTICE_FAULT_STALL_SECONDS before step
+  // LATTICE_FAULT_STALL_BEFORE_STEP (a hung stage: its peers' watchdogs must name it).
+  if (const char* rank = std::getenv("LATTICE_FAULT_STALL_RANK"))
+    if (const char* step = std::getenv("LATTICE_FAULT_STALL_BEFORE_STEP"))
+      if (std::atoi(rank) == mesh_->world().rank()) {
+        fault_stall_before_step_ = std::atoll(step);
+        const char* seconds = std::getenv("LATTICE_FAULT_STALL_SECONDS");
+        fault_stall_seconds_ = seconds ? std::atof(seconds) : 5.0;
+      }
   batches_ = std::make_unique<BatchSource>(config_, group_->rank(), group_->size());
   // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
   // here, by the caller: the engine itself reads no environment.
@@ -319,6 +329,8 @@ TrainResult Trainer::run() {
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
     const float lr = schedule.at(step);
     tp_comm_seconds_ = 0;  // the step's own tp all-reduces (not validation's or a checkpoint's)
+    if (fault_stall_before_step_ == step)
+      std::this_thread::sleep_for(std::chrono::duration<double>(fault_stall_seconds_));
     const StepOutcome outcome =
         pipeline_ ? pipeline_->step(ctx, shape, next_micro_batch, lr, step)
                   : training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);

@@ -97,8 +97,10 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<PipelineRank> pipeline_;  // pp > 1: the stages, their DP and the executor
   int64_t start_step_ = 0;
-  int64_t fault_kill_after_step_ = -1;  // LATTICE_FAULT_KILL_* (tests only)
-  double tp_comm_seconds_ = 0;          // the model's tp all-reduces add their time here (per step)
+  int64_t fault_kill_after_step_ = -1;    // LATTICE_FAULT_KILL_* (tests only)
+  int64_t fault_stall_before_step_ = -1;  // LATTICE_FAULT_STALL_* (tests only)
+  double fault_stall_seconds_ = 0;
+  double tp_comm_seconds_ = 0;  // the model's tp all-reduces add their time here (per step)
 };
 
 // Runs training on the layout's pp x dp x cp x tp ranks: under a launcher (mpirun, srun,

@@ -114,7 +114,7 @@ void PipelineExecutor::wait_for(comm::CommHandle& arrival, const Action& action)
   } catch (const Error& e) {
     throw Error("pipeline rank " + std::to_string(rank_) + " waited in vain for " +
                 describe(action) + ": " + e.what() +
-                " (the stage on that rank stalled or died; its own error names why)");
+                " (the rank holding that stage stalled or died)");
   }
   const double end = now();
   timeline_.actions.push_back({action, start, end});
@@ -131,7 +131,7 @@ const float* PipelineExecutor::neighbour_data(const Action& action, bool backwar
   } else {
     wait_for(backward ? f.gradient_arrival : f.hidden_in_arrival,
              {backward ? ActionKind::kRecvBackward : ActionKind::kRecvForward, action.stage,
-              action.microbatch, -1});
+              action.microbatch, schedule_.stage_owner[static_cast<size_t>(neighbour)]});
     data = (backward ? f.d_hidden_out : f.hidden_in).f32();
   }
   check(data != nullptr, describe(action) + " on pipeline rank " + std::to_string(rank_) +

@@ -2,6 +2,8 @@
 #include "lattice/parallel/pipeline/pipeline_memory.hpp"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include "lattice/core/error.hpp"
 
@@ -12,6 +14,8 @@ PipelineActivationMemory estimate_pipeline_activations(
     kernels::Precision precision, int64_t B, int64_t T, const kernels::Ops& ops) {
   PipelineActivationMemory memory;
   const int last = schedule.num_stages() - 1;
+  // Per virtual stage of this rank: one set's bytes, and what a set awaiting its W adds.
+  std::map<int, std::pair<int64_t, int64_t>> bytes;
   size_t next = 0;
   for (int s = 0; s <= last; ++s) {
     if (schedule.stage_owner[static_cast<size_t>(s)] != rank) continue;
@@ -27,34 +31,38 @@ PipelineActivationMemory estimate_pipeline_activations(
     int64_t received = 0;
     if (s > 0 && schedule.stage_owner[static_cast<size_t>(s - 1)] != rank) received += rows;
     if (s < last && schedule.stage_owner[static_cast<size_t>(s + 1)] != rank) received += rows;
-    memory.per_microbatch =
-        std::max(memory.per_microbatch, a.residuals + a.blocks + a.head + received);
     int64_t pending = rows;  // the stage's input gradient, kept until the set is freed
     for (int64_t i = 0; i < stage.block_count(); ++i)
       pending += stage.block(i).pending_weight_bytes(precision, B, T);
-    if (schedule.splits_weight_gradient) memory.per_pending = std::max(memory.per_pending, pending);
+    if (!schedule.splits_weight_gradient) pending = 0;
+    bytes[s] = {a.residuals + a.blocks + a.head + received, pending};
+    memory.per_microbatch = std::max(memory.per_microbatch, bytes[s].first);
+    memory.per_pending = std::max(memory.per_pending, pending);
     memory.running = std::max(memory.running, a.transient + a.backward);
   }
   // Walk the rank's actions: a set lives from its F to its B (or, when split, its W).
   int held = 0, awaiting = 0;
+  int64_t now = 0;
   for (const Action& action : schedule.actions.at(static_cast<size_t>(rank))) {
+    const auto [set, pending] = bytes.at(action.stage);
     if (action.kind == ActionKind::kForward) {
       ++held;
+      now += set;
+    } else if (action.kind == ActionKind::kBackward && schedule.splits_weight_gradient) {
+      ++awaiting;
+      now += pending;
     } else if (action.kind == ActionKind::kBackward) {
-      if (schedule.splits_weight_gradient)
-        ++awaiting;
-      else
-        --held;
+      --held;
+      now -= set;
     } else if (action.kind == ActionKind::kBackwardWeight) {
       --awaiting;
       --held;
+      now -= set + pending;
     } else {
       continue;
     }
-    const int64_t now = held * memory.per_microbatch + awaiting * memory.per_pending;
-    const int64_t best =
-        memory.in_flight * memory.per_microbatch + memory.awaiting_weight * memory.per_pending;
-    if (now > best || (now == best && held > memory.in_flight)) {
+    if (now > memory.held_bytes || (now == memory.held_bytes && held > memory.in_flight)) {
+      memory.held_bytes = now;
       memory.in_flight = held;
       memory.awaiting_weight = awaiting;
     }

@@ -5,9 +5,9 @@
 // whose input half ran and whose weight half waits (zero-bubble schedules) also holds the Linears'
 // output gradients (Block::pending_weight_bytes) and its input gradient. The peak is the largest
 // such sum over the rank's action list — at most the schedule's peak in-flight count (replay.hpp)
-// of sets — plus what only the running backward holds (the gradient flowing down, scratch, a block
-// being recomputed). With several virtual stages on a rank the largest stage's sets are counted
-// (exact when the stages are equal). `lattice estimate memory --config` prints it per rank.
+// of sets, each at its own stage's size (interleaved and V ranks hold two stages' sets) — plus what
+// only the running backward holds (the gradient flowing down, scratch, a block being recomputed).
+// `lattice estimate memory --config` prints it per rank.
 #pragma once
 
 #include <cstdint>
@@ -22,12 +22,11 @@ namespace lattice::pipeline {
 struct PipelineActivationMemory {
   int in_flight = 0;           // sets held at the peak (forwarded, not yet freed)
   int awaiting_weight = 0;     // of them, sets whose W is still to run
-  int64_t per_microbatch = 0;  // one set: saved tensors and received buffers
+  int64_t held_bytes = 0;      // what those sets hold (each counted at its own stage's size)
+  int64_t per_microbatch = 0;  // one set of the rank's largest stage: saved tensors and buffers
   int64_t per_pending = 0;     // on top, while its W waits
   int64_t running = 0;         // held once, by the backward that runs
-  int64_t total() const {
-    return in_flight * per_microbatch + awaiting_weight * per_pending + running;
-  }
+  int64_t total() const { return held_bytes + running; }
 };
 
 // For pipeline rank `rank` of `schedule`, whose virtual stages are `stages` (this rank's models,
