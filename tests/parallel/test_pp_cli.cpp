@@ -68,6 +68,18 @@ TEST_F(PpCli, EveryScheduleTrainsAsOneRankOnLocalThreads) {
     expect_verdict(r, layout, "bit-identical weights");
 }
 
+TEST_F(PpCli, PipelinesInBf16AreBitIdenticalToo) {
+  // bf16 GEMMs read the same rounded weights and inputs on a stage as on one rank: the same
+  // arithmetic, so the same bits (20 steps).
+  CliResult r = run_lattice(
+      "parity --layouts dp1,dp1p2-gpipe,dp1p2-zb-h1,dp1p4-interleaved,dp1p2-zb-v" +
+          tiny_flags(dir_, "llama-tiny") + " --training.precision=bf16 --training.steps=20",
+      dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  for (const char* layout : {"dp1p2-gpipe", "dp1p2-zb-h1", "dp1p4-interleaved", "dp1p2-zb-v"})
+    expect_verdict(r, layout, "bit-identical weights");
+}
+
 TEST_F(PpCli, TiedEmbeddingsAcrossStagesStayWithinTolerance) {
   // GPT-2 ties its head to the embedding: the first and last stage each hold a copy and sum their
   // gradients after the backward, where one rank adds the head's and the embedding's parts
@@ -88,13 +100,14 @@ TEST_F(PpCli, ThreeDimensionalLayoutsOnLocalThreads) {
   // dp 4 x pp 2 with HSDP. Against the same dp x tp without a pipeline: weights bit-identical; the
   // tp and dp layouts themselves within 1e-4 of one rank (their reasons: test_tp_cli.cpp).
   CliResult r = run_lattice(
-      "parity --tolerance 1e-4 --layouts dp1,dp2t2,dp2t2p2,dp2t2p2z1,dp2t2s,dp2t2sp2-zb-vz2,"
-      "dp2t2sp2-interleavedz1,dp4,dp4p2z1h2" +
+      "parity --tolerance 1e-4 --layouts dp1,dp2t2,dp2t2p2,dp2t2p2-gpipez1,dp2t2p2-zb-h1z2,dp2t2s,"
+      "dp2t2sp2-zb-vz2,dp2t2sp2-interleavedz1,dp4,dp4p2z1h2" +
           tiny_flags(dir_, "llama-tiny") + " --training.steps=20 --training.global_batch_size=16",
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
-  for (const char* layout : {"dp2t2p2", "dp2t2p2z1", "dp2t2sp2-zb-vz2", "dp2t2sp2-interleavedz1"})
+  for (const char* layout : {"dp2t2p2", "dp2t2p2-gpipez1", "dp2t2p2-zb-h1z2", "dp2t2sp2-zb-vz2",
+                             "dp2t2sp2-interleavedz1"})
     expect_verdict(r, layout, "bit-identical weights");
   // HSDP sums within groups first: held to the tolerance against plain dp 4.
   expect_verdict(r, "dp4p2z1h2", "within tolerance");
@@ -326,18 +339,34 @@ TEST_F(PpCli, BadPipelineSettingsGetOneErrorLine) {
 #ifdef LATTICE_MPIEXEC
 
 TEST_F(PpCli, ThreeDimensionalParityUnderMpirun) {
-  // dp 2 x tp 2 x pp 2 as 8 MPI processes, with ZeRO-1 and the V schedule with sequence
-  // parallelism; the verdicts and reasons of ThreeDimensionalLayoutsOnLocalThreads.
-  CliResult r = run_mpi(
-      8,
-      "parity --tolerance 1e-4 --layouts dp1,dp1p2-zb-v,dp2t2,dp2t2p2z1,dp2t2s,dp2t2sp2-zb-vz2" +
-          tiny_flags(dir_, "llama-tiny") + " --training.steps=20",
-      dir_);
+  // Every schedule at pp 2 and 4 as MPI processes, and dp 2 x tp 2 x pp 2 on 8 of them with
+  // ZeRO-1/2, sequence parallelism and each schedule; the verdicts and reasons of
+  // EveryScheduleTrainsAsOneRankOnLocalThreads and ThreeDimensionalLayoutsOnLocalThreads.
+  const char* pipelined[] = {"dp1p2-gpipe",
+                             "dp1p2",
+                             "dp1p2-interleaved",
+                             "dp1p2-zb-h1",
+                             "dp1p2-zb-v",
+                             "dp1p4-gpipe",
+                             "dp1p4",
+                             "dp1p4-interleaved",
+                             "dp1p4-zb-h1",
+                             "dp1p4-zb-v",
+                             "dp2t2p2-gpipez1",
+                             "dp2t2p2z1",
+                             "dp2t2p2-zb-h1z2",
+                             "dp2t2sp2-zb-vz2",
+                             "dp2t2sp2-interleavedz1"};
+  std::string layouts = "dp1,dp2t2,dp2t2s";
+  for (const char* layout : pipelined) layouts += std::string(",") + layout;
+  CliResult r = run_mpi(8,
+                        "parity --tolerance 1e-4 --layouts " + layouts +
+                            tiny_flags(dir_, "llama-tiny") + " --training.steps=20",
+                        dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
-  for (const char* layout : {"dp1p2-zb-v", "dp2t2p2z1", "dp2t2sp2-zb-vz2"})
-    expect_verdict(r, layout, "bit-identical weights");
+  for (const char* layout : pipelined) expect_verdict(r, layout, "bit-identical weights");
 }
 
 TEST_F(PpCli, PipelineUnderMpirunOverTcp) {

@@ -100,11 +100,29 @@ bool PipelineExecutor::release_if_done(int virtual_stage, int microbatch) {
   if (it == in_flight_.end()) return false;
   InFlight& f = it->second;
   if (!(f.backward_done && f.weight_done && f.gradient_handed_over)) return false;
-  const double start = now();
-  for (comm::CommHandle& send : f.sends) send.wait();  // they read its tensors
-  timeline_.send_wait_seconds += now() - start;
-  in_flight_.erase(it);
+  // Its sends read its tensors. One still in flight is not waited for here: the schedule's proof
+  // takes sends as non-blocking, and a send the peer receives only after one of this rank's later
+  // actions (a rendezvous transfer) would deadlock. The set drains instead, freed once its sends
+  // are done (at the latest at the end of the step).
+  bool sent = true;
+  for (comm::CommHandle& send : f.sends) sent = send.test() && sent;
+  if (sent)
+    in_flight_.erase(it);
+  else
+    draining_.push_back(in_flight_.extract(it));
   return true;
+}
+
+void PipelineExecutor::free_drained_sets(bool wait) {
+  const double start = now();
+  for (auto& node : draining_)
+    for (comm::CommHandle& send : node.mapped().sends)
+      if (wait) send.wait();
+  std::erase_if(draining_, [&](auto& node) {
+    return std::all_of(node.mapped().sends.begin(), node.mapped().sends.end(),
+                       [](comm::CommHandle& send) { return send.test(); });
+  });
+  if (wait) timeline_.send_wait_seconds += now() - start;
 }
 
 void PipelineExecutor::wait_for(comm::CommHandle& arrival, const Action& action) {
@@ -235,7 +253,9 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
       timeline_.actions.push_back({action, compute_start, now()});
     }
     forwarded_sets -= release_if_done(action.stage, action.microbatch) ? 1 : 0;
+    if (!draining_.empty()) free_drained_sets(false);
   }
+  free_drained_sets(true);
   // A complete schedule (the checker's) leaves nothing in flight.
   check(in_flight_.empty(), "pipeline rank " + std::to_string(rank_) + " ended its step with " +
                                 std::to_string(in_flight_.size()) +

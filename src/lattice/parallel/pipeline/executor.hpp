@@ -48,7 +48,7 @@ struct StepTimeline {
   double seconds = 0;                // the whole step on this rank
   double compute_seconds = 0;        // F, B and W
   double wait_seconds = 0;           // waiting for activations and gradients to arrive
-  double send_wait_seconds = 0;      // waiting for sends to complete before freeing a set
+  double send_wait_seconds = 0;      // waiting at the step's end for the last sends to complete
   // Not waiting: the compute and what runs between the actions (posting transfers, freeing sets).
   double busy_seconds() const { return seconds - wait_seconds - send_wait_seconds; }
 };
@@ -101,8 +101,11 @@ class PipelineExecutor {
     bool backward_done = false, weight_done = false;
     bool gradient_handed_over = false;  // sent, or read by this rank's previous stage (or none)
   };
-  // Frees (stage, microbatch)'s set once it is done (its sends finished first); true if freed.
+  // Releases (stage, microbatch)'s set once it is done; true if released. It is freed at once when
+  // its sends are complete, else it drains (draining_) until they are.
   bool release_if_done(int virtual_stage, int microbatch);
+  // Frees the drained sets whose sends are complete (with `wait`: waits for all of them first).
+  void free_drained_sets(bool wait);
   // What a compute action reads from its neighbouring stage: the previous stage's output (F) or
   // the next stage's input gradient (`backward`: B). In memory when this rank holds that stage
   // too, else the receive's buffer once it arrived.
@@ -123,6 +126,7 @@ class PipelineExecutor {
   std::map<int, PipelineStage> stages_;  // virtual stage -> its model and hooks
   std::vector<bool> final_backward_;     // per action of this rank's list: completes a stage
   std::map<std::pair<int, int>, InFlight> in_flight_;
+  std::vector<std::map<std::pair<int, int>, InFlight>::node_type> draining_;
   int peak_in_flight_ = 0;
   StepTimeline timeline_;
   int64_t step_start_ns_ = 0;
