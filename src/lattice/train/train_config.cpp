@@ -1,18 +1,14 @@
-// TrainConfig: TOML schema, overrides and checks (see train_config.hpp).
+// TrainConfig: the TOML schema, overrides and the resolved TOML (see train_config.hpp); the
+// cross-key checks of finalize() are in train_config_checks.cpp.
 #include "lattice/train/train_config.hpp"
 
 #include <toml++/toml.h>
 #include <algorithm>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <sstream>
 
-#include "lattice/comm/launch.hpp"
 #include "lattice/core/error.hpp"
-#include "lattice/data/dataset_manifest.hpp"
-#include "lattice/data/token_dataset.hpp"
-#include "lattice/parallel/pipeline/stage_partition.hpp"
 
 namespace lattice::train {
 
@@ -355,117 +351,6 @@ void apply_table(TrainConfig& config, const toml::table& root, const std::string
   }
 }
 
-// [data]: the token-file format is known, the tokenizer is an absolute path (so `lattice generate`
-// finds it from a run's config.toml), and a prepared dataset's tokenizer is the configured one.
-void resolve_data_keys(TrainConfig& c) {
-  const auto format = data::parse_token_format(c.data_format);
-  c.tokenizer = data::absolute_tokenizer_spec(c.tokenizer);
-  if (c.dataset.empty()) {
-    check(c.tokenizer == "byte",
-          "data.tokenizer '" + c.tokenizer +
-              "' needs token files: run `lattice data prepare --tokenizer ...` and set "
-              "data.dataset to its output (data.train_files is read as bytes)");
-    return;
-  }
-  // A missing dataset is reported when the data is opened (generation never opens it).
-  const bool prepared =
-      format != data::TokenFormat::llmc && format != data::TokenFormat::megatron &&
-      std::filesystem::exists(std::filesystem::path(c.dataset) / data::kManifestName);
-  if (!prepared) return;
-  const auto manifest = data::read_manifest(c.dataset);
-  if (c.tokenizer == "byte") {
-    c.tokenizer = manifest.tokenizer;  // the dataset's own tokenizer unless one is configured
-  } else {
-    check(c.tokenizer == manifest.tokenizer,
-          "data.tokenizer '" + c.tokenizer + "' is not the tokenizer data.dataset '" + c.dataset +
-              "' was prepared with ('" + manifest.tokenizer +
-              "'): drop data.tokenizer or set it to that path");
-  }
-}
-
-// Models the planner describes but this trainer does not build yet.
-void refuse_unbuilt_model(const model::ModelConfig& m) {
-  check(!m.is_moe(), "model.n_experts = " + std::to_string(m.n_experts) +
-                         " is not available yet: mixture-of-experts layers come with the "
-                         "mixture-of-experts issue (#24; `lattice estimate` plans them today); set "
-                         "model.n_experts = 1");
-  check(!m.has_dropout(), "model.dropout = " + std::to_string(m.dropout) +
-                              " is not available yet: the trainer has no dropout; set "
-                              "model.dropout = 0");
-}
-
-// Tensor parallelism splits the key/value heads over the tp ranks: the validator (shared with the
-// planner) also lets a tp above the key/value heads replicate them, as Megatron can, but the
-// trainer splits them. (The attention heads and the MLP width are the validator's.)
-void refuse_tensor_parallel_misfit(const TrainConfig& c) {
-  if (c.tp <= 1) return;
-  const std::string tp = "parallelism.tp = " + std::to_string(c.tp);
-  check(c.model.n_kv_heads % c.tp == 0,
-        tp + " does not divide the " + std::to_string(c.model.n_kv_heads) +
-            " key/value heads (model.n_kv_heads): each tp rank holds its share of them; pick a "
-            "tp that divides " +
-            std::to_string(c.model.n_kv_heads));
-}
-
-// The pipeline keys: the schedule's name, its virtual stages (0: the schedule's own, 2 for the
-// interleaved and V schedules, else 1), the partition, and what pipelines cannot do yet.
-void resolve_pipeline_keys(TrainConfig& c) {
-  const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(c.pipeline_schedule);
-  check(c.virtual_stages >= 0,
-        "parallelism.virtual_stages must not be negative (0: the "
-        "schedule's own: 2 for interleaved and zb-v, else 1)");
-  if (c.virtual_stages == 0)
-    c.virtual_stages =
-        kind == pipeline::ScheduleKind::kInterleaved || kind == pipeline::ScheduleKind::kZeroBubbleV
-            ? 2
-            : 1;
-  check(c.pipeline_partition == "even" || c.pipeline_partition == "balanced",
-        "parallelism.pipeline_partition '" + c.pipeline_partition +
-            "' is unknown: use \"even\" or \"balanced\" (or list the blocks per stage in "
-            "parallelism.pipeline_layers)");
-  if (c.pp == 1) {
-    check(c.trace.empty(),
-          "metrics.trace records a pipeline's actions: it needs parallelism.pp > "
-          "1 (remove metrics.trace, or set pp)");
-    check(c.pipeline_layers.empty() && c.pipeline_schedule_file.empty(),
-          "parallelism.pipeline_layers and pipeline_schedule_file need pp > 1: set parallelism.pp "
-          "or remove them");
-    return;
-  }
-  check(c.pipeline_layers.empty() ||
-            static_cast<int64_t>(c.pipeline_layers.size()) == c.pp * c.virtual_stages,
-        "parallelism.pipeline_layers lists " + std::to_string(c.pipeline_layers.size()) +
-            " stages, the pipeline has pp x virtual_stages = " +
-            std::to_string(c.pp * c.virtual_stages) + ": list one block count per stage");
-  check(c.zero < 3,
-        "parallelism.zero = 3 with pp > 1 is refused: ZeRO-3 would gather every stage's weights "
-        "again for each microbatch's forward and backward (m times the traffic of a step, as "
-        "DeepSpeed also refuses); use zero 1 or 2 with a pipeline");
-  if (!c.pipeline_schedule_file.empty()) {
-    check(std::filesystem::exists(c.pipeline_schedule_file), "parallelism.pipeline_schedule_file " +
-                                                                 c.pipeline_schedule_file +
-                                                                 " does not exist: check the path");
-    c.pipeline_schedule_file = std::filesystem::absolute(c.pipeline_schedule_file).string();
-  }
-}
-
-// Layouts the validator accepts but this trainer cannot run yet: one line each, naming the issue
-// that brings the axis.
-void refuse_unavailable_parallelism(const TrainConfig& c) {
-  struct Axis {
-    const char* key;
-    int64_t value;
-    const char* what;
-  };
-  for (const Axis& axis :
-       {Axis{"cp", c.cp, "context parallelism comes with the ring-attention issue (#23"},
-        Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue (#24"}})
-    check(axis.value == 1, std::string("parallelism.") + axis.key + " = " +
-                               std::to_string(axis.value) + " is not available yet: " + axis.what +
-                               "; `lattice simulate --" + axis.key +
-                               "` models it today); set parallelism." + axis.key + " = 1");
-}
-
 }  // namespace
 
 optim::LrSchedule TrainConfig::lr_schedule() const {
@@ -476,78 +361,6 @@ optim::LrSchedule TrainConfig::lr_schedule() const {
   s.decay = decay;
   s.min_lr_ratio = min_lr_ratio;
   return s;
-}
-
-void TrainConfig::finalize() {
-  model.validate();
-  refuse_unbuilt_model(model);
-  // dp = -1: the rest of the launcher's world (one rank without a launcher) once tp x pp x cp is
-  // taken; the mesh's resolution names the keys when the world does not divide.
-  if (dp == -1) {
-    mesh::MeshShape requested = layout().mesh_shape();
-    requested.dp = -1;
-    dp = mesh::resolve_layout(requested, comm::detect_launch().world_size).dp;
-  }
-  check(dp >= 1,
-        "parallelism.dp = " + std::to_string(dp) +
-            " is not a rank count: use a positive number, or -1 for the launcher's world size");
-  check(bucket_mb > 0 && bucket_mb <= 4096, "parallelism.bucket_mb = " + std::to_string(bucket_mb) +
-                                                " must be in (0, 4096] MiB (25 is a good default)");
-  check(backend == "auto" || backend == "local" || backend == "mpi",
-        "parallelism.backend '" + backend + "' is unknown: use \"auto\", \"local\" or \"mpi\"");
-  check(baseline_tokens_per_second >= 0,
-        "parallelism.baseline_tokens_per_second must not be negative (0: no scaling efficiency)");
-  resolve_data_keys(*this);
-  check(steps > 0, "training.steps must be positive");
-  check(seq_len > 0 && seq_len <= model.max_seq_len,
-        "training.seq_len (" + std::to_string(seq_len) + ") must be in [1, model.max_seq_len = " +
-            std::to_string(model.max_seq_len) + "]: lower it or raise model.max_seq_len");
-  check(lr > 0, "optimizer.lr must be positive");
-  check(log_freq > 0, "metrics.log_freq must be positive");
-  check(warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
-  check(threads >= 0, "training.threads must not be negative (0 uses every core)");
-  check(val_freq >= 0 && val_batches > 0,
-        "validation.freq must be >= 0 (0 disables) and validation.batches positive");
-  check(checkpoint_interval >= 0 && keep_latest >= 1,
-        "checkpoint.interval must be >= 0 and checkpoint.keep_latest >= 1");
-  // Batch: two of micro, global and accumulation decide the third (with dp ranks in between).
-  int given = (micro_batch_size > 0) + (global_batch_size > 0) + (gradient_accumulation_steps > 0);
-  for (auto [name, value] : {std::pair{"micro_batch_size", micro_batch_size},
-                             {"global_batch_size", global_batch_size},
-                             {"gradient_accumulation_steps", gradient_accumulation_steps}})
-    check(value >= 0, std::string("training.") + name + " must be positive");
-  if (given == 0) micro_batch_size = 8;
-  if (given <= 1 && gradient_accumulation_steps == 0 && global_batch_size == 0)
-    gradient_accumulation_steps = 1;
-  if (global_batch_size == 0) {
-    if (micro_batch_size == 0) micro_batch_size = 8;
-    global_batch_size = micro_batch_size * gradient_accumulation_steps * dp;
-  } else if (micro_batch_size == 0) {
-    if (gradient_accumulation_steps == 0) gradient_accumulation_steps = 1;
-    check(global_batch_size % (gradient_accumulation_steps * dp) == 0,
-          "training.global_batch_size (" + std::to_string(global_batch_size) +
-              ") is not divisible by gradient_accumulation_steps × dp (" +
-              std::to_string(gradient_accumulation_steps * dp) + "): change one of them");
-    micro_batch_size = global_batch_size / (gradient_accumulation_steps * dp);
-  } else if (gradient_accumulation_steps == 0) {
-    check(global_batch_size % (micro_batch_size * dp) == 0,
-          "training.global_batch_size (" + std::to_string(global_batch_size) +
-              ") is not divisible by micro_batch_size × dp (" +
-              std::to_string(micro_batch_size * dp) + "): change one of them");
-    gradient_accumulation_steps = global_batch_size / (micro_batch_size * dp);
-  }
-  check(global_batch_size == micro_batch_size * gradient_accumulation_steps * dp,
-        "training.global_batch_size (" + std::to_string(global_batch_size) +
-            ") must equal micro_batch_size (" + std::to_string(micro_batch_size) +
-            ") × gradient_accumulation_steps (" + std::to_string(gradient_accumulation_steps) +
-            ") × dp (" + std::to_string(dp) + "): give only two of the three");
-  resolve_pipeline_keys(*this);
-  // The one layout check the planner runs too, then what this trainer cannot run yet.
-  parallel::validate_layout(model, seq_len, layout());
-  if (!pipeline_layers.empty())
-    pipeline::listed_partition(pipeline_layers, model.n_layers);  // its one-line refusals
-  refuse_unavailable_parallelism(*this);
-  refuse_tensor_parallel_misfit(*this);
 }
 
 parallel::ParallelLayout TrainConfig::layout() const {
