@@ -80,6 +80,26 @@ TEST_F(PpCli, PipelinesInBf16AreBitIdenticalToo) {
     expect_verdict(r, layout, "bit-identical weights");
 }
 
+TEST_F(PpCli, BalancedPartitionTrainsAsOneRank) {
+  // A 4096-token vocabulary makes the head cost about 10 blocks (6 d V against 6 x a block's
+  // parameters + 12 T d FLOPs per token): balanced by cost, the last of 4 stages keeps one block
+  // and the first takes the rest ([5,1,1,1]: the head alone is the most expensive stage, and ties
+  // fill the earliest stages), and it trains like one rank.
+  const std::string flags = tiny_flags(dir_, "llama-tiny") + " --model.vocab_size=4096";
+  CliResult train = run_lattice("train" + flags +
+                                    " --pp 4 --parallelism.pipeline_partition=balanced "
+                                    "--checkpoint.enable=false --training.steps=1",
+                                dir_);
+  ASSERT_EQ(train.status, 0) << train.out << train.err;
+  EXPECT_NE(train.out.find("4 virtual stages of [5,1,1,1] blocks"), std::string::npos) << train.out;
+  // (A listed split's run is checked against one rank's checkpoint in
+  // CheckpointIsTheOneRankModelsAndResumes; parity's base config has pp 1, which refuses a list.)
+  CliResult r = run_lattice(
+      "parity --layouts dp1,dp1p4 --parallelism.pipeline_partition=balanced" + flags, dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  expect_verdict(r, "dp1p4", "bit-identical weights");
+}
+
 TEST_F(PpCli, TiedEmbeddingsAcrossStagesStayWithinTolerance) {
   // GPT-2 ties its head to the embedding: the first and last stage each hold a copy and sum their
   // gradients after the backward, where one rank adds the head's and the embedding's parts
