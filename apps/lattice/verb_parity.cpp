@@ -1,15 +1,17 @@
 // The `lattice parity` verb: the parity harness. Trains one config from the same initial weights
 // on the same global batches under several layouts (`dp<N>` plain data parallelism over N ranks,
-// `t<T>` tensor parallelism over T ranks per replica, `s` with sequence parallelism, `p<P>` a
-// pipeline of P ranks with an optional schedule (`p2-zb-v`; 1f1b by default), `z<S>` ZeRO
-// stage S, `h<G>` HSDP with shard groups of G ranks: dp2t2sz1 is 4 ranks, dp2t2p2 8) and compares
-// per-step losses, gradient norms and the final (logical) parameters against the first layout:
-// layouts with the same dp, tp and sequence parallelism must agree bit for bit (ZeRO only changes
-// where state lives, not the arithmetic), others within --tolerance (the gradient sum order differs
-// between dp counts, the row-parallel layers' sums between tp counts), and so must HSDP (it sums
-// within groups first). Ranks are threads of this process, or, under mpirun with at least as many
-// processes as the largest layout needs, MPI processes (a layout of N ranks runs on world ranks
-// 0..N-1). Prints one line per layout and fails with one error line.
+// `t<T>` tensor parallelism over T ranks per replica, `s` with sequence parallelism, `c<C>` context
+// parallelism over C ranks per sequence (ring attention; `c<C>u` Ulysses), `p<P>` a pipeline of P
+// ranks with an optional schedule (`p2-zb-v`; 1f1b by default), `z<S>` ZeRO stage S, `h<G>` HSDP
+// with shard groups of G ranks: dp2t2sz1 is 4 ranks, dp2t2p2 8, dp1c4 4) and compares per-step
+// losses, gradient norms and the final (logical) parameters against the first layout: layouts with
+// the same dp, tp, sequence and context parallelism must agree bit for bit (ZeRO only changes where
+// state lives, not the arithmetic), others within --tolerance (the gradient sum order differs
+// between dp counts, the row-parallel layers' sums between tp counts, the attention's partial
+// results are merged across the cp ranks), and so must HSDP (it sums within groups first). Ranks
+// are threads of this process, or, under mpirun with at least as many processes as the largest
+// layout needs, MPI processes (a layout of N ranks runs on world ranks 0..N-1). Prints one line per
+// layout and fails with one error line.
 #include <omp.h>
 
 #include <algorithm>
@@ -40,13 +42,15 @@ struct Layout {
   int hsdp = 0;  // shard group size (0: not hybrid)
   int pp = 1;    // pipeline ranks
   std::string schedule = "1f1b";
-  int ranks() const { return dp * tp * pp; }
+  int cp = 1;            // context-parallel ranks per sequence
+  bool ulysses = false;  // context_parallel.mode = ulysses (else ring)
+  int ranks() const { return dp * tp * pp * cp; }
 };
 
 std::vector<Layout> parse_layouts(const std::string& text) {
   std::vector<Layout> layouts;
   const std::regex pattern(
-      R"(dp(\d+)(?:t(\d+)(s?))?(?:p(\d+)(?:-(gpipe|1f1b|interleaved|zb-h1|zb-v))?)?(?:z(\d+))?(?:h(\d+))?)");
+      R"(dp(\d+)(?:t(\d+)(s?))?(?:c(\d+)(u?))?(?:p(\d+)(?:-(gpipe|1f1b|interleaved|zb-h1|zb-v))?)?(?:z(\d+))?(?:h(\d+))?)");
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = std::min(text.find(',', start), text.size());
@@ -54,16 +58,20 @@ std::vector<Layout> parse_layouts(const std::string& text) {
     std::smatch m;
     check(std::regex_match(item, m, pattern),
           "layout '" + item +
-              "' is not understood: write dp<N>[t<tp>[s]][p<pp>[-schedule]][z<stage>][h<group>], "
-              "e.g. \"dp1,dp2,dp2z1,dp1t2,dp1t2s,dp2t2z3,dp4z3h2,dp1p2,dp2t2p2-zb-v\"");
+              "' is not understood: write "
+              "dp<N>[t<tp>[s]][c<cp>[u]][p<pp>[-schedule]][z<stage>][h<group>], e.g. "
+              "\"dp1,dp2,dp2z1,dp1t2,dp1t2s,dp2t2z3,dp4z3h2,dp1p2,dp2t2p2-zb-v,dp1c2,dp1c2u\"");
     Layout layout{item,
                   std::stoi(m[1].str()),
                   m[2].matched ? std::stoi(m[2].str()) : 1,
                   m[3].matched && m[3].length() > 0,
-                  m[6].matched ? std::stoi(m[6].str()) : 0,
-                  m[7].matched ? std::stoi(m[7].str()) : 0,
+                  m[8].matched ? std::stoi(m[8].str()) : 0,
+                  m[9].matched ? std::stoi(m[9].str()) : 0,
+                  m[6].matched ? std::stoi(m[6].str()) : 1,
+                  m[7].matched ? m[7].str() : "1f1b",
                   m[4].matched ? std::stoi(m[4].str()) : 1,
-                  m[5].matched ? m[5].str() : "1f1b"};
+                  m[5].matched && m[5].length() > 0};
+    check(layout.cp >= 1, "layout '" + item + "': c<cp> needs at least one context-parallel rank");
     check(layout.pp >= 1, "layout '" + item + "': p<pp> needs at least one pipeline rank");
     check(layout.pp == 1 || layout.zero < 3,
           "layout '" + item + "': ZeRO-3 with a pipeline is refused (see parallelism.zero)");
@@ -99,6 +107,9 @@ train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& l
   c.zero = layout.zero;
   c.hsdp_shard_size = layout.hsdp;
   c.pp = layout.pp;
+  c.cp = layout.cp;
+  c.cp_mode =
+      layout.ulysses ? parallel::ContextParallelMode::ulysses : parallel::ContextParallelMode::ring;
   c.pipeline_schedule = layout.schedule;
   // The schedule's own virtual stages: 2 for interleaved and zb-v.
   c.virtual_stages = layout.schedule == "interleaved" || layout.schedule == "zb-v" ? 2 : 1;
@@ -199,14 +210,15 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
               "norm rel", "param rel", "verdict");
   std::string failures;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    // The reference: the first layout with the same dp, tp and sequence parallelism
+    // The reference: the first layout with the same dp, tp, sequence and context parallelism
     // (bit-equality unless either is HSDP, whose two-level reduction adds in another order), else
     // the first.
     size_t ref = 0;
     bool exact = false;
     for (size_t j = 0; j < i; ++j)
       if (layouts[j].dp == layouts[i].dp && layouts[j].tp == layouts[i].tp &&
-          layouts[j].sp == layouts[i].sp) {
+          layouts[j].sp == layouts[i].sp && layouts[j].cp == layouts[i].cp &&
+          layouts[j].ulysses == layouts[i].ulysses) {
         ref = j;
         exact = layouts[i].hsdp == 0 && layouts[j].hsdp == 0;
         break;

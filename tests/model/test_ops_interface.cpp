@@ -249,6 +249,10 @@ class RecordingOps final : public kernels::Ops {
     record("convert_to_bf16");
     inner_.convert_to_bf16(out, in, n);
   }
+  void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override {
+    record("convert_to_f32");
+    inner_.convert_to_f32(out, in, n);
+  }
 
   void adamw_update(std::span<const kernels::AdamWTensor> tensors, int64_t step,
                     float grad_scale) override {

@@ -238,6 +238,8 @@ class Ops {
   virtual void copy(float* out, const float* in, int64_t n) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
   virtual void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) = 0;
+  // Exact (every bf16 is an fp32).
+  virtual void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) = 0;
 
   // ---- Optimizer and gradient norm.
 

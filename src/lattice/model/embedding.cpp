@@ -4,6 +4,7 @@
 #include <string>
 
 #include "lattice/core/error.hpp"
+#include "lattice/model/context_parallel.hpp"
 #include "lattice/model/tensor_parallel_comm.hpp"
 
 namespace lattice::model {
@@ -49,8 +50,18 @@ void Embedding::forward(const LayerContext& ctx, float* x, const int32_t* tokens
   if (tp_.sequence_parallel)
     partial = Tensor({rows, d_model_}, DType::f32, ctx.tracker, MemoryCategory::activations);
   float* lookup = tp_.sequence_parallel ? partial.f32() : x;
-  ctx.ops.embedding_forward(lookup, tokens, store_.value(token_weight_), wpe, B, T, d_model_, start,
-                            slice_);
+  if (ctx.context == nullptr) {
+    ctx.ops.embedding_forward(lookup, tokens, store_.value(token_weight_), wpe, B, T, d_model_,
+                              start, slice_);
+  } else {  // this rank's runs of each sequence, each at its positions
+    for (int64_t b = 0; b < B; ++b)
+      for (const PositionRun& run : ctx.context->runs(T)) {
+        const int64_t row = b * T + run.row;
+        ctx.ops.embedding_forward(lookup + row * d_model_, tokens + row,
+                                  store_.value(token_weight_), wpe, 1, run.length, d_model_,
+                                  run.position, slice_);
+      }
+  }
   reduce_over_tp(tp_, x, lookup, rows, d_model_);
 }
 
@@ -65,8 +76,19 @@ void Embedding::backward(const LayerContext& ctx, const float* d_x, const int32_
     gather_sequence(tp_, gathered.f32(), d_x, B * T, d_model_);
     d_x = gathered.f32();
   }
-  ctx.ops.embedding_backward(store_.grad(token_weight_), d_wpe, d_x, tokens, B, T, d_model_,
-                             slice_);
+  if (ctx.context == nullptr) {
+    ctx.ops.embedding_backward(store_.grad(token_weight_), d_wpe, d_x, tokens, B, T, d_model_,
+                               slice_);
+    return;
+  }
+  // Context parallelism: run by run, the position table's gradient offset to the run's positions.
+  for (int64_t b = 0; b < B; ++b)
+    for (const PositionRun& run : ctx.context->runs(T)) {
+      const int64_t row = b * T + run.row;
+      ctx.ops.embedding_backward(
+          store_.grad(token_weight_), d_wpe ? d_wpe + run.position * d_model_ : nullptr,
+          d_x + row * d_model_, tokens + row, 1, run.length, d_model_, slice_);
+    }
 }
 
 }  // namespace lattice::model

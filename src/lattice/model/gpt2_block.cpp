@@ -2,6 +2,7 @@
 #include "lattice/model/gpt2_block.hpp"
 
 #include "lattice/core/error.hpp"
+#include "lattice/model/context_parallel.hpp"
 #include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
@@ -238,8 +239,25 @@ void Gpt2Block::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_in
   if (tp_.sequence_parallel) Linear::release_prepared_input(a.c_attn);
 }
 
+// Context parallelism in bf16: the attention spanning the ranks takes fp32 q, k, v (a transient
+// exact copy of the bf16 ones: the same rounding as the bf16 kernels, which read them rounded).
+static Tensor widened_qkv(const LayerContext& ctx, const Tensor& qkv16, int64_t rows,
+                          int64_t width) {
+  Tensor wide({rows, width}, DType::f32, ctx.tracker, MemoryCategory::activations);
+  ctx.ops.convert_to_f32(wide.f32(), qkv16.data<lattice::bf16>(), rows * width);
+  return wide;
+}
+
 void Gpt2Block::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, head_dim_);
+  if (ctx.context != nullptr) {
+    const bool bf16 = ctx.precision == k::Precision::bf16;
+    const Tensor wide = bf16 ? widened_qkv(ctx, a.qkv16, B * T, 3 * A_) : Tensor();
+    const float* qkv = bf16 ? wide.f32() : a.qkv.f32();
+    ctx.context->forward(ctx.ops, a.att.f32(), a.lse.f32(), qkv, qkv + A_, qkv + 2 * A_, shape,
+                         ctx.precision);
+    return;
+  }
   if (ctx.precision == k::Precision::bf16) {
     const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
     ctx.ops.attention_forward_bf16(a.att.f32(), a.lse.f32(), qkv16, qkv16 + A_, qkv16 + 2 * A_,
@@ -444,9 +462,13 @@ void Gpt2Block::backward_pass(const LayerContext& ctx, BlockActivations& saved, 
     attention_backward_bf16(ctx, a, d_ln_rows, d_att, d_qkv, B, T, split);
   } else {
     const float* qkv = a.qkv.f32();
-    ctx.ops.attention_backward(d_qkv, d_qkv + A_, d_qkv + 2 * A_, d_att, qkv, qkv + A_,
-                               qkv + 2 * A_, a.att.f32(), a.lse.f32(),
-                               packed_qkv_shape(B, T, heads_, head_dim_), ctx.precision, {});
+    const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, head_dim_);
+    if (ctx.context != nullptr)
+      ctx.context->backward(ctx.ops, d_qkv, d_qkv + A_, d_qkv + 2 * A_, d_att, qkv, qkv + A_,
+                            qkv + 2 * A_, a.att.f32(), a.lse.f32(), shape, ctx.precision);
+    else
+      ctx.ops.attention_backward(d_qkv, d_qkv + A_, d_qkv + 2 * A_, d_att, qkv, qkv + A_,
+                                 qkv + 2 * A_, a.att.f32(), a.lse.f32(), shape, ctx.precision, {});
     if (split)
       c_attn_.backward_input(ctx, a.c_attn, d_ln_rows, d_qkv, rows);
     else
@@ -509,11 +531,24 @@ void Gpt2Block::attention_backward_bf16(const LayerContext& ctx, Saved& a, float
   const int64_t rows = B * T;
   auto* d_qkv16 = reinterpret_cast<lattice::bf16*>(d_qkv_buffer);
   const lattice::bf16* qkv16 = a.qkv16.data<lattice::bf16>();
-  // c_attn's bias gradient comes out of the attention backward (the column sums of the unrounded
-  // d q, k, v, in an order fixed by the shape).
-  ctx.ops.attention_backward_bf16(d_qkv16, d_qkv16 + A_, d_qkv16 + 2 * A_, c_attn_.bias_grad(),
-                                  d_att, qkv16, qkv16 + A_, qkv16 + 2 * A_, a.att.f32(),
-                                  a.lse.f32(), packed_qkv_shape(B, T, heads_, head_dim_), {});
+  const k::AttentionShape shape = packed_qkv_shape(B, T, heads_, head_dim_);
+  if (ctx.context != nullptr) {
+    // Context parallelism: fp32 gradients summed over the ranks' queries, then rounded once with
+    // c_attn's bias gradient (their column sums), as the one-rank kernel does in one pass.
+    const Tensor wide = widened_qkv(ctx, a.qkv16, rows, 3 * A_);
+    Tensor d_wide({rows, 3 * A_}, DType::f32, ctx.tracker, MemoryCategory::activations);
+    const float* qkv = wide.f32();
+    float* d = d_wide.f32();
+    ctx.context->backward(ctx.ops, d, d + A_, d + 2 * A_, d_att, qkv, qkv + A_, qkv + 2 * A_,
+                          a.att.f32(), a.lse.f32(), shape, k::Precision::bf16);
+    ctx.ops.round_with_column_sums(d_qkv16, c_attn_.bias_grad(), d, rows, 3 * A_);
+  } else {
+    // c_attn's bias gradient comes out of the attention backward (the column sums of the
+    // unrounded d q, k, v, in an order fixed by the shape).
+    ctx.ops.attention_backward_bf16(d_qkv16, d_qkv16 + A_, d_qkv16 + 2 * A_, c_attn_.bias_grad(),
+                                    d_att, qkv16, qkv16 + A_, qkv16 + 2 * A_, a.att.f32(),
+                                    a.lse.f32(), shape, {});
+  }
   if (input_half_only)
     c_attn_.backward_input_rounded(ctx, d_ln, d_qkv16, rows);
   else

@@ -2,7 +2,8 @@
 // layer computes goes through it), the compute precision, the memory tracker for activations and
 // optional hooks around each parameter unit (data parallelism and ZeRO-3); and the tensor-parallel
 // group the layers are built with (size 1 without tensor parallelism: the layers are the same code
-// handed a larger group and their shards).
+// handed a larger group and their shards); and, under context parallelism, the attention that
+// spans the ranks holding the rest of each sequence.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,8 @@ class Communicator;
 }
 
 namespace lattice::model {
+
+class ContextAttention;
 
 struct TensorParallelGroup {
   comm::Communicator* comm = nullptr;  // null means size 1
@@ -57,6 +60,10 @@ struct LayerContext {
   kernels::Precision precision = kernels::Precision::fp32;
   MemoryTracker* tracker = nullptr;
   ModelHooks* hooks = nullptr;  // null: no hooks
+  // Context parallelism (context_parallel.hpp): the rows are this rank's share of each sequence
+  // and attention reaches the other ranks' keys through it. Null: each sequence's rows are all
+  // here, at positions 0 .. T - 1.
+  ContextAttention* context = nullptr;
 };
 
 }  // namespace lattice::model

@@ -4,6 +4,7 @@
 #include <initializer_list>
 
 #include "lattice/core/error.hpp"
+#include "lattice/model/context_parallel.hpp"
 #include "lattice/model/kv_cache.hpp"
 
 namespace lattice::model {
@@ -175,8 +176,12 @@ void LlamaBlock::qkv_forward(const LayerContext& ctx, Saved& a, const float* x_i
 
 void LlamaBlock::attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), a.k.f32(), a.v.f32(), shape,
-                            ctx.precision, {});
+  if (ctx.context != nullptr)
+    ctx.context->forward(ctx.ops, a.att.f32(), a.lse.f32(), a.q.f32(), a.k.f32(), a.v.f32(), shape,
+                         ctx.precision);
+  else
+    ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), a.k.f32(), a.v.f32(), shape,
+                              ctx.precision, {});
 }
 
 void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
@@ -225,8 +230,8 @@ void LlamaBlock::forward(const LayerContext& ctx, BlockActivations& saved, float
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
   prepare_activations(ctx, a, B, T);
   qkv_forward(ctx, a, x_in, rows);
-  ctx.ops.rope(rope_, a.q.f32(), B, T, heads_, A_, T * A_, 0, false);
-  ctx.ops.rope(rope_, a.k.f32(), B, T, kv_heads_, kv, T * kv, 0, false);
+  rope_at_runs(ctx.ops, ctx.context, rope_, a.q.f32(), B, T, heads_, A_, T * A_, false);
+  rope_at_runs(ctx.ops, ctx.context, rope_, a.k.f32(), B, T, kv_heads_, kv, T * kv, false);
   attention_core(ctx, a, B, T);
   projection_and_mlp_forward(ctx, a, x_out, x_in, rows);
   drop_recomputed_attention(a, a.att, a.lse);  // selective checkpointing: recomputed in backward
@@ -348,10 +353,14 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   const float* n1 = defer ? nullptr : norm_rows(a.n1, gathered_input, rows, &n1_gather);
   linear_backward(o_proj_, a.o_proj, d_att, d_x2_rows, a.att.f32());
   const auto shape = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
-  ctx.ops.attention_backward(d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
-                             a.lse.f32(), shape, ctx.precision, {});
-  ctx.ops.rope(rope_, d_q, B, T, heads_, A_, T * A_, 0, true);
-  ctx.ops.rope(rope_, d_k, B, T, kv_heads_, kv, T * kv, 0, true);
+  if (ctx.context != nullptr)
+    ctx.context->backward(ctx.ops, d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(),
+                          a.att.f32(), a.lse.f32(), shape, ctx.precision);
+  else
+    ctx.ops.attention_backward(d_q, d_k, d_v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
+                               a.lse.f32(), shape, ctx.precision, {});
+  rope_at_runs(ctx.ops, ctx.context, rope_, d_q, B, T, heads_, A_, T * A_, true);
+  rope_at_runs(ctx.ops, ctx.context, rope_, d_k, B, T, kv_heads_, kv, T * kv, true);
   column_input_half(q_proj_, a.q_proj, d_norm_rows, d_q, n1);
   column_input_half(k_proj_, a.k_proj, d_part, d_k, n1);
   ctx.ops.add_inplace(d_norm_rows, d_part, rows * C_);

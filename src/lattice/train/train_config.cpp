@@ -268,6 +268,14 @@ const Schema& schema() {
         {"baseline_tokens_per_second", float_key(&TrainConfig::baseline_tokens_per_second)},
         {"hsdp_shard_size", int_key(&TrainConfig::hsdp_shard_size)},
         {"offload_dir", string_key(&TrainConfig::offload_dir)}}},
+      {"context_parallel",
+       {{"mode",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.cp_mode = parallel::parse_context_parallel_mode(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, std::string(parallel::context_parallel_mode_name(c.cp_mode)));
+          }}}}},
       {"activation_checkpoint",
        {{"mode",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {

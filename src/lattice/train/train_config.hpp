@@ -15,6 +15,7 @@
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/optim/lr_schedule.hpp"
+#include "lattice/parallel/context/context_parallel_mode.hpp"
 #include "lattice/parallel/parallel_layout.hpp"
 
 namespace lattice::train {
@@ -43,8 +44,10 @@ struct TrainConfig {
   optim::DecayKind decay = optim::DecayKind::cosine;
   float min_lr_ratio = 0.1f;
   // [parallelism] The world is dp x tp x pp x cp ranks (dp = -1: the rest of the launcher's world
-  // size), with ZeRO stage `zero` (0-3). cp and ep are refused above 1 until their issues land.
+  // size), with ZeRO stage `zero` (0-3). ep is refused above 1 until its issue lands.
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
+  // [context_parallel] mode = ring | ulysses: how attention reaches the other cp ranks' keys.
+  parallel::ContextParallelMode cp_mode = parallel::ContextParallelMode::ring;
   // Pipeline parallelism (pp > 1): the schedule (gpipe, 1f1b, interleaved, zb-h1, zb-v; its
   // microbatches are training.gradient_accumulation_steps), virtual stages per rank (0: the
   // schedule's own), the blocks of each virtual stage (empty: by pipeline_partition, "even" or

@@ -68,6 +68,18 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
             std::to_string(c.model.n_kv_heads));
 }
 
+// Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
+// under sequence parallelism each rank's T / cp rows divisible by tp.
+void refuse_context_parallel_misfit(const TrainConfig& c) {
+  if (c.cp <= 1) return;
+  parallel::check_context_parallel(c.cp_mode, static_cast<int>(c.cp), static_cast<int>(c.tp),
+                                   c.seq_len, c.model.n_heads, c.model.n_kv_heads);
+  check(!c.sequence_parallel || (c.seq_len / c.cp) % c.tp == 0,
+        "parallelism.sequence_parallel splits each cp rank's " + std::to_string(c.seq_len / c.cp) +
+            " tokens (training.seq_len / cp) over parallelism.tp = " + std::to_string(c.tp) +
+            " ranks, which does not divide them: pick a seq_len divisible by cp x tp x 2");
+}
+
 // The pipeline keys: the schedule's name, its virtual stages (0: the schedule's own, 2 for the
 // interleaved and V schedules, else 1), the partition, and what pipelines cannot do yet.
 void resolve_pipeline_keys(TrainConfig& c) {
@@ -119,8 +131,7 @@ void refuse_unavailable_parallelism(const TrainConfig& c) {
     const char* what;
   };
   for (const Axis& axis :
-       {Axis{"cp", c.cp, "context parallelism comes with the ring-attention issue (#23"},
-        Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue (#24"}})
+       {Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue (#24"}})
     check(axis.value == 1, std::string("parallelism.") + axis.key + " = " +
                                std::to_string(axis.value) + " is not available yet: " + axis.what +
                                "; `lattice simulate --" + axis.key +
@@ -199,6 +210,7 @@ void TrainConfig::finalize() {
     pipeline::listed_partition(pipeline_layers, model.n_layers);  // its one-line refusals
   refuse_unavailable_parallelism(*this);
   refuse_tensor_parallel_misfit(*this);
+  refuse_context_parallel_misfit(*this);
 }
 
 }  // namespace lattice::train

@@ -18,6 +18,8 @@
 #include "lattice/comm/launch.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/io/atomic_file.hpp"
+#include "lattice/parallel/context/context_parallel_mode.hpp"
+#include "lattice/parallel/context/sequence_split.hpp"
 #include "lattice/parallel/tensor_parallel_state.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/metrics.hpp"
@@ -31,8 +33,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // The whole layout from [parallelism] (the validator's type): the world is pp x dp x cp x tp
-// ranks (ep carved out of dp x cp). dp, tp and pp train in parallel; the config refuses cp and
-// ep > 1 until their issues land.
+// ranks (ep carved out of dp x cp). dp, cp, tp and pp train in parallel; the config refuses
+// ep > 1 until its issue lands.
 mesh::MeshShape layout_of(const TrainConfig& config) {
   return config.layout().mesh_shape();
 }
@@ -82,7 +84,13 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
         const char* seconds = std::getenv("LATTICE_FAULT_STALL_SECONDS");
         fault_stall_seconds_ = seconds ? std::atof(seconds) : 5.0;
       }
-  batches_ = std::make_unique<BatchSource>(config_, group_->rank(), group_->size());
+  // The data loader splits each global batch over the dp ranks; the cp ranks of one dp index read
+  // the same sequences and keep their load-balanced share of each (sequence_split.hpp).
+  comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
+  batches_ = std::make_unique<BatchSource>(config_, dp_group.rank(), dp_group.size());
+  if (shape.cp > 1)
+    context_ =
+        parallel::make_context_attention(config_.cp_mode, mesh_->group(mesh::Axis::cp), &tracker_);
   // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
   // here, by the caller: the engine itself reads no environment.
   ops_ = std::make_unique<kernels::CpuOps>(kernels::MatmulOptions::from_environment());
@@ -151,18 +159,34 @@ parallel::DataParallel& Trainer::data_parallel() {
 double Trainer::validation_loss() {
   // Each validation batch is the global micro-batch (micro_batch_size x ranks sequences, the same
   // whatever the layout); this rank evaluates its slice and the means are averaged over ranks.
-  const int ranks = group_->size(), rank = group_->rank();
-  const int64_t B = config_.micro_batch_size, T = config_.seq_len;
+  // Under context parallelism each dp index's sequences are split over its cp ranks.
+  comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
+  const int ranks = dp_group.size(), rank = dp_group.rank();
+  const int cp = mesh_->size(mesh::Axis::cp);
+  const int64_t B = config_.micro_batch_size, T = config_.seq_len, local_T = T / cp;
   std::vector<int32_t> inputs(static_cast<size_t>(B * ranks * T)), targets(inputs.size());
-  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get()};
+  std::vector<int32_t> local_inputs(static_cast<size_t>(B * local_T)),
+      local_targets(local_inputs.size());
+  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get(), context_.get()};
   double sum = 0;
   for (int64_t i = 0; i < config_.val_batches; ++i) {
     batches_->validation_batch(i, inputs.data(), targets.data(), B * ranks);
     const size_t slice = static_cast<size_t>(rank * B * T);
-    sum += pipeline_ ? pipeline_->evaluate(ctx, inputs.data() + slice, targets.data() + slice, B, T)
-                     : model_->evaluate(ctx, inputs.data() + slice, targets.data() + slice, B, T);
+    take_sequence_share(local_inputs.data(), inputs.data() + slice, B);
+    take_sequence_share(local_targets.data(), targets.data() + slice, B);
+    sum += pipeline_
+               ? pipeline_->evaluate(ctx, local_inputs.data(), local_targets.data(), B, local_T)
+               : model_->evaluate(ctx, local_inputs.data(), local_targets.data(), B, local_T);
   }
   return data_parallel().average(sum / static_cast<double>(config_.val_batches));
+}
+
+void Trainer::take_sequence_share(int32_t* local, const int32_t* full, int64_t batch) const {
+  const int64_t T = config_.seq_len;
+  if (context_ == nullptr)
+    std::copy_n(full, batch * T, local);
+  else
+    parallel::take_context_rows(local, full, batch, T, context_->size(), context_->rank());
 }
 
 const model::ParameterStore& Trainer::full_parameters() {
@@ -230,12 +254,13 @@ TrainResult Trainer::run() {
     fs::create_directories(config_.run_dir);
     write_text_atomic((fs::path(config_.run_dir) / "config.toml").string(), config_toml);
   }
-  const int ranks = group_->size();         // data-parallel replicas (the batch group)
+  const int ranks = group_->size();         // the batch group: dp x cp ranks
   const int world = mesh_->world().size();  // every rank, tensor-parallel ones included
-  const int tp_size = mesh_->size(mesh::Axis::tp);
+  const int tp_size = mesh_->size(mesh::Axis::tp), cp_size = mesh_->size(mesh::Axis::cp);
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
   const int64_t accumulation = config_.gradient_accumulation_steps;
-  const int64_t tokens_per_step = B * T * accumulation * ranks;  // the global batch
+  // The global batch: B sequences of T tokens per dp rank (each split over its cp ranks).
+  const int64_t tokens_per_step = B * T * accumulation * (ranks / cp_size);
   const double flops_per_token = config_.model.flops_per_token(T);
   double peak = config_.peak_tflops * 1e12;
   const char* peak_source = "from metrics.peak_tflops";
@@ -265,6 +290,15 @@ TrainResult Trainer::run() {
               : "",
           data_parallel().layout().buckets().size(),
           config_.offload_dir.empty() ? "" : ", AdamW state offloaded to files");
+    if (cp_size > 1)
+      std::printf(
+          "context parallel: %d ranks per sequence (%s; each holds 2 of %d chunks, %lld tokens, "
+          "load-balanced for the causal mask)\n",
+          cp_size,
+          config_.cp_mode == parallel::ContextParallelMode::ring
+              ? "ring attention: key/value blocks passed around the ranks"
+              : "Ulysses: all-to-all to head shards around attention",
+          2 * cp_size, static_cast<long long>(T / cp_size));
     if (tp_size > 1)
       std::printf(
           "tensor parallel: %d ranks per replica (attention heads, key/value heads and MLP split; "
@@ -298,7 +332,7 @@ TrainResult Trainer::run() {
 
   MetricsLogger logger(
       printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
-  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get()};
+  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get(), context_.get()};
   const auto schedule = config_.lr_schedule();
   double window_bubble = 0, window_pp_wait = 0;
   std::optional<PipelineTrace> trace;
@@ -322,9 +356,21 @@ TrainResult Trainer::run() {
       m.scaling_efficiency = m.tokens_per_second / config_.baseline_tokens_per_second;
   };
 
-  const StepShape shape{B, T, accumulation};
+  // Under context parallelism each rank runs its T / cp rows of every sequence.
+  const StepShape shape{B, T / cp_size, accumulation};
+  std::vector<int32_t> full_inputs, full_targets;
+  if (context_) {
+    full_inputs.resize(static_cast<size_t>(B * T));
+    full_targets.resize(full_inputs.size());
+  }
   const MicroBatchSource next_micro_batch = [&](int32_t* inputs, int32_t* targets) {
-    batches_->next(inputs, targets, B);
+    if (!context_) {
+      batches_->next(inputs, targets, B);
+      return;
+    }
+    batches_->next(full_inputs.data(), full_targets.data(), B);
+    take_sequence_share(inputs, full_inputs.data(), B);
+    take_sequence_share(targets, full_targets.data(), B);
   };
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
     const float lr = schedule.at(step);

@@ -101,6 +101,10 @@ class Trainer {
   int64_t fault_stall_before_step_ = -1;  // LATTICE_FAULT_STALL_* (tests only)
   double fault_stall_seconds_ = 0;
   double tp_comm_seconds_ = 0;  // the model's tp all-reduces add their time here (per step)
+  // cp > 1: the attention spanning this rank's cp group (ring or Ulysses); null otherwise.
+  std::unique_ptr<model::ContextAttention> context_;
+  // This rank's rows of full [batch, seq_len] tokens (all of them without context parallelism).
+  void take_sequence_share(int32_t* local, const int32_t* full, int64_t batch) const;
 };
 
 // Runs training on the layout's pp x dp x cp x tp ranks: under a launcher (mpirun, srun,

@@ -195,6 +195,10 @@ void CpuOps::convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) {
   kernels::convert_to_bf16(out, in, n);
 }
 
+void CpuOps::convert_to_f32(float* out, const lattice::bf16* in, int64_t n) {
+  kernels::convert_to_f32(out, in, n);
+}
+
 void CpuOps::adamw_update(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) {
   adamw_update_tensors(tensors, step, grad_scale);
 }

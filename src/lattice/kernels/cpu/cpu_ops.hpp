@@ -134,6 +134,7 @@ class CpuOps final : public Ops {
   void copy(float* out, const float* in, int64_t n) override;
   void fill_zero(float* x, int64_t n) override;
   void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) override;
+  void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override;
 
   void adamw_update(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) override;
   double sum_of_squares(std::span<const FloatRun> runs) override;

@@ -1,0 +1,35 @@
+// Row copies the context-parallel attentions share: strided token rows in and out of contiguous
+// blocks, and one run's rows of an attention output or log-sum-exp.
+#pragma once
+
+#include <cstdint>
+
+#include "lattice/core/memory.hpp"
+#include "lattice/core/tensor.hpp"
+#include "lattice/model/context_parallel.hpp"
+
+namespace lattice::parallel {
+
+// An fp32 activation buffer of n elements (zero-filled), counted in `tracker`.
+Tensor context_buffer(int64_t n, MemoryTracker* tracker);
+
+// Token rows of `width` floats from src to dst, each with its own row and batch strides.
+void copy_rows(float* dst, int64_t dst_row_stride, int64_t dst_batch_stride, const float* src,
+               int64_t src_row_stride, int64_t src_batch_stride, int64_t batch, int64_t len,
+               int64_t width);
+
+// dst [batch, len, width] contiguous = rows [row, row + len) of src (row_stride, batch_stride
+// between tokens and sequences); unpack_rows is the inverse, add_rows adds instead.
+void pack_rows(float* dst, const float* src, int64_t batch, int64_t row, int64_t len, int64_t width,
+               int64_t row_stride, int64_t batch_stride);
+void unpack_rows(float* dst, const float* src, int64_t batch, int64_t row, int64_t len,
+                 int64_t width, int64_t row_stride, int64_t batch_stride);
+
+// Per-head statistics laid out [batch, heads, n] (log-sum-exp): dst [batch, heads, len] = columns
+// [col, col + len) of src; unpack_columns the inverse.
+void pack_columns(float* dst, const float* src, int64_t batch, int64_t heads, int64_t n,
+                  int64_t col, int64_t len);
+void unpack_columns(float* dst, const float* src, int64_t batch, int64_t heads, int64_t n,
+                    int64_t col, int64_t len);
+
+}  // namespace lattice::parallel
