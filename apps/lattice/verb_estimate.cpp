@@ -17,6 +17,7 @@
 #include "lattice/plan/memory_estimate.hpp"
 #include "lattice/plan/report.hpp"
 #include "lattice/plan/simulator.hpp"
+#include "lattice/train/activation_estimate.hpp"
 #include "lattice/train/pipeline_rank.hpp"
 #include "lattice/train/train_config.hpp"
 #include "lattice/train/trainer.hpp"
@@ -66,24 +67,16 @@ train::TrainConfig resolve_from_train_config(const CLI::App& verb, const Estimat
   return config;
 }
 
-// This trainer's own activations on the CPU for the config's micro-batch (activation_memory.hpp):
-// the tensors its layers save, in its precision, with its checkpointing — where the estimate above
-// counts 16-bit activations as GPU trainers keep them. Under tensor parallelism, one tp rank's:
-// its blocks' shards and its vocabulary slice of the embedding and head (every rank's are the same
-// size), and under sequence parallelism its rows of the residual stream and the norms.
+// This trainer's own activations on the CPU for the config's micro-batch (train/
+// activation_estimate.hpp): the tensors its layers save, in its precision, with its checkpointing
+// — where the estimate above counts 16-bit activations as GPU trainers keep them. Under tensor
+// parallelism one tp rank's, under context parallelism one cp rank's share of each sequence.
 model::ActivationMemory trainer_activations(const train::TrainConfig& config) {
   // The fused LM head keeps one weight-gradient partial per kernel thread: count a rank's, as
   // `lattice train` on the local backend shares them (training.threads, or every core, divided
   // among the dp x tp x ... ranks of the process; train::train_on_ranks).
   omp_set_num_threads(train::threads_per_rank(config, static_cast<int>(config.world_size())));
-  model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.tp)};
-  tp.sequence_parallel = config.sequence_parallel;
-  auto declared = model::Transformer::declared_only(config.model, {}, tp);
-  declared->set_activation_checkpointing(config.activation_checkpoint);
-  // The backend the trainer would make (its plan chooses the LM head's path).
-  const kernels::CpuOps ops(kernels::MatmulOptions::from_environment());
-  return model::estimate_activation_memory(*declared, config.precision, config.micro_batch_size,
-                                           config.seq_len, ops);
+  return train::estimate_trainer_activations(config);
 }
 
 std::string mib(int64_t bytes);
@@ -153,6 +146,8 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
           {"precision", config->precision == kernels::Precision::bf16 ? "bf16" : "fp32"},
           {"tp", config->tp},
           {"sequence_parallel", config->sequence_parallel},
+          {"cp", config->cp},
+          {"seq_len_per_rank", config->seq_len / config->cp},
           {"residual_bytes", trainer->residuals},
           {"block_bytes", trainer->blocks},
           {"recomputed_bytes", trainer->transient},
@@ -177,15 +172,20 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
   std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
   if (trainer && config->pp == 1)  // a pipeline's ranks are below, one line each
     std::printf(
-        "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s, tp %lld%s): "
+        "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s, tp %lld%s%s): "
         "activations peak %s per rank = residuals %s + blocks %s + recomputed block %s + head %s "
         "+ backward %s\n",
         config->precision == kernels::Precision::bf16 ? "bf16" : "fp32",
         static_cast<long long>(config->micro_batch_size), static_cast<long long>(config->seq_len),
         config->activation_checkpoint.describe().c_str(), static_cast<long long>(config->tp),
-        config->sequence_parallel ? " sp" : "", mib(trainer->total()).c_str(),
-        mib(trainer->residuals).c_str(), mib(trainer->blocks).c_str(),
-        mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
+        config->sequence_parallel ? " sp" : "",
+        config->cp > 1 ? (", cp " + std::to_string(config->cp) + " " +
+                          parallel::context_parallel_mode_name(config->cp_mode) + ": " +
+                          std::to_string(config->seq_len / config->cp) + " tokens per rank")
+                             .c_str()
+                       : "",
+        mib(trainer->total()).c_str(), mib(trainer->residuals).c_str(),
+        mib(trainer->blocks).c_str(), mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
         mib(trainer->backward).c_str());
   if (config && config->pp > 1) {
     const auto ranks = pipeline_activations(*config);

@@ -8,7 +8,8 @@
 namespace lattice::model {
 
 ActivationMemory estimate_activation_memory(const Transformer& model, kernels::Precision precision,
-                                            int64_t B, int64_t T, const kernels::Ops& ops) {
+                                            int64_t B, int64_t T, const kernels::Ops& ops,
+                                            int64_t attention_transient) {
   const ModelConfig& config = model.config();
   // The residual stream and its gradient hold this rank's sequence rows (all rows without
   // sequence parallelism).
@@ -17,7 +18,7 @@ ActivationMemory estimate_activation_memory(const Transformer& model, kernels::P
   const int64_t first = model.stage_range().first_block;
   ActivationMemory memory;
   memory.residuals = (model.block_count() + 1) * local * C * 4;
-  int64_t scratch = 0, passing = 0;
+  int64_t scratch = 0, passing = attention_transient;
   for (int64_t i = 0; i < model.block_count(); ++i) {
     const Block& block = model.block(i);
     const int64_t saved = block.saved_bytes(precision, B, T);

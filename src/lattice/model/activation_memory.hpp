@@ -37,7 +37,11 @@ struct ActivationMemory {
 
 // For `model`'s stage (its config, blocks and head) on B sequences of T tokens, with `model`'s
 // activation checkpointing and head fusion, run on `ops` (whose plan chooses the head's path).
+// Under context parallelism T is this rank's share of each sequence and `attention_transient` the
+// context-parallel attention's own buffers (parallel/context/context_attention_memory.hpp), alive
+// within one block's attention like the other per-block transients.
 ActivationMemory estimate_activation_memory(const Transformer& model, kernels::Precision precision,
-                                            int64_t B, int64_t T, const kernels::Ops& ops);
+                                            int64_t B, int64_t T, const kernels::Ops& ops,
+                                            int64_t attention_transient = 0);
 
 }  // namespace lattice::model

@@ -217,6 +217,7 @@ const Schema& schema() {
         {"global_batch_size", int_key(&TrainConfig::global_batch_size)},
         {"gradient_accumulation_steps", int_key(&TrainConfig::gradient_accumulation_steps)},
         {"threads", int_key(&TrainConfig::threads)},
+        {"activation_memory_limit_mb", float_key(&TrainConfig::activation_memory_limit_mb)},
         {"max_norm", adamw_float(&optim::AdamWSettings::max_grad_norm)},
         {"precision",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {

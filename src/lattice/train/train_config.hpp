@@ -36,6 +36,9 @@ struct TrainConfig {
   int64_t gradient_accumulation_steps = 0;
   kernels::Precision precision = kernels::Precision::fp32;
   int64_t threads = 0;  // kernel threads; 0 = every core
+  // Refuse the run when its estimated activation memory per rank (activation_estimate.hpp)
+  // exceeds this many MiB; 0: no limit.
+  double activation_memory_limit_mb = 0;
   // [optimizer]
   float lr = 3e-4f;
   optim::AdamWSettings adamw;

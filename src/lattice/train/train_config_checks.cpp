@@ -168,6 +168,8 @@ void TrainConfig::finalize() {
   check(log_freq > 0, "metrics.log_freq must be positive");
   check(warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
   check(threads >= 0, "training.threads must not be negative (0 uses every core)");
+  check(activation_memory_limit_mb >= 0,
+        "training.activation_memory_limit_mb must not be negative (0: no limit)");
   check(val_freq >= 0 && val_batches > 0,
         "validation.freq must be >= 0 (0 disables) and validation.batches positive");
   check(checkpoint_interval >= 0 && keep_latest >= 1,

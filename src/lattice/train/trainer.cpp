@@ -21,6 +21,7 @@
 #include "lattice/parallel/context/context_parallel_mode.hpp"
 #include "lattice/parallel/context/sequence_split.hpp"
 #include "lattice/parallel/tensor_parallel_state.hpp"
+#include "lattice/train/activation_estimate.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/metrics.hpp"
 #include "lattice/train/pipeline_trace.hpp"
@@ -50,6 +51,7 @@ std::string world_text(const mesh::MeshShape& shape) {
 
 Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::move(config)) {
   const mesh::MeshShape shape = layout_of(config_);
+  check_activation_memory_limit(config_);  // before anything is allocated
   if (!world) {
     check(shape.world() == 1, "parallelism: " + world_text(shape) +
                                   " are needed: run through train_on_ranks (lattice train)");
@@ -346,6 +348,7 @@ TrainResult Trainer::run() {
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
   double window_seconds = 0, window_exposed = 0, window_comm = 0, window_tp_comm = 0;
+  double window_cp_comm = 0;
   int64_t window_steps = 0;
   double total_seconds = 0;
   auto set_rates = [&](StepMetrics& m, double tokens, double seconds) {
@@ -375,6 +378,7 @@ TrainResult Trainer::run() {
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
     const float lr = schedule.at(step);
     tp_comm_seconds_ = 0;  // the step's own tp all-reduces (not validation's or a checkpoint's)
+    if (context_) context_->take_wait_seconds();  // likewise the step's own cp waits
     if (fault_stall_before_step_ == step)
       std::this_thread::sleep_for(std::chrono::duration<double>(fault_stall_seconds_));
     const StepOutcome outcome =
@@ -388,6 +392,7 @@ TrainResult Trainer::run() {
       window_pp_wait += outcome.pp_wait_seconds;
     }
     const double tp_comm = tp_comm_seconds_;
+    const double cp_comm = context_ ? context_->take_wait_seconds() : 0.0;
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
       std::raise(SIGKILL);
@@ -403,6 +408,8 @@ TrainResult Trainer::run() {
     window_comm += comm_times.total_seconds;
     window_tp_comm += tp_comm;
     result.tp_comm_seconds += tp_comm;
+    window_cp_comm += cp_comm;
+    result.cp_comm_seconds += cp_comm;
     ++window_steps;
     total_seconds += seconds;
 
@@ -431,6 +438,7 @@ TrainResult Trainer::run() {
         m.comm_seconds = comm_times.total_seconds;
       }
       if (tp_size > 1) m.tp_comm_seconds = tp_comm;
+      if (cp_size > 1) m.cp_comm_seconds = cp_comm;
       if (pipeline_) {
         m.pp_bubble = outcome.pp_bubble;
         m.pp_wait_seconds = outcome.pp_wait_seconds;
@@ -446,12 +454,13 @@ TrainResult Trainer::run() {
           line.comm_seconds = window_comm / static_cast<double>(window_steps);
         }
         if (tp_size > 1) line.tp_comm_seconds = window_tp_comm / static_cast<double>(window_steps);
+        if (cp_size > 1) line.cp_comm_seconds = window_cp_comm / static_cast<double>(window_steps);
         if (pipeline_) {
           line.pp_bubble = window_bubble / static_cast<double>(window_steps);
           line.pp_wait_seconds = window_pp_wait / static_cast<double>(window_steps);
         }
         logger.log_step(line);
-        window_seconds = window_exposed = window_comm = window_tp_comm = 0;
+        window_seconds = window_exposed = window_comm = window_tp_comm = window_cp_comm = 0;
         window_bubble = window_pp_wait = 0;
         window_steps = 0;
       } else {

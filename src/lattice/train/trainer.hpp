@@ -41,6 +41,8 @@ struct TrainResult {
   double exposed_comm_seconds = 0, comm_seconds = 0;
   // Tensor parallelism, summed over the steps run: this rank's blocking tp all-reduces.
   double tp_comm_seconds = 0;
+  // Context parallelism, summed over the steps run: this rank's waits on its cp group.
+  double cp_comm_seconds = 0;
   // Pipeline parallelism: the measured bubble of each step run, and this rank's exposed
   // point-to-point waits summed over them.
   std::vector<double> pp_bubbles;

@@ -11,13 +11,15 @@
 #include "lattice/comm/communicator.hpp"
 #include "lattice/core/memory.hpp"
 #include "lattice/model/context_parallel.hpp"
+#include "lattice/parallel/context/row_copies.hpp"
 
 namespace lattice::parallel {
 
 class RingAttention final : public model::ContextAttention {
  public:
   // `cp`: the context-parallel group (Mesh::group(Axis::cp)); it must outlive this object.
-  // Transient buffers are counted in `tracker` (may be null) as activations.
+  // Its buffers (kept from call to call: ContextWorkspace) are counted in `tracker` (may be null)
+  // as activations.
   RingAttention(comm::Communicator& cp, MemoryTracker* tracker);
 
   int size() const override { return cp_.size(); }
@@ -36,7 +38,7 @@ class RingAttention final : public model::ContextAttention {
   void wait(comm::CommHandle& handle);
 
   comm::Communicator& cp_;
-  MemoryTracker* tracker_;
+  ContextWorkspace workspace_;
   double wait_seconds_ = 0;
 };
 

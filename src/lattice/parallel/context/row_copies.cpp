@@ -5,8 +5,17 @@
 
 namespace lattice::parallel {
 
-Tensor context_buffer(int64_t n, MemoryTracker* tracker) {
-  return Tensor({n}, DType::f32, tracker, MemoryCategory::activations);
+float* ContextWorkspace::slot(size_t index, int64_t n) {
+  if (slots_.size() <= index) slots_.resize(index + 1);
+  Tensor& t = slots_[index];
+  if (t.numel() < n) t = Tensor({n}, DType::f32, tracker_, MemoryCategory::activations);
+  return t.f32();
+}
+
+int64_t ContextWorkspace::bytes() const {
+  int64_t total = 0;
+  for (const Tensor& t : slots_) total += t.numel() * 4;
+  return total;
 }
 
 void copy_rows(float* dst, int64_t dst_row_stride, int64_t dst_batch_stride, const float* src,

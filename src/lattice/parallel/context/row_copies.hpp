@@ -1,8 +1,10 @@
-// Row copies the context-parallel attentions share: strided token rows in and out of contiguous
-// blocks, and one run's rows of an attention output or log-sum-exp.
+// What the context-parallel attentions share: the workspace they reuse from call to call, and row
+// copies — strided token rows in and out of contiguous blocks, one run's rows of an attention
+// output or log-sum-exp.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "lattice/core/memory.hpp"
 #include "lattice/core/tensor.hpp"
@@ -10,8 +12,20 @@
 
 namespace lattice::parallel {
 
-// An fp32 activation buffer of n elements (zero-filled), counted in `tracker`.
-Tensor context_buffer(int64_t n, MemoryTracker* tracker);
+// fp32 buffers by slot, each grown to the largest request and kept (counted in the tracker as
+// activations while it lives): fresh buffers per call cost more in page faults than the copies
+// themselves. Contents are unspecified; a caller writes before it reads.
+class ContextWorkspace {
+ public:
+  explicit ContextWorkspace(MemoryTracker* tracker) : tracker_(tracker) {}
+  float* slot(size_t index, int64_t n);
+  // The bytes held (every slot at its largest request so far).
+  int64_t bytes() const;
+
+ private:
+  MemoryTracker* tracker_;
+  std::vector<Tensor> slots_;
+};
 
 // Token rows of `width` floats from src to dst, each with its own row and batch strides.
 void copy_rows(float* dst, int64_t dst_row_stride, int64_t dst_batch_stride, const float* src,

@@ -15,8 +15,16 @@ namespace lattice::parallel {
 namespace k = lattice::kernels;
 using model::PositionRun;
 
+namespace {
+
+// Workspace slots: 0-4 q, k, v, out and lse over this rank's head shard (the whole sequence), 5-8
+// d_out, dq, dk, dv likewise (backward), and the all-to-alls' send and receive buffers.
+constexpr size_t kSend = 9, kReceive = 10;
+
+}  // namespace
+
 UlyssesAttention::UlyssesAttention(comm::Communicator& cp, MemoryTracker* tracker)
-    : cp_(cp), tracker_(tracker) {}
+    : cp_(cp), workspace_(tracker) {}
 
 std::vector<PositionRun> UlyssesAttention::runs(int64_t local_len) const {
   return balanced_runs(local_len, cp_.size(), cp_.rank());
@@ -45,43 +53,46 @@ void UlyssesAttention::to_heads(float* full, const float* x, int64_t B, int64_t 
                                 int64_t D, int64_t row_stride, int64_t batch_stride) {
   const int P = cp_.size();
   const int64_t w = heads / P * D, block = B * n * w, T = n * P;
-  Tensor send = context_buffer(P * block, tracker_), receive = context_buffer(P * block, tracker_);
+  float* send = workspace_.slot(kSend, P * block);
+  float* receive = workspace_.slot(kReceive, P * block);
   for (int j = 0; j < P; ++j)  // rank j's heads of this rank's rows
-    pack_rows(send.f32() + j * block, x + j * w, B, 0, n, w, row_stride, batch_stride);
-  exchange(send.f32(), receive.f32(), block);
+    pack_rows(send + j * block, x + j * w, B, 0, n, w, row_stride, batch_stride);
+  exchange(send, receive, block);
   for (int s = 0; s < P; ++s)  // rank s's rows of this rank's heads, at their positions
     for (const PositionRun& run : balanced_runs(n, P, s))
-      copy_rows(full + run.position * w, w, T * w, receive.f32() + s * block + run.row * w, w,
-                n * w, B, run.length, w);
+      copy_rows(full + run.position * w, w, T * w, receive + s * block + run.row * w, w, n * w, B,
+                run.length, w);
 }
 
 void UlyssesAttention::from_heads(float* x, const float* full, int64_t B, int64_t n, int64_t heads,
                                   int64_t D, int64_t row_stride, int64_t batch_stride) {
   const int P = cp_.size();
   const int64_t w = heads / P * D, block = B * n * w, T = n * P;
-  Tensor send = context_buffer(P * block, tracker_), receive = context_buffer(P * block, tracker_);
+  float* send = workspace_.slot(kSend, P * block);
+  float* receive = workspace_.slot(kReceive, P * block);
   for (int j = 0; j < P; ++j)  // rank j's rows of this rank's heads
     for (const PositionRun& run : balanced_runs(n, P, j))
-      copy_rows(send.f32() + j * block + run.row * w, w, n * w, full + run.position * w, w, T * w,
-                B, run.length, w);
-  exchange(send.f32(), receive.f32(), block);
+      copy_rows(send + j * block + run.row * w, w, n * w, full + run.position * w, w, T * w, B,
+                run.length, w);
+  exchange(send, receive, block);
   for (int s = 0; s < P; ++s)  // rank s's heads of this rank's rows
-    unpack_rows(x + s * w, receive.f32() + s * block, B, 0, n, w, row_stride, batch_stride);
+    unpack_rows(x + s * w, receive + s * block, B, 0, n, w, row_stride, batch_stride);
 }
 
 void UlyssesAttention::lse_to_heads(float* full, const float* lse, int64_t B, int64_t n,
                                     int64_t heads) {
   const int P = cp_.size();
   const int64_t h = heads / P, block = B * h * n, T = n * P;
-  Tensor send = context_buffer(P * block, tracker_), receive = context_buffer(P * block, tracker_);
+  float* send = workspace_.slot(kSend, P * block);
+  float* receive = workspace_.slot(kReceive, P * block);
   for (int j = 0; j < P; ++j)
     for (int64_t b = 0; b < B; ++b)
-      std::copy_n(lse + (b * heads + j * h) * n, h * n, send.f32() + j * block + b * h * n);
-  exchange(send.f32(), receive.f32(), block);
+      std::copy_n(lse + (b * heads + j * h) * n, h * n, send + j * block + b * h * n);
+  exchange(send, receive, block);
   for (int s = 0; s < P; ++s)
     for (const PositionRun& run : balanced_runs(n, P, s))
       for (int64_t bh = 0; bh < B * h; ++bh)
-        std::copy_n(receive.f32() + s * block + bh * n + run.row, run.length,
+        std::copy_n(receive + s * block + bh * n + run.row, run.length,
                     full + bh * T + run.position);
 }
 
@@ -89,16 +100,16 @@ void UlyssesAttention::lse_from_heads(float* lse, const float* full, int64_t B, 
                                       int64_t heads) {
   const int P = cp_.size();
   const int64_t h = heads / P, block = B * h * n, T = n * P;
-  Tensor send = context_buffer(P * block, tracker_), receive = context_buffer(P * block, tracker_);
+  float* send = workspace_.slot(kSend, P * block);
+  float* receive = workspace_.slot(kReceive, P * block);
   for (int j = 0; j < P; ++j)
     for (const PositionRun& run : balanced_runs(n, P, j))
       for (int64_t bh = 0; bh < B * h; ++bh)
-        std::copy_n(full + bh * T + run.position, run.length,
-                    send.f32() + j * block + bh * n + run.row);
-  exchange(send.f32(), receive.f32(), block);
+        std::copy_n(full + bh * T + run.position, run.length, send + j * block + bh * n + run.row);
+  exchange(send, receive, block);
   for (int s = 0; s < P; ++s)
     for (int64_t b = 0; b < B; ++b)
-      std::copy_n(receive.f32() + s * block + b * h * n, h * n, lse + (b * heads + s * h) * n);
+      std::copy_n(receive + s * block + b * h * n, h * n, lse + (b * heads + s * h) * n);
 }
 
 void UlyssesAttention::forward(k::Ops& ops, float* out, float* lse, const float* q, const float* k,
@@ -108,18 +119,19 @@ void UlyssesAttention::forward(k::Ops& ops, float* out, float* lse, const float*
   const int P = cp_.size();
   const int64_t B = local.batch, n = local.q_len, T = n * P, D = local.head_dim;
   const int64_t hq = local.q_heads / P, hkv = local.kv_heads / P;
-  Tensor fq = context_buffer(B * T * hq * D, tracker_),
-         fk = context_buffer(B * T * hkv * D, tracker_),
-         fv = context_buffer(B * T * hkv * D, tracker_),
-         fo = context_buffer(B * T * hq * D, tracker_), fl = context_buffer(B * hq * T, tracker_);
-  to_heads(fq.f32(), q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
-  to_heads(fk.f32(), k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  to_heads(fv.f32(), v, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
-  ops.attention_forward(fo.f32(), fl.f32(), fq.f32(), fk.f32(), fv.f32(),
-                        k::AttentionShape::contiguous(B, T, hq, hkv, D), precision, {});
+  float* fq = workspace_.slot(0, B * T * hq * D);
+  float* fk = workspace_.slot(1, B * T * hkv * D);
+  float* fv = workspace_.slot(2, B * T * hkv * D);
+  float* fo = workspace_.slot(3, B * T * hq * D);
+  float* fl = workspace_.slot(4, B * hq * T);
+  to_heads(fq, q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
+  to_heads(fk, k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
+  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
+  ops.attention_forward(fo, fl, fq, fk, fv, k::AttentionShape::contiguous(B, T, hq, hkv, D),
+                        precision, {});
   const int64_t width = local.q_heads * D;
-  from_heads(out, fo.f32(), B, n, local.q_heads, D, width, n * width);
-  lse_from_heads(lse, fl.f32(), B, n, local.q_heads);
+  from_heads(out, fo, B, n, local.q_heads, D, width, n * width);
+  lse_from_heads(lse, fl, B, n, local.q_heads);
 }
 
 void UlyssesAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const float* d_out,
@@ -131,24 +143,27 @@ void UlyssesAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, co
   const int64_t B = local.batch, n = local.q_len, T = n * P, D = local.head_dim;
   const int64_t hq = local.q_heads / P, hkv = local.kv_heads / P, width = local.q_heads * D;
   const int64_t q_size = B * T * hq * D, kv_size = B * T * hkv * D;
-  Tensor fq = context_buffer(q_size, tracker_), fk = context_buffer(kv_size, tracker_),
-         fv = context_buffer(kv_size, tracker_), fo = context_buffer(q_size, tracker_),
-         fdo = context_buffer(q_size, tracker_), fl = context_buffer(B * hq * T, tracker_);
-  to_heads(fq.f32(), q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
-  to_heads(fk.f32(), k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  to_heads(fv.f32(), v, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
-  to_heads(fo.f32(), out, B, n, local.q_heads, D, width, n * width);
-  to_heads(fdo.f32(), d_out, B, n, local.q_heads, D, width, n * width);
-  lse_to_heads(fl.f32(), lse, B, n, local.q_heads);
+  float* fq = workspace_.slot(0, q_size);
+  float* fk = workspace_.slot(1, kv_size);
+  float* fv = workspace_.slot(2, kv_size);
+  float* fo = workspace_.slot(3, q_size);
+  float* fl = workspace_.slot(4, B * hq * T);
+  float* fdo = workspace_.slot(5, q_size);
+  to_heads(fq, q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
+  to_heads(fk, k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
+  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
+  to_heads(fo, out, B, n, local.q_heads, D, width, n * width);
+  to_heads(fdo, d_out, B, n, local.q_heads, D, width, n * width);
+  lse_to_heads(fl, lse, B, n, local.q_heads);
   // The gradients of this rank's head shard over the whole sequence.
-  Tensor fdq = context_buffer(q_size, tracker_), fdk = context_buffer(kv_size, tracker_),
-         fdv = context_buffer(kv_size, tracker_);
-  ops.attention_backward(fdq.f32(), fdk.f32(), fdv.f32(), fdo.f32(), fq.f32(), fk.f32(), fv.f32(),
-                         fo.f32(), fl.f32(), k::AttentionShape::contiguous(B, T, hq, hkv, D),
-                         precision, {});
-  from_heads(dq, fdq.f32(), B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
-  from_heads(dk, fdk.f32(), B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  from_heads(dv, fdv.f32(), B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
+  float* fdq = workspace_.slot(6, q_size);
+  float* fdk = workspace_.slot(7, kv_size);
+  float* fdv = workspace_.slot(8, kv_size);
+  ops.attention_backward(fdq, fdk, fdv, fdo, fq, fk, fv, fo, fl,
+                         k::AttentionShape::contiguous(B, T, hq, hkv, D), precision, {});
+  from_heads(dq, fdq, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
+  from_heads(dk, fdk, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
+  from_heads(dv, fdv, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
 }
 
 }  // namespace lattice::parallel

@@ -9,6 +9,7 @@
 #include "lattice/comm/communicator.hpp"
 #include "lattice/core/memory.hpp"
 #include "lattice/model/context_parallel.hpp"
+#include "lattice/parallel/context/row_copies.hpp"
 
 namespace lattice::parallel {
 
@@ -42,7 +43,7 @@ class UlyssesAttention final : public model::ContextAttention {
   void check_heads(const kernels::AttentionShape& local) const;
 
   comm::Communicator& cp_;
-  MemoryTracker* tracker_;
+  ContextWorkspace workspace_;
   double wait_seconds_ = 0;
 };
 
