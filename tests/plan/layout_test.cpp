@@ -84,7 +84,7 @@ TEST(OneLayoutValidator, RefusesWithTheKeyToChange) {
             std::string::npos);
   EXPECT_NE(with([](ParallelLayout& x) {
               x.cp = 3;
-            }).find("parallelism.cp = 3 does not divide the sequence length 1024"),
+            }).find("training.seq_len = 1024 cannot be split over parallelism.cp = 3 ranks"),
             std::string::npos);
   EXPECT_NE(with([](ParallelLayout& x) {
               x.zero_stage = 4;

@@ -151,24 +151,21 @@ TEST(LayoutConfig, WorldOfDpTpPpCpIsAcceptedByTheValidatorAndResolved) {
   EXPECT_THROW(parallel::validate_layout(config.model, config.seq_len, layout), Error);
 }
 
-TEST(LayoutConfig, AxesNotAvailableYetAreRefusedWithOneLineEach) {
-  for (const char* axis : {"cp"}) {
-    SCOPED_TRACE(axis);
-    const std::string message = refusal({std::string("parallelism.") + axis + "=2"});
-    EXPECT_NE(message.find(std::string("parallelism.") + axis + " = 2 is not available yet"),
-              std::string::npos)
-        << message;
-    EXPECT_NE(message.find(std::string("set parallelism.") + axis + " = 1"), std::string::npos)
-        << message;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-  }
-  // Each names its capability and the issue that brings it.
+TEST(LayoutConfig, AxesThatCannotRunAreRefusedWithOneLineEach) {
+  // Context parallelism runs (issue #23) where the sequence cuts into 2 x cp chunks; Ulysses needs
+  // the heads divisible by cp (gpt2-demo: 6 heads, 128 tokens).
+  EXPECT_EQ(refusal({"parallelism.cp=2"}), "");
+  EXPECT_EQ(refusal({"parallelism.cp=2", "context_parallel.mode=ulysses"}), "");
+  const std::string chunks = refusal({"parallelism.cp=3", "training.seq_len=64"});
+  EXPECT_NE(chunks.find("pick a seq_len divisible by 6"), std::string::npos) << chunks;
+  EXPECT_EQ(chunks.find('\n'), std::string::npos) << chunks;
+  EXPECT_NE(refusal({"parallelism.cp=4", "context_parallel.mode=ulysses"})
+                .find("holds 6 query and 6 key/value heads, not divisible by cp"),
+            std::string::npos);
+  EXPECT_NE(refusal({"context_parallel.mode=rings"}).find("use \"ring\" or \"ulysses\""),
+            std::string::npos);
   // Pipelines run (issue #22); ZeRO-3 with one is refused with its reason.
   EXPECT_NE(refusal({"parallelism.pp=2", "parallelism.zero=3"}).find("ZeRO-3 would gather"),
-            std::string::npos);
-  EXPECT_NE(refusal({"parallelism.cp=2"})
-                .find("context parallelism comes with the "
-                      "ring-attention issue (#23"),
             std::string::npos);
   // A layout that does not fit the model is named by the validator first (6 heads, tp = 4).
   EXPECT_NE(refusal({"parallelism.tp=4"}).find("does not divide the 6 attention heads"),
@@ -189,10 +186,11 @@ TEST(LayoutConfig, DpMinusOneTakesTheRestOfTheLaunchersWorld) {
   const std::string message = refusal({"parallelism.dp=-1", "parallelism.tp=4"});
   EXPECT_NE(message.find("world size 6 is not divisible by pp x cp x tp = 4"), std::string::npos)
       << message;
-  // Divisible, then refused for the axis that is not available yet.
-  EXPECT_NE(refusal({"parallelism.dp=-1", "parallelism.cp=2", "training.global_batch_size=24"})
-                .find("parallelism.cp = 2 is not available yet"),
-            std::string::npos);
+  // With cp 2 the rest is dp 3.
+  EXPECT_EQ(load_train_config(
+                "", {"parallelism.dp=-1", "parallelism.cp=2", "training.global_batch_size=24"})
+                .dp,
+            3);
 }
 
 // Tensor parallelism splits the key/value heads and the MLP width: a tp that does not divide them
@@ -242,9 +240,9 @@ class LayoutCli : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(LayoutCli, EachUnavailableAxisGetsOneLine) {
-  expect_one_error_line(run_lattice(tiny("--cp 2"), dir_),
-                        "parallelism.cp = 2 is not available yet: context parallelism");
+TEST_F(LayoutCli, EachAxisThatCannotSplitGetsOneLine) {
+  expect_one_error_line(run_lattice(tiny("--cp 3"), dir_),
+                        "training.seq_len = 32 cannot be split over parallelism.cp = 3 ranks");
   expect_one_error_line(run_lattice(tiny("--tp 3"), dir_),
                         "parallelism.tp = 3 does not divide the 4 attention heads");
   EXPECT_FALSE(fs::exists(dir_ / "run"));

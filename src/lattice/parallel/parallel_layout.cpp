@@ -91,9 +91,12 @@ void validate_layout(const model::ModelConfig& model, int64_t seq_len, const Par
         "parallelism.pp = " + str(l.pp) + " x virtual stages " + str(l.virtual_stages) + " = " +
             str(chunks) + " stages need at least one block each, but the model has " +
             str(model.n_layers) + " layers (model.n_layers): lower pp or the virtual stages");
-  check(seq_len % l.cp == 0, "parallelism.cp = " + str(l.cp) +
-                                 " does not divide the sequence length " + str(seq_len) +
-                                 " (training.seq_len)");
+  // Context parallelism's causal load balancing cuts each sequence into 2 x cp equal chunks.
+  check(seq_len % (2 * l.cp) == 0 || l.cp == 1,
+        "training.seq_len = " + str(seq_len) +
+            " cannot be split over parallelism.cp = " + str(l.cp) +
+            " ranks: the causal load balancing cuts each sequence into 2 x cp = " + str(2 * l.cp) +
+            " equal chunks; pick a seq_len divisible by " + str(2 * l.cp));
   check(model.is_moe() || l.ep == 1,
         "parallelism.ep = " + str(l.ep) +
             " needs a mixture-of-experts model (model.n_experts > 1) and this one is dense: set "

@@ -57,7 +57,7 @@ struct ParallelLayout {
 
 // Throws lattice::Error with one line naming the key and the fix when the layout cannot run this
 // model at sequence length `seq_len`: a degree or the ZeRO stage out of range, heads or the MLP
-// width not divisible by tp, layers not by pp x virtual stages, the sequence not by cp, ep not
+// width not divisible by tp, layers not by pp x virtual stages, the sequence not by 2 x cp, ep not
 // dividing dp x cp or the experts, HSDP groups not dividing dp, the global batch not divisible by
 // micro x dp, a schedule its virtual stages do not fit, or tp larger than a node when
 // devices_per_node > 0. Also checks the model itself (ModelConfig::validate) and the recompute
