@@ -26,7 +26,7 @@ namespace {
 namespace k = lattice::kernels;
 
 struct Options {
-  std::vector<int64_t> seq_lens = {4096, 16384};
+  std::vector<int64_t> seq_lens = {4096, 8192};
   int64_t heads = 8, kv_heads = 8, head_dim = 64, batch = 1;
   int cp = 2;
   int64_t steps = 3, warmup = 1, rounds = 3;
