@@ -2,10 +2,8 @@
 #include "lattice/parallel/context/ring_attention.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <limits>
 #include <optional>
-#include <utility>
 
 #include "lattice/parallel/context/row_copies.hpp"
 #include "lattice/parallel/context/sequence_split.hpp"
@@ -42,21 +40,14 @@ std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, cons
 
 }  // namespace
 
-RingAttention::RingAttention(comm::Communicator& cp, MemoryTracker* tracker)
-    : cp_(cp), workspace_(tracker) {}
-
-std::vector<PositionRun> RingAttention::runs(int64_t local_len) const {
-  return balanced_runs(local_len, cp_.size(), cp_.rank());
-}
-
-void RingAttention::wait(comm::CommHandle& handle) {
-  const auto start = std::chrono::steady_clock::now();
-  handle.wait();
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double RingAttention::take_wait_seconds() {
-  return std::exchange(wait_seconds_, 0.0);
+std::array<float*, 2> RingAttention::own_block(const float* k, const float* v,
+                                               const k::AttentionShape& local) {
+  const int64_t B = local.batch, n = local.q_len, width = local.kv_heads * local.head_dim;
+  const int64_t half = B * n * width;
+  std::array<float*, 2> blocks = {workspace_.slot(0, 2 * half), workspace_.slot(1, 2 * half)};
+  pack_rows(blocks[0], k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
+  pack_rows(blocks[0] + half, v, B, 0, n, width, local.v_row_stride, local.kv_batch_stride);
+  return blocks;
 }
 
 void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q, const float* k,
@@ -69,9 +60,7 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
   // Workspace slots (the backward's are its own but for 0-5): 0, 1 the key/value blocks [k | v],
   // each [B, n, width] (the one in hand and the one arriving); 2, 3 each query run's running out
   // [B, len, H·D]; 4, 5 its lse [B, H, len]; 6, 7 one call's out and lse.
-  float* blocks[2] = {workspace_.slot(0, block), workspace_.slot(1, block)};
-  pack_rows(blocks[0], k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-  pack_rows(blocks[0] + half, v, B, 0, n, width, local.v_row_stride, local.kv_batch_stride);
+  const std::array<float*, 2> blocks = own_block(k, v, local);
   const std::vector<PositionRun> mine = runs(n);
   std::vector<float*> run_out, run_lse;
   int64_t longest = 0;
@@ -124,9 +113,7 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   // its lse and 8, 9 its d_out (the kernel reads the queries' out, d_out and lse contiguously:
   // one copy per run); 10 one call's [dk | dv]; 11 the sum arriving from the previous rank; 12, 13
   // this rank's sums (two, alternating, while the previous one is still being sent).
-  float* blocks[2] = {workspace_.slot(0, block), workspace_.slot(1, block)};
-  pack_rows(blocks[0], k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-  pack_rows(blocks[0] + half, v, B, 0, n, width, local.v_row_stride, local.kv_batch_stride);
+  const std::array<float*, 2> blocks = own_block(k, v, local);
   const std::vector<PositionRun> mine = runs(n);
   std::vector<float*> run_out, run_d_out, run_lse;
   for (size_t i = 0; i < mine.size(); ++i) {

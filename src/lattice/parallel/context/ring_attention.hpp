@@ -8,38 +8,35 @@
 // the last step the finished gradient goes home to its owner (one more hop).
 #pragma once
 
-#include "lattice/comm/communicator.hpp"
-#include "lattice/core/memory.hpp"
-#include "lattice/model/context_parallel.hpp"
-#include "lattice/parallel/context/row_copies.hpp"
+#include <array>
+
+#include "lattice/parallel/context/context_group_attention.hpp"
 
 namespace lattice::parallel {
 
-class RingAttention final : public model::ContextAttention {
+class RingAttention final : public ContextGroupAttention {
  public:
   // `cp`: the context-parallel group (Mesh::group(Axis::cp)); it must outlive this object.
   // Its buffers (kept from call to call: ContextWorkspace) are counted in `tracker` (may be null)
   // as activations.
-  RingAttention(comm::Communicator& cp, MemoryTracker* tracker);
+  RingAttention(comm::Communicator& cp, MemoryTracker* tracker)
+      : ContextGroupAttention(cp, tracker) {}
 
-  int size() const override { return cp_.size(); }
-  int rank() const override { return cp_.rank(); }
-  std::vector<model::PositionRun> runs(int64_t local_len) const override;
   void forward(kernels::Ops& ops, float* out, float* lse, const float* q, const float* k,
                const float* v, const kernels::AttentionShape& local,
                kernels::Precision precision) override;
   void backward(kernels::Ops& ops, float* dq, float* dk, float* dv, const float* d_out,
                 const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const kernels::AttentionShape& local, kernels::Precision precision) override;
-  double take_wait_seconds() override;
 
  private:
-  // Waits for `handle`, adding the blocked time to wait_seconds_.
-  void wait(comm::CommHandle& handle);
-
-  comm::Communicator& cp_;
-  ContextWorkspace workspace_;
-  double wait_seconds_ = 0;
+  // Waits for `handle`, counted as time waited on the group.
+  void wait(comm::CommHandle& handle) {
+    waited([&] { handle.wait(); });
+  }
+  // This rank's own [k | v] block into workspace slot 0 ([B, n, width] each); returns slots 0, 1.
+  std::array<float*, 2> own_block(const float* k, const float* v,
+                                  const kernels::AttentionShape& local);
 };
 
 }  // namespace lattice::parallel

@@ -2,9 +2,7 @@
 #include "lattice/parallel/context/ulysses_attention.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <string>
-#include <utility>
 
 #include "lattice/core/error.hpp"
 #include "lattice/parallel/context/row_copies.hpp"
@@ -23,17 +21,6 @@ constexpr size_t kSend = 9, kReceive = 10;
 
 }  // namespace
 
-UlyssesAttention::UlyssesAttention(comm::Communicator& cp, MemoryTracker* tracker)
-    : cp_(cp), workspace_(tracker) {}
-
-std::vector<PositionRun> UlyssesAttention::runs(int64_t local_len) const {
-  return balanced_runs(local_len, cp_.size(), cp_.rank());
-}
-
-double UlyssesAttention::take_wait_seconds() {
-  return std::exchange(wait_seconds_, 0.0);
-}
-
 void UlyssesAttention::check_heads(const k::AttentionShape& local) const {
   const int P = cp_.size();
   check(local.q_heads % P == 0 && local.kv_heads % P == 0,
@@ -44,9 +31,7 @@ void UlyssesAttention::check_heads(const k::AttentionShape& local) const {
 }
 
 void UlyssesAttention::exchange(const float* send, float* receive, int64_t block) {
-  const auto start = std::chrono::steady_clock::now();
-  cp_.all_to_all(send, receive, block, DType::f32);
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  waited([&] { cp_.all_to_all(send, receive, block, DType::f32); });
 }
 
 void UlyssesAttention::to_heads(float* full, const float* x, int64_t B, int64_t n, int64_t heads,

@@ -6,27 +6,22 @@
 // Needs the query and key/value heads (on this tensor-parallel rank) divisible by cp.
 #pragma once
 
-#include "lattice/comm/communicator.hpp"
-#include "lattice/core/memory.hpp"
-#include "lattice/model/context_parallel.hpp"
-#include "lattice/parallel/context/row_copies.hpp"
+#include "lattice/parallel/context/context_group_attention.hpp"
 
 namespace lattice::parallel {
 
-class UlyssesAttention final : public model::ContextAttention {
+class UlyssesAttention final : public ContextGroupAttention {
  public:
-  UlyssesAttention(comm::Communicator& cp, MemoryTracker* tracker);
+  // As RingAttention's.
+  UlyssesAttention(comm::Communicator& cp, MemoryTracker* tracker)
+      : ContextGroupAttention(cp, tracker) {}
 
-  int size() const override { return cp_.size(); }
-  int rank() const override { return cp_.rank(); }
-  std::vector<model::PositionRun> runs(int64_t local_len) const override;
   void forward(kernels::Ops& ops, float* out, float* lse, const float* q, const float* k,
                const float* v, const kernels::AttentionShape& local,
                kernels::Precision precision) override;
   void backward(kernels::Ops& ops, float* dq, float* dk, float* dv, const float* d_out,
                 const float* q, const float* k, const float* v, const float* out, const float* lse,
                 const kernels::AttentionShape& local, kernels::Precision precision) override;
-  double take_wait_seconds() override;
 
  private:
   // x [B, n, heads·D] (strided) on every rank -> full [B, T, heads/cp·D]: this rank's head shard
@@ -41,10 +36,6 @@ class UlyssesAttention final : public model::ContextAttention {
   void lse_from_heads(float* lse, const float* full, int64_t B, int64_t n, int64_t heads);
   void exchange(const float* send, float* receive, int64_t block);
   void check_heads(const kernels::AttentionShape& local) const;
-
-  comm::Communicator& cp_;
-  ContextWorkspace workspace_;
-  double wait_seconds_ = 0;
 };
 
 }  // namespace lattice::parallel
