@@ -189,6 +189,48 @@ TEST_F(CpCli, LongContextConfigTrainsWhereOneRankWouldExceedItsLimit) {
   EXPECT_NE(r.out.find("done: 2 steps"), std::string::npos) << r.out;
 }
 
+TEST_F(CpCli, ValidationAndCheckpointsAreTheOneRankModels) {
+  // 4 steps of 2 x 256 tokens with validation every 2 steps and a checkpoint after step 2.
+  const auto run = [&](const std::string& name, const std::string& extra) {
+    return run_lattice("train" + cp_flags(dir_, "llama-tiny", 256) +
+                           " --training.steps=4 --validation.freq=2 --validation.batches=2"
+                           " --checkpoint.interval=2 --metrics.jsonl=true --metrics.log_freq=1"
+                           " --job.run_dir=" +
+                           (dir_ / name).string() + extra,
+                       dir_);
+  };
+  const auto records = [&](const std::string& name) {
+    return read_jsonl(dir_ / name / "metrics.jsonl");
+  };
+  ASSERT_EQ(run("one", "").status, 0);
+  const CliResult ring = run("ring", " --parallelism.cp=2");
+  ASSERT_EQ(ring.status, 0) << ring.out << ring.err;
+  // A cp run's checkpoint is the one-rank model's: one rank resumes it, and Ulysses on 4 ranks.
+  const std::string step2 = (dir_ / "ring/checkpoints/step_00000002").string();
+  const CliResult one = run("one-resumed", " --checkpoint.resume_from=" + step2);
+  ASSERT_EQ(one.status, 0) << one.out << one.err;
+  const CliResult ulysses = run("ulysses-resumed",
+                                " --parallelism.cp=4 "
+                                "--context_parallel.mode=ulysses "
+                                "--checkpoint.resume_from=" +
+                                    step2);
+  ASSERT_EQ(ulysses.status, 0) << ulysses.out << ulysses.err;
+  // The validation loss is the mean over the same sequences (each cp rank's share averaged over
+  // the batch group), and the resumed runs continue the cp run: relative 1e-5, the reduction
+  // order's (measured 1e-7 and below).
+  const auto reference = records("one");
+  ASSERT_EQ(reference.size(), 4u);
+  for (const char* name : {"ring", "one-resumed", "ulysses-resumed"}) {
+    const auto got = records(name);
+    ASSERT_FALSE(got.empty()) << name;
+    const auto& last = got.back();
+    EXPECT_EQ(last["step"].get<int>(), 4) << name;
+    EXPECT_NEAR(last["loss"].get<double>() / reference[3]["loss"].get<double>(), 1.0, 1e-5) << name;
+    EXPECT_NEAR(last["val_loss"].get<double>() / reference[3]["val_loss"].get<double>(), 1.0, 1e-5)
+        << name;
+  }
+}
+
 TEST_F(CpCli, BenchCpRunsBothModes) {
   const CliResult r =
       run_lattice("bench cp --seq-len 256 --heads 4 --kv-heads 2 --rounds 1 --steps 1", dir_);
