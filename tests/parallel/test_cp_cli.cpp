@@ -164,6 +164,13 @@ TEST_F(CpCli, ActivationsPerRankFallByCpAndMatchTheEstimate) {
                     std::string::npos)
               << r.out;
           EXPECT_NE(r.out.find("cp comm"), std::string::npos) << r.out;
+          // One dp rank's 2 sequences, reduced over dp x cp.
+          EXPECT_NE(r.out.find("batch 2 x 1024 tokens x 1 accumulation x 1 ranks"),
+                    std::string::npos)
+              << r.out;
+          EXPECT_NE(r.out.find("data parallel: dp x cp = 1 x " + std::to_string(cp) + " ranks"),
+                    std::string::npos)
+              << r.out;
           EXPECT_TRUE(steps.back().contains("cp_comm_seconds")) << steps.back().dump();
         }
       }

@@ -281,12 +281,17 @@ TrainResult Trainer::run() {
         static_cast<long long>(config_.model.n_layers),
         static_cast<long long>(config_.model.d_model),
         std::string(kernels::precision_name(config_.precision)).c_str(), static_cast<long long>(B),
-        static_cast<long long>(T), static_cast<long long>(accumulation), ranks,
+        static_cast<long long>(T), static_cast<long long>(accumulation), ranks / cp_size,
         omp_get_max_threads());
+    // Under context parallelism the gradients and the loss are reduced over dp x cp.
+    const std::string batch_ranks = cp_size > 1 ? "dp x cp = " + std::to_string(ranks / cp_size) +
+                                                      " x " + std::to_string(cp_size) + " ranks"
+                                                : std::to_string(ranks) + " ranks";
     if (ranks > 1)
       std::printf(
-          "data parallel: %d ranks (%s backend), ZeRO stage %lld%s, %zu gradient buckets%s\n",
-          ranks, std::string(group_->backend()).c_str(), static_cast<long long>(config_.zero),
+          "data parallel: %s (%s backend), ZeRO stage %lld%s, %zu gradient buckets%s\n",
+          batch_ranks.c_str(), std::string(group_->backend()).c_str(),
+          static_cast<long long>(config_.zero),
           config_.hsdp_shard_size > 0
               ? (", HSDP shard groups of " + std::to_string(config_.hsdp_shard_size)).c_str()
               : "",
