@@ -57,9 +57,10 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
   const int next = (me + 1) % P, prev = (me + P - 1) % P;
   const int64_t B = local.batch, n = local.q_len, H = local.q_heads, D = local.head_dim;
   const int64_t width = local.kv_heads * D, half = B * n * width, block = 2 * half;
-  // Workspace slots (the backward's are its own but for 0-5): 0, 1 the key/value blocks [k | v],
-  // each [B, n, width] (the one in hand and the one arriving); 2, 3 each query run's running out
-  // [B, len, H·D]; 4, 5 its lse [B, H, len]; 6, 7 one call's out and lse.
+  // Workspace slots (the backward uses 0-5 for the same things and 8-13 for its own): 0, 1 the
+  // key/value blocks [k | v], each [B, n, width] (the one in hand and the one arriving); 2, 3
+  // each query run's running out [B, len, H·D]; 4, 5 its lse [B, H, len]; 6, 7 one call's out
+  // and lse.
   const std::array<float*, 2> blocks = own_block(k, v, local);
   const std::vector<PositionRun> mine = runs(n);
   std::vector<float*> run_out, run_lse;
