@@ -99,12 +99,16 @@ Timing time_attention(const Options& o, int64_t T, int cp, parallel::ContextPara
 }
 
 // Bytes one rank sends per forward + backward: ring — the [k | v] block on cp − 1 hops each way
-// and its gradient sum on cp hops; Ulysses — all-to-alls of (cp − 1)/cp of q, k, v, the output
-// and the lse forward, and of q, k, v, out, d_out, lse, dq, dk, dv backward.
-double bytes_sent(const Options& o, int64_t T, int cp, parallel::ContextParallelMode mode) {
+// (bf16 under Precision::bf16) and its fp32 gradient sum on cp hops; Ulysses — fp32 all-to-alls
+// of (cp − 1)/cp of q, k, v, the output and the lse forward, and of q, k, v, out, d_out, lse, dq,
+// dk, dv backward.
+double bytes_sent(const Options& o, int64_t T, int cp, parallel::ContextParallelMode mode,
+                  k::Precision precision) {
   const double n = static_cast<double>(T) / cp, q = o.batch * n * o.heads * o.head_dim,
                kv = o.batch * n * o.kv_heads * o.head_dim, lse = o.batch * n * o.heads;
-  if (mode == parallel::ContextParallelMode::ring) return 4.0 * 2 * kv * ((cp - 1) * 2 + cp);
+  const double block_bytes = precision == k::Precision::bf16 ? 2.0 : 4.0;
+  if (mode == parallel::ContextParallelMode::ring)
+    return 2 * kv * (block_bytes * (cp - 1) * 2 + 4.0 * cp);
   const double share = static_cast<double>(cp - 1) / cp;
   return 4.0 * share * ((2 * q + 2 * kv + lse) + (4 * q + 4 * kv + lse));
 }
@@ -145,7 +149,8 @@ void run_bench(const Options& o) {
       std::printf("%-7lld %-8s %8.1f ms %8.1f ms %7.2fx %8.1f ms %8.1f ms %7.1f%% %7.1f MB\n",
                   static_cast<long long>(T), parallel::context_parallel_mode_name(mode),
                   1e3 * median(one), 1e3 * step, median(speedups), 1e3 * waited,
-                  1e3 * (step - waited), 100.0 * waited / step, bytes_sent(o, T, o.cp, mode) / 1e6);
+                  1e3 * (step - waited), 100.0 * waited / step,
+                  bytes_sent(o, T, o.cp, mode, precision) / 1e6);
       std::fflush(stdout);
     }
   }

@@ -40,14 +40,34 @@ std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, cons
 
 }  // namespace
 
-std::array<float*, 2> RingAttention::own_block(const float* k, const float* v,
-                                               const k::AttentionShape& local) {
+RingAttention::Blocks RingAttention::own_blocks(k::Ops& ops, const float* k, const float* v,
+                                                const k::AttentionShape& local,
+                                                k::Precision precision) {
   const int64_t B = local.batch, n = local.q_len, width = local.kv_heads * local.head_dim;
   const int64_t half = B * n * width;
-  std::array<float*, 2> blocks = {workspace_.slot(0, 2 * half), workspace_.slot(1, 2 * half)};
-  pack_rows(blocks[0], k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-  pack_rows(blocks[0] + half, v, B, 0, n, width, local.v_row_stride, local.kv_batch_stride);
-  return blocks;
+  if (precision != k::Precision::bf16) {
+    float* own = workspace_.slot(0, 2 * half);
+    pack_rows(own, k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
+    pack_rows(own + half, v, B, 0, n, width, local.v_row_stride, local.kv_batch_stride);
+    return {{own, workspace_.slot(1, 2 * half)}, 2 * half, DType::f32};
+  }
+  // bf16 elements in float slots: 2·half of them take `half` floats.
+  auto* own = reinterpret_cast<lattice::bf16*>(workspace_.slot(0, half));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = (b * n + t) * width;
+      ops.convert_to_bf16(own + row, k + b * local.kv_batch_stride + t * local.k_row_stride, width);
+      ops.convert_to_bf16(own + half + row, v + b * local.kv_batch_stride + t * local.v_row_stride,
+                          width);
+    }
+  return {{own, workspace_.slot(1, half)}, 2 * half, DType::bf16};
+}
+
+const float* RingAttention::held_fp32(k::Ops& ops, const Blocks& blocks, int index) {
+  if (blocks.dtype == DType::f32) return static_cast<const float*>(blocks.data[index]);
+  float* wide = workspace_.slot(14, blocks.count);
+  ops.convert_to_f32(wide, static_cast<const lattice::bf16*>(blocks.data[index]), blocks.count);
+  return wide;
 }
 
 void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q, const float* k,
@@ -56,12 +76,11 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
   const int P = cp_.size(), me = cp_.rank();
   const int next = (me + 1) % P, prev = (me + P - 1) % P;
   const int64_t B = local.batch, n = local.q_len, H = local.q_heads, D = local.head_dim;
-  const int64_t width = local.kv_heads * D, half = B * n * width, block = 2 * half;
-  // Workspace slots (the backward uses 0-5 for the same things and 8-13 for its own): 0, 1 the
-  // key/value blocks [k | v], each [B, n, width] (the one in hand and the one arriving); 2, 3
-  // each query run's running out [B, len, H·D]; 4, 5 its lse [B, H, len]; 6, 7 one call's out
-  // and lse.
-  const std::array<float*, 2> blocks = own_block(k, v, local);
+  const int64_t width = local.kv_heads * D, half = B * n * width;
+  // Workspace slots (the backward uses 0-5 and 14 for the same things and 8-13 for its own): 0,
+  // 1 the travelling key/value blocks (own_blocks); 2, 3 each query run's running out [B, len,
+  // H·D]; 4, 5 its lse [B, H, len]; 6, 7 one call's out and lse; 14 the block in hand widened.
+  const Blocks blocks = own_blocks(ops, k, v, local, precision);
   const std::vector<PositionRun> mine = runs(n);
   std::vector<float*> run_out, run_lse;
   int64_t longest = 0;
@@ -76,12 +95,13 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
   float* part_out = workspace_.slot(6, B * longest * H * D);
   float* part_lse = workspace_.slot(7, B * H * longest);
   for (int step = 0; step < P; ++step) {
-    const float* held = blocks[step % 2];
     comm::CommHandle sent, received;
     if (step + 1 < P) {  // the next block travels while this one is computed
-      received = cp_.irecv(blocks[(step + 1) % 2], block, DType::f32, prev, kKeyValueTag);
-      sent = cp_.isend(held, block, DType::f32, next, kKeyValueTag);
+      received =
+          cp_.irecv(blocks.data[(step + 1) % 2], blocks.count, blocks.dtype, prev, kKeyValueTag);
+      sent = cp_.isend(blocks.data[step % 2], blocks.count, blocks.dtype, next, kKeyValueTag);
     }
+    const float* held = held_fp32(ops, blocks, step % 2);
     const int source = (me - step + P) % P;
     for (size_t i = 0; i < mine.size(); ++i)
       for (const PositionRun& kv : balanced_runs(n, P, source)) {
@@ -113,8 +133,9 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   // Workspace slots: 0, 1 the key/value blocks as in the forward; 2, 3 each query run's out, 4, 5
   // its lse and 8, 9 its d_out (the kernel reads the queries' out, d_out and lse contiguously:
   // one copy per run); 10 one call's [dk | dv]; 11 the sum arriving from the previous rank; 12, 13
-  // this rank's sums (two, alternating, while the previous one is still being sent).
-  const std::array<float*, 2> blocks = own_block(k, v, local);
+  // this rank's sums (two, alternating, while the previous one is still being sent); 14 the block
+  // in hand widened (bf16).
+  const Blocks blocks = own_blocks(ops, k, v, local, precision);
   const std::vector<PositionRun> mine = runs(n);
   std::vector<float*> run_out, run_d_out, run_lse;
   for (size_t i = 0; i < mine.size(); ++i) {
@@ -138,12 +159,13 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   k::AttentionOptions accumulate;
   accumulate.accumulate_dq = true;
   for (int step = 0; step < P; ++step) {
-    const float* held = blocks[step % 2];
     comm::CommHandle sent, received;
     if (step + 1 < P) {
-      received = cp_.irecv(blocks[(step + 1) % 2], block, DType::f32, prev, kKeyValueTag);
-      sent = cp_.isend(held, block, DType::f32, next, kKeyValueTag);
+      received =
+          cp_.irecv(blocks.data[(step + 1) % 2], blocks.count, blocks.dtype, prev, kKeyValueTag);
+      sent = cp_.isend(blocks.data[step % 2], blocks.count, blocks.dtype, next, kKeyValueTag);
     }
+    const float* held = held_fp32(ops, blocks, step % 2);
     if (step > 0)  // the block's gradient from the ranks it has visited, sent after their step
       sum_received = cp_.irecv(incoming, block, DType::f32, prev, kGradientTag);
     float* sum = sums[step % 2];

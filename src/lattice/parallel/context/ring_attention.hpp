@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 
 #include "lattice/parallel/context/context_group_attention.hpp"
 
@@ -34,9 +35,19 @@ class RingAttention final : public ContextGroupAttention {
   void wait(comm::CommHandle& handle) {
     waited([&] { handle.wait(); });
   }
-  // This rank's own [k | v] block into workspace slot 0 ([B, n, width] each); returns slots 0, 1.
-  std::array<float*, 2> own_block(const float* k, const float* v,
-                                  const kernels::AttentionShape& local);
+  // The key/value blocks that travel: this rank's own [k | v] ([B, n, width] each) packed into
+  // workspace slot 0, and slot 1 for the one arriving — fp32, or rounded to bf16 under
+  // Precision::bf16 (the kernel rounds k and v to bf16 before its products anyway: the same
+  // result for half the bytes).
+  struct Blocks {
+    std::array<void*, 2> data;
+    int64_t count;  // elements of one block
+    DType dtype;
+  };
+  Blocks own_blocks(kernels::Ops& ops, const float* k, const float* v,
+                    const kernels::AttentionShape& local, kernels::Precision precision);
+  // The block in hand as fp32 for the kernels: itself, or widened into workspace slot 14.
+  const float* held_fp32(kernels::Ops& ops, const Blocks& blocks, int index);
 };
 
 }  // namespace lattice::parallel
