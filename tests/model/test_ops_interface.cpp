@@ -249,6 +249,19 @@ class RecordingOps final : public kernels::Ops {
     record("convert_to_bf16");
     inner_.convert_to_bf16(out, in, n);
   }
+  void moe_router_forward(int32_t* experts, float* weights, float* scores, const float* logits,
+                          const float* bias, const kernels::RouterShape& shape,
+                          const kernels::RouterStatistics& stats) override {
+    record("moe_router_forward");
+    inner_.moe_router_forward(experts, weights, scores, logits, bias, shape, stats);
+  }
+  void moe_router_backward(float* d_logits, const float* d_weights, const int32_t* experts,
+                           const float* scores, const float* logits,
+                           const kernels::RouterShape& shape,
+                           const kernels::RouterLossGradients& losses) override {
+    record("moe_router_backward");
+    inner_.moe_router_backward(d_logits, d_weights, experts, scores, logits, shape, losses);
+  }
   void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override {
     record("convert_to_f32");
     inner_.convert_to_f32(out, in, n);

@@ -19,6 +19,7 @@
 #include "lattice/core/tensor.hpp"
 #include "lattice/kernels/attention_shape.hpp"
 #include "lattice/kernels/linear_operands.hpp"
+#include "lattice/kernels/moe_routing.hpp"
 #include "lattice/kernels/optimizer_operands.hpp"
 #include "lattice/kernels/precision.hpp"
 #include "lattice/kernels/rope_table.hpp"
@@ -186,6 +187,17 @@ class Ops {
   virtual void attention_merge_partial(float* out, float* lse, const float* part_out,
                                        const float* part_lse, int64_t batch, int64_t q_len,
                                        int64_t q_heads, int64_t head_dim) = 0;
+
+  // ---- Mixture-of-experts routing (moe_routing.hpp): scores, each token's top_k experts and
+  // their weights, the statistics the balancing losses and metrics read; the backward writes the
+  // logits' gradient through the weights and the balancing losses. Independent of the thread count.
+
+  virtual void moe_router_forward(int32_t* experts, float* weights, float* scores,
+                                  const float* logits, const float* bias, const RouterShape& shape,
+                                  const RouterStatistics& stats) = 0;
+  virtual void moe_router_backward(float* d_logits, const float* d_weights, const int32_t* experts,
+                                   const float* scores, const float* logits,
+                                   const RouterShape& shape, const RouterLossGradients& losses) = 0;
 
   // ---- Norms over the last dimension C of [rows, C]. Backwards: d_in overwritten (+
   // residual_grad when given, in the same pass), d_weight / d_bias accumulated; bit-identical for

@@ -12,6 +12,7 @@
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/embedding.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
+#include "lattice/kernels/cpu/moe_router.hpp"
 #include "lattice/kernels/cpu/reduce.hpp"
 #include "lattice/kernels/cpu/rmsnorm.hpp"
 #include "lattice/kernels/cpu/rope.hpp"
@@ -197,6 +198,18 @@ void CpuOps::convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) {
 
 void CpuOps::convert_to_f32(float* out, const lattice::bf16* in, int64_t n) {
   kernels::convert_to_f32(out, in, n);
+}
+
+void CpuOps::moe_router_forward(int32_t* experts, float* weights, float* scores,
+                                const float* logits, const float* bias, const RouterShape& shape,
+                                const RouterStatistics& stats) {
+  kernels::moe_router_forward(experts, weights, scores, logits, bias, shape, stats);
+}
+
+void CpuOps::moe_router_backward(float* d_logits, const float* d_weights, const int32_t* experts,
+                                 const float* scores, const float* logits, const RouterShape& shape,
+                                 const RouterLossGradients& losses) {
+  kernels::moe_router_backward(d_logits, d_weights, experts, scores, logits, shape, losses);
 }
 
 void CpuOps::adamw_update(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) {

@@ -135,6 +135,12 @@ class CpuOps final : public Ops {
   void fill_zero(float* x, int64_t n) override;
   void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) override;
   void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override;
+  void moe_router_forward(int32_t* experts, float* weights, float* scores, const float* logits,
+                          const float* bias, const RouterShape& shape,
+                          const RouterStatistics& stats) override;
+  void moe_router_backward(float* d_logits, const float* d_weights, const int32_t* experts,
+                           const float* scores, const float* logits, const RouterShape& shape,
+                           const RouterLossGradients& losses) override;
 
   void adamw_update(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) override;
   double sum_of_squares(std::span<const FloatRun> runs) override;
