@@ -262,6 +262,28 @@ class RecordingOps final : public kernels::Ops {
     record("moe_router_backward");
     inner_.moe_router_backward(d_logits, d_weights, experts, scores, logits, shape, losses);
   }
+  void moe_gather(float* out, const float* x, const int32_t* slot_token, int64_t slots,
+                  int64_t C) override {
+    record("moe_gather");
+    inner_.moe_gather(out, x, slot_token, slots, C);
+  }
+  void moe_gather_backward(float* d_x, const float* d_out, const int32_t* slot_of, int64_t tokens,
+                           int64_t top_k, int64_t C) override {
+    record("moe_gather_backward");
+    inner_.moe_gather_backward(d_x, d_out, slot_of, tokens, top_k, C);
+  }
+  void moe_combine(float* y, const float* expert_out, const float* weights, const int32_t* slot_of,
+                   int64_t tokens, int64_t top_k, int64_t C) override {
+    record("moe_combine");
+    inner_.moe_combine(y, expert_out, weights, slot_of, tokens, top_k, C);
+  }
+  void moe_combine_backward(float* d_expert_out, float* d_weights, const float* dy,
+                            const float* expert_out, const float* weights, const int32_t* slot_of,
+                            int64_t tokens, int64_t top_k, int64_t C) override {
+    record("moe_combine_backward");
+    inner_.moe_combine_backward(d_expert_out, d_weights, dy, expert_out, weights, slot_of, tokens,
+                                top_k, C);
+  }
   void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override {
     record("convert_to_f32");
     inner_.convert_to_f32(out, in, n);

@@ -199,6 +199,20 @@ class Ops {
                                    const float* scores, const float* logits,
                                    const RouterShape& shape, const RouterLossGradients& losses) = 0;
 
+  // Around the expert GEMMs (moe_dispatch.hpp's slots; kernels/cpu/moe_rows.hpp has the full
+  // contracts): the gather of token rows into expert order and the weighted combine back, and
+  // their backwards.
+  virtual void moe_gather(float* out, const float* x, const int32_t* slot_token, int64_t slots,
+                          int64_t C) = 0;
+  virtual void moe_gather_backward(float* d_x, const float* d_out, const int32_t* slot_of,
+                                   int64_t tokens, int64_t top_k, int64_t C) = 0;
+  virtual void moe_combine(float* y, const float* expert_out, const float* weights,
+                           const int32_t* slot_of, int64_t tokens, int64_t top_k, int64_t C) = 0;
+  virtual void moe_combine_backward(float* d_expert_out, float* d_weights, const float* dy,
+                                    const float* expert_out, const float* weights,
+                                    const int32_t* slot_of, int64_t tokens, int64_t top_k,
+                                    int64_t C) = 0;
+
   // ---- Norms over the last dimension C of [rows, C]. Backwards: d_in overwritten (+
   // residual_grad when given, in the same pass), d_weight / d_bias accumulated; bit-identical for
   // any thread count.

@@ -13,6 +13,7 @@
 #include "lattice/kernels/cpu/embedding.hpp"
 #include "lattice/kernels/cpu/layernorm.hpp"
 #include "lattice/kernels/cpu/moe_router.hpp"
+#include "lattice/kernels/cpu/moe_rows.hpp"
 #include "lattice/kernels/cpu/reduce.hpp"
 #include "lattice/kernels/cpu/rmsnorm.hpp"
 #include "lattice/kernels/cpu/rope.hpp"
@@ -210,6 +211,29 @@ void CpuOps::moe_router_backward(float* d_logits, const float* d_weights, const 
                                  const float* scores, const float* logits, const RouterShape& shape,
                                  const RouterLossGradients& losses) {
   kernels::moe_router_backward(d_logits, d_weights, experts, scores, logits, shape, losses);
+}
+
+void CpuOps::moe_gather(float* out, const float* x, const int32_t* slot_token, int64_t slots,
+                        int64_t C) {
+  kernels::moe_gather(out, x, slot_token, slots, C);
+}
+
+void CpuOps::moe_gather_backward(float* d_x, const float* d_out, const int32_t* slot_of,
+                                 int64_t tokens, int64_t top_k, int64_t C) {
+  kernels::moe_gather_backward(d_x, d_out, slot_of, tokens, top_k, C);
+}
+
+void CpuOps::moe_combine(float* y, const float* expert_out, const float* weights,
+                         const int32_t* slot_of, int64_t tokens, int64_t top_k, int64_t C) {
+  kernels::moe_combine(y, expert_out, weights, slot_of, tokens, top_k, C);
+}
+
+void CpuOps::moe_combine_backward(float* d_expert_out, float* d_weights, const float* dy,
+                                  const float* expert_out, const float* weights,
+                                  const int32_t* slot_of, int64_t tokens, int64_t top_k,
+                                  int64_t C) {
+  kernels::moe_combine_backward(d_expert_out, d_weights, dy, expert_out, weights, slot_of, tokens,
+                                top_k, C);
 }
 
 void CpuOps::adamw_update(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) {

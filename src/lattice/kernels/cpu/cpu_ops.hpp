@@ -141,6 +141,15 @@ class CpuOps final : public Ops {
   void moe_router_backward(float* d_logits, const float* d_weights, const int32_t* experts,
                            const float* scores, const float* logits, const RouterShape& shape,
                            const RouterLossGradients& losses) override;
+  void moe_gather(float* out, const float* x, const int32_t* slot_token, int64_t slots,
+                  int64_t C) override;
+  void moe_gather_backward(float* d_x, const float* d_out, const int32_t* slot_of, int64_t tokens,
+                           int64_t top_k, int64_t C) override;
+  void moe_combine(float* y, const float* expert_out, const float* weights, const int32_t* slot_of,
+                   int64_t tokens, int64_t top_k, int64_t C) override;
+  void moe_combine_backward(float* d_expert_out, float* d_weights, const float* dy,
+                            const float* expert_out, const float* weights, const int32_t* slot_of,
+                            int64_t tokens, int64_t top_k, int64_t C) override;
 
   void adamw_update(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) override;
   double sum_of_squares(std::span<const FloatRun> runs) override;
