@@ -11,6 +11,7 @@
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/activation_memory.hpp"
 #include "lattice/model/transformer.hpp"
+#include "lattice/parallel/context/context_attention_memory.hpp"
 #include "lattice/parallel/pipeline/pipeline_memory.hpp"
 #include "lattice/plan/cli_options.hpp"
 #include "lattice/plan/compute_estimate.hpp"
@@ -104,8 +105,17 @@ std::vector<pipeline::PipelineActivationMemory> pipeline_activations(
       models.back()->set_activation_checkpointing(config.activation_checkpoint);
       stages.push_back(models.back().get());
     }
+    // Under context parallelism each rank holds seq_len / cp tokens of every sequence, and one
+    // context-parallel attention's workspace (kept from call to call) serves all its stages.
+    const int64_t local_len = config.seq_len / config.cp;
     ranks.push_back(pipeline::estimate_pipeline_activations(
-        schedule, rank, stages, config.precision, config.micro_batch_size, config.seq_len, ops));
+        schedule, rank, stages, config.precision, config.micro_batch_size, local_len, ops));
+    if (config.cp > 1)
+      ranks.back().running += parallel::context_attention_transient_bytes(
+          config.cp_mode, config.micro_batch_size, local_len, config.model.n_heads / config.tp,
+          config.model.n_kv_heads / config.tp, config.model.head_dim(),
+          config.model.family == model::Family::gpt2 &&
+              config.precision == kernels::Precision::bf16);
   }
   return ranks;
 }
