@@ -1,0 +1,71 @@
+// A mixture-of-experts MLP on one rank (fp32): a router (a Linear [experts, d_model] to logits,
+// then kernels::Ops::moe_router_forward: softmax or sigmoid scores, top-k, weights) picks each
+// token's experts; the token copies are gathered into expert order (kernels/moe_dispatch.hpp,
+// dropless or with a capacity), each expert — a SwiGLU MLP — runs as grouped GEMMs on its
+// contiguous rows, and the outputs are combined back weighted. A dropped copy adds nothing (its
+// token passes through the block's residual). Parameters are named as Hugging Face's Mixtral
+// ("<prefix>gate.weight", "<prefix>experts.<j>.w1.weight" gate, ".w3" up, ".w2" down). Not yet
+// used by a block, expert-parallel or in bf16 (issue #24).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lattice/core/tensor.hpp"
+#include "lattice/kernels/moe_dispatch.hpp"
+#include "lattice/kernels/moe_routing.hpp"
+#include "lattice/model/layer_context.hpp"
+#include "lattice/model/parameter_store.hpp"
+
+namespace lattice::model {
+
+struct MoeSettings {
+  int64_t experts = 8, top_k = 2;
+  kernels::RouterScore score = kernels::RouterScore::softmax;
+  bool normalize = true;
+  float scaling = 1.0f;
+  double capacity_factor = 0;  // 0: dropless; else each expert keeps ceil(factor·T·k/E) copies
+};
+
+// What the forward saves (rows = tokens, E experts, K = top_k, S = kept copies, F = ffn_hidden).
+struct MoeMlpActivations {
+  Tensor logits, scores;         // [rows, E]
+  std::vector<int32_t> experts;  // [rows, K]
+  Tensor weights;                // [rows, K]
+  kernels::MoeDispatch dispatch;
+  Tensor x_perm;       // [S, C] the gathered copies
+  Tensor gate, up, h;  // [S, F] the experts' pre-activations and SwiGLU output
+  Tensor out;          // [S, C] the experts' outputs
+  // The router's statistics (tokens per expert, score sums, Σ lse²) for the balancing losses.
+  std::vector<int64_t> counts;
+  std::vector<double> score_sums;
+  double z_sum = 0;
+};
+
+class MoeMlp {
+ public:
+  MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model, int64_t ffn_hidden,
+         const MoeSettings& settings);
+
+  // y [rows, C] from x [rows, C] (overwritten).
+  void forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, const float* x,
+               int64_t rows);
+  // d_x [rows, C] (overwritten) from d_y; the parameters' gradients accumulate. `losses` adds the
+  // balancing losses' gradients to the router's (kernels/moe_routing.hpp).
+  void backward(const LayerContext& ctx, MoeMlpActivations& a, float* d_x, const float* d_y,
+                const float* x, int64_t rows, const kernels::RouterLossGradients& losses = {});
+
+  const MoeSettings& settings() const { return settings_; }
+
+ private:
+  kernels::RouterShape router_shape(int64_t rows) const;
+
+  ParameterStore& store_;
+  int64_t C_, F_;
+  MoeSettings settings_;
+  int router_ = -1;
+  std::vector<int> w1_, w3_, w2_;  // per expert: gate [F, C], up [F, C], down [C, F]
+};
+
+}  // namespace lattice::model
