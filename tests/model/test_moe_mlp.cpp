@@ -138,6 +138,72 @@ TEST(MoeMlp, GradientsMatchCentralDifferences) {
     }
 }
 
+TEST(MoeMlp, BalancingLossesAndTheirGradients) {
+  // A perfectly balanced router (4 experts, top 2: every score 1/4, every expert chosen for a
+  // quarter of the copies, f_e = 1/4) gives aux = α; and the gradients of <g, y> + aux + z match
+  // central differences of that total where the routing stays.
+  const int64_t C = 6, F = 8, rows = 16;
+  MoeSettings s;
+  s.experts = 4;
+  s.top_k = 2;
+  // Coefficients large enough that their gradients stand out of the check's tolerance.
+  const MoeBalancing balancing{1.0, 0.1};
+  {
+    MoeMlpActivations a;
+    a.counts = {8, 8, 8, 8};
+    a.score_sums = {4, 4, 4, 4};  // 16 tokens x 1/4
+    a.z_sum = 16 * std::pow(std::log(4.0), 2);
+    const MoeLossTerms t = moe_balancing_losses(a, rows, s, balancing, 1.0f);
+    EXPECT_NEAR(t.aux, 1.0, 1e-12);
+    EXPECT_NEAR(t.z, 0.1 * std::pow(std::log(4.0), 2), 1e-12);
+  }
+  Layer layer(C, F, s);
+  kernels::CpuOps ops;
+  const LayerContext ctx{ops};
+  std::vector<float> x = random_vector(rows * C, 4);
+  const std::vector<float> g = random_vector(rows * C, 5);
+  std::vector<float> y(rows * C), d_x(rows * C);
+  MoeMlpActivations a;
+  layer.mlp.forward(ctx, a, y.data(), x.data(), rows);
+  const MoeLossTerms terms = moe_balancing_losses(a, rows, s, balancing, 1.0f);
+  EXPECT_GT(terms.aux, 0);
+  EXPECT_GT(terms.z, 0);
+  layer.store.zero_grads();
+  layer.mlp.backward(ctx, a, d_x.data(), g.data(), x.data(), rows, terms.gradients());
+  const std::vector<int32_t> choice = a.experts;
+  bool same_routing = true;
+  // The loads f_e are constants of the step (Switch): the total with this forward's counts.
+  const std::vector<int64_t> counts = a.counts;
+  const auto total = [&]() {
+    MoeMlpActivations b;
+    std::vector<float> out(rows * C);
+    layer.mlp.forward(ctx, b, out.data(), x.data(), rows);
+    same_routing = same_routing && b.experts == choice;
+    b.counts = counts;
+    const MoeLossTerms t = moe_balancing_losses(b, rows, s, balancing, 1.0f);
+    return testing::weighted_sum(out, g) + t.aux + t.z;
+  };
+  const int router = layer.store.index_of("model.layers.0.block_sparse_moe.gate.weight");
+  const std::vector<float> d_router(layer.store.grad(router),
+                                    layer.store.grad(router) + layer.store.info(router).numel);
+  const auto check = [&](float* values, const float* analytic, int64_t n, const char* what) {
+    double worst = 0;
+    int64_t checked = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      same_routing = true;
+      const double numeric = testing::numerical_gradient(total, values + i, 1, 1e-2f)[0];
+      if (!same_routing) continue;
+      ++checked;
+      worst = std::max(worst, std::abs(numeric - analytic[i]) / std::max(1.0, std::abs(numeric)));
+    }
+    EXPECT_LT(worst, 2e-3) << what;  // the reasons of GradientsMatchCentralDifferences
+    EXPECT_GT(checked, n / 2) << what;
+  };
+  check(x.data(), d_x.data(), rows * C, "d_x");
+  check(layer.store.mutable_value(router), d_router.data(), layer.store.info(router).numel,
+        "router");
+}
+
 TEST(MoeMlp, RefusesWhatCannotRoute) {
   ParameterStore store;
   MoeSettings s;

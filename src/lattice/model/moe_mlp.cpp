@@ -37,6 +37,28 @@ k::RouterShape MoeMlp::router_shape(int64_t rows) const {
   return s;
 }
 
+MoeLossTerms moe_balancing_losses(const MoeMlpActivations& a, int64_t tokens,
+                                  const MoeSettings& settings, const MoeBalancing& balancing,
+                                  float loss_scale) {
+  MoeLossTerms terms;
+  const int64_t E = settings.experts, K = settings.top_k;
+  const double T = static_cast<double>(tokens);
+  if (balancing.aux_coefficient != 0) {
+    terms.score_grad.assign(static_cast<size_t>(E), 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      const double f = static_cast<double>(a.counts[e]) / (T * static_cast<double>(K));
+      terms.aux += balancing.aux_coefficient * static_cast<double>(E) * f * a.score_sums[e] / T;
+      terms.score_grad[e] = static_cast<float>(loss_scale * balancing.aux_coefficient *
+                                               static_cast<double>(E) * f / T);
+    }
+  }
+  if (balancing.z_coefficient != 0) {
+    terms.z = balancing.z_coefficient * a.z_sum / T;
+    terms.z_grad = static_cast<float>(loss_scale * balancing.z_coefficient / T);
+  }
+  return terms;
+}
+
 void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, const float* x,
                      int64_t rows) {
   check(ctx.precision == k::Precision::fp32, "the MoE MLP runs in fp32 only so far (issue #24)");

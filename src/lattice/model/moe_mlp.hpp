@@ -43,6 +43,29 @@ struct MoeMlpActivations {
   double z_sum = 0;
 };
 
+// The balancing losses' coefficients: the Switch/GShard auxiliary load-balancing loss and the
+// router z-loss (ST-MoE). 0 turns either off.
+struct MoeBalancing {
+  double aux_coefficient = 0, z_coefficient = 0;
+};
+
+// A forward's balancing losses and the gradients its backward adds at the router. Over T tokens
+// with k copies each: aux = α · E · Σ_e f_e · P_e, f_e = counts_e / (T · k) the share of copies
+// expert e was chosen for (a constant of the step, as in Switch), P_e = score_sums_e / T its
+// mean score (1 · α for a perfectly balanced router); z = β · Σ_t lse_t² / T. The gradients are
+// those of loss_scale · (aux + z).
+struct MoeLossTerms {
+  double aux = 0, z = 0;
+  std::vector<float> score_grad;  // [experts]
+  float z_grad = 0;
+  kernels::RouterLossGradients gradients() const {
+    return {score_grad.empty() ? nullptr : score_grad.data(), z_grad};
+  }
+};
+MoeLossTerms moe_balancing_losses(const MoeMlpActivations& a, int64_t tokens,
+                                  const MoeSettings& settings, const MoeBalancing& balancing,
+                                  float loss_scale);
+
 class MoeMlp {
  public:
   MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model, int64_t ffn_hidden,
