@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "../kernels/gradcheck.hpp"
@@ -29,6 +30,25 @@ struct Layer {
 
 double silu(double v) {
   return v / (1.0 + std::exp(-v));
+}
+
+// Central differences of `loss` (which sets *same_routing to false when its forward routed
+// differently) against `analytic`, for each of `values`' n elements whose step keeps the routing.
+// fp32 forward, step 1e-2 on values of order 1: relative 2e-3 (the second-order term of the SwiGLU
+// and softmax, ~h²·|f'''|, and fp32 rounding over h).
+void expect_gradient(const std::function<double()>& loss, bool* same_routing, float* values,
+                     const float* analytic, int64_t n, const char* what) {
+  int64_t checked = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    *same_routing = true;
+    const double numeric = testing::numerical_gradient(loss, values + i, 1, 1e-2f)[0];
+    if (!*same_routing) continue;  // the step crossed a routing boundary
+    ++checked;
+    worst = std::max(worst, std::abs(numeric - analytic[i]) / std::max(1.0, std::abs(numeric)));
+  }
+  EXPECT_LT(worst, 2e-3) << what;
+  EXPECT_GT(checked, n / 2) << what;
 }
 
 TEST(MoeMlp, EqualsADirectLoopOverEachTokensExperts) {
@@ -111,21 +131,7 @@ TEST(MoeMlp, GradientsMatchCentralDifferences) {
         return testing::weighted_sum(out, g);
       };
       const auto check = [&](float* values, const float* analytic, int64_t n, const char* what) {
-        int64_t checked = 0;
-        double worst = 0;
-        for (int64_t i = 0; i < n; ++i) {
-          same_routing = true;
-          const std::vector<double> numeric =
-              testing::numerical_gradient(loss, values + i, 1, 1e-2f);
-          if (!same_routing) continue;  // the step crossed a routing boundary
-          ++checked;
-          worst = std::max(
-              worst, std::abs(numeric[0] - analytic[i]) / std::max(1.0, std::abs(numeric[0])));
-        }
-        // fp32 forward, step 1e-2 on values of order 1: relative 2e-3 (the second-order term of
-        // the SwiGLU and softmax, ~h²·|f'''|, and fp32 rounding over h).
-        EXPECT_LT(worst, 2e-3) << what;
-        EXPECT_GT(checked, n / 2) << what;
+        expect_gradient(loss, &same_routing, values, analytic, n, what);
       };
       check(x.data(), d_x.data(), rows * C, "d_x");
       ParameterStore& p = layer.store;
@@ -187,17 +193,7 @@ TEST(MoeMlp, BalancingLossesAndTheirGradients) {
   const std::vector<float> d_router(layer.store.grad(router),
                                     layer.store.grad(router) + layer.store.info(router).numel);
   const auto check = [&](float* values, const float* analytic, int64_t n, const char* what) {
-    double worst = 0;
-    int64_t checked = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      same_routing = true;
-      const double numeric = testing::numerical_gradient(total, values + i, 1, 1e-2f)[0];
-      if (!same_routing) continue;
-      ++checked;
-      worst = std::max(worst, std::abs(numeric - analytic[i]) / std::max(1.0, std::abs(numeric)));
-    }
-    EXPECT_LT(worst, 2e-3) << what;  // the reasons of GradientsMatchCentralDifferences
-    EXPECT_GT(checked, n / 2) << what;
+    expect_gradient(total, &same_routing, values, analytic, n, what);
   };
   check(x.data(), d_x.data(), rows * C, "d_x");
   check(layer.store.mutable_value(router), d_router.data(), layer.store.info(router).numel,
