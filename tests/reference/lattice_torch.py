@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import lattice_torch_moe
+
 __all__ = [
     "TORCH_OPS",
     "LATTICE_BF16_OPS",
@@ -362,24 +364,43 @@ class LlamaMlp(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def is_moe_layer(config, layer):
+    """Lattice's ModelConfig::is_moe_layer (Hugging Face's decoder_sparse_step)."""
+    return config.get("n_experts", 1) > 1 and (layer + 1) % config.get("moe_layer_interval", 1) == 0
+
+
 class LlamaBlock(nn.Module):
-    def __init__(self, config, ops):
+    """A MoE layer's MLP is `block_sparse_moe` (Mixtral names) or `mlp` (DeepSeek names), a
+    lattice_torch_moe.MoeMlp; its balancing loss is left in `balancing_loss`."""
+
+    def __init__(self, config, ops, layer=0):
         super().__init__()
         self.input_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
         self.self_attn = LlamaAttention(config, ops)
         self.post_attention_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
-        self.mlp = LlamaMlp(config, ops)
+        self.moe = is_moe_layer(config, layer)
+        if not self.moe:
+            self.mlp = LlamaMlp(config, ops)
+            return
+        moe = lattice_torch_moe.MoeMlp(config, lambda i, o: Linear(i, o, False, ops))
+        mixtral = config.get("moe_names", "mixtral") == "mixtral"
+        self.mlp_name = "block_sparse_moe" if mixtral else "mlp"
+        setattr(self, self.mlp_name, moe)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        mlp = getattr(self, self.mlp_name) if self.moe else self.mlp
+        return x + mlp(self.post_attention_layernorm(x))
+
+    def balancing_loss(self):
+        return getattr(self, self.mlp_name).balancing_loss if self.moe else None
 
 
 class LlamaTrunk(nn.Module):
     def __init__(self, config, ops):
         super().__init__()
         self.embed_tokens = nn.Embedding(config["vocab_size"], config["d_model"])
-        self.layers = nn.ModuleList(LlamaBlock(config, ops) for _ in range(config["n_layers"]))
+        self.layers = nn.ModuleList(LlamaBlock(config, ops, i) for i in range(config["n_layers"]))
         self.norm = RMSNorm(config["d_model"], config["norm_eps"])
 
 
@@ -405,10 +426,15 @@ class LlamaModel(nn.Module):
         return self.model.embed_tokens.weight if self.tied else self.lm_head.weight
 
     def forward(self, tokens, targets=None):
-        """tokens [B, T] -> logits [B, T, V] (fp32); with targets, (logits, mean loss)."""
+        """tokens [B, T] -> logits [B, T, V] (fp32); with targets, (logits, mean loss). A MoE
+        model's balancing losses (summed over its layers) are left in `balancing_loss`: train on
+        loss + balancing_loss."""
         x = self.model.embed_tokens(tokens)
+        self.balancing_loss = torch.zeros(())
         for block in self.model.layers:
             x = block(x, self.rope_cos, self.rope_sin)
+            if block.balancing_loss() is not None:
+                self.balancing_loss = self.balancing_loss + block.balancing_loss()
         logits = self.ops.linear(self.model.norm(x), self.head_weight(), None).float()
         return logits if targets is None else (logits, cross_entropy(logits, targets))
 

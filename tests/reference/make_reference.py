@@ -50,6 +50,13 @@ RUNS = [
 ]
 
 
+def training_loss(model, loss):
+    """The loss the gradients are of: the cross-entropy plus a MoE model's balancing losses (the
+    recorded "loss" and "losses" are the cross-entropy alone, as Lattice reports it)."""
+    balancing = getattr(model, "balancing_loss", None)
+    return loss if balancing is None else loss + balancing
+
+
 def run(config, weights, tokens, targets, prefix, ops, bf16_autocast):
     """Forward/backward and `steps` AdamW steps from the given weights; returns {name: tensor}."""
     torch.manual_seed(0)
@@ -60,7 +67,7 @@ def run(config, weights, tokens, targets, prefix, ops, bf16_autocast):
 
     with autocast:
         logits, loss = model(tokens, targets)
-    loss.backward()
+    training_loss(model, loss).backward()
     out[prefix + "logits"] = logits.detach().float().reshape(-1, logits.shape[-1])
     out[prefix + "loss"] = loss.detach().float().reshape(())
     for name, p in model.named_parameters():
@@ -79,7 +86,7 @@ def run(config, weights, tokens, targets, prefix, ops, bf16_autocast):
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             _, loss = model(tokens, targets)
-        loss.backward()
+        training_loss(model, loss).backward()
         norms.append(lt.clip_gradients(model, HYPER["max_grad_norm"]))
         optimizer.step()
         losses.append(float(loss))

@@ -206,6 +206,17 @@ std::string torch_run_prefix(TorchRun run) {
   return "?";
 }
 
+// A MoE model's routing is discontinuous: in bf16 a token whose top-k scores are close goes to
+// another expert (or, with a capacity, another copy is dropped) as soon as the runs differ by a
+// rounding, and from then on they part by more than rounding. Against the emulation that starts
+// once the training steps have moved the weights and a bf16 rounding flips by summation order
+// (measured on the committed data, init_std 0.2: step losses within 2e-4 up to step 3, then up to
+// 5e-3 dropless and 6e-2 with drops by step 9); against fp32 with drops, in the first step already
+// (step 2's loss 1.1e-2). So in bf16 only the first step — the initial weights' loss and gradient
+// norm, with the logits and every gradient above — is held to the bounds; later steps are
+// printed. fp32 holds every step.
+constexpr int64_t kMoeBf16Steps = 1;
+
 // Loads the inputs and the reference in `dir` and checks every quantity of Lattice at `precision`
 // against the PyTorch run `against`.
 void check_parity(const fs::path& dir, const std::string& family, kernels::Precision precision,
@@ -293,7 +304,15 @@ void check_parity(const fs::path& dir, const std::string& family, kernels::Preci
   const auto want_norms = read_tensor(ref, prefix + "grad_norms");
   ASSERT_EQ(static_cast<int64_t>(want_losses.size()), steps);
   ErrorStats worst_step;
+  // MoE in bf16: only the first steps are held to the bounds (see kMoeBf16Steps).
+  const int64_t held =
+      config.is_moe() && precision == kernels::Precision::bf16 ? kMoeBf16Steps : steps;
   for (int64_t s = 0; s < steps; ++s) {
+    if (s >= held) {
+      std::printf("    loss before step %lld: %.6f vs %.6f (not held: routing may differ)\n",
+                  static_cast<long long>(s + 1), losses[s], want_losses[s]);
+      continue;
+    }
     const ErrorStats e = compare(&losses[s], &want_losses[s], 1);
     EXPECT_LE(e.relative_to_max, tol.step_losses)
         << "loss before step " << s + 1 << ": " << losses[s] << " vs " << want_losses[s];
@@ -303,7 +322,7 @@ void check_parity(const fs::path& dir, const std::string& family, kernels::Preci
   print_stats("losses of " + std::to_string(steps) + " AdamW steps (worst step)", worst_step);
   std::printf("    first %.6f -> last %.6f (reference %.6f -> %.6f)\n", losses.front(),
               losses.back(), want_losses.front(), want_losses.back());
-  const ErrorStats norm_err = compare(norms.data(), want_norms.data(), steps);
+  const ErrorStats norm_err = compare(norms.data(), want_norms.data(), held);
   print_stats("pre-clip gradient norms", norm_err);
   EXPECT_LE(norm_err.relative_to_max, tol.grad_norms) << "gradient norms";
 }
@@ -342,8 +361,20 @@ constexpr Tolerances kBf16Emulated{/*logits=*/1e-4,      /*loss=*/1e-5,
                                    /*gradient=*/1e-2,    /*gradient_l2=*/2e-3,
                                    /*step_losses=*/2e-3, /*grad_norms=*/5e-3};
 
-std::string preset_of(const std::string& family) {
-  return family + "-tiny";
+// A family's model: its tiny preset ("deepseek_moe" is deepseek-moe-tiny) and, for the MoE ones,
+// balancing coefficients large enough that their gradients move the result visibly (at the
+// presets' own the router gradients would pass the bounds without them); mixtral_capacity also
+// drops copies (capacity factor 1) and adds the router z-loss.
+ModelConfig config_of(const std::string& family) {
+  std::string preset = family == "mixtral_capacity" ? "mixtral" : family;
+  std::replace(preset.begin(), preset.end(), '_', '-');
+  ModelConfig config = model_preset(preset + "-tiny");
+  if (config.is_moe()) config.moe_aux_loss_coef = 0.1;
+  if (family == "mixtral_capacity") {
+    config.moe_capacity_factor = 1.0;
+    config.moe_z_loss_coef = 0.01;
+  }
+  return config;
 }
 
 class PytorchParity : public ::testing::TestWithParam<std::string> {};
@@ -375,7 +406,7 @@ TEST_P(PytorchParity, RegeneratedReferenceFromFreshWeights) {
   const fs::path dir = fs::temp_directory_path() /
                        ("lattice_pytorch_parity_" + std::to_string(::getpid()) + "_" + family);
   fs::remove_all(dir);
-  write_inputs(dir, family, model_preset(preset_of(family)), 20261129);
+  write_inputs(dir, family, config_of(family), 20261129);
   ASSERT_EQ(run_make_reference(dir, family), 0)
       << "make_reference.py failed; see " << (dir / (family + "_make_reference.log"));
   check_parity(dir, family, kernels::Precision::fp32, TorchRun::fp32, kFp32);
@@ -394,7 +425,7 @@ TEST_P(PytorchParity, RegenerateCommittedData) {
   const std::string family = GetParam();
   // init_std 0.2 instead of the preset's 0.02: attention scores and logits of order one, so every
   // path (RoPE, causal masking, GQA groups, the tied head) moves the result visibly.
-  ModelConfig config = model_preset(preset_of(family));
+  ModelConfig config = config_of(family);
   config.init_std = 0.2f;
   write_inputs(committed_data_dir(), family, config, 7);
   ASSERT_TRUE(torch_available()) << "inputs written, but " << kPython
@@ -404,5 +435,7 @@ TEST_P(PytorchParity, RegenerateCommittedData) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, PytorchParity,
-                         ::testing::Values(std::string("gpt2"), std::string("llama")),
+                         ::testing::Values(std::string("gpt2"), std::string("llama"),
+                                           std::string("mixtral"), std::string("deepseek_moe"),
+                                           std::string("mixtral_capacity")),
                          [](const auto& info) { return info.param; });

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/tensor.hpp"
 #include "lattice/model/layer_context.hpp"
+#include "lattice/model/moe_statistics.hpp"
 #include "lattice/model/tensor_parallel_comm.hpp"
 
 namespace lattice::model {
@@ -38,6 +40,10 @@ struct BlockActivations {
   bool recompute_attention = false;
   // Set by backward_input, cleared by backward_weight: the weight gradients are still to run.
   bool weight_gradients_pending = false;
+  // Set by the Transformer before a forward: this micro-batch's weight in the step's loss
+  // (1 / accumulation steps; 0 for a forward without backward). A MoE layer scales its balancing
+  // losses' gradients by it.
+  float loss_scale = 0.0f;
 };
 
 class Block {
@@ -93,6 +99,12 @@ class Block {
   // weight half: the Linears' output gradients (zero-bubble pipelines hold them until W).
   virtual int64_t pending_weight_bytes(kernels::Precision precision, int64_t B,
                                        int64_t T) const = 0;
+  // A MoE layer's routing of the forward that filled `saved` (moe_statistics.hpp); none for a
+  // dense block.
+  virtual std::optional<MoeLayerStatistics> moe_statistics(const BlockActivations& saved) const {
+    (void)saved;
+    return std::nullopt;
+  }
   // Incremental inference: x_out = block(x_in) for n new tokens of each of B sequences at
   // positions [cache.length(), cache.length() + n), attending to the cached positions before them;
   // writes the new keys and values into layer `cache_layer` of `cache` (the caller advances the

@@ -20,6 +20,7 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
       heads_(config.n_heads / tp.size),
       kv_heads_(config.n_kv_heads / tp.size),
       head_dim_(config.head_dim()),
+      layer_(layer_index),
       eps_(config.norm_eps) {
   check(config.n_heads % tp.size == 0 && config.n_kv_heads % tp.size == 0 &&
             config.ffn_hidden % tp.size == 0,
@@ -40,10 +41,29 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
   o_proj_ =
       Linear(store, p + "self_attn.o_proj", C_, C_, false, InitKind::normal_residual, tp, row);
   norm2_weight_ = store.declare(p + "post_attention_layernorm.weight", {C_}, InitKind::ones, false);
-  gate_proj_ = Linear(store, p + "mlp.gate_proj", C_, F, false, InitKind::normal, tp, column);
-  up_proj_ = Linear(store, p + "mlp.up_proj", C_, F, false, InitKind::normal, tp, column);
-  down_proj_ = Linear(store, p + "mlp.down_proj", F, C_, false, InitKind::normal_residual, tp, row);
-  F_ = gate_proj_.out_features();
+  std::string mlp = p + "mlp.";
+  int64_t dense_width = F;
+  if (config.is_moe_layer(layer_index)) {
+    check(
+        tp.size == 1,
+        "parallelism.tp = " + std::to_string(tp.size) +
+            " with MoE layers is not available yet: tensor parallelism of the attention beside "
+            "expert-parallel experts comes with expert parallelism (#24); set parallelism.tp = 1");
+    mlp = p + (config.moe_names == MoeNames::mixtral ? "block_sparse_moe." : "mlp.");
+    moe_.emplace(store, mlp, C_, config.expert_ffn_hidden(), moe_settings(config),
+                 config.moe_names);
+    balancing_ = moe_balancing(config);
+    mlp += "shared_experts.";
+    dense_width = config.moe_shared_experts * config.expert_ffn_hidden();
+  }
+  if (dense_width > 0) {
+    gate_proj_ =
+        Linear(store, mlp + "gate_proj", C_, dense_width, false, InitKind::normal, tp, column);
+    up_proj_ = Linear(store, mlp + "up_proj", C_, dense_width, false, InitKind::normal, tp, column);
+    down_proj_ = Linear(store, mlp + "down_proj", dense_width, C_, false, InitKind::normal_residual,
+                        tp, row);
+    F_ = gate_proj_.out_features();
+  }
 }
 
 void LlamaBlockActivations::release() {
@@ -53,7 +73,23 @@ void LlamaBlockActivations::release() {
   for (LinearActivations* l :
        {&q_proj, &k_proj, &v_proj, &o_proj, &gate_proj, &up_proj, &down_proj})
     l->release();
+  moe.release();
   weight_gradients_pending = false;
+}
+
+std::optional<MoeLayerStatistics> LlamaBlock::moe_statistics(const BlockActivations& saved) const {
+  if (!moe_) return std::nullopt;
+  const auto* a = dynamic_cast<const Saved*>(&saved);
+  check(a != nullptr, "a block was handed another block type's activations (internal error)");
+  MoeLayerStatistics s;
+  s.layer = layer_;
+  s.tokens = a->moe.dispatch.tokens;
+  s.copies = s.tokens * moe_->settings().top_k;
+  s.dropped = a->moe.dispatch.dropped;
+  s.counts = a->moe.counts;
+  s.aux_loss = a->moe_losses.aux;
+  s.z_loss = a->moe_losses.z;
+  return s;
 }
 
 std::unique_ptr<BlockActivations> LlamaBlock::make_activations() const {
@@ -67,10 +103,13 @@ int64_t LlamaBlock::saved_bytes(k::Precision precision, int64_t B, int64_t T) co
   // parallelism the gathered n1 and n2 are not kept (gathered again in backward).
   const int64_t rows = B * T, local = tp_.local_rows(rows), C = C_, F = F_;
   const int64_t kv = kv_heads_ * head_dim_;
+  // A MoE layer adds its routing and experts' activations (MoeMlp::saved_bytes); its dense MLP
+  // (F = 0 without shared experts) keeps no bf16 inputs when there is none.
   int64_t bytes =
       local * 4 * (3 * C + 2) + rows * 4 * (A_ + 2 * kv + 3 * F) + attention_output_bytes(B, T);
   if (precision == k::Precision::bf16)
-    bytes += rows * 2 * (A_ + F) + (tp_.sequence_parallel ? 0 : rows * 2 * 5 * C);
+    bytes += rows * 2 * (A_ + F) + (tp_.sequence_parallel ? 0 : rows * 2 * (F > 0 ? 5 : 3) * C);
+  if (moe_) bytes += moe_->saved_bytes(rows);
   return bytes;
 }
 
@@ -86,8 +125,10 @@ int64_t LlamaBlock::scratch_bytes(k::Precision precision, int64_t B, int64_t T) 
   // ([rows, C] each), and the norm weight's partial gradient.
   (void)precision;
   const int64_t rows = B * T, local = tp_.local_rows(rows), kv = kv_heads_ * head_dim_;
+  // A MoE layer with shared experts adds the routed experts' input gradient [rows, C].
   int64_t floats = rows * (3 * F_ + C_ + 2 * A_ + 2 * kv) + 2 * local * C_;
   if (tp_.sequence_parallel) floats += 3 * rows * C_ + C_;
+  if (moe_ && F_ > 0) floats += rows * C_;
   return 4 * floats;
 }
 
@@ -96,17 +137,20 @@ int64_t LlamaBlock::transient_bytes(k::Precision precision, int64_t B, int64_t T
   // reduce-scatter and RMSNorm 2's gathered output (fp32 [rows, C] each), and in bf16 gate's and
   // up's roundings of it (freed after their GEMMs; q, k and v's three with one fp32 buffer are
   // less). A deferred weight half gathers both norms' outputs (fp32, as much).
-  if (!tp_.sequence_parallel) return 0;
+  // A MoE layer: the backward's own buffers (MoeMlp::transient_bytes) and, with shared experts,
+  // the routed output before it is added (fp32 [rows, C]); no sequence parallelism there.
   const int64_t rows = B * T;
+  if (moe_) return moe_->transient_bytes(rows) + (F_ > 0 ? 4 * rows * C_ : 0);
+  if (!tp_.sequence_parallel) return 0;
   return rows * C_ * (8 + (precision == k::Precision::bf16 ? 4 : 0));
 }
 
 int64_t LlamaBlock::pending_weight_bytes(k::Precision precision, int64_t B, int64_t T) const {
   // What backward_input keeps (its `kept` operands): gate's and up's output gradients, down's
-  // (its own copy), o's (over all rows) and q's, k's and v's.
+  // (its own copy; none without a dense MLP), o's (over all rows) and q's, k's and v's.
   (void)precision;
   const int64_t rows = B * T, kv = kv_heads_ * head_dim_;
-  return 4 * rows * (2 * F_ + 2 * C_ + A_ + 2 * kv);
+  return 4 * rows * (2 * F_ + (F_ > 0 ? 2 : 1) * C_ + A_ + 2 * kv);
 }
 
 void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t B, int64_t T) {
@@ -122,9 +166,11 @@ void LlamaBlock::prepare_activations(const LayerContext& ctx, Saved& a, int64_t 
   ensure_activation(a.x2, {local, C_}, tr);
   ensure_activation(a.n2, {local, C_}, tr);
   ensure_activation(a.rstd2, {local}, tr);
-  ensure_activation(a.gate, {rows, F_}, tr);
-  ensure_activation(a.up, {rows, F_}, tr);
-  ensure_activation(a.h, {rows, F_}, tr);
+  if (F_ > 0) {  // the dense MLP (a MoE layer: its shared experts, if any)
+    ensure_activation(a.gate, {rows, F_}, tr);
+    ensure_activation(a.up, {rows, F_}, tr);
+    ensure_activation(a.h, {rows, F_}, tr);
+  }
 }
 
 const float* LlamaBlock::norm_rows(const Tensor& norm, float* gathered, int64_t rows,
@@ -205,22 +251,32 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
   ctx.ops.add_inplace(a.x2.f32(), x_in, local * C_);
   ctx.ops.rmsnorm_forward(a.n2.f32(), a.rstd2.f32(), a.x2.f32(), store_.value(norm2_weight_), local,
                           C_, eps_);
-  TpCollective gather = TpCollective::none(tp_);
-  const float* n2 = norm_rows(a.n2, sp ? gathered.f32() : nullptr, rows, &gather);
-  column_inputs_forward(
-      ctx, gather, a.n2.f32(), n2, rows,
-      {{&gate_proj_, &a.gate_proj, a.gate.f32()}, {&up_proj_, &a.up_proj, a.up.f32()}});
-  if (sp)
-    for (LinearActivations* l : {&a.gate_proj, &a.up_proj}) l->release();
-  gathered.reset();
-  ctx.ops.swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
-  float* mlp_out = sp ? partial.f32() : x_out;
-  row_parallel_forward(
-      tp_,
-      [&](int64_t first, int64_t count) {
-        down_proj_.forward_rows(ctx, a.down_proj, mlp_out, a.h.f32(), rows, first, count);
-      },
-      x_out, mlp_out, rows, C_);
+  if (F_ > 0) {  // the dense SwiGLU (a MoE layer's shared experts)
+    TpCollective gather = TpCollective::none(tp_);
+    const float* n2 = norm_rows(a.n2, sp ? gathered.f32() : nullptr, rows, &gather);
+    column_inputs_forward(
+        ctx, gather, a.n2.f32(), n2, rows,
+        {{&gate_proj_, &a.gate_proj, a.gate.f32()}, {&up_proj_, &a.up_proj, a.up.f32()}});
+    if (sp)
+      for (LinearActivations* l : {&a.gate_proj, &a.up_proj}) l->release();
+    gathered.reset();
+    ctx.ops.swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
+    float* mlp_out = sp ? partial.f32() : x_out;
+    row_parallel_forward(
+        tp_,
+        [&](int64_t first, int64_t count) {
+          down_proj_.forward_rows(ctx, a.down_proj, mlp_out, a.h.f32(), rows, first, count);
+        },
+        x_out, mlp_out, rows, C_);
+  }
+  if (moe_) {  // the routed experts (tp = 1: all rows are this rank's)
+    Tensor routed;
+    if (F_ > 0) ensure_activation(routed, {rows, C_}, ctx.tracker);
+    float* out = F_ > 0 ? routed.f32() : x_out;
+    moe_->forward(ctx, a.moe, out, a.n2.f32(), rows);
+    if (F_ > 0) ctx.ops.add_inplace(x_out, out, rows * C_);
+    a.moe_losses = moe_balancing_losses(a.moe, rows, moe_->settings(), balancing_, a.loss_scale);
+  }
   ctx.ops.add_inplace(x_out, a.x2.f32(), local * C_);
 }
 
@@ -257,9 +313,10 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
   auto kept = [&](Tensor& pending, int slot, int64_t numel) {
     return weight_gradient_operand(defer, pending, scratch, slot, numel, tr);
   };
-  float* d_h = scratch.get(0, rows * F_, tr);
-  float* d_gate = kept(a.d_gate, 1, rows * F_);
-  float* d_up = kept(a.d_up, 2, rows * F_);
+  const bool dense = F_ > 0;  // a dense MLP (a MoE layer: its shared experts)
+  float* d_h = dense ? scratch.get(0, rows * F_, tr) : nullptr;
+  float* d_gate = dense ? kept(a.d_gate, 1, rows * F_) : nullptr;
+  float* d_up = dense ? kept(a.d_up, 2, rows * F_) : nullptr;
   float* d_norm = scratch.get(3, local * C_, tr);
   float* d_part = scratch.get(4, rows * C_, tr);
   float* d_x2 = sp ? scratch.get(5, local * C_, tr) : kept(a.d_x2, 5, rows * C_);
@@ -276,7 +333,7 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
     float* gathered = kept(a.d_y, 10, rows * C_);
     gather_sequence(tp_, gathered, d_x_out, rows, C_);
     d_y = gathered;
-  } else if (defer) {  // d_x_out may be overwritten by d_x_in: down_proj's W keeps its own copy
+  } else if (defer && dense) {  // d_x_out may be overwritten by d_x_in: down_proj's W keeps a copy
     float* copy = kept(a.d_y, 10, rows * C_);
     ctx.ops.copy(copy, d_x_out, rows * C_);
     d_y = copy;
@@ -331,16 +388,24 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
     grads.finish();
   };
 
-  // MLP branch: x_out = x2 + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(x2).
-  TpCollective n2_gather = TpCollective::none(tp_);
-  const float* n2 = defer ? nullptr : norm_rows(a.n2, gathered_input, rows, &n2_gather);
-  linear_backward(down_proj_, a.down_proj, d_h, d_y, a.h.f32());
-  ctx.ops.swiglu_backward(d_gate, d_up, d_h, a.gate.f32(), a.up.f32(), rows * F_);
-  column_input_half(gate_proj_, a.gate_proj, d_norm_rows, d_gate, n2);
-  column_input_half(up_proj_, a.up_proj, d_part, d_up, n2);
-  ctx.ops.add_inplace(d_norm_rows, d_part, rows * C_);
-  finish_column(n2_gather, n2,
-                {{&gate_proj_, &a.gate_proj, d_gate}, {&up_proj_, &a.up_proj, d_up}});
+  // MLP branch: x_out = x2 + down(silu(gate(n2)) * up(n2)), n2 = rmsnorm(x2); a MoE layer adds
+  // (or, without shared experts, has only) its routed experts' output.
+  if (dense) {
+    TpCollective n2_gather = TpCollective::none(tp_);
+    const float* n2 = defer ? nullptr : norm_rows(a.n2, gathered_input, rows, &n2_gather);
+    linear_backward(down_proj_, a.down_proj, d_h, d_y, a.h.f32());
+    ctx.ops.swiglu_backward(d_gate, d_up, d_h, a.gate.f32(), a.up.f32(), rows * F_);
+    column_input_half(gate_proj_, a.gate_proj, d_norm_rows, d_gate, n2);
+    column_input_half(up_proj_, a.up_proj, d_part, d_up, n2);
+    ctx.ops.add_inplace(d_norm_rows, d_part, rows * C_);
+    finish_column(n2_gather, n2,
+                  {{&gate_proj_, &a.gate_proj, d_gate}, {&up_proj_, &a.up_proj, d_up}});
+  }
+  if (moe_) {  // the routed experts' whole backward, weights included, in either half
+    float* d_routed = dense ? scratch.get(14, rows * C_, tr) : d_norm;
+    moe_->backward(ctx, a.moe, d_routed, d_y, a.n2.f32(), rows, a.moe_losses.gradients());
+    if (dense) ctx.ops.add_inplace(d_norm, d_routed, rows * C_);
+  }
   norm_backward(d_x2, norm2_weight_, a.x2.f32(), a.rstd2, d_x_out);
 
   // Attention branch: x2 = x_in + o(attention(rope(q(n1)), rope(k(n1)), v(n1))).
@@ -385,9 +450,11 @@ void LlamaBlock::weight_pass(const LayerContext& ctx, BlockActivations& saved, c
   const float* n2 = norm_rows(a.n2, buffer, rows, nullptr);
   const float* n1 =
       norm_rows(a.n1, buffer == nullptr ? nullptr : buffer + rows * C_, rows, nullptr);
-  down_proj_.backward_weight(ctx, a.down_proj, a.d_y.f32(), a.h.f32(), rows);
-  gate_proj_.backward_weight(ctx, a.gate_proj, a.d_gate.f32(), n2, rows);
-  up_proj_.backward_weight(ctx, a.up_proj, a.d_up.f32(), n2, rows);
+  if (F_ > 0) {  // a MoE layer's routed experts ran their weight gradients in backward_input
+    down_proj_.backward_weight(ctx, a.down_proj, a.d_y.f32(), a.h.f32(), rows);
+    gate_proj_.backward_weight(ctx, a.gate_proj, a.d_gate.f32(), n2, rows);
+    up_proj_.backward_weight(ctx, a.up_proj, a.d_up.f32(), n2, rows);
+  }
   o_proj_.backward_weight(ctx, a.o_proj, a.d_x2.f32(), a.att.f32(), rows);
   q_proj_.backward_weight(ctx, a.q_proj, a.d_q.f32(), n1, rows);
   k_proj_.backward_weight(ctx, a.k_proj, a.d_k.f32(), n1, rows);

@@ -1,15 +1,19 @@
 // Llama transformer block: x + o_proj(attention(RoPE(q), RoPE(k), v)) over RMSNorm(x), then
 // + down_proj(silu(gate_proj(·)) · up_proj(·)) over RMSNorm; grouped-query attention, no biases;
 // parameters named as Hugging Face's LlamaModel ("model.layers.<i>.self_attn.q_proj.weight", ...).
+// In a MoE layer (ModelConfig::is_moe_layer) the MLP is a MoeMlp (moe_mlp.hpp: Mixtral's or
+// DeepSeek's names) plus, with shared experts, a dense SwiGLU of their width beside it.
 #pragma once
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 
 #include "lattice/kernels/rope_table.hpp"
 #include "lattice/model/block.hpp"
 #include "lattice/model/linear.hpp"
 #include "lattice/model/model_config.hpp"
+#include "lattice/model/moe_mlp.hpp"
 
 namespace lattice::model {
 
@@ -22,7 +26,9 @@ struct LlamaBlockActivations final : BlockActivations {
   Tensor att, lse;     // [rows, A], [B, Hq, T]: attention (dropped by selective checkpointing)
   Tensor x2;           // [local, C] residual after attention
   Tensor n2, rstd2;    // [local, C], [local]: RMSNorm 2
-  Tensor gate, up, h;  // [rows, F] each: SwiGLU's inputs and output
+  Tensor gate, up, h;  // [rows, F] each: SwiGLU's inputs and output (a MoE layer: shared experts)
+  MoeMlpActivations moe;    // a MoE layer's routing and experts
+  MoeLossTerms moe_losses;  // a MoE layer's balancing losses and their router gradients
   LinearActivations q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
   // Between backward_input and backward_weight: each Linear's output gradient (fp32, all rows:
   // under sequence parallelism d_x2 and d_y are gathered).
@@ -46,6 +52,7 @@ class LlamaBlock final : public Block {
   int64_t scratch_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
   int64_t transient_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
   int64_t pending_weight_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
+  std::optional<MoeLayerStatistics> moe_statistics(const BlockActivations& saved) const override;
 
  private:
   void weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in, int64_t B,
@@ -84,12 +91,15 @@ class LlamaBlock final : public Block {
   const kernels::RopeTable& rope_;
   TensorParallelGroup tp_;
   // C: the model width (residuals, norms); on this tensor-parallel rank: heads_ query and
-  // kv_heads_ key/value heads of head_dim_, A_ = heads_ · head_dim_ query channels, F_ MLP
-  // channels.
+  // kv_heads_ key/value heads of head_dim_, A_ = heads_ · head_dim_ query channels, F_ dense MLP
+  // channels (a MoE layer: its shared experts', 0 without).
   int64_t C_, heads_, kv_heads_, head_dim_, A_ = 0, F_ = 0;
+  int64_t layer_;  // the global block index
   float eps_;
   int norm1_weight_, norm2_weight_;
   Linear q_proj_, k_proj_, v_proj_, o_proj_, gate_proj_, up_proj_, down_proj_;
+  std::optional<MoeMlp> moe_;  // a MoE layer's routed experts
+  MoeBalancing balancing_;
 };
 
 }  // namespace lattice::model

@@ -15,6 +15,26 @@ Family parse_family(const std::string& name) {
   throw Error("unknown model family '" + name + "': use \"gpt2\" or \"llama\"");
 }
 
+std::string moe_names_name(MoeNames names) {
+  return names == MoeNames::mixtral ? "mixtral" : "deepseek";
+}
+
+MoeNames parse_moe_names(const std::string& name) {
+  if (name == "mixtral") return MoeNames::mixtral;
+  if (name == "deepseek") return MoeNames::deepseek;
+  throw Error("unknown model.moe_names '" + name + "': use \"mixtral\" or \"deepseek\"");
+}
+
+std::string router_score_name(kernels::RouterScore score) {
+  return score == kernels::RouterScore::softmax ? "softmax" : "sigmoid";
+}
+
+kernels::RouterScore parse_router_score(const std::string& name) {
+  if (name == "softmax") return kernels::RouterScore::softmax;
+  if (name == "sigmoid") return kernels::RouterScore::sigmoid;
+  throw Error("unknown model.moe_score '" + name + "': use \"softmax\" or \"sigmoid\"");
+}
+
 void ModelConfig::validate() const {
   auto positive = [](const char* key, int64_t value) {
     check(value > 0,
@@ -47,6 +67,24 @@ void ModelConfig::validate() const {
             ") must be in [1, model.n_experts = " + std::to_string(n_experts) +
             "]: route each token to at least one and at most every "
             "expert (n_experts = 1: a dense model)");
+  if (is_moe()) {
+    check(moe_layer_interval >= 1 && moe_layer_interval <= n_layers,
+          "model.moe_layer_interval = " + std::to_string(moe_layer_interval) +
+              " must be in [1, model.n_layers = " + std::to_string(n_layers) +
+              "]: layer i is a MoE layer when (i + 1) % interval == 0");
+    check(moe_ffn_hidden >= 0 && moe_shared_experts >= 0,
+          "model.moe_ffn_hidden and model.moe_shared_experts must not be negative (0: "
+          "ffn_hidden, and no shared expert)");
+    check(!moe_capacity_factor || *moe_capacity_factor > 0,
+          "model.moe_capacity_factor = " +
+              std::to_string(moe_capacity_factor ? *moe_capacity_factor : 0.0) +
+              " must be positive (each expert keeps ceil(factor x tokens x top_k / experts) "
+              "copies); leave it out for dropless routing");
+    check(moe_aux_loss_coef >= 0 && moe_z_loss_coef >= 0,
+          "model.moe_aux_loss_coef and model.moe_z_loss_coef must not be negative (0: off)");
+    check(moe_scaling > 0,
+          "model.moe_scaling must be positive (1: the routed weights as they are)");
+  }
   check(dropout >= 0 && dropout < 1,
         "model.dropout = " + std::to_string(dropout) + " must be in [0, 1) (0: no dropout)");
   check(norm_eps > 0, "model.norm_eps must be positive");
@@ -67,18 +105,27 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
     int64_t positions = with_position_embedding ? max_seq_len * C : 0;
     return embed + positions + n_layers * per_layer + final_norm + head;
   }
-  per_layer = C                      // input_layernorm
-              + C * C + 2 * kv * C   // q, k, v
-              + C * C                // o_proj
-              + C                    // post_attention_layernorm
-              + 3 * ffn_hidden * C;  // gate, up, down
-  return embed + n_layers * per_layer + C + head;
+  per_layer = C                     // input_layernorm
+              + C * C + 2 * kv * C  // q, k, v
+              + C * C               // o_proj
+              + C;                  // post_attention_layernorm
+  const int64_t dense_mlp = 3 * ffn_hidden * C, expert = 3 * expert_ffn_hidden() * C;
+  const int64_t moe_mlp =
+      n_experts * (C + expert) + moe_shared_experts * expert;  // router, experts
+  const int64_t moe = moe_layers();
+  return embed + n_layers * per_layer + (n_layers - moe) * dense_mlp + moe * moe_mlp + C + head;
+}
+
+int64_t ModelConfig::active_parameter_count(bool with_position_embedding) const {
+  const int64_t idle = n_experts - top_k;  // routed experts a token does not visit
+  return parameter_count(with_position_embedding) -
+         moe_layers() * idle * 3 * expert_ffn_hidden() * d_model;
 }
 
 double ModelConfig::flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(parameter_count(false)) + 12.0 * static_cast<double>(n_layers) *
-                                                                 static_cast<double>(seq_len) *
-                                                                 static_cast<double>(d_model);
+  return 6.0 * static_cast<double>(active_parameter_count(false)) +
+         12.0 * static_cast<double>(n_layers) * static_cast<double>(seq_len) *
+             static_cast<double>(d_model);
 }
 
 ModelConfig gpt2_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
@@ -139,6 +186,24 @@ std::vector<ModelConfig> build_presets() {
   p.push_back(gpt2_config("gpt2-demo", 4, 192, 6, 256, 128));
   p.push_back(llama_config("llama-tiny", 2, 32, 4, 2, 64, 64, 32));
   p.push_back(llama_config("llama-small-test", 4, 256, 8, 4, 688, 8192, 256));
+  // Mixture-of-experts test models on llama-tiny's trunk: Mixtral-style (4 experts of the dense
+  // width, top-2, softmax, every layer) and DeepSeek/Qwen-MoE-style (8 fine-grained experts of a
+  // quarter width, top-2, one shared expert, sigmoid scores, MoE in the second layer only).
+  ModelConfig mixtral_tiny = llama_config("mixtral-tiny", 2, 32, 4, 2, 64, 64, 32);
+  mixtral_tiny.n_experts = 4;
+  mixtral_tiny.top_k = 2;
+  mixtral_tiny.moe_aux_loss_coef = 0.01;
+  p.push_back(mixtral_tiny);
+  ModelConfig deepseek_tiny = llama_config("deepseek-moe-tiny", 2, 32, 4, 2, 64, 64, 32);
+  deepseek_tiny.n_experts = 8;
+  deepseek_tiny.top_k = 2;
+  deepseek_tiny.moe_ffn_hidden = 16;
+  deepseek_tiny.moe_shared_experts = 1;
+  deepseek_tiny.moe_layer_interval = 2;
+  deepseek_tiny.moe_score = kernels::RouterScore::sigmoid;
+  deepseek_tiny.moe_names = MoeNames::deepseek;
+  deepseek_tiny.moe_aux_loss_coef = 0.001;
+  p.push_back(deepseek_tiny);
   p.push_back(llama_config("llama-60m", 8, 512, 8, 4, 1376, 32000, 1024));
   p.push_back(llama_config("llama-1b", 16, 2048, 32, 8, 8192, 128256, 2048));
   // GPT-2 (Radford et al. 2019; Hugging Face configs): V = 50257, s = 1024, tied embeddings, and

@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "lattice/kernels/moe_routing.hpp"
 #include "lattice/kernels/vocab_range.hpp"
 
 namespace lattice::model {
@@ -16,6 +18,12 @@ namespace lattice::model {
 // gpt2: learned positions, LayerNorm with bias, biased projections, GELU MLP (2 matrices).
 // llama: RoPE, RMSNorm, no biases, SwiGLU MLP (3 matrices).
 enum class Family { gpt2, llama };
+
+// How a MoE layer's parameters are named (Hugging Face): mixtral —
+// "block_sparse_moe.gate.weight", "block_sparse_moe.experts.<j>.w1/w3/w2.weight"; deepseek (also
+// Qwen2/3-MoE's) — "mlp.gate.weight", "mlp.experts.<j>.gate_proj/up_proj/down_proj.weight",
+// "mlp.shared_experts.gate_proj/up_proj/down_proj.weight".
+enum class MoeNames { mixtral, deepseek };
 
 struct ModelConfig {
   std::string name = "custom";
@@ -31,10 +39,25 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   bool tied_embeddings = true;  // GPT-2 ties the head to the token embedding
   float init_std = 0.02f;
-  // Mixture of experts: MLP experts per layer (1 = dense) and experts each token is routed to.
-  // The planner estimates MoE models; the trainer builds dense ones only (its config refuses more).
+  // Mixture of experts (Llama family; docs/moe.md): routed experts per MoE layer (1 = dense) and
+  // experts each token is routed to.
   int64_t n_experts = 1;
   int64_t top_k = 1;
+  // Layer i is a MoE layer when (i + 1) % moe_layer_interval == 0 (Hugging Face's
+  // decoder_sparse_step: 1 = every layer, 2 = every second one); the others keep a dense MLP of
+  // ffn_hidden.
+  int64_t moe_layer_interval = 1;
+  int64_t moe_ffn_hidden = 0;      // each routed expert's SwiGLU width (0: ffn_hidden)
+  int64_t moe_shared_experts = 0;  // always-on experts (DeepSeek): one SwiGLU of this many widths
+  kernels::RouterScore moe_score = kernels::RouterScore::softmax;
+  bool moe_normalize = true;  // renormalise the chosen scores to sum to 1
+  float moe_scaling = 1.0f;   // every routed weight times this (DeepSeek-V3: 2.5)
+  // Unset: dropless; else each expert keeps ceil(factor·T·k/E) copies of a micro-batch's T
+  // tokens (must be > 0).
+  std::optional<double> moe_capacity_factor;
+  double moe_aux_loss_coef = 0;  // the Switch/GShard load-balancing loss's coefficient
+  double moe_z_loss_coef = 0;    // the router z-loss's coefficient (ST-MoE)
+  MoeNames moe_names = MoeNames::mixtral;
   // Dropout probability after the embedding, the attention output and the MLP output (Megatron's
   // recipe, 0.1 in the published GPT tables). The planner counts the masks it stores; the trainer
   // has no dropout yet and refuses a nonzero value.
@@ -55,6 +78,12 @@ struct ModelConfig {
     return {std::min(vocab_size, rank * rows), std::min(vocab_size, (rank + 1) * rows)};
   }
   bool is_moe() const { return n_experts > 1; }
+  // Whether layer `layer` (0-based) holds a MoE MLP.
+  bool is_moe_layer(int64_t layer) const {
+    return is_moe() && (layer + 1) % moe_layer_interval == 0;
+  }
+  int64_t moe_layers() const { return is_moe() ? n_layers / moe_layer_interval : 0; }
+  int64_t expert_ffn_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
   bool has_dropout() const { return dropout > 0; }
   // What the family implies for parameter and activation counts.
   bool gated_mlp() const { return family == Family::llama; }         // SwiGLU: 3 MLP matrices
@@ -63,17 +92,24 @@ struct ModelConfig {
   bool linear_bias() const { return family == Family::gpt2; }        // biased projections
   // Throws lattice::Error naming the first inconsistency and how to fix it.
   void validate() const;
-  // Number of parameters of a dense model (the trainer's closed form);
+  // Number of parameters (the trainer's closed form, every expert counted);
   // `with_position_embedding=false` leaves out GPT-2's learned positions (the N of the 6N FLOP
-  // formula).
+  // formula). active_parameter_count: those one token's forward uses (top_k routed experts of
+  // each MoE layer; the same as parameter_count for a dense model).
   int64_t parameter_count(bool with_position_embedding = true) const;
+  int64_t active_parameter_count(bool with_position_embedding = true) const;
   // Model FLOPs per trained token at sequence length T: 6N + 12·L·T·d (forward + backward, the
-  // attention score and value products counted as in PaLM's MFU definition; N without positions).
+  // attention score and value products counted as in PaLM's MFU definition; N the active
+  // parameters without positions).
   double flops_per_token(int64_t seq_len) const;
 };
 
 std::string family_name(Family family);
 Family parse_family(const std::string& name);
+std::string moe_names_name(MoeNames names);
+MoeNames parse_moe_names(const std::string& name);
+std::string router_score_name(kernels::RouterScore score);
+kernels::RouterScore parse_router_score(const std::string& name);
 
 // A GPT-2-family model (learned positions, tied embeddings, 4·d MLP) and a Llama-family model
 // (untied head) from their dimensions.
@@ -83,10 +119,10 @@ ModelConfig llama_config(const std::string& name, int64_t layers, int64_t d_mode
                          int64_t kv_heads, int64_t ffn_hidden, int64_t vocab, int64_t max_seq_len);
 
 // The presets, in table order: the trainer's small models (gpt2-tiny, gpt2-small-test, gpt2-demo,
-// llama-tiny, llama-small-test, llama-60m, llama-1b), GPT-2 124M-1.5B, GPT-3 175B, Llama 2 and 3
-// (7B-405B), Mixtral 8x7B, the Megatron-LM weak-scaling models (Narayanan et al. 2021, Table 1) and
-// the Korthikanti et al. (2023, Table 3) models. Throws lattice::Error listing the names for an
-// unknown one.
+// llama-tiny, llama-small-test, mixtral-tiny, deepseek-moe-tiny, llama-60m, llama-1b), GPT-2
+// 124M-1.5B, GPT-3 175B, Llama 2 and 3 (7B-405B), Mixtral 8x7B, the Megatron-LM weak-scaling models
+// (Narayanan et al. 2021, Table 1) and the Korthikanti et al. (2023, Table 3) models. Throws
+// lattice::Error listing the names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 const std::vector<ModelConfig>& model_presets();
 std::vector<std::string> model_preset_names();

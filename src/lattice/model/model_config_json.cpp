@@ -26,6 +26,16 @@ std::string model_config_to_json(const ModelConfig& c) {
   if (c.n_experts != 1 || c.top_k != 1) {
     j["n_experts"] = c.n_experts;
     j["top_k"] = c.top_k;
+    j["moe_layer_interval"] = c.moe_layer_interval;
+    j["moe_ffn_hidden"] = c.moe_ffn_hidden;
+    j["moe_shared_experts"] = c.moe_shared_experts;
+    j["moe_score"] = router_score_name(c.moe_score);
+    j["moe_normalize"] = c.moe_normalize;
+    j["moe_scaling"] = c.moe_scaling;
+    if (c.moe_capacity_factor) j["moe_capacity_factor"] = *c.moe_capacity_factor;
+    j["moe_aux_loss_coef"] = c.moe_aux_loss_coef;
+    j["moe_z_loss_coef"] = c.moe_z_loss_coef;
+    j["moe_names"] = moe_names_name(c.moe_names);
   }
   if (c.dropout != 0) j["dropout"] = c.dropout;
   return j.dump();
@@ -50,6 +60,17 @@ ModelConfig model_config_from_json(const std::string& json) {
     c.init_std = j.at("init_std").get<float>();
     c.n_experts = j.value("n_experts", int64_t{1});
     c.top_k = j.value("top_k", int64_t{1});
+    c.moe_layer_interval = j.value("moe_layer_interval", int64_t{1});
+    c.moe_ffn_hidden = j.value("moe_ffn_hidden", int64_t{0});
+    c.moe_shared_experts = j.value("moe_shared_experts", int64_t{0});
+    c.moe_score = parse_router_score(j.value("moe_score", std::string("softmax")));
+    c.moe_normalize = j.value("moe_normalize", true);
+    c.moe_scaling = j.value("moe_scaling", 1.0f);
+    if (j.contains("moe_capacity_factor"))
+      c.moe_capacity_factor = j.at("moe_capacity_factor").get<double>();
+    c.moe_aux_loss_coef = j.value("moe_aux_loss_coef", 0.0);
+    c.moe_z_loss_coef = j.value("moe_z_loss_coef", 0.0);
+    c.moe_names = parse_moe_names(j.value("moe_names", std::string("mixtral")));
     c.dropout = j.value("dropout", 0.0f);
     return c;
   } catch (const nlohmann::json::exception& e) {

@@ -1,6 +1,8 @@
 // The mixture-of-experts MLP: see moe_mlp.hpp.
 #include "lattice/model/moe_mlp.hpp"
 
+#include <algorithm>
+
 #include "lattice/core/error.hpp"
 #include "lattice/model/block.hpp"
 
@@ -8,8 +10,29 @@ namespace lattice::model {
 
 namespace k = lattice::kernels;
 
+MoeSettings moe_settings(const ModelConfig& config) {
+  MoeSettings s;
+  s.experts = config.n_experts;
+  s.top_k = config.top_k;
+  s.score = config.moe_score;
+  s.normalize = config.moe_normalize;
+  s.scaling = config.moe_scaling;
+  s.capacity_factor = config.moe_capacity_factor.value_or(0.0);
+  return s;
+}
+
+MoeBalancing moe_balancing(const ModelConfig& config) {
+  return {config.moe_aux_loss_coef, config.moe_z_loss_coef};
+}
+
+void MoeMlpActivations::release() {
+  for (Tensor* t : {&logits, &scores, &weights, &x_perm, &gate, &up, &h, &out}) t->reset();
+  experts.clear();
+  dispatch = {};
+}
+
 MoeMlp::MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model,
-               int64_t ffn_hidden, const MoeSettings& settings)
+               int64_t ffn_hidden, const MoeSettings& settings, MoeNames names)
     : store_(store), C_(d_model), F_(ffn_hidden), settings_(settings) {
   check(settings.experts >= 1 && settings.top_k >= 1 && settings.top_k <= settings.experts,
         "model.top_k (" + std::to_string(settings.top_k) +
@@ -18,12 +41,36 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model
         "the MoE capacity factor must be positive (or 0: dropless), not " +
             std::to_string(settings.capacity_factor));
   router_ = store.declare(prefix + "gate.weight", {settings.experts, C_}, InitKind::normal, true);
+  const bool mixtral = names == MoeNames::mixtral;
   for (int64_t j = 0; j < settings.experts; ++j) {
     const std::string e = prefix + "experts." + std::to_string(j) + ".";
-    w1_.push_back(store.declare(e + "w1.weight", {F_, C_}, InitKind::normal, true));
-    w3_.push_back(store.declare(e + "w3.weight", {F_, C_}, InitKind::normal, true));
-    w2_.push_back(store.declare(e + "w2.weight", {C_, F_}, InitKind::normal_residual, true));
+    w1_.push_back(store.declare(e + (mixtral ? "w1" : "gate_proj") + ".weight", {F_, C_},
+                                InitKind::normal, true));
+    w3_.push_back(store.declare(e + (mixtral ? "w3" : "up_proj") + ".weight", {F_, C_},
+                                InitKind::normal, true));
+    w2_.push_back(store.declare(e + (mixtral ? "w2" : "down_proj") + ".weight", {C_, F_},
+                                InitKind::normal_residual, true));
   }
+}
+
+int64_t MoeMlp::max_copies(int64_t rows) const {
+  const int64_t E = settings_.experts, K = settings_.top_k;
+  if (settings_.capacity_factor <= 0) return rows * K;
+  return std::min(rows * K, E * k::moe_capacity(settings_.capacity_factor, rows, K, E));
+}
+
+int64_t MoeMlp::saved_bytes(int64_t rows) const {
+  // logits and scores [rows, E], weights and the choices [rows, K], the dispatch's slot_of
+  // [rows, K], slot_token [S] and offsets; x_perm and out [S, C], gate, up and h [S, F].
+  const int64_t E = settings_.experts, K = settings_.top_k, S = max_copies(rows);
+  return 4 * (2 * rows * E + 3 * rows * K + S + E + 1 + S * (2 * C_ + 3 * F_));
+}
+
+int64_t MoeMlp::transient_bytes(int64_t rows) const {
+  // The backward's d_out, d_perm and d_part [S, C], d_h, d_gate and d_up [S, F], d_weights
+  // [rows, K], d_logits [rows, E] and the router's input gradient [rows, C].
+  const int64_t E = settings_.experts, K = settings_.top_k, S = max_copies(rows);
+  return 4 * (3 * S * C_ + 3 * S * F_ + rows * (K + E + C_));
 }
 
 k::RouterShape MoeMlp::router_shape(int64_t rows) const {
@@ -61,7 +108,7 @@ MoeLossTerms moe_balancing_losses(const MoeMlpActivations& a, int64_t tokens,
 
 void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, const float* x,
                      int64_t rows) {
-  check(ctx.precision == k::Precision::fp32, "the MoE MLP runs in fp32 only so far (issue #24)");
+  const k::Precision precision = ctx.precision;  // the experts' GEMMs; the router stays fp32
   const int64_t E = settings_.experts, K = settings_.top_k;
   auto* tr = ctx.tracker;
   ensure_activation(a.logits, {rows, E}, tr);
@@ -93,13 +140,11 @@ void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, co
     float* gate = a.gate.f32() + at * F_;
     float* up = a.up.f32() + at * F_;
     float* h = a.h.f32() + at * F_;
-    ctx.ops.linear_forward(gate, xe, store_.value(w1_[e]), nullptr, M, C_, F_, k::Precision::fp32,
-                           {});
-    ctx.ops.linear_forward(up, xe, store_.value(w3_[e]), nullptr, M, C_, F_, k::Precision::fp32,
-                           {});
+    ctx.ops.linear_forward(gate, xe, store_.value(w1_[e]), nullptr, M, C_, F_, precision, {});
+    ctx.ops.linear_forward(up, xe, store_.value(w3_[e]), nullptr, M, C_, F_, precision, {});
     ctx.ops.swiglu_forward(h, gate, up, M * F_);
     ctx.ops.linear_forward(a.out.f32() + at * C_, h, store_.value(w2_[e]), nullptr, M, F_, C_,
-                           k::Precision::fp32, {});
+                           precision, {});
   }
   ctx.ops.moe_combine(y, a.out.f32(), a.weights.f32(), a.dispatch.slot_of.data(), rows, K, C_);
 }
@@ -108,7 +153,7 @@ void MoeMlp::backward(const LayerContext& ctx, MoeMlpActivations& a, float* d_x,
                       const float* x, int64_t rows, const k::RouterLossGradients& losses) {
   const int64_t E = settings_.experts, K = settings_.top_k, S = a.dispatch.slots();
   auto* tr = ctx.tracker;
-  const auto f32 = k::Precision::fp32;
+  const auto f32 = k::Precision::fp32, precision = ctx.precision;
   Tensor d_out({S, C_}, DType::f32, tr, MemoryCategory::activations);
   Tensor d_weights({rows, K}, DType::f32, tr, MemoryCategory::activations);
   ctx.ops.moe_combine_backward(d_out.f32(), d_weights.f32(), d_y, a.out.f32(), a.weights.f32(),
@@ -126,12 +171,12 @@ void MoeMlp::backward(const LayerContext& ctx, MoeMlpActivations& a, float* d_x,
     float* dg = d_gate.f32() + at * F_;
     float* du = d_up.f32() + at * F_;
     ctx.ops.linear_backward(dh, store_.grad(w2_[e]), nullptr, d_out.f32() + at * C_,
-                            a.h.f32() + at * F_, store_.value(w2_[e]), M, F_, C_, f32, {});
+                            a.h.f32() + at * F_, store_.value(w2_[e]), M, F_, C_, precision, {});
     ctx.ops.swiglu_backward(dg, du, dh, a.gate.f32() + at * F_, a.up.f32() + at * F_, M * F_);
     ctx.ops.linear_backward(d_perm.f32() + at * C_, store_.grad(w1_[e]), nullptr, dg, xe,
-                            store_.value(w1_[e]), M, C_, F_, f32, {});
+                            store_.value(w1_[e]), M, C_, F_, precision, {});
     ctx.ops.linear_backward(d_part.f32() + at * C_, store_.grad(w3_[e]), nullptr, du, xe,
-                            store_.value(w3_[e]), M, C_, F_, f32, {});
+                            store_.value(w3_[e]), M, C_, F_, precision, {});
   }
   ctx.ops.add_inplace(d_perm.f32(), d_part.f32(), S * C_);
   ctx.ops.moe_gather_backward(d_x, d_perm.f32(), a.dispatch.slot_of.data(), rows, K, C_);

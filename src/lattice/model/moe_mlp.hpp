@@ -1,11 +1,12 @@
-// A mixture-of-experts MLP on one rank (fp32): a router (a Linear [experts, d_model] to logits,
+// A mixture-of-experts MLP on one rank: a router (an fp32 Linear [experts, d_model] to logits,
 // then kernels::Ops::moe_router_forward: softmax or sigmoid scores, top-k, weights) picks each
 // token's experts; the token copies are gathered into expert order (kernels/moe_dispatch.hpp,
 // dropless or with a capacity), each expert — a SwiGLU MLP — runs as grouped GEMMs on its
-// contiguous rows, and the outputs are combined back weighted. A dropped copy adds nothing (its
-// token passes through the block's residual). Parameters are named as Hugging Face's Mixtral
-// ("<prefix>gate.weight", "<prefix>experts.<j>.w1.weight" gate, ".w3" up, ".w2" down). Not yet
-// used by a block, expert-parallel or in bf16 (issue #24).
+// contiguous rows (in the context's precision), and the outputs are combined back weighted. A
+// dropped copy adds nothing (its token passes through the block's residual). Parameters are named
+// as Hugging Face's Mixtral ("<prefix>gate.weight", "<prefix>experts.<j>.w1.weight" gate, ".w3"
+// up, ".w2" down) or DeepSeek's ("<prefix>experts.<j>.gate_proj/up_proj/down_proj.weight"). Not
+// yet expert-parallel (issue #24).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "lattice/kernels/moe_dispatch.hpp"
 #include "lattice/kernels/moe_routing.hpp"
 #include "lattice/model/layer_context.hpp"
+#include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
 
 namespace lattice::model {
@@ -27,6 +29,8 @@ struct MoeSettings {
   float scaling = 1.0f;
   double capacity_factor = 0;  // 0: dropless; else each expert keeps ceil(factor·T·k/E) copies
 };
+// A model's MoE layers' settings.
+MoeSettings moe_settings(const ModelConfig& config);
 
 // What the forward saves (rows = tokens, E experts, K = top_k, S = kept copies, F = ffn_hidden).
 struct MoeMlpActivations {
@@ -41,6 +45,7 @@ struct MoeMlpActivations {
   std::vector<int64_t> counts;
   std::vector<double> score_sums;
   double z_sum = 0;
+  void release();
 };
 
 // The balancing losses' coefficients: the Switch/GShard auxiliary load-balancing loss and the
@@ -48,6 +53,7 @@ struct MoeMlpActivations {
 struct MoeBalancing {
   double aux_coefficient = 0, z_coefficient = 0;
 };
+MoeBalancing moe_balancing(const ModelConfig& config);
 
 // A forward's balancing losses and the gradients its backward adds at the router. Over T tokens
 // with k copies each: aux = α · E · Σ_e f_e · P_e, f_e = counts_e / (T · k) the share of copies
@@ -69,7 +75,7 @@ MoeLossTerms moe_balancing_losses(const MoeMlpActivations& a, int64_t tokens,
 class MoeMlp {
  public:
   MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model, int64_t ffn_hidden,
-         const MoeSettings& settings);
+         const MoeSettings& settings, MoeNames names = MoeNames::mixtral);
 
   // y [rows, C] from x [rows, C] (overwritten).
   void forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, const float* x,
@@ -80,6 +86,13 @@ class MoeMlp {
                 const float* x, int64_t rows, const kernels::RouterLossGradients& losses = {});
 
   const MoeSettings& settings() const { return settings_; }
+  // The copies a forward of `rows` tokens routes (rows · top_k dropless; at most the experts'
+  // capacity with a capacity factor): what saved_bytes and transient_bytes count.
+  int64_t max_copies(int64_t rows) const;
+  // Bytes a forward of `rows` tokens keeps in MoeMlpActivations, and the most the backward
+  // allocates and frees again.
+  int64_t saved_bytes(int64_t rows) const;
+  int64_t transient_bytes(int64_t rows) const;
 
  private:
   kernels::RouterShape router_shape(int64_t rows) const;

@@ -65,6 +65,10 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
             std::to_string(range_.last_block) + ") does not fit a model of " +
             std::to_string(config_.n_layers) + " layers");
   const bool gpt2 = config_.family == Family::gpt2;
+  check(!gpt2 || !config_.is_moe(),
+        "model.n_experts = " + std::to_string(config_.n_experts) +
+            ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a "
+            "MoE preset: mixtral-tiny, deepseek-moe-tiny)");
   if (has_embedding()) embedding_.emplace(params_, config_, tp);
   // Units are contiguous ranges of the flat buffer: parameters are laid out in declaration order.
   auto close_unit = [&](bool outer) {
@@ -119,7 +123,7 @@ StageActivations Transformer::make_activations() const {
 }
 
 void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, const int32_t* tokens,
-                                const float* hidden_in, int64_t B, int64_t T) {
+                                const float* hidden_in, int64_t B, int64_t T, float loss_scale) {
   check(params_.allocated(),
         "this model was made by Transformer::declared_only (no parameters allocated): it can "
         "be counted and estimated, not run");
@@ -159,7 +163,11 @@ void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, co
     const int unit = first_block_unit_ + static_cast<int>(i);
     hook_before_forward(ctx, unit);
     a.blocks[i]->recompute_attention = selective;
+    a.blocks[i]->loss_scale = loss_scale;
     blocks_[i]->forward(ctx, *a.blocks[i], a.residual[i + 1].f32(), a.residual[i].f32(), B, T);
+    if (loss_scale != 0.0f)
+      if (auto statistics = blocks_[i]->moe_statistics(*a.blocks[i]))
+        add_moe_statistics(*statistics);
     // Full checkpointing: only the block's input (a.residual[i]) is kept.
     if (recomputes_block(i)) a.blocks[i]->release();
     hook_after_forward(ctx, unit);
@@ -170,7 +178,7 @@ float Transformer::forward_stage(const LayerContext& ctx, StageActivations& a,
                                  const int32_t* tokens, const float* hidden_in,
                                  const int32_t* targets, int64_t B, int64_t T, float loss_scale) {
   const int64_t rows = B * T;
-  trunk_forward(ctx, a, tokens, hidden_in, B, T);
+  trunk_forward(ctx, a, tokens, hidden_in, B, T, loss_scale);
   if (!has_head()) {
     a.gradient_ready = loss_scale != 0.0f;
     return 0.0f;
@@ -300,7 +308,7 @@ const float* Transformer::logits(const LayerContext& ctx, const int32_t* tokens,
                                  int64_t T) {
   check(has_embedding() && has_head(), "logits() needs the whole model");
   if (own_.blocks.size() != blocks_.size()) own_ = make_activations();
-  trunk_forward(ctx, own_, tokens, nullptr, B, T);
+  trunk_forward(ctx, own_, tokens, nullptr, B, T, 0.0f);
   hook_before_forward(ctx, head_unit_);
   const float* logits = head_->logits(ctx, own_.head, own_.hidden_out(), B * T, tracker_);
   hook_after_forward(ctx, head_unit_);
@@ -316,6 +324,27 @@ const float* Transformer::d_hidden_in() const {
 
 void Transformer::release_activations() {
   own_.release();
+}
+
+void Transformer::add_moe_statistics(const MoeLayerStatistics& s) {
+  for (MoeLayerStatistics& sum : moe_statistics_) {
+    if (sum.layer != s.layer) continue;
+    sum.tokens += s.tokens;
+    sum.copies += s.copies;
+    sum.dropped += s.dropped;
+    for (size_t e = 0; e < sum.counts.size(); ++e) sum.counts[e] += s.counts[e];
+    sum.aux_loss += s.aux_loss;
+    sum.z_loss += s.z_loss;
+    sum.forwards += s.forwards;
+    return;
+  }
+  moe_statistics_.push_back(s);
+}
+
+std::vector<MoeLayerStatistics> Transformer::take_moe_statistics() {
+  std::vector<MoeLayerStatistics> taken;
+  taken.swap(moe_statistics_);
+  return taken;
 }
 
 }  // namespace lattice::model

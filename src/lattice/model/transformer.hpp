@@ -150,12 +150,19 @@ class Transformer {
 
   void release_activations();
 
+  // This stage's MoE layers' routing, summed over the training forwards (loss_scale != 0) since
+  // the last call (each entry's `forwards` of them; counts, tokens, drops and losses summed), in
+  // block order; then starts again. Empty for a dense model.
+  std::vector<MoeLayerStatistics> take_moe_statistics();
+
  private:
   struct DeclareOnly {};
   Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp, DeclareOnly);
   // Embedding (or hidden_in) then this stage's blocks; leaves the output in a.residual.back().
+  // loss_scale: the micro-batch's weight in the step's loss (0: no backward follows).
   void trunk_forward(const LayerContext& ctx, StageActivations& a, const int32_t* tokens,
-                     const float* hidden_in, int64_t B, int64_t T);
+                     const float* hidden_in, int64_t B, int64_t T, float loss_scale);
+  void add_moe_statistics(const MoeLayerStatistics& s);
   // Whether block i of this stage recomputes its forward in backward (full checkpointing).
   bool recomputes_block(size_t i) const;
   void backward_parts(const LayerContext& ctx, StageActivations& a, const float* d_hidden_out,
@@ -180,6 +187,7 @@ class Transformer {
   BackwardScratch scratch_;
   Tensor last_hidden_;  // forward_cached: each sequence's last hidden state [B, d_model]
   std::vector<ParameterUnit> units_;
+  std::vector<MoeLayerStatistics> moe_statistics_;  // take_moe_statistics' running sums
   int embedding_unit_ = -1, first_block_unit_ = 0, head_unit_ = -1;
 };
 

@@ -38,16 +38,29 @@ ParameterCount count_parameters(const ModelSpec& m) {
   count.embedding = m.vocab_size * h + (m.learned_positions() ? m.max_seq_len * h : 0);
   int64_t attention = h * h + 2 * h * kv_width + h * h;  // Q, K, V, output projection
   if (m.linear_bias()) attention += h + 2 * kv_width + h;
-  int64_t mlp = (m.gated_mlp() ? 3 : 2) * h * m.ffn_hidden;
-  if (m.linear_bias()) mlp += (m.gated_mlp() ? 2 : 1) * m.ffn_hidden + h;
-  const int64_t router = m.is_moe() ? h * m.n_experts : 0;
-  count.per_layer_dense = attention + 2 * norm + router;
-  count.per_layer_experts = mlp * m.n_experts;
+  auto mlp_of = [&](int64_t width) {  // one MLP of `width` hidden channels
+    int64_t mlp = (m.gated_mlp() ? 3 : 2) * h * width;
+    if (m.linear_bias()) mlp += (m.gated_mlp() ? 2 : 1) * width + h;
+    return width > 0 ? mlp : 0;
+  };
+  const int64_t L = m.n_layers, moe_layers = m.moe_layers(), dense_layers = L - moe_layers;
+  const int64_t expert = mlp_of(m.expert_ffn_hidden());
+  // Everything but the routed experts: attention, norms, the dense layers' MLPs and the MoE
+  // layers' routers and shared experts; the routed experts (a dense model: its MLPs). Per layer:
+  // the mean over the layers (exact when every layer is alike).
+  const int64_t dense_total =
+      L * (attention + 2 * norm) +
+      moe_layers * (h * m.n_experts + mlp_of(m.moe_shared_experts * m.expert_ffn_hidden())) +
+      (m.is_moe() ? dense_layers * mlp_of(m.ffn_hidden) : 0);
+  const int64_t experts_total =
+      m.is_moe() ? moe_layers * m.n_experts * expert : L * mlp_of(m.ffn_hidden);
+  count.per_layer_dense = dense_total / L;
+  count.per_layer_experts = experts_total / L;
   count.final_norm = norm;
   count.output_head = m.tied_embeddings ? 0 : m.vocab_size * h;
-  const int64_t layer_total = count.per_layer_dense + count.per_layer_experts;
-  count.total = count.embedding + m.n_layers * layer_total + count.final_norm + count.output_head;
-  count.active = count.total - m.n_layers * mlp * (m.n_experts - m.top_k);
+  count.total =
+      count.embedding + dense_total + experts_total + count.final_norm + count.output_head;
+  count.active = count.total - moe_layers * expert * (m.n_experts - m.top_k);
   count.non_embedding = count.total - count.embedding - count.output_head;
   return count;
 }

@@ -20,9 +20,12 @@ ModelSpec planning_model(const model::ModelConfig& config, int64_t seq_len = 0);
 
 // Exact parameter counts from the dimensions.
 struct ParameterCount {
-  int64_t embedding = 0;          // token (+ position) embedding
-  int64_t per_layer_dense = 0;    // attention + norms (+ router), everything but the experts' MLPs
-  int64_t per_layer_experts = 0;  // all MLP weights of one layer (one expert's MLP when dense)
+  int64_t embedding = 0;  // token (+ position) embedding
+  // Per layer (the mean over the layers when MoE layers alternate with dense ones): everything
+  // but the routed experts (attention, norms, dense MLPs, routers, shared experts), and the routed
+  // experts' MLPs (a dense model: its MLP, which expert parallelism leaves whole at ep = 1).
+  int64_t per_layer_dense = 0;
+  int64_t per_layer_experts = 0;
   int64_t final_norm = 0;
   int64_t output_head = 0;  // 0 when tied to the embedding
   int64_t total = 0;

@@ -70,6 +70,13 @@ void MetricsLogger::log_step(const StepMetrics& m) {
     std::printf(" | bubble %.1f%% | p2p wait %.1f ms", 100.0 * *m.pp_bubble,
                 1e3 * *m.pp_wait_seconds);
   if (m.scaling_efficiency) std::printf(" | DP efficiency %.1f%%", 100.0 * *m.scaling_efficiency);
+  if (m.moe) {
+    std::printf(" | moe load %.2f max/mean", m.moe->max_mean_load);
+    if (m.moe->aux_loss > 0) std::printf(" aux %.4f", m.moe->aux_loss);
+    if (m.moe->z_loss > 0) std::printf(" z %.4f", m.moe->z_loss);
+    if (m.moe->dropped_fraction > 0)
+      std::printf(" dropped %.2f%%", 100.0 * m.moe->dropped_fraction);
+  }
   if (m.val_loss) std::printf(" | val_loss %.4f", *m.val_loss);
   std::printf("\n");
   std::fflush(stdout);
@@ -102,6 +109,21 @@ void MetricsLogger::record(const StepMetrics& m) {
   if (m.pp_wait_seconds) j["pp_wait_seconds"] = *m.pp_wait_seconds;
   if (m.scaling_efficiency) j["scaling_efficiency"] = *m.scaling_efficiency;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.moe) {
+    nlohmann::json layers = nlohmann::json::array();
+    for (const MoeLayerMetrics& l : m.moe->layers)
+      layers.push_back({{"layer", l.layer},
+                        {"tokens_per_expert", l.tokens_per_expert},
+                        {"max_mean_load", l.max_mean_load},
+                        {"dropped_fraction", l.dropped_fraction},
+                        {"aux_loss", l.aux_loss},
+                        {"z_loss", l.z_loss}});
+    j["moe"] = {{"aux_loss", m.moe->aux_loss},
+                {"z_loss", m.moe->z_loss},
+                {"max_mean_load", m.moe->max_mean_load},
+                {"dropped_fraction", m.moe->dropped_fraction},
+                {"layers", layers}};
+  }
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();
 }

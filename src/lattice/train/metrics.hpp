@@ -1,7 +1,7 @@
 // Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory,
-// data-, tensor- and pipeline-parallel communication, the pipeline bubble), the JSONL record of the
-// same scalars, a progress bar with ETA on terminals, and the GEMM calibration that measures the
-// peak FLOP/s MFU is taken against when the config gives none.
+// data-, tensor- and pipeline-parallel communication, the pipeline bubble, a MoE model's routing),
+// the JSONL record of the same (per MoE layer), a progress bar with ETA on terminals, and the GEMM
+// calibration that measures the peak FLOP/s MFU is taken against when the config gives none.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 
 #include "lattice/core/memory.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/train/moe_metrics.hpp"
 
 namespace lattice::train {
 
@@ -34,6 +35,9 @@ struct StepMetrics {
   // Pipeline parallelism: the measured bubble (the pipeline ranks' idle share of the step:
   // 1 - mean busy / longest step) and this rank's exposed point-to-point wait in the step.
   std::optional<double> pp_bubble, pp_wait_seconds;
+  // A mixture-of-experts model: the step's routing and balancing losses (the line summarises
+  // them, the JSONL record has every layer).
+  std::optional<MoeStepMetrics> moe;
 };
 
 // Model FLOP/s of a square GEMM at the given precision, the best of at least 8 runs over at least

@@ -151,9 +151,10 @@ KeySpec model_int(T model::ModelConfig::*member) {
             t.insert_or_assign(name, static_cast<int64_t>(c.model.*member));
           }};
 }
-KeySpec model_float(float model::ModelConfig::*member) {
+template <class T>
+KeySpec model_float(T model::ModelConfig::*member) {
   return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
-            c.model.*member = static_cast<float>(as_double(n, k));
+            c.model.*member = static_cast<T>(as_double(n, k));
           },
           [member](const TrainConfig& c, toml::table& t, const std::string& name) {
             t.insert_or_assign(name, static_cast<double>(c.model.*member));
@@ -201,6 +202,40 @@ const Schema& schema() {
         {"init_std", model_float(&model::ModelConfig::init_std)},
         {"n_experts", model_int(&model::ModelConfig::n_experts)},
         {"top_k", model_int(&model::ModelConfig::top_k)},
+        {"moe_layer_interval", model_int(&model::ModelConfig::moe_layer_interval)},
+        {"moe_ffn_hidden", model_int(&model::ModelConfig::moe_ffn_hidden)},
+        {"moe_shared_experts", model_int(&model::ModelConfig::moe_shared_experts)},
+        {"moe_score",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.moe_score = model::parse_router_score(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, model::router_score_name(c.model.moe_score));
+          }}},
+        {"moe_normalize",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.moe_normalize = as_bool(n, k);
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, c.model.moe_normalize);
+          }}},
+        {"moe_scaling", model_float(&model::ModelConfig::moe_scaling)},
+        {"moe_capacity_factor",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.moe_capacity_factor = as_double(n, k);
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            if (c.model.moe_capacity_factor) t.insert_or_assign(name, *c.model.moe_capacity_factor);
+          }}},
+        {"moe_aux_loss_coef", model_float(&model::ModelConfig::moe_aux_loss_coef)},
+        {"moe_z_loss_coef", model_float(&model::ModelConfig::moe_z_loss_coef)},
+        {"moe_names",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.moe_names = model::parse_moe_names(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, model::moe_names_name(c.model.moe_names));
+          }}},
         {"dropout", model_float(&model::ModelConfig::dropout)},
         {"tied_embeddings",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {

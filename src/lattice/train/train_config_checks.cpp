@@ -46,10 +46,6 @@ void resolve_data_keys(TrainConfig& c) {
 
 // Models the planner describes but this trainer does not build yet.
 void refuse_unbuilt_model(const model::ModelConfig& m) {
-  check(!m.is_moe(), "model.n_experts = " + std::to_string(m.n_experts) +
-                         " is not available yet: mixture-of-experts layers come with the "
-                         "mixture-of-experts issue (#24; `lattice estimate` plans them today); set "
-                         "model.n_experts = 1");
   check(!m.has_dropout(), "model.dropout = " + std::to_string(m.dropout) +
                               " is not available yet: the trainer has no dropout; set "
                               "model.dropout = 0");
@@ -66,6 +62,23 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
             " key/value heads (model.n_kv_heads): each tp rank holds its share of them; pick a "
             "tp that divides " +
             std::to_string(c.model.n_kv_heads));
+}
+
+// MoE layers: on Llama blocks, and not yet beside tensor or context parallelism (issue #24).
+void refuse_moe_misfit(const TrainConfig& c) {
+  if (!c.model.is_moe()) return;
+  check(c.model.family == model::Family::llama,
+        "model.n_experts = " + std::to_string(c.model.n_experts) +
+            ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a MoE "
+            "preset: mixtral-tiny, deepseek-moe-tiny)");
+  check(c.tp == 1, "parallelism.tp = " + std::to_string(c.tp) +
+                       " with MoE layers is not available yet: tensor-parallel attention beside "
+                       "expert-parallel experts comes with expert parallelism (#24); set "
+                       "parallelism.tp = 1");
+  check(c.cp == 1, "parallelism.cp = " + std::to_string(c.cp) +
+                       " with MoE layers is not available yet: the router's balancing statistics "
+                       "over a sequence split across the cp ranks come with expert parallelism "
+                       "(#24); set parallelism.cp = 1");
 }
 
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
@@ -213,6 +226,7 @@ void TrainConfig::finalize() {
   refuse_unavailable_parallelism(*this);
   refuse_tensor_parallel_misfit(*this);
   refuse_context_parallel_misfit(*this);
+  refuse_moe_misfit(*this);
 }
 
 }  // namespace lattice::train

@@ -398,6 +398,18 @@ TrainResult Trainer::run() {
     }
     const double tp_comm = tp_comm_seconds_;
     const double cp_comm = context_ ? context_->take_wait_seconds() : 0.0;
+    std::optional<MoeStepMetrics> moe;
+    if (config_.model.is_moe()) {  // collective: every rank's routing of the step
+      std::vector<model::MoeLayerStatistics> local;
+      auto take = [&](model::Transformer& stage) {
+        for (model::MoeLayerStatistics& s : stage.take_moe_statistics()) local.push_back(s);
+      };
+      if (pipeline_)
+        for (int i = 0; i < pipeline_->stage_count(); ++i) take(pipeline_->model(i));
+      else
+        take(*model_);
+      moe = reduce_moe_metrics(local, config_.model, mesh_->world(), tp_size);
+    }
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
       std::raise(SIGKILL);
@@ -448,6 +460,7 @@ TrainResult Trainer::run() {
         m.pp_bubble = outcome.pp_bubble;
         m.pp_wait_seconds = outcome.pp_wait_seconds;
       }
+      m.moe = moe;
       logger.record(m);
       if (step % config_.log_freq == 0 || step == result.first_step || step == config_.steps ||
           validate) {
