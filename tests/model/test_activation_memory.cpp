@@ -5,6 +5,7 @@
 // losses and column sums). A declared-only model (no parameters allocated) gives the same.
 #include <gtest/gtest.h>
 
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -28,21 +29,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          (precision == Precision::bf16 ? "bf16" : "fp32") + "_" + recompute_name(mode);
 }
 
-}  // namespace
-
-class ActivationMemoryFormula : public ::testing::TestWithParam<Case> {};
-
-TEST_P(ActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
-  const auto [family, precision, mode] = GetParam();
-  // The demo's shape (4 blocks, d_model 192, F 768, vocab 4096) on 4 x 128 tokens, and Llama's
-  // small test model's proportions at the same width.
-  ModelConfig config = model_preset(family == Family::gpt2 ? "gpt2-demo" : "llama-small-test");
-  config.vocab_size = 4096;
-  config.d_model = 192;
-  config.n_heads = 6;
-  config.n_kv_heads = family == Family::gpt2 ? 6 : 2;
-  config.ffn_hidden = family == Family::gpt2 ? 768 : 512;
-  config.max_seq_len = 128;
+// Two training steps of `config` on 4 x 128 tokens; the formula against the tracker's peak.
+void expect_formula_matches(const ModelConfig& config, Precision precision, Recompute mode) {
   const int64_t B = 4, T = 128;
   MemoryTracker tracker;
   kernels::CpuOps ops;
@@ -67,14 +55,32 @@ TEST_P(ActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
   EXPECT_EQ(estimate_activation_memory(*declared, precision, B, T, ops).total(), estimate.total());
   EXPECT_THROW(declared->forward(ctx, tokens.data(), targets.data(), B, T, 1.0f), Error);
   const double predicted = static_cast<double>(estimate.total());
-  RecordProperty("measured_bytes", static_cast<int>(measured));
-  RecordProperty("estimated_bytes", static_cast<int>(predicted));
+  ::testing::Test::RecordProperty("measured_bytes", static_cast<int>(measured));
+  ::testing::Test::RecordProperty("estimated_bytes", static_cast<int>(predicted));
   // The bound is 10%; on the AMX host where this was written the two agree to the byte.
   EXPECT_NEAR(predicted / measured, 1.0, 0.10)
       << "measured " << measured << " estimated " << predicted << " (residuals "
       << estimate.residuals << ", blocks " << estimate.blocks << ", transient "
       << estimate.transient << ", head " << estimate.head << ", backward " << estimate.backward
       << ")";
+}
+
+}  // namespace
+
+class ActivationMemoryFormula : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
+  const auto [family, precision, mode] = GetParam();
+  // The demo's shape (4 blocks, d_model 192, F 768, vocab 4096) on 4 x 128 tokens, and Llama's
+  // small test model's proportions at the same width.
+  ModelConfig config = model_preset(family == Family::gpt2 ? "gpt2-demo" : "llama-small-test");
+  config.vocab_size = 4096;
+  config.d_model = 192;
+  config.n_heads = 6;
+  config.n_kv_heads = family == Family::gpt2 ? 6 : 2;
+  config.ffn_hidden = family == Family::gpt2 ? 768 : 512;
+  config.max_seq_len = 128;
+  expect_formula_matches(config, precision, mode);
 }
 
 INSTANTIATE_TEST_SUITE_P(FamiliesPrecisionsModes, ActivationMemoryFormula,
@@ -84,3 +90,40 @@ INSTANTIATE_TEST_SUITE_P(FamiliesPrecisionsModes, ActivationMemoryFormula,
                                                               Recompute::kSelective,
                                                               Recompute::kFull)),
                          case_name);
+
+// MoE models at the same width: Mixtral-style (4 experts of F 512, top-2, every layer) and
+// DeepSeek-style (8 experts of 128 with a shared one, every second layer), dropless and with a
+// capacity (whose slots the formula bounds by the capacity). The routed copies per expert depend
+// on the router, so the formula counts the most a forward can route.
+using MoeCase = std::tuple<std::string, Precision, Recompute>;
+
+std::string moe_case_name(const ::testing::TestParamInfo<MoeCase>& info) {
+  const auto& [style, precision, mode] = info.param;
+  return style + "_" + (precision == Precision::bf16 ? "bf16" : "fp32") + "_" +
+         recompute_name(mode);
+}
+
+class MoeActivationMemoryFormula : public ::testing::TestWithParam<MoeCase> {};
+
+TEST_P(MoeActivationMemoryFormula, MatchesTheMeasuredPeakWithinTenPercent) {
+  const auto [style, precision, mode] = GetParam();
+  ModelConfig config = model_preset(style == "deepseek" ? "deepseek-moe-tiny" : "mixtral-tiny");
+  config.n_layers = 4;
+  config.vocab_size = 4096;
+  config.d_model = 192;
+  config.n_heads = 6;
+  config.n_kv_heads = 2;
+  config.ffn_hidden = 512;
+  config.max_seq_len = 128;
+  if (style == "deepseek") config.moe_ffn_hidden = 128;
+  if (style == "mixtral_capacity") config.moe_capacity_factor = 1.0;
+  expect_formula_matches(config, precision, mode);
+}
+
+INSTANTIATE_TEST_SUITE_P(StylesPrecisionsModes, MoeActivationMemoryFormula,
+                         ::testing::Combine(::testing::Values(std::string("mixtral"),
+                                                              std::string("deepseek"),
+                                                              std::string("mixtral_capacity")),
+                                            ::testing::Values(Precision::fp32, Precision::bf16),
+                                            ::testing::Values(Recompute::kNone, Recompute::kFull)),
+                         moe_case_name);

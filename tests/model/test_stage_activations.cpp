@@ -5,6 +5,7 @@
 // the same work done the plain way (one microbatch's forward and backward after another): the
 // arithmetic is the same, so losses and gradients must be equal bit for bit.
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <cstring>
 #include <tuple>
@@ -22,10 +23,11 @@ using kernels::Precision;
 
 namespace {
 
-// Tiny models with 4 blocks (interval 2 then recomputes blocks 0 and 2). 9 x 32 = 288 rows take
-// the bf16 row-chunk paths (256-row chunks and a tail).
-ModelConfig four_block_tiny(Family family) {
-  ModelConfig c = model_preset(family == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+// Tiny models with 4 blocks (interval 2 then recomputes blocks 0 and 2): GPT-2, Llama and the two
+// MoE presets (mixtral-tiny: every block MoE; deepseek-moe-tiny: blocks 1 and 3, with a shared
+// expert). 9 x 32 = 288 rows take the bf16 row-chunk paths (256-row chunks and a tail).
+ModelConfig four_block_tiny(const std::string& preset) {
+  ModelConfig c = model_preset(preset);
   c.n_layers = 4;
   c.init_std = 0.2f;
   return c;
@@ -63,20 +65,25 @@ void expect_same_gradients(const Transformer& a, const Transformer& b) {
   EXPECT_TRUE(any_nonzero);
 }
 
-using Case = std::tuple<Family, Precision>;
+using Case = std::tuple<std::string, Precision>;
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(std::get<0>(info.param) == Family::gpt2 ? "gpt2" : "llama") + "_" +
-         (std::get<1>(info.param) == Precision::bf16 ? "bf16" : "fp32");
+  std::string name = std::get<0>(info.param);
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name + "_" + (std::get<1>(info.param) == Precision::bf16 ? "bf16" : "fp32");
 }
+
+const auto kPresets =
+    ::testing::Values(std::string("gpt2-tiny"), std::string("llama-tiny"),
+                      std::string("mixtral-tiny"), std::string("deepseek-moe-tiny"));
 
 }  // namespace
 
 class ActivationSets : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ActivationSets, FourForwardsThenBackwardsInAnotherOrderEqualOneAfterAnother) {
-  const auto [family, precision] = GetParam();
-  const ModelConfig config = four_block_tiny(family);
+  const auto [preset, precision] = GetParam();
+  const ModelConfig config = four_block_tiny(preset);
   kernels::CpuOps ops;
   const LayerContext ctx{ops, precision, nullptr};
   const auto batches = microbatches(4, config.vocab_size, 31);
@@ -117,8 +124,8 @@ TEST_P(ActivationSets, FourForwardsThenBackwardsInAnotherOrderEqualOneAfterAnoth
 }
 
 TEST_P(ActivationSets, ASetFromAnotherStageOrABackwardWithoutForwardIsRefused) {
-  const auto [family, precision] = GetParam();
-  const ModelConfig config = four_block_tiny(family);
+  const auto [preset, precision] = GetParam();
+  const ModelConfig config = four_block_tiny(preset);
   kernels::CpuOps ops;
   const LayerContext ctx{ops, precision, nullptr};
   Transformer whole(config, nullptr), stage(config, nullptr, StageRange{0, 2});
@@ -132,7 +139,7 @@ TEST_P(ActivationSets, ASetFromAnotherStageOrABackwardWithoutForwardIsRefused) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FamiliesAndPrecisions, ActivationSets,
-                         ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
+                         ::testing::Combine(kPresets,
                                             ::testing::Values(Precision::fp32, Precision::bf16)),
                          case_name);
 
@@ -142,8 +149,8 @@ TEST_P(SplitBackward, InputThenWeightHalvesEqualTheWholeBackward) {
   // A last stage (blocks 1..3 and the head) fed a hidden input, so that d_hidden_in is compared
   // too, and a whole model (embedding's W). Zero-bubble order for two microbatches: F0 F1 B0 B1
   // W0 W1, against F0 B0 F1 B1 with whole backwards.
-  const auto [family, precision] = GetParam();
-  ModelConfig config = four_block_tiny(family);
+  const auto [preset, precision] = GetParam();
+  ModelConfig config = four_block_tiny(preset);
   config.tied_embeddings = false;
   kernels::CpuOps ops;
   const LayerContext ctx{ops, precision, nullptr};
@@ -192,15 +199,15 @@ TEST_P(SplitBackward, InputThenWeightHalvesEqualTheWholeBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(FamiliesAndPrecisions, SplitBackward,
-                         ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
+                         ::testing::Combine(kPresets,
                                             ::testing::Values(Precision::fp32, Precision::bf16)),
                          case_name);
 
 class Checkpointing : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Checkpointing, FullAndSelectiveRecomputationAreBitIdenticalAndSaveMemory) {
-  const auto [family, precision] = GetParam();
-  const ModelConfig config = four_block_tiny(family);
+  const auto [preset, precision] = GetParam();
+  const ModelConfig config = four_block_tiny(preset);
   kernels::CpuOps ops;
   const auto batches = microbatches(2, config.vocab_size, 51);
   using Mode = Recompute;
@@ -250,11 +257,11 @@ TEST_P(Checkpointing, FullAndSelectiveRecomputationAreBitIdenticalAndSaveMemory)
 }
 
 INSTANTIATE_TEST_SUITE_P(FamiliesAndPrecisions, Checkpointing,
-                         ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
+                         ::testing::Combine(kPresets,
                                             ::testing::Values(Precision::fp32, Precision::bf16)),
                          case_name);
 
 TEST(Checkpointing, AnIntervalBelowOneIsRefused) {
-  Transformer model(four_block_tiny(Family::gpt2), nullptr);
+  Transformer model(four_block_tiny("gpt2-tiny"), nullptr);
   EXPECT_THROW(model.set_activation_checkpointing({Recompute::kFull, 0}), Error);
 }

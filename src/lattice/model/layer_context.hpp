@@ -3,7 +3,8 @@
 // optional hooks around each parameter unit (data parallelism and ZeRO-3); and the tensor-parallel
 // group the layers are built with (size 1 without tensor parallelism: the layers are the same code
 // handed a larger group and their shards); and, under context parallelism, the attention that
-// spans the ranks holding the rest of each sequence.
+// spans the ranks holding the rest of each sequence; for MoE layers, the group the load-balancing
+// loss spans.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +65,11 @@ struct LayerContext {
   // and attention reaches the other ranks' keys through it. Null: each sequence's rows are all
   // here, at positions 0 .. T - 1.
   ContextAttention* context = nullptr;
+  // MoE layers: the ranks whose micro-batches one load-balancing loss spans (the batch group
+  // dp x cp, whose ranks train one micro-batch together): the experts' loads are summed over it,
+  // so that the loss is the one a single rank computes on the whole micro-batch. Null: this
+  // rank's tokens alone.
+  comm::Communicator* balancing = nullptr;
 };
 
 }  // namespace lattice::model

@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 
+#include "lattice/comm/communicator.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/model/context_parallel.hpp"
 #include "lattice/model/kv_cache.hpp"
@@ -275,7 +276,18 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
     float* out = F_ > 0 ? routed.f32() : x_out;
     moe_->forward(ctx, a.moe, out, a.n2.f32(), rows);
     if (F_ > 0) ctx.ops.add_inplace(x_out, out, rows * C_);
-    a.moe_losses = moe_balancing_losses(a.moe, rows, moe_->settings(), balancing_, a.loss_scale);
+    // Training: the experts' loads over the balancing group (one small all-reduce per layer).
+    comm::Communicator* group = ctx.balancing;
+    if (group != nullptr && group->size() > 1 && a.loss_scale != 0.0f &&
+        balancing_.aux_coefficient != 0) {
+      std::vector<int64_t> load = a.moe.counts;
+      group->allreduce(load.data(), static_cast<int64_t>(load.size()), DType::i64,
+                       comm::ReduceOp::sum);
+      a.moe_losses = moe_balancing_losses(a.moe, rows, moe_->settings(), balancing_, a.loss_scale,
+                                          &load, group->size());
+    } else {
+      a.moe_losses = moe_balancing_losses(a.moe, rows, moe_->settings(), balancing_, a.loss_scale);
+    }
   }
   ctx.ops.add_inplace(x_out, a.x2.f32(), local * C_);
 }

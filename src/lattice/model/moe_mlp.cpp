@@ -86,14 +86,18 @@ k::RouterShape MoeMlp::router_shape(int64_t rows) const {
 
 MoeLossTerms moe_balancing_losses(const MoeMlpActivations& a, int64_t tokens,
                                   const MoeSettings& settings, const MoeBalancing& balancing,
-                                  float loss_scale) {
+                                  float loss_scale, const std::vector<int64_t>* group_counts,
+                                  int group_size) {
   MoeLossTerms terms;
   const int64_t E = settings.experts, K = settings.top_k;
   const double T = static_cast<double>(tokens);
+  const std::vector<int64_t>& counts = group_counts != nullptr ? *group_counts : a.counts;
+  const double group_copies = T * static_cast<double>(group_size) * static_cast<double>(K);
   if (balancing.aux_coefficient != 0) {
     terms.score_grad.assign(static_cast<size_t>(E), 0.0f);
     for (int64_t e = 0; e < E; ++e) {
-      const double f = static_cast<double>(a.counts[e]) / (T * static_cast<double>(K));
+      // The group's share f_e; this rank's P_e (the mean of the ranks' P_e is the group's).
+      const double f = static_cast<double>(counts[e]) / group_copies;
       terms.aux += balancing.aux_coefficient * static_cast<double>(E) * f * a.score_sums[e] / T;
       terms.score_grad[e] = static_cast<float>(loss_scale * balancing.aux_coefficient *
                                                static_cast<double>(E) * f / T);

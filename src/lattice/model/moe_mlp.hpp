@@ -59,7 +59,9 @@ MoeBalancing moe_balancing(const ModelConfig& config);
 // with k copies each: aux = α · E · Σ_e f_e · P_e, f_e = counts_e / (T · k) the share of copies
 // expert e was chosen for (a constant of the step, as in Switch), P_e = score_sums_e / T its
 // mean score (1 · α for a perfectly balanced router); z = β · Σ_t lse_t² / T. The gradients are
-// those of loss_scale · (aux + z).
+// those of loss_scale · (aux + z). With `group_counts` (the counts summed over the `group_size`
+// ranks of a balancing group, each with T tokens), f_e is the group's and each rank's gradient
+// is its part of the group's loss times group_size (the ranks' gradients are averaged).
 struct MoeLossTerms {
   double aux = 0, z = 0;
   std::vector<float> score_grad;  // [experts]
@@ -70,7 +72,9 @@ struct MoeLossTerms {
 };
 MoeLossTerms moe_balancing_losses(const MoeMlpActivations& a, int64_t tokens,
                                   const MoeSettings& settings, const MoeBalancing& balancing,
-                                  float loss_scale);
+                                  float loss_scale,
+                                  const std::vector<int64_t>* group_counts = nullptr,
+                                  int group_size = 1);
 
 class MoeMlp {
  public:

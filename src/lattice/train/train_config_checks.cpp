@@ -64,7 +64,7 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
             std::to_string(c.model.n_kv_heads));
 }
 
-// MoE layers: on Llama blocks, and not yet beside tensor or context parallelism (issue #24).
+// MoE layers: on Llama blocks, and not yet beside tensor parallelism (issue #24).
 void refuse_moe_misfit(const TrainConfig& c) {
   if (!c.model.is_moe()) return;
   check(c.model.family == model::Family::llama,
@@ -75,10 +75,6 @@ void refuse_moe_misfit(const TrainConfig& c) {
                        " with MoE layers is not available yet: tensor-parallel attention beside "
                        "expert-parallel experts comes with expert parallelism (#24); set "
                        "parallelism.tp = 1");
-  check(c.cp == 1, "parallelism.cp = " + std::to_string(c.cp) +
-                       " with MoE layers is not available yet: the router's balancing statistics "
-                       "over a sequence split across the cp ranks come with expert parallelism "
-                       "(#24); set parallelism.cp = 1");
 }
 
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and

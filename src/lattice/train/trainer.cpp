@@ -340,6 +340,7 @@ TrainResult Trainer::run() {
   MetricsLogger logger(
       printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
   model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get(), context_.get()};
+  if (config_.model.is_moe()) ctx.balancing = group_;  // the batch group dp x cp
   const auto schedule = config_.lr_schedule();
   double window_bubble = 0, window_pp_wait = 0;
   std::optional<PipelineTrace> trace;
