@@ -26,14 +26,16 @@ MoeBalancing moe_balancing(const ModelConfig& config) {
 }
 
 void MoeMlpActivations::release() {
-  for (Tensor* t : {&logits, &scores, &weights, &x_perm, &gate, &up, &h, &out}) t->reset();
+  for (Tensor* t : {&logits, &scores, &weights, &x_expert, &gate, &up, &h, &out}) t->reset();
   experts.clear();
   dispatch = {};
+  exchange = {};
 }
 
 MoeMlp::MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model,
-               int64_t ffn_hidden, const MoeSettings& settings, MoeNames names)
-    : store_(store), C_(d_model), F_(ffn_hidden), settings_(settings) {
+               int64_t ffn_hidden, const MoeSettings& settings, MoeNames names,
+               const ExpertParallelGroup& ep)
+    : store_(store), C_(d_model), F_(ffn_hidden), settings_(settings), ep_(ep) {
   check(settings.experts >= 1 && settings.top_k >= 1 && settings.top_k <= settings.experts,
         "model.top_k (" + std::to_string(settings.top_k) +
             ") must be in [1, model.n_experts = " + std::to_string(settings.experts) + "]");
@@ -41,15 +43,26 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model
         "the MoE capacity factor must be positive (or 0: dropless), not " +
             std::to_string(settings.capacity_factor));
   router_ = store.declare(prefix + "gate.weight", {settings.experts, C_}, InitKind::normal, true);
+  check(settings.experts % ep.size == 0,
+        "model.n_experts = " + std::to_string(settings.experts) +
+            " is not divisible by parallelism.ep = " + std::to_string(ep.size) +
+            ": pick an ep that divides the experts");
   const bool mixtral = names == MoeNames::mixtral;
-  for (int64_t j = 0; j < settings.experts; ++j) {
+  // This rank's experts only (all of them without expert parallelism), under their global
+  // indices; each held by this expert-parallel rank alone.
+  const int64_t first = ep.first_expert(settings.experts);
+  for (int64_t j = first; j < first + ep.local_experts(settings.experts); ++j) {
     const std::string e = prefix + "experts." + std::to_string(j) + ".";
-    w1_.push_back(store.declare(e + (mixtral ? "w1" : "gate_proj") + ".weight", {F_, C_},
-                                InitKind::normal, true));
-    w3_.push_back(store.declare(e + (mixtral ? "w3" : "up_proj") + ".weight", {F_, C_},
-                                InitKind::normal, true));
-    w2_.push_back(store.declare(e + (mixtral ? "w2" : "down_proj") + ".weight", {C_, F_},
-                                InitKind::normal_residual, true));
+    auto declare = [&](const char* mixtral_name, const char* deepseek_name, Shape shape,
+                       InitKind init) {
+      const std::string name = e + (mixtral ? mixtral_name : deepseek_name) + ".weight";
+      if (ep.size == 1) return store.declare(name, shape, init, true);
+      return store.declare_shard(name, shape, TensorShard{},
+                                 mesh::AxisSet::all().without(mesh::Axis::ep), init, true);
+    };
+    w1_.push_back(declare("w1", "gate_proj", {F_, C_}, InitKind::normal));
+    w3_.push_back(declare("w3", "up_proj", {F_, C_}, InitKind::normal));
+    w2_.push_back(declare("w2", "down_proj", {C_, F_}, InitKind::normal_residual));
   }
 }
 
@@ -130,60 +143,106 @@ void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, co
       settings_.capacity_factor > 0 ? k::moe_capacity(settings_.capacity_factor, rows, K, E) : -1;
   a.dispatch = k::plan_moe_dispatch(a.experts.data(), rows, K, E, capacity);
   const int64_t S = a.dispatch.slots();
-  ensure_activation(a.x_perm, {S, C_}, tr);
-  ensure_activation(a.gate, {S, F_}, tr);
-  ensure_activation(a.up, {S, F_}, tr);
-  ensure_activation(a.h, {S, F_}, tr);
   ensure_activation(a.out, {S, C_}, tr);
-  ctx.ops.moe_gather(a.x_perm.f32(), x, a.dispatch.slot_token.data(), S, C_);
-  // Grouped GEMMs: each expert on its contiguous rows.
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t M = a.dispatch.count(e), at = a.dispatch.offsets[e];
+  // The local experts' input rows, expert-major: the gathered copies themselves on one rank;
+  // under expert parallelism the copies this rank's experts received.
+  const bool exchange = ep_.size > 1;
+  Tensor gathered;
+  if (exchange) {
+    a.exchange = plan_expert_exchange(ep_, a.dispatch);
+    ensure_activation(gathered, {S, C_}, tr);
+    ctx.ops.moe_gather(gathered.f32(), x, a.dispatch.slot_token.data(), S, C_);
+    ensure_activation(a.x_expert, {std::max<int64_t>(a.exchange.received(), 1), C_}, tr);
+    send_to_experts(ep_, a.exchange, ctx.ops, a.x_expert.f32(), gathered.f32(), C_);
+    gathered.reset();
+  } else {
+    a.exchange = {};
+    ensure_activation(a.x_expert, {S, C_}, tr);
+    ctx.ops.moe_gather(a.x_expert.f32(), x, a.dispatch.slot_token.data(), S, C_);
+  }
+  const int64_t R = expert_rows(a);
+  ensure_activation(a.gate, {R, F_}, tr);
+  ensure_activation(a.up, {R, F_}, tr);
+  ensure_activation(a.h, {R, F_}, tr);
+  Tensor expert_out;  // under expert parallelism: the outputs before they go back
+  if (exchange) ensure_activation(expert_out, {R, C_}, tr);
+  float* out = exchange ? expert_out.f32() : a.out.f32();
+  // Grouped GEMMs: each local expert on its contiguous rows.
+  for (int64_t j = 0; j < local_experts(); ++j) {
+    const int64_t M = expert_count(a, j), at = expert_offset(a, j);
     if (M == 0) continue;
-    const float* xe = a.x_perm.f32() + at * C_;
+    const float* xe = a.x_expert.f32() + at * C_;
     float* gate = a.gate.f32() + at * F_;
     float* up = a.up.f32() + at * F_;
     float* h = a.h.f32() + at * F_;
-    ctx.ops.linear_forward(gate, xe, store_.value(w1_[e]), nullptr, M, C_, F_, precision, {});
-    ctx.ops.linear_forward(up, xe, store_.value(w3_[e]), nullptr, M, C_, F_, precision, {});
+    ctx.ops.linear_forward(gate, xe, store_.value(w1_[j]), nullptr, M, C_, F_, precision, {});
+    ctx.ops.linear_forward(up, xe, store_.value(w3_[j]), nullptr, M, C_, F_, precision, {});
     ctx.ops.swiglu_forward(h, gate, up, M * F_);
-    ctx.ops.linear_forward(a.out.f32() + at * C_, h, store_.value(w2_[e]), nullptr, M, F_, C_,
-                           precision, {});
+    ctx.ops.linear_forward(out + at * C_, h, store_.value(w2_[j]), nullptr, M, F_, C_, precision,
+                           {});
   }
+  if (exchange) return_from_experts(ep_, a.exchange, ctx.ops, a.out.f32(), out, C_);
   ctx.ops.moe_combine(y, a.out.f32(), a.weights.f32(), a.dispatch.slot_of.data(), rows, K, C_);
+}
+
+int64_t MoeMlp::expert_rows(const MoeMlpActivations& a) const {
+  return ep_.size > 1 ? a.exchange.received() : a.dispatch.slots();
+}
+int64_t MoeMlp::expert_offset(const MoeMlpActivations& a, int64_t j) const {
+  return ep_.size > 1 ? a.exchange.expert_offsets[j] : a.dispatch.offsets[j];
+}
+int64_t MoeMlp::expert_count(const MoeMlpActivations& a, int64_t j) const {
+  return ep_.size > 1 ? a.exchange.expert_rows(j) : a.dispatch.count(j);
 }
 
 void MoeMlp::backward(const LayerContext& ctx, MoeMlpActivations& a, float* d_x, const float* d_y,
                       const float* x, int64_t rows, const k::RouterLossGradients& losses) {
   const int64_t E = settings_.experts, K = settings_.top_k, S = a.dispatch.slots();
+  const int64_t R = expert_rows(a);
+  const bool exchange = ep_.size > 1;
   auto* tr = ctx.tracker;
   const auto f32 = k::Precision::fp32, precision = ctx.precision;
   Tensor d_out({S, C_}, DType::f32, tr, MemoryCategory::activations);
   Tensor d_weights({rows, K}, DType::f32, tr, MemoryCategory::activations);
   ctx.ops.moe_combine_backward(d_out.f32(), d_weights.f32(), d_y, a.out.f32(), a.weights.f32(),
                                a.dispatch.slot_of.data(), rows, K, C_);
-  Tensor d_h({S, F_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_gate({S, F_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_up({S, F_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_perm({S, C_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_part({S, C_}, DType::f32, tr, MemoryCategory::activations);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t M = a.dispatch.count(e), at = a.dispatch.offsets[e];
+  // The local experts' output gradients (expert-major) and their input gradients; under expert
+  // parallelism they travel as the rows did.
+  Tensor d_expert_out, d_expert_in;
+  if (exchange) {
+    ensure_activation(d_expert_out, {std::max<int64_t>(R, 1), C_}, tr);
+    send_to_experts(ep_, a.exchange, ctx.ops, d_expert_out.f32(), d_out.f32(), C_);
+    d_out.reset();
+  }
+  const float* dy = exchange ? d_expert_out.f32() : d_out.f32();
+  Tensor d_h({R, F_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_gate({R, F_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_up({R, F_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_perm({std::max<int64_t>(R, 1), C_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_part({std::max<int64_t>(R, 1), C_}, DType::f32, tr, MemoryCategory::activations);
+  for (int64_t j = 0; j < local_experts(); ++j) {
+    const int64_t M = expert_count(a, j), at = expert_offset(a, j);
     if (M == 0) continue;
-    const float* xe = a.x_perm.f32() + at * C_;
+    const float* xe = a.x_expert.f32() + at * C_;
     float* dh = d_h.f32() + at * F_;
     float* dg = d_gate.f32() + at * F_;
     float* du = d_up.f32() + at * F_;
-    ctx.ops.linear_backward(dh, store_.grad(w2_[e]), nullptr, d_out.f32() + at * C_,
-                            a.h.f32() + at * F_, store_.value(w2_[e]), M, F_, C_, precision, {});
+    ctx.ops.linear_backward(dh, store_.grad(w2_[j]), nullptr, dy + at * C_, a.h.f32() + at * F_,
+                            store_.value(w2_[j]), M, F_, C_, precision, {});
     ctx.ops.swiglu_backward(dg, du, dh, a.gate.f32() + at * F_, a.up.f32() + at * F_, M * F_);
-    ctx.ops.linear_backward(d_perm.f32() + at * C_, store_.grad(w1_[e]), nullptr, dg, xe,
-                            store_.value(w1_[e]), M, C_, F_, precision, {});
-    ctx.ops.linear_backward(d_part.f32() + at * C_, store_.grad(w3_[e]), nullptr, du, xe,
-                            store_.value(w3_[e]), M, C_, F_, precision, {});
+    ctx.ops.linear_backward(d_perm.f32() + at * C_, store_.grad(w1_[j]), nullptr, dg, xe,
+                            store_.value(w1_[j]), M, C_, F_, precision, {});
+    ctx.ops.linear_backward(d_part.f32() + at * C_, store_.grad(w3_[j]), nullptr, du, xe,
+                            store_.value(w3_[j]), M, C_, F_, precision, {});
   }
-  ctx.ops.add_inplace(d_perm.f32(), d_part.f32(), S * C_);
-  ctx.ops.moe_gather_backward(d_x, d_perm.f32(), a.dispatch.slot_of.data(), rows, K, C_);
+  ctx.ops.add_inplace(d_perm.f32(), d_part.f32(), R * C_);
+  d_part.reset();
+  if (exchange) {
+    ensure_activation(d_expert_in, {std::max<int64_t>(S, 1), C_}, tr);
+    return_from_experts(ep_, a.exchange, ctx.ops, d_expert_in.f32(), d_perm.f32(), C_);
+  }
+  ctx.ops.moe_gather_backward(d_x, exchange ? d_expert_in.f32() : d_perm.f32(),
+                              a.dispatch.slot_of.data(), rows, K, C_);
   // The router: the weights' gradient (and the balancing losses') to the logits, then its Linear.
   Tensor d_logits({rows, E}, DType::f32, tr, MemoryCategory::activations);
   ctx.ops.moe_router_backward(d_logits.f32(), d_weights.f32(), a.experts.data(), a.scores.f32(),

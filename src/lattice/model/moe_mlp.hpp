@@ -5,8 +5,9 @@
 // contiguous rows (in the context's precision), and the outputs are combined back weighted. A
 // dropped copy adds nothing (its token passes through the block's residual). Parameters are named
 // as Hugging Face's Mixtral ("<prefix>gate.weight", "<prefix>experts.<j>.w1.weight" gate, ".w3"
-// up, ".w2" down) or DeepSeek's ("<prefix>experts.<j>.gate_proj/up_proj/down_proj.weight"). Not
-// yet expert-parallel (issue #24).
+// up, ".w2" down) or DeepSeek's ("<prefix>experts.<j>.gate_proj/up_proj/down_proj.weight").
+// Under expert parallelism each rank holds a slice of the experts and the copies travel to them
+// (expert_parallel_comm.hpp); each copy's arithmetic is the same.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "lattice/core/tensor.hpp"
 #include "lattice/kernels/moe_dispatch.hpp"
 #include "lattice/kernels/moe_routing.hpp"
+#include "lattice/model/expert_parallel_comm.hpp"
 #include "lattice/model/layer_context.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
@@ -32,15 +34,18 @@ struct MoeSettings {
 // A model's MoE layers' settings.
 MoeSettings moe_settings(const ModelConfig& config);
 
-// What the forward saves (rows = tokens, E experts, K = top_k, S = kept copies, F = ffn_hidden).
+// What the forward saves (rows = tokens, E experts, K = top_k, S = kept copies, F = ffn_hidden,
+// R = the copies this rank's experts compute: S on one rank, the received ones under expert
+// parallelism).
 struct MoeMlpActivations {
   Tensor logits, scores;         // [rows, E]
   std::vector<int32_t> experts;  // [rows, K]
   Tensor weights;                // [rows, K]
   kernels::MoeDispatch dispatch;
-  Tensor x_perm;       // [S, C] the gathered copies
-  Tensor gate, up, h;  // [S, F] the experts' pre-activations and SwiGLU output
-  Tensor out;          // [S, C] the experts' outputs
+  ExpertExchange exchange;  // expert parallelism: where the copies went and came from
+  Tensor x_expert;          // [R, C] the local experts' input copies, expert-major
+  Tensor gate, up, h;       // [R, F] the experts' pre-activations and SwiGLU output
+  Tensor out;               // [S, C] the experts' outputs for this rank's copies, in slot order
   // The router's statistics (tokens per expert, score sums, Σ lse²) for the balancing losses.
   std::vector<int64_t> counts;
   std::vector<double> score_sums;
@@ -78,8 +83,12 @@ MoeLossTerms moe_balancing_losses(const MoeMlpActivations& a, int64_t tokens,
 
 class MoeMlp {
  public:
+  // With an expert-parallel group of P ranks, this rank holds experts [rank·E/P, (rank+1)·E/P)
+  // (placed on every axis but ep) and forward and backward exchange the copies with the group
+  // (expert_parallel_comm.hpp); E must be divisible by P.
   MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model, int64_t ffn_hidden,
-         const MoeSettings& settings, MoeNames names = MoeNames::mixtral);
+         const MoeSettings& settings, MoeNames names = MoeNames::mixtral,
+         const ExpertParallelGroup& ep = {});
 
   // y [rows, C] from x [rows, C] (overwritten).
   void forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, const float* x,
@@ -90,6 +99,7 @@ class MoeMlp {
                 const float* x, int64_t rows, const kernels::RouterLossGradients& losses = {});
 
   const MoeSettings& settings() const { return settings_; }
+  int64_t local_experts() const { return static_cast<int64_t>(w1_.size()); }
   // The copies a forward of `rows` tokens routes (rows · top_k dropless; at most the experts'
   // capacity with a capacity factor): what saved_bytes and transient_bytes count.
   int64_t max_copies(int64_t rows) const;
@@ -100,12 +110,17 @@ class MoeMlp {
 
  private:
   kernels::RouterShape router_shape(int64_t rows) const;
+  // The local experts' rows of a forward: in all, and local expert j's block.
+  int64_t expert_rows(const MoeMlpActivations& a) const;
+  int64_t expert_offset(const MoeMlpActivations& a, int64_t j) const;
+  int64_t expert_count(const MoeMlpActivations& a, int64_t j) const;
 
   ParameterStore& store_;
   int64_t C_, F_;
   MoeSettings settings_;
+  ExpertParallelGroup ep_;
   int router_ = -1;
-  std::vector<int> w1_, w3_, w2_;  // per expert: gate [F, C], up [F, C], down [C, F]
+  std::vector<int> w1_, w3_, w2_;  // per local expert: gate [F, C], up [F, C], down [C, F]
 };
 
 }  // namespace lattice::model
