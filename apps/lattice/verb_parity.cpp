@@ -1,7 +1,8 @@
 // The `lattice parity` verb: the parity harness. Trains one config from the same initial weights
 // on the same global batches under several layouts (`dp<N>` plain data parallelism over N ranks,
 // `t<T>` tensor parallelism over T ranks per replica, `s` with sequence parallelism, `c<C>` context
-// parallelism over C ranks per sequence (ring attention; `c<C>u` Ulysses), `p<P>` a pipeline of P
+// parallelism over C ranks per sequence (ring attention; `c<C>u` Ulysses), `e<E>` a MoE model's
+// experts split over E of the dp x cp ranks (expert parallelism), `p<P>` a pipeline of P
 // ranks with an optional schedule (`p2-zb-v`; 1f1b by default), `z<S>` ZeRO stage S, `h<G>` HSDP
 // with shard groups of G ranks: dp2t2sz1 is 4 ranks, dp2t2p2 8, dp1c4 4) and compares per-step
 // losses, gradient norms and the final (logical) parameters against the first layout: layouts with
@@ -44,13 +45,14 @@ struct Layout {
   std::string schedule = "1f1b";
   int cp = 1;            // context-parallel ranks per sequence
   bool ulysses = false;  // context_parallel.mode = ulysses (else ring)
+  int ep = 1;            // expert-parallel ranks (carved out of dp x cp: adds none)
   int ranks() const { return dp * tp * pp * cp; }
 };
 
 std::vector<Layout> parse_layouts(const std::string& text) {
   std::vector<Layout> layouts;
   const std::regex pattern(
-      R"(dp(\d+)(?:t(\d+)(s?))?(?:c(\d+)(u?))?(?:p(\d+)(?:-(gpipe|1f1b|interleaved|zb-h1|zb-v))?)?(?:z(\d+))?(?:h(\d+))?)");
+      R"(dp(\d+)(?:t(\d+)(s?))?(?:c(\d+)(u?))?(?:e(\d+))?(?:p(\d+)(?:-(gpipe|1f1b|interleaved|zb-h1|zb-v))?)?(?:z(\d+))?(?:h(\d+))?)");
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = std::min(text.find(',', start), text.size());
@@ -59,18 +61,22 @@ std::vector<Layout> parse_layouts(const std::string& text) {
     check(std::regex_match(item, m, pattern),
           "layout '" + item +
               "' is not understood: write "
-              "dp<N>[t<tp>[s]][c<cp>[u]][p<pp>[-schedule]][z<stage>][h<group>], e.g. "
-              "\"dp1,dp2,dp2z1,dp1t2,dp1t2s,dp2t2z3,dp4z3h2,dp1p2,dp2t2p2-zb-v,dp1c2,dp1c2u\"");
+              "dp<N>[t<tp>[s]][c<cp>[u]][e<ep>][p<pp>[-schedule]][z<stage>][h<group>], e.g. "
+              "\"dp1,dp2,dp2z1,dp1t2,dp1t2s,dp2t2z3,dp4z3h2,dp1p2,dp2t2p2-zb-v,dp1c2,dp1c2u,"
+              "dp2e2\"");
     Layout layout{item,
                   std::stoi(m[1].str()),
                   m[2].matched ? std::stoi(m[2].str()) : 1,
                   m[3].matched && m[3].length() > 0,
-                  m[8].matched ? std::stoi(m[8].str()) : 0,
                   m[9].matched ? std::stoi(m[9].str()) : 0,
-                  m[6].matched ? std::stoi(m[6].str()) : 1,
-                  m[7].matched ? m[7].str() : "1f1b",
+                  m[10].matched ? std::stoi(m[10].str()) : 0,
+                  m[7].matched ? std::stoi(m[7].str()) : 1,
+                  m[8].matched ? m[8].str() : "1f1b",
                   m[4].matched ? std::stoi(m[4].str()) : 1,
-                  m[5].matched && m[5].length() > 0};
+                  m[5].matched && m[5].length() > 0,
+                  m[6].matched ? std::stoi(m[6].str()) : 1};
+    check(layout.ep >= 1 && (layout.dp * layout.cp) % layout.ep == 0,
+          "layout '" + item + "': e<ep> must divide the dp x cp ranks");
     check(layout.cp >= 1, "layout '" + item + "': c<cp> needs at least one context-parallel rank");
     check(layout.pp >= 1, "layout '" + item + "': p<pp> needs at least one pipeline rank");
     check(layout.pp == 1 || layout.zero < 3,
@@ -108,6 +114,7 @@ train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& l
   c.hsdp_shard_size = layout.hsdp;
   c.pp = layout.pp;
   c.cp = layout.cp;
+  c.ep = layout.ep;
   c.cp_mode =
       layout.ulysses ? parallel::ContextParallelMode::ulysses : parallel::ContextParallelMode::ring;
   c.pipeline_schedule = layout.schedule;
@@ -220,7 +227,9 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
           layouts[j].sp == layouts[i].sp && layouts[j].cp == layouts[i].cp &&
           layouts[j].ulysses == layouts[i].ulysses) {
         ref = j;
-        exact = layouts[i].hsdp == 0 && layouts[j].hsdp == 0;
+        // Expert parallelism computes each copy in a GEMM with other ranks' copies beside it,
+        // whose row count moves the blocking and so the rounding: held to the tolerance.
+        exact = layouts[i].hsdp == 0 && layouts[j].hsdp == 0 && layouts[i].ep == layouts[j].ep;
         break;
       }
     // A pipeline runs each microbatch's arithmetic unchanged, so losses and weights stay bit for
@@ -267,7 +276,8 @@ void register_parity_verb(CLI::App& app) {
   verb->add_option("config", *config_path, "TOML configuration file");
   verb->add_option(
           "--layouts", *layouts,
-          "comma-separated dp<N>[t<tp>[s]][p<pp>[-schedule]][z<stage>][h<group>] layouts (s: "
+          "comma-separated dp<N>[t<tp>[s]][c<cp>[u]][e<ep>][p<pp>[-schedule]][z<stage>][h<group>] "
+          "layouts (s: "
           "sequence parallelism; schedules gpipe, 1f1b, interleaved, zb-h1, zb-v)")
       ->capture_default_str();
   verb->add_option("--tolerance", *tolerance,

@@ -3,15 +3,21 @@
 // holds MoE models to one rank across data parallelism, ZeRO 1-3, context parallelism and
 // pipelines (the load-balancing loss spans the batch group, so dp2 equals dp1 on the same global
 // batch); capacity mode drops the same copies wherever each rank sees the same micro-batch.
+// Expert parallelism (`e<E>` layouts): EP 2 and 4 against EP 1 on the same dp, on threads and under
+// mpirun, dropless and with a capacity; whole checkpoints that an EP run resumes from and one rank
+// reads; one error line for each layout it cannot run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "../train/cli_runner.hpp"
 #include "dp_fixture.hpp"
+#include "mpi_runner.hpp"
 
 using namespace lattice::testing;
 namespace fs = std::filesystem;
@@ -105,4 +111,109 @@ TEST_F(MoeCli, CapacityModeParityWhereTheMicroBatchesAreTheSame) {
   EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
   expect_verdict(r, "dp1p2-zb-v", "bit-identical weights");
   expect_verdict(r, "dp2z2", "bit-identical");
+}
+
+// Expert parallelism against EP 1 on the same data-parallel ranks (and across dp counts, cp):
+// the losses equal bit for bit in these runs, the norms and weights within 1e-7 — an expert's GEMM
+// has the other ranks' copies beside each row, whose count moves oneDNN's blocking and with it the
+// rounding (tests/model/test_moe_expert_parallel.cpp: bit-equal where the rows are the same).
+TEST_F(MoeCli, ExpertParallelismTwoAndFourAgainstOne) {
+  const CliResult r = run_lattice(
+      "parity --layouts dp2,dp2e2,dp4,dp4e2,dp4e4,dp2c2e4" + moe_flags(dir_, "mixtral-tiny"), dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  for (const char* layout : {"dp2e2", "dp4e2", "dp4e4", "dp2c2e4"})
+    expect_verdict(r, layout, "within tolerance");
+}
+
+// With a capacity each rank drops within its own copies before they travel: EP 2 keeps what EP 1
+// on the same dp keeps (DeepSeek-style: 8 fine-grained experts, 4 per rank, a shared expert).
+TEST_F(MoeCli, ExpertParallelismWithACapacity) {
+  const CliResult r =
+      run_lattice("parity --layouts dp2,dp2e2" +
+                      moe_flags(dir_, "deepseek-moe-tiny", " --model.moe_capacity_factor=1.0"),
+                  dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  expect_verdict(r, "dp2e2", "within tolerance");
+  // The drops are there: the JSONL of an EP 2 run reports them.
+  const CliResult run =
+      run_lattice("train --parallelism.dp=2 --parallelism.ep=2 --metrics.log_freq=1" +
+                      moe_flags(dir_, "deepseek-moe-tiny", " --model.moe_capacity_factor=1.0"),
+                  dir_);
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find(" dropped "), std::string::npos) << run.out;
+  const auto records = read_jsonl(dir_ / "run" / "metrics.jsonl");
+  ASSERT_FALSE(records.empty());
+  EXPECT_GT(records.back().at("moe").at("dropped_fraction").get<double>(), 0.0);
+}
+
+TEST_F(MoeCli, ExpertParallelismUnderMpirun) {
+  const CliResult r =
+      run_mpi(4, "parity --layouts dp4,dp4e2,dp4e4" + moe_flags(dir_, "mixtral-tiny"), dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+}
+
+// An EP run's checkpoint is whole (every expert, the one-rank layout): an EP 2 run resumes from it
+// bit for bit, and one rank (ep 1) reads it too.
+TEST_F(MoeCli, ExpertParallelCheckpointsAreWhole) {
+  const std::string ep2 = " --parallelism.dp=2 --parallelism.ep=2";
+  auto flags = [&](const std::string& run) {
+    std::string f = moe_flags(dir_, "mixtral-tiny");
+    return f.replace(f.find("--job.run_dir="), std::string::npos,
+                     "--job.run_dir=" + (dir_ / run).string()) +
+           " --training.steps=8";
+  };
+  ASSERT_EQ(
+      run_lattice("train" + ep2 + flags("straight") + " --checkpoint.interval=4", dir_).status, 0);
+  const std::string step4 = (dir_ / "straight" / "checkpoints" / "step_00000004").string();
+  const CliResult resumed =
+      run_lattice("train" + ep2 + flags("resumed") + " --checkpoint.resume_from=" + step4, dir_);
+  ASSERT_EQ(resumed.status, 0) << resumed.out << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
+  const auto straight = read_jsonl(dir_ / "straight" / "metrics.jsonl");
+  const auto continued = read_jsonl(dir_ / "resumed" / "metrics.jsonl");
+  ASSERT_EQ(straight.size(), 8u);
+  ASSERT_EQ(continued.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(continued[i]["loss"], straight[i + 4]["loss"]) << "step " << i + 5;
+    EXPECT_EQ(continued[i]["grad_norm"], straight[i + 4]["grad_norm"]) << "step " << i + 5;
+  }
+  // One rank, every expert: the same checkpoint continues (the data order of one rank differs
+  // from two ranks' shares, so only that it runs and learns is checked).
+  const CliResult one =
+      run_lattice("train" + flags("one") + " --checkpoint.resume_from=" + step4, dir_);
+  ASSERT_EQ(one.status, 0) << one.out << one.err;
+  EXPECT_NE(one.out.find("resumed from"), std::string::npos);
+}
+
+TEST_F(MoeCli, ExpertParallelLayoutsItCannotRunAreOneLineEach) {
+  struct Case {
+    std::string overrides, message;
+  };
+  const std::vector<Case> cases = {
+      {" --parallelism.dp=2 --parallelism.ep=2 --model.preset=llama-tiny",
+       "parallelism.ep = 2 needs a mixture-of-experts model"},
+      {" --parallelism.dp=2 --parallelism.ep=2 --model.n_experts=3 --model.top_k=2",
+       "parallelism.ep = 2 does not divide the 3 experts"},
+      {" --parallelism.dp=2 --parallelism.ep=2 --parallelism.zero=1",
+       "parallelism.zero = 1 with parallelism.ep > 1 is not available yet"},
+      {" --parallelism.dp=2 --parallelism.ep=2 --parallelism.pp=2 --model.n_layers=2",
+       "parallelism.pp = 2 with parallelism.ep > 1 is not available yet"},
+      {" --parallelism.dp=2 --parallelism.ep=4 --model.n_experts=8",
+       "parallelism.ep = 4 must divide dp x cp = 2"},
+      {" --parallelism.dp=2 --parallelism.ep=2 --parallelism.tp=2",
+       "parallelism.tp = 2 with MoE layers is not available yet"},
+  };
+  for (const Case& c : cases) {
+    std::string flags = moe_flags(dir_, "mixtral-tiny");
+    const size_t preset = c.overrides.find("--model.preset=");
+    if (preset != std::string::npos)
+      flags.replace(flags.find("--model.preset=mixtral-tiny"), 27, "");
+    const CliResult r = run_lattice("train" + flags + c.overrides, dir_);
+    EXPECT_NE(r.status, 0) << c.overrides;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << c.overrides << "\n" << r.err;
+    EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }

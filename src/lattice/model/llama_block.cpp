@@ -13,7 +13,8 @@ namespace lattice::model {
 namespace k = lattice::kernels;
 
 LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
-                       const TensorParallelGroup& tp, const k::RopeTable& rope)
+                       const TensorParallelGroup& tp, const k::RopeTable& rope,
+                       const ExpertParallelGroup& ep)
     : store_(store),
       rope_(rope),
       tp_(tp),
@@ -45,14 +46,13 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
   std::string mlp = p + "mlp.";
   int64_t dense_width = F;
   if (config.is_moe_layer(layer_index)) {
-    check(
-        tp.size == 1,
-        "parallelism.tp = " + std::to_string(tp.size) +
-            " with MoE layers is not available yet: tensor parallelism of the attention beside "
-            "expert-parallel experts comes with expert parallelism (#24); set parallelism.tp = 1");
+    check(tp.size == 1,
+          "parallelism.tp = " + std::to_string(tp.size) +
+              " with MoE layers is not available yet: tensor-parallel attention beside the "
+              "experts is still to come (#24); set parallelism.tp = 1");
     mlp = p + (config.moe_names == MoeNames::mixtral ? "block_sparse_moe." : "mlp.");
-    moe_.emplace(store, mlp, C_, config.expert_ffn_hidden(), moe_settings(config),
-                 config.moe_names);
+    moe_.emplace(store, mlp, C_, config.expert_ffn_hidden(), moe_settings(config), config.moe_names,
+                 ep);
     balancing_ = moe_balancing(config);
     mlp += "shared_experts.";
     dense_width = config.moe_shared_experts * config.expert_ffn_hidden();

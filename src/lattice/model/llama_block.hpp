@@ -39,7 +39,8 @@ struct LlamaBlockActivations final : BlockActivations {
 class LlamaBlock final : public Block {
  public:
   LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t layer_index,
-             const TensorParallelGroup& tp, const kernels::RopeTable& rope);
+             const TensorParallelGroup& tp, const kernels::RopeTable& rope,
+             const ExpertParallelGroup& ep = {});
 
   std::unique_ptr<BlockActivations> make_activations() const override;
   void forward(const LayerContext& ctx, BlockActivations& saved, float* x_out, const float* x_in,

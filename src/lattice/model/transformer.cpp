@@ -30,30 +30,34 @@ void hook_after_backward(const LayerContext& ctx, int unit) {
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range,
-                         TensorParallelGroup tp)
-    : Transformer(config, range, tp, DeclareOnly{}) {
+                         TensorParallelGroup tp, ExpertParallelGroup ep)
+    : Transformer(config, range, tp, ep, DeclareOnly{}) {
   tracker_ = tracker;
   params_.allocate(tracker_);
 }
 
 int64_t Transformer::parameter_count(const ModelConfig& config, StageRange range) {
-  const Transformer declared(config, range, {}, DeclareOnly{});
+  const Transformer declared(config, range, {}, {}, DeclareOnly{});
   int64_t count = 0;  // the elements themselves, not the flat buffer's alignment padding
   for (const ParameterInfo& info : declared.parameters().parameters()) count += info.numel;
   return count;
 }
 
 std::unique_ptr<Transformer> Transformer::declared_only(const ModelConfig& config, StageRange range,
-                                                        TensorParallelGroup tp) {
+                                                        TensorParallelGroup tp,
+                                                        ExpertParallelGroup ep) {
   check(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size,
         "tensor-parallel rank " + std::to_string(tp.rank) + " of " + std::to_string(tp.size) +
             " is not a rank of the group (internal error)");
-  return std::unique_ptr<Transformer>(new Transformer(config, range, tp, DeclareOnly{}));
+  check(ep.size >= 1 && ep.rank >= 0 && ep.rank < ep.size,
+        "expert-parallel rank " + std::to_string(ep.rank) + " of " + std::to_string(ep.size) +
+            " is not a rank of the group (internal error)");
+  return std::unique_ptr<Transformer>(new Transformer(config, range, tp, ep, DeclareOnly{}));
 }
 
 Transformer::Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp,
-                         DeclareOnly)
-    : config_(config), range_(range), tp_(tp), tracker_(nullptr) {
+                         ExpertParallelGroup ep, DeclareOnly)
+    : config_(config), range_(range), tp_(tp), ep_(ep), tracker_(nullptr) {
   config_.validate();
   check(!tp.sequence_parallel || tp.size > 1,
         "sequence parallelism splits the sequence over the tensor-parallel ranks: set "
@@ -83,7 +87,7 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
     if (gpt2)
       blocks_.push_back(std::make_unique<Gpt2Block>(params_, config_, i, tp));
     else
-      blocks_.push_back(std::make_unique<LlamaBlock>(params_, config_, i, tp, *rope_));
+      blocks_.push_back(std::make_unique<LlamaBlock>(params_, config_, i, tp, *rope_, ep));
     close_unit(false);
   }
   if (has_head()) {

@@ -13,6 +13,7 @@
 #include "lattice/model/activation_checkpoint.hpp"
 #include "lattice/model/block.hpp"
 #include "lattice/model/embedding.hpp"
+#include "lattice/model/expert_parallel_comm.hpp"
 #include "lattice/model/kv_cache.hpp"
 #include "lattice/model/lm_head.hpp"
 #include "lattice/model/model_config.hpp"
@@ -37,8 +38,10 @@ struct ParameterUnit {
 
 class Transformer {
  public:
+  // `ep`: the expert-parallel group a MoE model's experts are split over (each rank holds
+  // n_experts / ep.size of every MoE layer's experts).
   Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range = {},
-              TensorParallelGroup tp = {});
+              TensorParallelGroup tp = {}, ExpertParallelGroup ep = {});
   ~Transformer();
   // The number of parameter elements a model (or stage) of `config` holds (a tied head counted
   // once), from the same declarations the constructor makes, without allocating them (any preset,
@@ -50,7 +53,8 @@ class Transformer {
   // declarations read only the size and rank).
   static std::unique_ptr<Transformer> declared_only(const ModelConfig& config,
                                                     StageRange range = {},
-                                                    TensorParallelGroup tp = {});
+                                                    TensorParallelGroup tp = {},
+                                                    ExpertParallelGroup ep = {});
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
@@ -69,6 +73,7 @@ class Transformer {
   int token_embedding_weight() const { return embedding_ ? embedding_->token_weight() : -1; }
   // The tensor-parallel group the layers were built with (size 1 without tensor parallelism).
   const TensorParallelGroup& tensor_parallel() const { return tp_; }
+  const ExpertParallelGroup& expert_parallel() const { return ep_; }
 
   // The parameter units in forward order (see ParameterUnit); hooks receive indices into it.
   const std::vector<ParameterUnit>& units() const { return units_; }
@@ -157,7 +162,8 @@ class Transformer {
 
  private:
   struct DeclareOnly {};
-  Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp, DeclareOnly);
+  Transformer(const ModelConfig& config, StageRange range, TensorParallelGroup tp,
+              ExpertParallelGroup ep, DeclareOnly);
   // Embedding (or hidden_in) then this stage's blocks; leaves the output in a.residual.back().
   // loss_scale: the micro-batch's weight in the step's loss (0: no backward follows).
   void trunk_forward(const LayerContext& ctx, StageActivations& a, const int32_t* tokens,
@@ -171,6 +177,7 @@ class Transformer {
   ModelConfig config_;
   StageRange range_;
   TensorParallelGroup tp_;
+  ExpertParallelGroup ep_;
   MemoryTracker* tracker_;
   ParameterStore params_;
   std::optional<kernels::RopeTable> rope_;

@@ -28,6 +28,7 @@ DataParallelGroups groups_of(mesh::Mesh& mesh, const DataParallelSettings& setti
           "1, 2 or 3");
     groups.replicate = &mesh.group(mesh::Axis::dp_replicate);
   }
+  if (mesh.size(mesh::Axis::ep) > 1) groups.expert = &mesh.expert_data_parallel();
   groups.axes = mesh.axis_groups();
   return groups;
 }

@@ -12,6 +12,11 @@ struct GradientReduction::BucketState {
   Tensor reduced;       // stage 0: this rank's reduced shard, gathered into the gradients
   std::vector<int64_t> gather_counts;  // stage 0: each rank's real elements of the bucket's shard
   comm::CommHandle reduction;
+  // Expert parallelism: the bucket's expert parameters' ranges, their pre-scaled gradients and
+  // their sum over the expert-data-parallel group (the batch reduction carries zeros there).
+  std::vector<std::pair<int64_t, int64_t>> expert_ranges;
+  Tensor expert_staging;
+  comm::CommHandle expert_reduction;
   bool reducing = false;
   bool grads_resident = true;  // stages 2-3: the model's gradient pages hold this bucket
   bool held = false;           // reduced by finish() only
@@ -39,6 +44,24 @@ GradientReduction::GradientReduction(kernels::Ops& ops, model::ParameterStore& s
                 "such parameters need their own reduction group)");
   for (size_t b = 0; b < layout_.buckets().size(); ++b)
     state_.push_back(std::make_unique<BucketState>());
+  // Expert parameters (held along ep alone): their gradients are summed over the ranks holding the
+  // same experts instead (each already holds every ep rank's tokens' part), still divided by the
+  // batch group's size: the mean over the batch, as the dense parameters'.
+  for (const auto& p : store.parameters()) {
+    if (p.replicated.contains(mesh::Axis::ep)) continue;
+    check(groups.expert != nullptr,
+          "parameter '" + p.name +
+              "' is held along the expert-parallel axis, but data parallelism has no "
+              "expert-data-parallel group (internal error)");
+    check(zero_stage == 0, "parallelism.zero = " + std::to_string(zero_stage) +
+                               " with parallelism.ep > 1 is not available yet: ZeRO would shard "
+                               "different experts together; set parallelism.zero = 0");
+    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const Bucket& bucket = layout_.buckets()[b];
+      if (p.offset >= bucket.begin && p.offset < bucket.end)
+        state_[b]->expert_ranges.emplace_back(p.offset, p.offset + p.numel);
+    }
+  }
   if (zero_stage_ >= 1)
     shard_grads_ =
         Tensor({layout_.shard_elements()}, DType::f32, tracker, MemoryCategory::gradients);
@@ -49,6 +72,7 @@ GradientReduction::~GradientReduction() {
     BucketState& s = *state_[b];
     try {
       s.reduction.wait();
+      s.expert_reduction.wait();
     } catch (...) {
     }
     const int64_t bytes = layout_.buckets()[b].size() * int64_t{sizeof(float)};
@@ -95,6 +119,20 @@ void GradientReduction::launch(int b) {
   float* grads = store_.grads() + bucket.begin;
   float* staging = s.grad_staging.f32();
   for (int64_t i = 0; i < bucket.size(); ++i) staging[i] = grads[i] * scale;
+  if (!s.expert_ranges.empty()) {
+    int64_t n = 0;
+    for (const auto& [begin, end] : s.expert_ranges) n += end - begin;
+    if (s.expert_staging.numel() != n)
+      s.expert_staging = Tensor({n}, DType::f32, tracker_, MemoryCategory::other);
+    float* experts = s.expert_staging.f32();
+    for (const auto& [begin, end] : s.expert_ranges)
+      for (int64_t i = begin - bucket.begin; i < end - bucket.begin; ++i) {
+        *experts++ = staging[i];
+        staging[i] = 0.0f;
+      }
+    s.expert_reduction =
+        groups_.expert->allreduce_async(s.expert_staging.f32(), n, DType::f32, comm::ReduceOp::sum);
+  }
   if (zero_stage_ >= 2) {
     release_floats(grads, bucket.size());
     if (tracker_ && s.grads_resident)
@@ -129,6 +167,13 @@ double GradientReduction::finish() {
     BucketState& s = *state_[b];
     clock_.wait(s.reduction);
     s.reducing = false;
+    if (!s.expert_ranges.empty()) {  // the experts' sums into the gradients
+      clock_.wait(s.expert_reduction);
+      const float* experts = s.expert_staging.f32();
+      float* grads = store_.grads();
+      for (const auto& [begin, end] : s.expert_ranges)
+        for (int64_t i = begin; i < end; ++i) grads[i] = *experts++;
+    }
     if (zero_stage_ != 0) s.grad_staging.reset();  // stage 0 keeps it for the next step
     // HSDP: the groups' shards are summed across the replicas.
     if (groups_.replicate)

@@ -27,7 +27,10 @@ struct DataParallelGroups {
   comm::Communicator* batch = nullptr;      // every rank that sees other data (dp x cp)
   comm::Communicator* shard = nullptr;      // the ranks that shard the state (dp_shard x cp)
   comm::Communicator* replicate = nullptr;  // HSDP: the replicas of this shard (null: none)
-  mesh::AxisGroups axes{};                  // every mesh axis (the norm's partition axes)
+  // Expert parallelism: the ranks holding this rank's experts (mesh.expert_data_parallel()),
+  // over which expert parameters' gradients are summed (null: no expert parallelism).
+  comm::Communicator* expert = nullptr;
+  mesh::AxisGroups axes{};  // every mesh axis (the norm's partition axes)
 };
 
 class GradientReduction {

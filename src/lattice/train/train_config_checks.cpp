@@ -73,8 +73,7 @@ void refuse_moe_misfit(const TrainConfig& c) {
             "preset: mixtral-tiny, deepseek-moe-tiny)");
   check(c.tp == 1, "parallelism.tp = " + std::to_string(c.tp) +
                        " with MoE layers is not available yet: tensor-parallel attention beside "
-                       "expert-parallel experts comes with expert parallelism (#24); set "
-                       "parallelism.tp = 1");
+                       "the experts is still to come (#24); set parallelism.tp = 1");
 }
 
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
@@ -134,17 +133,20 @@ void resolve_pipeline_keys(TrainConfig& c) {
 // Layouts the validator accepts but this trainer cannot run yet: one line each, naming the issue
 // that brings the axis.
 void refuse_unavailable_parallelism(const TrainConfig& c) {
-  struct Axis {
-    const char* key;
-    int64_t value;
-    const char* what;
-  };
-  for (const Axis& axis :
-       {Axis{"ep", c.ep, "expert parallelism comes with the mixture-of-experts issue (#24"}})
-    check(axis.value == 1, std::string("parallelism.") + axis.key + " = " +
-                               std::to_string(axis.value) + " is not available yet: " + axis.what +
-                               "; `lattice simulate --" + axis.key +
-                               "` models it today); set parallelism." + axis.key + " = 1");
+  if (c.ep == 1) return;
+  // Expert parallelism (issue #24): a MoE model's experts over ep ranks of dp x cp (the layout
+  // validator checks the model and the mesh that ep divides dp x cp), with plain data
+  // parallelism, without a pipeline yet.
+  check(c.zero == 0, "parallelism.zero = " + std::to_string(c.zero) +
+                         " with parallelism.ep > 1 is not available yet: ZeRO would shard the "
+                         "experts over the batch ranks, which hold different ones; set "
+                         "parallelism.zero = 0");
+  check(c.pp == 1, "parallelism.pp = " + std::to_string(c.pp) +
+                       " with parallelism.ep > 1 is not available yet: pipeline stages do not "
+                       "split experts yet; set parallelism.pp = 1 or parallelism.ep = 1");
+  check(!c.check_replicas,
+        "parallelism.check_replicas with parallelism.ep > 1 is not available yet (the batch "
+        "ranks hold different experts); turn it off");
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/parallel/context/context_parallel_mode.hpp"
 #include "lattice/parallel/context/sequence_split.hpp"
+#include "lattice/parallel/expert_parallel_state.hpp"
 #include "lattice/parallel/tensor_parallel_state.hpp"
 #include "lattice/train/activation_estimate.hpp"
 #include "lattice/train/checkpoint.hpp"
@@ -112,8 +113,11 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
     pipeline_ =
         std::make_unique<PipelineRank>(config_, *mesh_, *ops_, &tracker_, tp_group, settings);
   } else {
+    // Expert parallelism: each rank of the ep group holds its slice of every MoE layer's experts.
+    comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
+    const model::ExpertParallelGroup ep_group{&ep, ep.rank(), ep.size()};
     model_ = std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{},
-                                                  tp_group);
+                                                  tp_group, ep_group);
     model_->set_activation_checkpointing(config_.activation_checkpoint);
     model_->initialize(config_.seed);
     dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings, config_.adamw,
@@ -206,6 +210,13 @@ std::vector<float> Trainer::logical_parameters() {
     return printing_ ? std::move(state.values) : std::vector<float>{};
   }
   const model::ParameterStore& mine = full_parameters();
+  comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
+  if (ep.size() > 1) {  // collective over the ep group: the experts gathered on its rank 0
+    const auto whole = model::Transformer::declared_only(config_.model);
+    std::vector<float> out(ep.rank() == 0 ? static_cast<size_t>(whole->parameters().size()) : 0);
+    parallel::gather_experts(mine, mine.values(), whole->parameters(), out.data(), ep);
+    return printing_ ? out : std::vector<float>{};
+  }
   if (!writer_) return {};
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
   std::vector<float> out;
@@ -238,6 +249,10 @@ void Trainer::save(int64_t step, const std::string& config_toml) {
   // rank then holds its tensor-parallel slices, and those ranks (one tp group) gather them into
   // one whole, layout-independent checkpoint that tp rank 0 writes.
   dp_->settle_parameters(true);
+  if (mesh_->size(mesh::Axis::ep) > 1) {
+    save_expert_parallel(step, config_toml);
+    return;
+  }
   std::unique_ptr<optim::AdamWOptimizer> full;
   if (writer_)
     full = std::make_unique<optim::AdamWOptimizer>(*ops_, model_->parameters(), config_.adamw,
@@ -247,6 +262,29 @@ void Trainer::save(int64_t step, const std::string& config_toml) {
   TrainerState state{step, batches_->position(), config_.seed};
   std::string dir = save_checkpoint(config_.run_dir, *model_, *full, state, config_toml,
                                     config_.keep_latest, mesh_->group(mesh::Axis::tp));
+  if (printing_) std::printf("checkpoint %s\n", dir.c_str());
+}
+
+void Trainer::save_expert_parallel(int64_t step, const std::string& config_toml) {
+  // ZeRO 0 (the config's rule with ep > 1): every rank holds its whole optimizer state. The ranks
+  // of world rank 0's ep group gather the experts into the one-rank model's layout on its rank 0,
+  // which writes; the other ep groups hold copies of the same state.
+  comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
+  if (mesh_->expert_data_parallel_index() != 0) return;
+  optim::AdamWOptimizer mine(*ops_, model_->parameters(), config_.adamw, nullptr);
+  dp_->export_state(&mine);
+  const auto whole = model::Transformer::declared_only(config_.model);
+  const int64_t n = ep.rank() == 0 ? whole->parameters().size() : 0;
+  std::vector<float> values(static_cast<size_t>(n)), exp_avg(values.size()),
+      exp_avg_sq(values.size());
+  const model::ParameterStore& local = model_->parameters();
+  parallel::gather_experts(local, local.values(), whole->parameters(), values.data(), ep);
+  parallel::gather_experts(local, mine.exp_avg(), whole->parameters(), exp_avg.data(), ep);
+  parallel::gather_experts(local, mine.exp_avg_sq(), whole->parameters(), exp_avg_sq.data(), ep);
+  const TrainerState state{step, batches_->position(), config_.seed};
+  const std::string dir = save_whole_checkpoint(
+      config_.run_dir, config_.model, whole->parameters(), values.data(), exp_avg.data(),
+      exp_avg_sq.data(), mine.steps_taken(), state, config_toml, config_.keep_latest, ep);
   if (printing_) std::printf("checkpoint %s\n", dir.c_str());
 }
 

@@ -84,6 +84,8 @@ class Trainer {
 
  private:
   void save(int64_t step, const std::string& config_toml);
+  // save() under expert parallelism: the experts gathered into one whole checkpoint.
+  void save_expert_parallel(int64_t step, const std::string& config_toml);
 
   TrainConfig config_;
   MemoryTracker tracker_;
