@@ -217,3 +217,24 @@ TEST_F(MoeCli, ExpertParallelLayoutsItCannotRunAreOneLineEach) {
     EXPECT_LE(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
 }
+
+// The training line of an EP run reports the exchanges' time; `lattice bench moe` runs and prints
+// EP 2 against EP 1 with the planner's all-to-all cost beside the measured one.
+TEST_F(MoeCli, TrainingLineAndBenchReportTheAllToAll) {
+  const CliResult run = run_lattice(
+      "train --parallelism.dp=2 --parallelism.ep=2" + moe_flags(dir_, "mixtral-tiny"), dir_);
+  ASSERT_EQ(run.status, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find(" | ep comm "), std::string::npos) << run.out;
+  const auto records = read_jsonl(dir_ / "run" / "metrics.jsonl");
+  ASSERT_FALSE(records.empty());
+  EXPECT_GT(records.back().at("ep_comm_seconds").get<double>(), 0.0);
+  const CliResult bench = run_lattice(
+      "bench moe --d-model 32 --ffn 64 --experts 4 --tokens 64 --steps 1 --warmup 0 --rounds 1",
+      dir_);
+  ASSERT_EQ(bench.status, 0) << bench.out << bench.err;
+  for (const char* column : {"EP 1", "EP 2", "a2a alone", "predicted", "experts/rank"})
+    EXPECT_NE(bench.out.find(column), std::string::npos) << column << "\n" << bench.out;
+  const CliResult bad = run_lattice("bench moe --experts 5 --ep 2", dir_);
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.err.find("--experts 5 is not divisible by --ep 2"), std::string::npos) << bad.err;
+}

@@ -2,6 +2,7 @@
 #include "lattice/model/expert_parallel_comm.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "lattice/comm/communicator.hpp"
@@ -11,6 +12,23 @@
 namespace lattice::model {
 
 namespace {
+
+// Adds the scope's wall time to the group's comm_seconds (when it has one).
+class ExchangeTimer {
+ public:
+  explicit ExchangeTimer(const ExpertParallelGroup& ep)
+      : seconds_(ep.comm_seconds), start_(std::chrono::steady_clock::now()) {}
+  ~ExchangeTimer() {
+    if (seconds_)
+      *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  ExchangeTimer(const ExchangeTimer&) = delete;
+  ExchangeTimer& operator=(const ExchangeTimer&) = delete;
+
+ private:
+  double* seconds_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // The element counts of row counts of C floats.
 std::vector<int64_t> elements(const std::vector<int64_t>& rows, int64_t C) {
@@ -55,6 +73,7 @@ ExpertExchange plan_expert_exchange(const ExpertParallelGroup& ep,
   check(E % P == 0, "model.n_experts = " + std::to_string(E) +
                         " is not divisible by parallelism.ep = " + std::to_string(P) +
                         ": pick an ep that divides the experts");
+  const ExchangeTimer timer(ep);
   ExpertExchange plan;
   const int64_t L = E / P;
   plan.local_experts = L;
@@ -83,6 +102,7 @@ ExpertExchange plan_expert_exchange(const ExpertParallelGroup& ep,
 
 void send_to_experts(const ExpertParallelGroup& ep, const ExpertExchange& plan, kernels::Ops& ops,
                      float* expert_rows, const float* slot_rows, int64_t C) {
+  const ExchangeTimer timer(ep);
   const int P = ep.size;
   const int64_t R = plan.received(), L = plan.local_experts;
   Tensor received({std::max<int64_t>(R, 1), C}, DType::f32);  // a rank may receive none
@@ -97,6 +117,7 @@ void send_to_experts(const ExpertParallelGroup& ep, const ExpertExchange& plan, 
 
 void return_from_experts(const ExpertParallelGroup& ep, const ExpertExchange& plan,
                          kernels::Ops& ops, float* slot_rows, const float* expert_rows, int64_t C) {
+  const ExchangeTimer timer(ep);
   const int P = ep.size;
   const int64_t R = plan.received(), L = plan.local_experts;
   Tensor outgoing({std::max<int64_t>(R, 1), C}, DType::f32);

@@ -26,6 +26,10 @@ struct ExpertParallelGroup {
   comm::Communicator* comm = nullptr;  // null means size 1
   int rank = 0;
   int size = 1;
+  // When set, every exchange (its counts and rows, forward and backward) adds its wall time
+  // (seconds) here: the training line's "ep comm" (blocking, so all of it exposed). Owned by the
+  // caller, one per rank.
+  double* comm_seconds = nullptr;
 
   // This rank's experts of `experts`: [first_expert, first_expert + local_experts).
   int64_t local_experts(int64_t experts) const { return experts / size; }

@@ -66,6 +66,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
                 1e3 * *m.comm_seconds);
   if (m.tp_comm_seconds) std::printf(" | tp comm %.1f ms", 1e3 * *m.tp_comm_seconds);
   if (m.cp_comm_seconds) std::printf(" | cp comm %.1f ms exposed", 1e3 * *m.cp_comm_seconds);
+  if (m.ep_comm_seconds) std::printf(" | ep comm %.1f ms", 1e3 * *m.ep_comm_seconds);
   if (m.pp_bubble && m.pp_wait_seconds)
     std::printf(" | bubble %.1f%% | p2p wait %.1f ms", 100.0 * *m.pp_bubble,
                 1e3 * *m.pp_wait_seconds);
@@ -105,6 +106,7 @@ void MetricsLogger::record(const StepMetrics& m) {
   if (m.comm_seconds) j["comm_seconds"] = *m.comm_seconds;
   if (m.tp_comm_seconds) j["tp_comm_seconds"] = *m.tp_comm_seconds;
   if (m.cp_comm_seconds) j["cp_comm_seconds"] = *m.cp_comm_seconds;
+  if (m.ep_comm_seconds) j["ep_comm_seconds"] = *m.ep_comm_seconds;
   if (m.pp_bubble) j["pp_bubble"] = *m.pp_bubble;
   if (m.pp_wait_seconds) j["pp_wait_seconds"] = *m.pp_wait_seconds;
   if (m.scaling_efficiency) j["scaling_efficiency"] = *m.scaling_efficiency;

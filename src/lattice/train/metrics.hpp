@@ -32,6 +32,9 @@ struct StepMetrics {
   // Context parallelism: the time this rank waited on its cp group in the step (ring transfers
   // not hidden behind attention compute, or Ulysses' all-to-alls).
   std::optional<double> cp_comm_seconds;
+  // Expert parallelism: the wall time of this rank's MoE token exchanges (all-to-alls) in the
+  // step (blocking, so all of it exposed).
+  std::optional<double> ep_comm_seconds;
   // Pipeline parallelism: the measured bubble (the pipeline ranks' idle share of the step:
   // 1 - mean busy / longest step) and this rank's exposed point-to-point wait in the step.
   std::optional<double> pp_bubble, pp_wait_seconds;

@@ -115,7 +115,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   } else {
     // Expert parallelism: each rank of the ep group holds its slice of every MoE layer's experts.
     comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
-    const model::ExpertParallelGroup ep_group{&ep, ep.rank(), ep.size()};
+    const model::ExpertParallelGroup ep_group{&ep, ep.rank(), ep.size(), &ep_comm_seconds_};
     model_ = std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{},
                                                   tp_group, ep_group);
     model_->set_activation_checkpointing(config_.activation_checkpoint);
@@ -297,6 +297,7 @@ TrainResult Trainer::run() {
   const int ranks = group_->size();         // the batch group: dp x cp ranks
   const int world = mesh_->world().size();  // every rank, tensor-parallel ones included
   const int tp_size = mesh_->size(mesh::Axis::tp), cp_size = mesh_->size(mesh::Axis::cp);
+  const int ep_size = mesh_->size(mesh::Axis::ep);
   const int64_t B = config_.micro_batch_size, T = config_.seq_len;
   const int64_t accumulation = config_.gradient_accumulation_steps;
   // The global batch: B sequences of T tokens per dp rank (each split over its cp ranks).
@@ -392,7 +393,7 @@ TrainResult Trainer::run() {
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
   double window_seconds = 0, window_exposed = 0, window_comm = 0, window_tp_comm = 0;
-  double window_cp_comm = 0;
+  double window_cp_comm = 0, window_ep_comm = 0;
   int64_t window_steps = 0;
   double total_seconds = 0;
   auto set_rates = [&](StepMetrics& m, double tokens, double seconds) {
@@ -422,6 +423,7 @@ TrainResult Trainer::run() {
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
     const float lr = schedule.at(step);
     tp_comm_seconds_ = 0;  // the step's own tp all-reduces (not validation's or a checkpoint's)
+    ep_comm_seconds_ = 0;  // likewise the MoE layers' expert-parallel exchanges
     if (context_) context_->take_wait_seconds();  // likewise the step's own cp waits
     if (fault_stall_before_step_ == step)
       std::this_thread::sleep_for(std::chrono::duration<double>(fault_stall_seconds_));
@@ -435,7 +437,7 @@ TrainResult Trainer::run() {
       window_bubble += outcome.pp_bubble;
       window_pp_wait += outcome.pp_wait_seconds;
     }
-    const double tp_comm = tp_comm_seconds_;
+    const double tp_comm = tp_comm_seconds_, ep_comm = ep_comm_seconds_;
     const double cp_comm = context_ ? context_->take_wait_seconds() : 0.0;
     std::optional<MoeStepMetrics> moe;
     if (config_.model.is_moe()) {  // collective: every rank's routing of the step
@@ -463,6 +465,7 @@ TrainResult Trainer::run() {
     result.comm_seconds += comm_times.total_seconds;
     window_comm += comm_times.total_seconds;
     window_tp_comm += tp_comm;
+    window_ep_comm += ep_comm;
     result.tp_comm_seconds += tp_comm;
     window_cp_comm += cp_comm;
     result.cp_comm_seconds += cp_comm;
@@ -495,6 +498,7 @@ TrainResult Trainer::run() {
       }
       if (tp_size > 1) m.tp_comm_seconds = tp_comm;
       if (cp_size > 1) m.cp_comm_seconds = cp_comm;
+      if (ep_size > 1) m.ep_comm_seconds = ep_comm;
       if (pipeline_) {
         m.pp_bubble = outcome.pp_bubble;
         m.pp_wait_seconds = outcome.pp_wait_seconds;
@@ -512,12 +516,14 @@ TrainResult Trainer::run() {
         }
         if (tp_size > 1) line.tp_comm_seconds = window_tp_comm / static_cast<double>(window_steps);
         if (cp_size > 1) line.cp_comm_seconds = window_cp_comm / static_cast<double>(window_steps);
+        if (ep_size > 1) line.ep_comm_seconds = window_ep_comm / static_cast<double>(window_steps);
         if (pipeline_) {
           line.pp_bubble = window_bubble / static_cast<double>(window_steps);
           line.pp_wait_seconds = window_pp_wait / static_cast<double>(window_steps);
         }
         logger.log_step(line);
         window_seconds = window_exposed = window_comm = window_tp_comm = window_cp_comm = 0;
+        window_ep_comm = 0;
         window_bubble = window_pp_wait = 0;
         window_steps = 0;
       } else {

@@ -105,6 +105,7 @@ class Trainer {
   int64_t fault_stall_before_step_ = -1;  // LATTICE_FAULT_STALL_* (tests only)
   double fault_stall_seconds_ = 0;
   double tp_comm_seconds_ = 0;  // the model's tp all-reduces add their time here (per step)
+  double ep_comm_seconds_ = 0;  // the MoE layers' expert-parallel exchanges (per step)
   // cp > 1: the attention spanning this rank's cp group (ring or Ulysses); null otherwise.
   std::unique_ptr<model::ContextAttention> context_;
   // This rank's rows of full [batch, seq_len] tokens (all of them without context parallelism).
