@@ -113,6 +113,19 @@ TEST_F(MoeCli, CapacityModeParityWhereTheMicroBatchesAreTheSame) {
   expect_verdict(r, "dp2z2", "bit-identical");
 }
 
+// Tensor-parallel attention beside replicated experts (each tp rank runs the MoE layer on all
+// rows): dp x tp x pp against one rank, the row-parallel sums' order as the dense model's.
+TEST_F(MoeCli, TensorParallelAttentionBesideTheExperts) {
+  const CliResult r = run_lattice(
+      "parity --layouts dp1,dp1t2,dp2t2,dp1t2p2,dp2t2p2" +
+          moe_flags(dir_, "deepseek-moe-tiny", " --model.n_layers=4 --model.moe_shared_experts=2"),
+      dir_);
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  for (const char* layout : {"dp1t2", "dp2t2"}) expect_verdict(r, layout, "within tolerance");
+  expect_verdict(r, "dp1t2p2", "bit-identical weights");
+}
+
 // Expert parallelism against EP 1 on the same data-parallel ranks (and across dp counts, cp):
 // the losses equal bit for bit in these runs, the norms and weights within 1e-7 — an expert's GEMM
 // has the other ranks' copies beside each row, whose count moves oneDNN's blocking and with it the
@@ -204,7 +217,7 @@ TEST_F(MoeCli, ExpertParallelLayoutsItCannotRunAreOneLineEach) {
       {" --parallelism.dp=2 --parallelism.ep=4 --model.n_experts=8",
        "parallelism.ep = 4 must divide dp x cp = 2"},
       {" --parallelism.dp=2 --parallelism.ep=2 --parallelism.tp=2",
-       "parallelism.tp = 2 with MoE layers is not available yet"},
+       "parallelism.tp = 2 with parallelism.ep = 2 is not available yet"},
   };
   for (const Case& c : cases) {
     std::string flags = moe_flags(dir_, "mixtral-tiny");

@@ -46,10 +46,11 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
   std::string mlp = p + "mlp.";
   int64_t dense_width = F;
   if (config.is_moe_layer(layer_index)) {
-    check(tp.size == 1,
-          "parallelism.tp = " + std::to_string(tp.size) +
-              " with MoE layers is not available yet: tensor-parallel attention beside the "
-              "experts is still to come (#24); set parallelism.tp = 1");
+    // Tensor parallelism: the attention (and a shared expert) split as in a dense block; the
+    // routed experts replicated over tp, each tp rank running them on the same (all) rows.
+    check(!tp.sequence_parallel,
+          "parallelism.sequence_parallel with MoE layers is not available yet (#24): turn it "
+          "off (tensor parallelism without it runs)");
     mlp = p + (config.moe_names == MoeNames::mixtral ? "block_sparse_moe." : "mlp.");
     moe_.emplace(store, mlp, C_, config.expert_ffn_hidden(), moe_settings(config), config.moe_names,
                  ep);
@@ -270,7 +271,7 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
         },
         x_out, mlp_out, rows, C_);
   }
-  if (moe_) {  // the routed experts (tp = 1: all rows are this rank's)
+  if (moe_) {  // the routed experts, on all rows (replicated over tp: no sequence parallelism)
     Tensor routed;
     if (F_ > 0) ensure_activation(routed, {rows, C_}, ctx.tracker);
     float* out = F_ > 0 ? routed.f32() : x_out;

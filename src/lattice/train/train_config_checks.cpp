@@ -64,16 +64,22 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
             std::to_string(c.model.n_kv_heads));
 }
 
-// MoE layers: on Llama blocks, and not yet beside tensor parallelism (issue #24).
+// MoE layers: on Llama blocks; beside tensor parallelism without sequence parallelism and without
+// expert parallelism (issue #24).
 void refuse_moe_misfit(const TrainConfig& c) {
   if (!c.model.is_moe()) return;
   check(c.model.family == model::Family::llama,
         "model.n_experts = " + std::to_string(c.model.n_experts) +
             ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a MoE "
             "preset: mixtral-tiny, deepseek-moe-tiny)");
-  check(c.tp == 1, "parallelism.tp = " + std::to_string(c.tp) +
-                       " with MoE layers is not available yet: tensor-parallel attention beside "
-                       "the experts is still to come (#24); set parallelism.tp = 1");
+  check(c.tp == 1 || !c.sequence_parallel,
+        "parallelism.sequence_parallel with MoE layers is not available yet (#24): turn it off "
+        "(tensor parallelism without it runs)");
+  check(c.tp == 1 || c.ep == 1,
+        "parallelism.tp = " + std::to_string(c.tp) +
+            " with parallelism.ep = " + std::to_string(c.ep) +
+            " is not available yet (#24): use one of them (tensor-parallel attention with "
+            "replicated experts, or experts split over ep)");
 }
 
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
