@@ -105,6 +105,13 @@ class Block {
     (void)saved;
     return std::nullopt;
   }
+  // Auxiliary-loss-free balancing: a MoE layer with a choice bias moves it by `rate` towards
+  // balance given its experts' load over the step (MoeMlp::update_choice_bias); false (nothing
+  // done) for a block without one.
+  virtual bool update_choice_bias(const std::vector<int64_t>& load, double rate) {
+    (void)load, (void)rate;
+    return false;
+  }
   // Incremental inference: x_out = block(x_in) for n new tokens of each of B sequences at
   // positions [cache.length(), cache.length() + n), attending to the cached positions before them;
   // writes the new keys and values into layer `cache_layer` of `cache` (the caller advances the

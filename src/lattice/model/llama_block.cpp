@@ -79,6 +79,12 @@ void LlamaBlockActivations::release() {
   weight_gradients_pending = false;
 }
 
+bool LlamaBlock::update_choice_bias(const std::vector<int64_t>& load, double rate) {
+  if (!moe_ || !moe_->settings().choice_bias) return false;
+  moe_->update_choice_bias(load, rate);
+  return true;
+}
+
 std::optional<MoeLayerStatistics> LlamaBlock::moe_statistics(const BlockActivations& saved) const {
   if (!moe_) return std::nullopt;
   const auto* a = dynamic_cast<const Saved*>(&saved);

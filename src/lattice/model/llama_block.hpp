@@ -54,6 +54,7 @@ class LlamaBlock final : public Block {
   int64_t transient_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
   int64_t pending_weight_bytes(kernels::Precision precision, int64_t B, int64_t T) const override;
   std::optional<MoeLayerStatistics> moe_statistics(const BlockActivations& saved) const override;
+  bool update_choice_bias(const std::vector<int64_t>& load, double rate) override;
 
  private:
   void weight_pass(const LayerContext& ctx, BlockActivations& saved, const float* x_in, int64_t B,

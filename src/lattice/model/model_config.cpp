@@ -80,6 +80,8 @@ void ModelConfig::validate() const {
               std::to_string(moe_capacity_factor ? *moe_capacity_factor : 0.0) +
               " must be positive (each expert keeps ceil(factor x tokens x top_k / experts) "
               "copies); leave it out for dropless routing");
+    check(moe_bias_update_rate >= 0,
+          "model.moe_bias_update_rate must not be negative (0: no auxiliary-loss-free bias)");
     check(moe_aux_loss_coef >= 0 && moe_z_loss_coef >= 0,
           "model.moe_aux_loss_coef and model.moe_z_loss_coef must not be negative (0: off)");
     check(moe_scaling > 0,

@@ -57,6 +57,12 @@ struct ModelConfig {
   std::optional<double> moe_capacity_factor;
   double moe_aux_loss_coef = 0;  // the Switch/GShard load-balancing loss's coefficient
   double moe_z_loss_coef = 0;    // the router z-loss's coefficient (ST-MoE)
+  // Auxiliary-loss-free balancing (DeepSeek-V3): each MoE layer keeps a per-expert bias that is
+  // added to the scores for the top-k choice only (parameter "<gate>.e_score_correction_bias",
+  // never trained by the gradient); after every step each expert's bias moves by this rate
+  // towards balance: + rate where the expert got fewer copies than the mean over the step's
+  // global batch, - rate where more. 0: no bias.
+  double moe_bias_update_rate = 0;
   MoeNames moe_names = MoeNames::mixtral;
   // Dropout probability after the embedding, the attention output and the MLP output (Megatron's
   // recipe, 0.1 in the published GPT tables). The planner counts the masks it stores; the trainer

@@ -35,6 +35,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     if (c.moe_capacity_factor) j["moe_capacity_factor"] = *c.moe_capacity_factor;
     j["moe_aux_loss_coef"] = c.moe_aux_loss_coef;
     j["moe_z_loss_coef"] = c.moe_z_loss_coef;
+    if (c.moe_bias_update_rate != 0) j["moe_bias_update_rate"] = c.moe_bias_update_rate;
     j["moe_names"] = moe_names_name(c.moe_names);
   }
   if (c.dropout != 0) j["dropout"] = c.dropout;
@@ -70,6 +71,7 @@ ModelConfig model_config_from_json(const std::string& json) {
       c.moe_capacity_factor = j.at("moe_capacity_factor").get<double>();
     c.moe_aux_loss_coef = j.value("moe_aux_loss_coef", 0.0);
     c.moe_z_loss_coef = j.value("moe_z_loss_coef", 0.0);
+    c.moe_bias_update_rate = j.value("moe_bias_update_rate", 0.0);
     c.moe_names = parse_moe_names(j.value("moe_names", std::string("mixtral")));
     c.dropout = j.value("dropout", 0.0f);
     return c;

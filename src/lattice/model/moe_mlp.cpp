@@ -18,6 +18,7 @@ MoeSettings moe_settings(const ModelConfig& config) {
   s.normalize = config.moe_normalize;
   s.scaling = config.moe_scaling;
   s.capacity_factor = config.moe_capacity_factor.value_or(0.0);
+  s.choice_bias = config.moe_bias_update_rate > 0;
   return s;
 }
 
@@ -43,6 +44,11 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model
         "the MoE capacity factor must be positive (or 0: dropless), not " +
             std::to_string(settings.capacity_factor));
   router_ = store.declare(prefix + "gate.weight", {settings.experts, C_}, InitKind::normal, true);
+  // DeepSeek-V3's name; zero at the start, moved only by update_choice_bias (its gradient is
+  // zero, so AdamW leaves it as it is: no decay on a vector).
+  if (settings.choice_bias)
+    choice_bias_ = store.declare(prefix + "gate.e_score_correction_bias", {settings.experts},
+                                 InitKind::zeros, false);
   check(settings.experts % ep.size == 0,
         "model.n_experts = " + std::to_string(settings.experts) +
             " is not divisible by parallelism.ep = " + std::to_string(ep.size) +
@@ -63,6 +69,22 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model
     w1_.push_back(declare("w1", "gate_proj", {F_, C_}, InitKind::normal));
     w3_.push_back(declare("w3", "up_proj", {F_, C_}, InitKind::normal));
     w2_.push_back(declare("w2", "down_proj", {C_, F_}, InitKind::normal_residual));
+  }
+}
+
+void MoeMlp::update_choice_bias(const std::vector<int64_t>& load, double rate) {
+  check(choice_bias_ >= 0 && static_cast<int64_t>(load.size()) == settings_.experts,
+        "a choice-bias update for a MoE layer without one, or with another expert count "
+        "(internal error)");
+  int64_t total = 0;
+  for (int64_t count : load) total += count;
+  // Compared as count · E against the total: exact, no rounding of the mean.
+  const int64_t E = settings_.experts;
+  float* bias = store_.mutable_value(choice_bias_);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t scaled = load[e] * E;
+    if (scaled < total) bias[e] += static_cast<float>(rate);
+    if (scaled > total) bias[e] -= static_cast<float>(rate);
   }
 }
 
@@ -137,8 +159,8 @@ void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, co
   ctx.ops.linear_forward(a.logits.f32(), x, store_.value(router_), nullptr, rows, C_, E,
                          k::Precision::fp32, {});
   ctx.ops.moe_router_forward(a.experts.data(), a.weights.f32(), a.scores.f32(), a.logits.f32(),
-                             nullptr, router_shape(rows),
-                             {a.counts.data(), a.score_sums.data(), &a.z_sum});
+                             choice_bias_ >= 0 ? store_.value(choice_bias_) : nullptr,
+                             router_shape(rows), {a.counts.data(), a.score_sums.data(), &a.z_sum});
   const int64_t capacity =
       settings_.capacity_factor > 0 ? k::moe_capacity(settings_.capacity_factor, rows, K, E) : -1;
   a.dispatch = k::plan_moe_dispatch(a.experts.data(), rows, K, E, capacity);

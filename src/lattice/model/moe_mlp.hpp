@@ -30,6 +30,7 @@ struct MoeSettings {
   bool normalize = true;
   float scaling = 1.0f;
   double capacity_factor = 0;  // 0: dropless; else each expert keeps ceil(factor·T·k/E) copies
+  bool choice_bias = false;    // a per-expert bias steers the choice (auxiliary-loss-free)
 };
 // A model's MoE layers' settings.
 MoeSettings moe_settings(const ModelConfig& config);
@@ -100,6 +101,10 @@ class MoeMlp {
 
   const MoeSettings& settings() const { return settings_; }
   int64_t local_experts() const { return static_cast<int64_t>(w1_.size()); }
+  // Auxiliary-loss-free balancing (settings().choice_bias): moves each expert's bias by `rate`
+  // towards balance given the copies each expert received (`load`, [experts], over the ranks
+  // that train together): + rate below the mean load, - rate above it, unchanged at it.
+  void update_choice_bias(const std::vector<int64_t>& load, double rate);
   // The copies a forward of `rows` tokens routes (rows · top_k dropless; at most the experts'
   // capacity with a capacity factor): what saved_bytes and transient_bytes count.
   int64_t max_copies(int64_t rows) const;
@@ -120,6 +125,7 @@ class MoeMlp {
   MoeSettings settings_;
   ExpertParallelGroup ep_;
   int router_ = -1;
+  int choice_bias_ = -1;           // "<prefix>gate.e_score_correction_bias" [experts], when kept
   std::vector<int> w1_, w3_, w2_;  // per local expert: gate [F, C], up [F, C], down [C, F]
 };
 

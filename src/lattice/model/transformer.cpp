@@ -345,6 +345,11 @@ void Transformer::add_moe_statistics(const MoeLayerStatistics& s) {
   moe_statistics_.push_back(s);
 }
 
+void Transformer::update_choice_bias(int64_t layer, const std::vector<int64_t>& load, double rate) {
+  if (layer < range_.first_block || layer >= range_.last_block) return;
+  blocks_[static_cast<size_t>(layer - range_.first_block)]->update_choice_bias(load, rate);
+}
+
 std::vector<MoeLayerStatistics> Transformer::take_moe_statistics() {
   std::vector<MoeLayerStatistics> taken;
   taken.swap(moe_statistics_);

@@ -159,6 +159,11 @@ class Transformer {
   // the last call (each entry's `forwards` of them; counts, tokens, drops and losses summed), in
   // block order; then starts again. Empty for a dense model.
   std::vector<MoeLayerStatistics> take_moe_statistics();
+  // Auxiliary-loss-free balancing: moves the choice bias of global block `layer`, when this stage
+  // holds it and it has one, by `rate` towards balance given its experts' load over the step
+  // (summed over every rank that trained the step; the same on every rank, so the copies stay
+  // equal). Between steps, with the parameters whole (not under ZeRO-3).
+  void update_choice_bias(int64_t layer, const std::vector<int64_t>& load, double rate);
 
  private:
   struct DeclareOnly {};

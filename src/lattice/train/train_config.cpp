@@ -229,6 +229,7 @@ const Schema& schema() {
           }}},
         {"moe_aux_loss_coef", model_float(&model::ModelConfig::moe_aux_loss_coef)},
         {"moe_z_loss_coef", model_float(&model::ModelConfig::moe_z_loss_coef)},
+        {"moe_bias_update_rate", model_float(&model::ModelConfig::moe_bias_update_rate)},
         {"moe_names",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {
             c.model.moe_names = model::parse_moe_names(as_string(n, k));

@@ -75,6 +75,9 @@ void refuse_moe_misfit(const TrainConfig& c) {
   check(c.tp == 1 || !c.sequence_parallel,
         "parallelism.sequence_parallel with MoE layers is not available yet (#24): turn it off "
         "(tensor parallelism without it runs)");
+  check(c.model.moe_bias_update_rate == 0 || c.zero < 3,
+        "model.moe_bias_update_rate with parallelism.zero = 3 is not available yet: the bias is "
+        "updated between steps on the whole parameters; use ZeRO 0-2");
   check(c.tp == 1 || c.ep == 1,
         "parallelism.tp = " + std::to_string(c.tp) +
             " with parallelism.ep = " + std::to_string(c.ep) +

@@ -450,6 +450,25 @@ TrainResult Trainer::run() {
       else
         take(*model_);
       moe = reduce_moe_metrics(local, config_.model, mesh_->world(), tp_size);
+      // Auxiliary-loss-free balancing: every rank moves its copy of each layer's bias alike,
+      // once ZeRO-1/2's gathers of the updated shards (still in flight) have landed.
+      if (config_.model.moe_bias_update_rate > 0) {
+        if (pipeline_)
+          pipeline_->settle_parameters();
+        else
+          dp_->settle_parameters();
+      }
+      if (config_.model.moe_bias_update_rate > 0)
+        for (const MoeLayerMetrics& layer : moe->layers) {
+          auto update = [&](model::Transformer& stage) {
+            stage.update_choice_bias(layer.layer, layer.tokens_per_expert,
+                                     config_.model.moe_bias_update_rate);
+          };
+          if (pipeline_)
+            for (int i = 0; i < pipeline_->stage_count(); ++i) update(pipeline_->model(i));
+          else
+            update(*model_);
+        }
     }
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
