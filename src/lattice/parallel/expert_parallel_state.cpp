@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/parallel/tensor_parallel_state.hpp"
 
 namespace lattice::parallel {
 
@@ -70,6 +71,28 @@ void gather_experts(const model::ParameterStore& local, const float* local_flat,
     check(filled[i], "parameter '" + whole.parameters()[i].name +
                          "' of the whole model is held by no rank of the expert-parallel group "
                          "(internal error)");
+}
+
+void gather_model_state(const model::ParameterStore& local, const float* local_flat,
+                        const model::ParameterStore& tp_logical, const model::ParameterStore& whole,
+                        float* whole_flat, comm::Communicator& tp, comm::Communicator& ep) {
+  std::vector<float> gathered;
+  const model::ParameterStore* store = &local;
+  const float* flat = local_flat;
+  if (tp.size() > 1) {
+    if (tp.rank() == 0) gathered.resize(static_cast<size_t>(tp_logical.size()));
+    gather_logical(local, local_flat, tp_logical, tp.rank() == 0 ? gathered.data() : nullptr, tp);
+    store = &tp_logical;
+    flat = gathered.data();
+  }
+  if (tp.rank() != 0) return;
+  if (ep.size() > 1) {
+    gather_experts(*store, flat, whole, ep.rank() == 0 ? whole_flat : nullptr, ep);
+    return;
+  }
+  check(store->size() == whole.size(),
+        "the gathered model has another layout than the whole model (internal error)");
+  std::memcpy(whole_flat, flat, sizeof(float) * static_cast<size_t>(whole.size()));
 }
 
 }  // namespace lattice::parallel

@@ -22,4 +22,14 @@ bool is_expert_parallel_slice(const model::ParameterInfo& info);
 void gather_experts(const model::ParameterStore& local, const float* local_flat,
                     const model::ParameterStore& whole, float* whole_flat, comm::Communicator& ep);
 
+// Both splits at once: collective over `tp` (every rank of this rank's tensor-parallel group)
+// and then, on tp rank 0, over `ep` (the tp-0 ranks of one expert-data-parallel index). The
+// tensor-parallel slices are gathered into `tp_logical` (the store of this ep rank: the same
+// experts, every tensor whole: model::Transformer::declared_only with tp = 1 and this ep rank),
+// then the experts into `whole` (tp = 1, ep = 1) on tp rank 0 of ep rank 0. Either group may be
+// of one rank.
+void gather_model_state(const model::ParameterStore& local, const float* local_flat,
+                        const model::ParameterStore& tp_logical, const model::ParameterStore& whole,
+                        float* whole_flat, comm::Communicator& tp, comm::Communicator& ep);
+
 }  // namespace lattice::parallel

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "lattice/core/error.hpp"
+#include "lattice/parallel/expert_parallel_state.hpp"
 #include "lattice/parallel/pipeline/schedule_file.hpp"
 #include "lattice/parallel/tensor_parallel_state.hpp"
 
@@ -60,7 +61,8 @@ pipeline::StagePartition pipeline_partition_of(const TrainConfig& config) {
 
 PipelineRank::PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels::Ops& ops,
                            MemoryTracker* tracker, const model::TensorParallelGroup& tp,
-                           const parallel::DataParallelSettings& settings)
+                           const parallel::DataParallelSettings& settings,
+                           const model::ExpertParallelGroup& ep)
     : config_(config), mesh_(mesh), ops_(ops), partition_(pipeline_partition_of(config)) {
   pipeline::Schedule schedule = pipeline_schedule_of(config);
   comm::Communicator& pp = mesh.group(mesh::Axis::pp);
@@ -72,7 +74,7 @@ PipelineRank::PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels:
     if (schedule.stage_owner[static_cast<size_t>(s)] != pp.rank()) continue;
     const model::StageRange range{partition_.first[static_cast<size_t>(s)],
                                   partition_.first[static_cast<size_t>(s) + 1]};
-    auto model = std::make_unique<model::Transformer>(config.model, tracker, range, tp);
+    auto model = std::make_unique<model::Transformer>(config.model, tracker, range, tp, ep);
     model->set_activation_checkpointing(config.activation_checkpoint);
     model->initialize(config.seed);  // per-parameter streams: the one-rank model's values
     auto dp = std::make_unique<parallel::DataParallel>(ops, *model, mesh, settings, config.adamw,
@@ -127,18 +129,22 @@ WholeModelState PipelineRank::gather_whole(bool with_optimizer) {
   const bool batch_root = batch.rank() == 0;
   const bool stage_root = batch_root && tp.rank() == 0;  // holds its stages' logical state
   const int kinds = with_optimizer ? 3 : 1;
+  // Expert parallelism: the ranks of the batch root's expert-data-parallel index gather the
+  // tensor-parallel slices and every expert onto it.
+  comm::Communicator& ep = mesh_.group(mesh::Axis::ep);
+  const bool expert_gather = ep.size() > 1 && mesh_.expert_data_parallel_index() == 0;
   // Each stage's logical tensors (tp gathered) on its stage root: values, then the moments.
   std::vector<std::vector<std::vector<float>>> logical(models_.size());
   for (size_t i = 0; i < models_.size(); ++i) {
     model::Transformer& model = *models_[i];
     std::unique_ptr<optim::AdamWOptimizer> full;
     if (with_optimizer) {
-      if (batch_root)
+      if (batch_root || expert_gather)
         full = std::make_unique<optim::AdamWOptimizer>(ops_, model.parameters(), config_.adamw,
                                                        nullptr);
       dps_[i]->export_state(full.get());
     }
-    if (!batch_root) continue;
+    if (!batch_root && !expert_gather) continue;
     const auto logical_model =
         model::Transformer::declared_only(config_.model, model.stage_range());
     const model::ParameterStore& local = model.parameters();
@@ -147,7 +153,14 @@ WholeModelState PipelineRank::gather_whole(bool with_optimizer) {
                                full ? full->exp_avg_sq() : nullptr};
     for (int k = 0; k < kinds; ++k) {
       std::vector<float> out(stage_root ? static_cast<size_t>(whole.size()) : 0);
-      if (tp.size() == 1)
+      if (expert_gather)
+        parallel::gather_model_state(local, sources[k],
+                                     model::Transformer::declared_only(
+                                         config_.model, model.stage_range(), {},
+                                         model::ExpertParallelGroup{nullptr, ep.rank(), ep.size()})
+                                         ->parameters(),
+                                     whole, stage_root ? out.data() : nullptr, tp, ep);
+      else if (tp.size() == 1)
         out.assign(sources[k], sources[k] + local.size());
       else
         parallel::gather_logical(local, sources[k], whole, stage_root ? out.data() : nullptr, tp);

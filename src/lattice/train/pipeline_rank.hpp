@@ -38,7 +38,8 @@ class PipelineRank {
  public:
   PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels::Ops& ops,
                MemoryTracker* tracker, const model::TensorParallelGroup& tp,
-               const parallel::DataParallelSettings& settings);
+               const parallel::DataParallelSettings& settings,
+               const model::ExpertParallelGroup& ep = {});
   ~PipelineRank();
 
   int stage_count() const { return static_cast<int>(models_.size()); }

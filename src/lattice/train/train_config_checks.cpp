@@ -78,11 +78,6 @@ void refuse_moe_misfit(const TrainConfig& c) {
   check(c.model.moe_bias_update_rate == 0 || c.zero < 3,
         "model.moe_bias_update_rate with parallelism.zero = 3 is not available yet: the bias is "
         "updated between steps on the whole parameters; use ZeRO 0-2");
-  check(c.tp == 1 || c.ep == 1,
-        "parallelism.tp = " + std::to_string(c.tp) +
-            " with parallelism.ep = " + std::to_string(c.ep) +
-            " is not available yet (#24): use one of them (tensor-parallel attention with "
-            "replicated experts, or experts split over ep)");
 }
 
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
@@ -145,14 +140,11 @@ void refuse_unavailable_parallelism(const TrainConfig& c) {
   if (c.ep == 1) return;
   // Expert parallelism (issue #24): a MoE model's experts over ep ranks of dp x cp (the layout
   // validator checks the model and the mesh that ep divides dp x cp), with plain data
-  // parallelism, without a pipeline yet.
+  // parallelism.
   check(c.zero == 0, "parallelism.zero = " + std::to_string(c.zero) +
                          " with parallelism.ep > 1 is not available yet: ZeRO would shard the "
                          "experts over the batch ranks, which hold different ones; set "
                          "parallelism.zero = 0");
-  check(c.pp == 1, "parallelism.pp = " + std::to_string(c.pp) +
-                       " with parallelism.ep > 1 is not available yet: pipeline stages do not "
-                       "split experts yet; set parallelism.pp = 1 or parallelism.ep = 1");
   check(!c.check_replicas,
         "parallelism.check_replicas with parallelism.ep > 1 is not available yet (the batch "
         "ranks hold different experts); turn it off");

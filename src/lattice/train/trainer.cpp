@@ -110,8 +110,10 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   if (shape.pp > 1) {
     // Pipeline parallelism: this rank's virtual stages, each with its data parallelism (bf16
     // copies kept as below; the config refuses ZeRO-3 with a pipeline).
-    pipeline_ =
-        std::make_unique<PipelineRank>(config_, *mesh_, *ops_, &tracker_, tp_group, settings);
+    comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
+    pipeline_ = std::make_unique<PipelineRank>(
+        config_, *mesh_, *ops_, &tracker_, tp_group, settings,
+        model::ExpertParallelGroup{&ep, ep.rank(), ep.size(), &ep_comm_seconds_});
   } else {
     // Expert parallelism: each rank of the ep group holds its slice of every MoE layer's experts.
     comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
@@ -211,11 +213,16 @@ std::vector<float> Trainer::logical_parameters() {
   }
   const model::ParameterStore& mine = full_parameters();
   comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
-  if (ep.size() > 1) {  // collective over the ep group: the experts gathered on its rank 0
+  if (ep.size() > 1) {  // collective over the tp and ep groups: gathered on world rank 0
+    if (mesh_->expert_data_parallel_index() != 0) return {};
+    comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
     const auto whole = model::Transformer::declared_only(config_.model);
-    std::vector<float> out(ep.rank() == 0 ? static_cast<size_t>(whole->parameters().size()) : 0);
-    parallel::gather_experts(mine, mine.values(), whole->parameters(), out.data(), ep);
-    return printing_ ? out : std::vector<float>{};
+    const auto tp_logical = model::Transformer::declared_only(
+        config_.model, {}, {}, model::ExpertParallelGroup{nullptr, ep.rank(), ep.size()});
+    std::vector<float> out(printing_ ? static_cast<size_t>(whole->parameters().size()) : 0);
+    parallel::gather_model_state(mine, mine.values(), tp_logical->parameters(), whole->parameters(),
+                                 out.data(), tp, ep);
+    return out;
   }
   if (!writer_) return {};
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
@@ -267,20 +274,28 @@ void Trainer::save(int64_t step, const std::string& config_toml) {
 
 void Trainer::save_expert_parallel(int64_t step, const std::string& config_toml) {
   // ZeRO 0 (the config's rule with ep > 1): every rank holds its whole optimizer state. The ranks
-  // of world rank 0's ep group gather the experts into the one-rank model's layout on its rank 0,
-  // which writes; the other ep groups hold copies of the same state.
+  // of world rank 0's expert-data-parallel index gather the tensor-parallel slices and the experts
+  // into the one-rank model's layout on world rank 0, which writes; the other indices hold copies
+  // of the same state.
   comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
+  comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
   if (mesh_->expert_data_parallel_index() != 0) return;
   optim::AdamWOptimizer mine(*ops_, model_->parameters(), config_.adamw, nullptr);
   dp_->export_state(&mine);
   const auto whole = model::Transformer::declared_only(config_.model);
-  const int64_t n = ep.rank() == 0 ? whole->parameters().size() : 0;
+  const auto tp_logical = model::Transformer::declared_only(
+      config_.model, {}, {}, model::ExpertParallelGroup{nullptr, ep.rank(), ep.size()});
+  const int64_t n = printing_ ? whole->parameters().size() : 0;
   std::vector<float> values(static_cast<size_t>(n)), exp_avg(values.size()),
       exp_avg_sq(values.size());
   const model::ParameterStore& local = model_->parameters();
-  parallel::gather_experts(local, local.values(), whole->parameters(), values.data(), ep);
-  parallel::gather_experts(local, mine.exp_avg(), whole->parameters(), exp_avg.data(), ep);
-  parallel::gather_experts(local, mine.exp_avg_sq(), whole->parameters(), exp_avg_sq.data(), ep);
+  for (auto [source, target] :
+       {std::pair{local.values(), values.data()},
+        std::pair<const float*, float*>{mine.exp_avg(), exp_avg.data()},
+        std::pair<const float*, float*>{mine.exp_avg_sq(), exp_avg_sq.data()}})
+    parallel::gather_model_state(local, source, tp_logical->parameters(), whole->parameters(),
+                                 target, tp, ep);
+  if (tp.rank() != 0) return;  // the writer's ep group (tp rank 0) waits for the files below
   const TrainerState state{step, batches_->position(), config_.seed};
   const std::string dir = save_whole_checkpoint(
       config_.run_dir, config_.model, whole->parameters(), values.data(), exp_avg.data(),
