@@ -1,4 +1,4 @@
-// The benchmarks' host description and median: see bench_host.hpp.
+// The benchmarks' host description, median and timing options: see bench_host.hpp.
 #include "bench_host.hpp"
 
 #include <algorithm>
@@ -35,6 +35,18 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+void add_timing_options(CLI::App& target, int64_t& steps, int64_t& warmup, int64_t& rounds) {
+  target.add_option("--steps", steps, "timed calls per run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  target.add_option("--warmup", warmup, "untimed calls first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  target.add_option("--rounds", rounds, "alternations (medians)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100}))
+      ->capture_default_str();
 }
 
 }  // namespace lattice::cli

@@ -1,8 +1,10 @@
 // What every `lattice bench` prints about the host and how it summarises repeated runs: the CPU's
 // model name with the vector and matrix extensions the kernels use, the load average at the start,
-// and the median of a set of measurements.
+// the median of a set of measurements, and the timing options the layer benchmarks share.
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -14,5 +16,8 @@ std::string cpu_description();
 std::string load_average();
 // The median (the mean of the middle two for an even count; 0 for none).
 double median(std::vector<double> values);
+// The timing options of a layer benchmark: --steps timed calls per run after --warmup untimed
+// ones, --rounds alternations of the compared runs (medians reported).
+void add_timing_options(CLI::App& target, int64_t& steps, int64_t& warmup, int64_t& rounds);
 
 }  // namespace lattice::cli

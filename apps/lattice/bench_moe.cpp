@@ -211,15 +211,7 @@ void register_bench_moe(CLI::App& bench) {
   target->add_option("--ep", o->ep, "expert-parallel ranks")
       ->check(CLI::Range(2, 64))
       ->capture_default_str();
-  target->add_option("--steps", o->steps, "timed calls per run")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  target->add_option("--warmup", o->warmup, "untimed calls first")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  target->add_option("--rounds", o->rounds, "alternations (medians)")
-      ->check(CLI::Range(int64_t{1}, int64_t{100}))
-      ->capture_default_str();
+  add_timing_options(*target, o->steps, o->warmup, o->rounds);
   target->callback([o] { run_bench(*o); });
 }
 
