@@ -123,3 +123,27 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelActivationMemory,
                                             ::testing::Values(Precision::fp32, Precision::bf16),
                                             ::testing::Values(2, 4), ::testing::Bool()),
                          case_name);
+
+// MoE layers under tensor parallelism (experts replicated, run on all rows; with sequence
+// parallelism on the gathered norm output): each rank's peak against the formula, within 10%.
+TEST(TensorParallelActivationMemory, MoeLayersMatchTheFormulaWithinTenPercent) {
+  for (const char* preset : {"mixtral-tiny", "deepseek-moe-tiny"})
+    for (const bool sp : {false, true}) {
+      SCOPED_TRACE(std::string(preset) + (sp ? " sp" : ""));
+      ModelConfig config = model_preset(preset);
+      config.n_kv_heads = 4;
+      config.moe_shared_experts = config.moe_shared_experts > 0 ? 2 : 0;  // width 32: splits
+      std::vector<Measured> ranks(2);
+      comm::run_local_ranks(2, [&](comm::Communicator& group) {
+        TensorParallelGroup g{&group, group.rank(), group.size()};
+        g.sequence_parallel = sp;
+        ranks[static_cast<size_t>(group.rank())] = measure(config, Precision::fp32, g);
+      });
+      for (const Measured& m : ranks) {
+        EXPECT_EQ(m.declared.total(), m.estimate.total());
+        EXPECT_NEAR(static_cast<double>(m.declared.total()) / static_cast<double>(m.peak), 1.0,
+                    0.10)
+            << "measured " << m.peak << " estimated " << m.declared.total();
+      }
+    }
+}

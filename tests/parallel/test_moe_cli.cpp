@@ -115,16 +115,19 @@ TEST_F(MoeCli, CapacityModeParityWhereTheMicroBatchesAreTheSame) {
 }
 
 // Tensor-parallel attention beside replicated experts (each tp rank runs the MoE layer on all
-// rows): dp x tp x pp against one rank, the row-parallel sums' order as the dense model's.
+// rows; under sequence parallelism on its norm output gathered, keeping its own rows): dp x tp x
+// pp, with and without sp and with ep, against one rank.
 TEST_F(MoeCli, TensorParallelAttentionBesideTheExperts) {
   const CliResult r = run_lattice(
-      "parity --layouts dp1,dp1t2,dp2t2,dp1t2p2,dp2t2p2" +
+      "parity --layouts dp1,dp1t2,dp2t2,dp1t2p2,dp1t2s,dp2t2se2,dp1t2sp2" +
           moe_flags(dir_, "deepseek-moe-tiny", " --model.n_layers=4 --model.moe_shared_experts=2"),
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
-  for (const char* layout : {"dp1t2", "dp2t2"}) expect_verdict(r, layout, "within tolerance");
-  expect_verdict(r, "dp1t2p2", "bit-identical weights");
+  for (const char* layout : {"dp1t2", "dp2t2", "dp1t2s", "dp2t2se2"})
+    expect_verdict(r, layout, "within tolerance");
+  for (const char* layout : {"dp1t2p2", "dp1t2sp2"})
+    expect_verdict(r, layout, "bit-identical weights");
 }
 
 // Expert parallelism against EP 1 on the same data-parallel ranks (and across dp counts, cp):
@@ -215,9 +218,6 @@ TEST_F(MoeCli, ExpertParallelLayoutsItCannotRunAreOneLineEach) {
        "parallelism.zero = 1 with parallelism.ep > 1 is not available yet"},
       {" --parallelism.dp=2 --parallelism.ep=4 --model.n_experts=8",
        "parallelism.ep = 4 must divide dp x cp = 2"},
-      {" --parallelism.dp=2 --parallelism.ep=2 --parallelism.tp=2 "
-       "--parallelism.sequence_parallel=true",
-       "parallelism.sequence_parallel with MoE layers is not available yet"},
   };
   for (const Case& c : cases) {
     std::string flags = moe_flags(dir_, "mixtral-tiny");

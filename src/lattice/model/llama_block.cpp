@@ -47,10 +47,8 @@ LlamaBlock::LlamaBlock(ParameterStore& store, const ModelConfig& config, int64_t
   int64_t dense_width = F;
   if (config.is_moe_layer(layer_index)) {
     // Tensor parallelism: the attention (and a shared expert) split as in a dense block; the
-    // routed experts replicated over tp, each tp rank running them on the same (all) rows.
-    check(!tp.sequence_parallel,
-          "parallelism.sequence_parallel with MoE layers is not available yet (#24): turn it "
-          "off (tensor parallelism without it runs)");
+    // routed experts replicated over tp, each tp rank running them on all rows (under sequence
+    // parallelism its norm output gathered first) and keeping its own rows' output.
     mlp = p + (config.moe_names == MoeNames::mixtral ? "block_sparse_moe." : "mlp.");
     moe_.emplace(store, mlp, C_, config.expert_ffn_hidden(), moe_settings(config), config.moe_names,
                  ep);
@@ -77,6 +75,14 @@ void LlamaBlockActivations::release() {
     l->release();
   moe.release();
   weight_gradients_pending = false;
+}
+
+const float* LlamaBlock::moe_input(const LayerContext& ctx, const Saved& a, Tensor& all_rows,
+                                   int64_t rows) {
+  if (!tp_.sequence_parallel) return a.n2.f32();
+  ensure_activation(all_rows, {rows, C_}, ctx.tracker);
+  gather_sequence(tp_, all_rows.f32(), a.n2.f32(), rows, C_);
+  return all_rows.f32();
 }
 
 bool LlamaBlock::update_choice_bias(const std::vector<int64_t>& load, double rate) {
@@ -136,7 +142,7 @@ int64_t LlamaBlock::scratch_bytes(k::Precision precision, int64_t B, int64_t T) 
   // A MoE layer with shared experts adds the routed experts' input gradient [rows, C].
   int64_t floats = rows * (3 * F_ + C_ + 2 * A_ + 2 * kv) + 2 * local * C_;
   if (tp_.sequence_parallel) floats += 3 * rows * C_ + C_;
-  if (moe_ && F_ > 0) floats += rows * C_;
+  if (moe_ && (F_ > 0 || tp_.sequence_parallel)) floats += rows * C_;
   return 4 * floats;
 }
 
@@ -148,7 +154,11 @@ int64_t LlamaBlock::transient_bytes(k::Precision precision, int64_t B, int64_t T
   // A MoE layer: the backward's own buffers (MoeMlp::transient_bytes) and, with shared experts,
   // the routed output before it is added (fp32 [rows, C]); no sequence parallelism there.
   const int64_t rows = B * T;
-  if (moe_) return moe_->transient_bytes(rows) + (F_ > 0 ? 4 * rows * C_ : 0);
+  // Under sequence parallelism also its input gathered.
+  if (moe_)
+    return moe_->transient_bytes(rows) +
+           4 * rows * C_ *
+               ((F_ > 0 || tp_.sequence_parallel ? 1 : 0) + (tp_.sequence_parallel ? 1 : 0));
   if (!tp_.sequence_parallel) return 0;
   return rows * C_ * (8 + (precision == k::Precision::bf16 ? 4 : 0));
 }
@@ -277,12 +287,18 @@ void LlamaBlock::projection_and_mlp_forward(const LayerContext& ctx, Saved& a, f
         },
         x_out, mlp_out, rows, C_);
   }
-  if (moe_) {  // the routed experts, on all rows (replicated over tp: no sequence parallelism)
-    Tensor routed;
-    if (F_ > 0) ensure_activation(routed, {rows, C_}, ctx.tracker);
-    float* out = F_ > 0 ? routed.f32() : x_out;
-    moe_->forward(ctx, a.moe, out, a.n2.f32(), rows);
-    if (F_ > 0) ctx.ops.add_inplace(x_out, out, rows * C_);
+  if (moe_) {  // the routed experts, on all rows (replicated over tp)
+    Tensor all_rows, routed;
+    const float* moe_in = moe_input(ctx, a, all_rows, rows);
+    const bool separate = F_ > 0 || sp;  // added to the shared experts', or this rank's rows kept
+    if (separate) ensure_activation(routed, {rows, C_}, ctx.tracker);
+    float* out = separate ? routed.f32() : x_out;
+    moe_->forward(ctx, a.moe, out, moe_in, rows);
+    const float* own = out + (sp ? tp_.rank * local * C_ : 0);
+    if (F_ > 0)
+      ctx.ops.add_inplace(x_out, own, local * C_);
+    else if (sp)
+      ctx.ops.copy(x_out, own, local * C_);
     // Training: the experts' loads over the balancing group (one small all-reduce per layer).
     comm::Communicator* group = ctx.balancing;
     if (group != nullptr && group->size() > 1 && a.loss_scale != 0.0f &&
@@ -420,10 +436,17 @@ void LlamaBlock::backward_pass(const LayerContext& ctx, BlockActivations& saved,
     finish_column(n2_gather, n2,
                   {{&gate_proj_, &a.gate_proj, d_gate}, {&up_proj_, &a.up_proj, d_up}});
   }
-  if (moe_) {  // the routed experts' whole backward, weights included, in either half
-    float* d_routed = dense ? scratch.get(14, rows * C_, tr) : d_norm;
-    moe_->backward(ctx, a.moe, d_routed, d_y, a.n2.f32(), rows, a.moe_losses.gradients());
-    if (dense) ctx.ops.add_inplace(d_norm, d_routed, rows * C_);
+  if (moe_) {         // the routed experts' whole backward, weights included, in either half
+    Tensor all_rows;  // sequence parallelism: the norm output over all rows again
+    const float* moe_in = moe_input(ctx, a, all_rows, rows);
+    const bool separate = dense || sp;
+    float* d_routed = separate ? scratch.get(14, rows * C_, tr) : d_norm;
+    moe_->backward(ctx, a.moe, d_routed, d_y, moe_in, rows, a.moe_losses.gradients());
+    const float* own = d_routed + (sp ? tp_.rank * local * C_ : 0);
+    if (dense)
+      ctx.ops.add_inplace(d_norm, own, local * C_);
+    else if (sp)
+      ctx.ops.copy(d_norm, own, local * C_);
   }
   norm_backward(d_x2, norm2_weight_, a.x2.f32(), a.rstd2, d_x_out);
 

@@ -85,6 +85,9 @@ class LlamaBlock final : public Block {
   void attention_core(const LayerContext& ctx, Saved& a, int64_t B, int64_t T);
   void projection_and_mlp_forward(const LayerContext& ctx, Saved& a, float* x_out,
                                   const float* x_in, int64_t rows);
+  // A MoE layer's input over all rows: RMSNorm 2's output, gathered into `all_rows` under
+  // sequence parallelism.
+  const float* moe_input(const LayerContext& ctx, const Saved& a, Tensor& all_rows, int64_t rows);
   void backward_pass(const LayerContext& ctx, BlockActivations& saved, float* d_x_in,
                      const float* d_x_out, const float* x_in, int64_t B, int64_t T,
                      BackwardScratch& scratch, bool defer) override;

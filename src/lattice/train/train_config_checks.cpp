@@ -64,17 +64,13 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
             std::to_string(c.model.n_kv_heads));
 }
 
-// MoE layers: on Llama blocks; beside tensor parallelism without sequence parallelism and without
-// expert parallelism (issue #24).
+// MoE layers: on Llama blocks (issue #24).
 void refuse_moe_misfit(const TrainConfig& c) {
   if (!c.model.is_moe()) return;
   check(c.model.family == model::Family::llama,
         "model.n_experts = " + std::to_string(c.model.n_experts) +
             ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a MoE "
             "preset: mixtral-tiny, deepseek-moe-tiny)");
-  check(c.tp == 1 || !c.sequence_parallel,
-        "parallelism.sequence_parallel with MoE layers is not available yet (#24): turn it off "
-        "(tensor parallelism without it runs)");
   check(c.model.moe_bias_update_rate == 0 || c.zero < 3,
         "model.moe_bias_update_rate with parallelism.zero = 3 is not available yet: the bias is "
         "updated between steps on the whole parameters; use ZeRO 0-2");
