@@ -203,6 +203,13 @@ TEST_F(MoeCli, ExpertParallelCheckpointsAreWhole) {
       run_lattice("train" + flags("one") + " --checkpoint.resume_from=" + step4, dir_);
   ASSERT_EQ(one.status, 0) << one.out << one.err;
   EXPECT_NE(one.out.find("resumed from"), std::string::npos);
+  // And `lattice generate` (one rank, KV-cached MoE layers) reads it.
+  const CliResult generated =
+      run_lattice("generate --checkpoint " + (dir_ / "straight").string() +
+                      " --prompt 'The ' --max-tokens 8 --seed 3 --threads 1",
+                  dir_);
+  ASSERT_EQ(generated.status, 0) << generated.out << generated.err;
+  EXPECT_NE(generated.err.find("generated 8 tokens"), std::string::npos) << generated.err;
 }
 
 TEST_F(MoeCli, ExpertParallelLayoutsItCannotRunAreOneLineEach) {
