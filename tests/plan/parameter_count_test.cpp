@@ -46,5 +46,20 @@ TEST(OneDescription, PlannerCountEqualsTheParameterStoreForEveryPreset) {
   EXPECT_EQ(moe, 3u);  // mixtral-tiny, deepseek-moe-tiny, mixtral-8x7b
 }
 
+// GELU experts (two matrices each) beside SwiGLU shared experts and dense layers: the planner's
+// count, the closed form and the store agree.
+TEST(OneDescription, GeluExpertsAreCountedAlike) {
+  model::ModelConfig config = model::model_preset("deepseek-moe-tiny");
+  config.moe_activation = model::MoeActivation::gelu;
+  const ParameterCount planned = count_parameters(planning_model(config));
+  const int64_t store = model::Transformer::parameter_count(config);
+  EXPECT_EQ(planned.total, store);
+  EXPECT_EQ(config.parameter_count(), store);
+  EXPECT_EQ(planned.active, config.active_parameter_count());
+  const model::ModelConfig swiglu = model::model_preset("deepseek-moe-tiny");
+  // One matrix fewer per routed expert: 8 experts of 16 x 32 in the one MoE layer.
+  EXPECT_EQ(model::Transformer::parameter_count(swiglu) - store, 8 * 16 * 32);
+}
+
 }  // namespace
 }  // namespace lattice::plan

@@ -5,7 +5,8 @@ Written from the definitions, token by token per expert (not Lattice's dispatch)
 (autocast off, as Lattice keeps it fp32), softmax or sigmoid scores, top-k by score (ties to the lower
 index), the chosen scores renormalised when asked and scaled; with a capacity factor each expert keeps
 its first ceil(factor * T * k / E) copies in (token, k) order and a dropped copy adds nothing. Experts
-are SwiGLU MLPs with Mixtral's (w1, w3, w2) or DeepSeek's (gate_proj, up_proj, down_proj) names;
+are SwiGLU MLPs with Mixtral's (w1, w3, w2) or DeepSeek's (gate_proj, up_proj, down_proj) names, or
+GELU MLPs (moe_activation "gelu": w1, w2 or up_proj, down_proj);
 shared experts are one dense SwiGLU beside them. The balancing losses are those of moe_mlp.hpp:
 aux = alpha * E * sum_e f_e * P_e with f_e = counts_e / (T k) a constant (detached), P_e the mean score,
 and z = beta * mean_t lse_t^2. `forward` returns the output and keeps the layer's balancing loss in
@@ -20,15 +21,24 @@ import torch.nn.functional as F
 
 
 class Expert(nn.Module):
-    def __init__(self, d_model, width, names, make_linear):
+    """SwiGLU (gate, up, down) or, with gelu, in -> GELU (tanh form) -> out (Mixtral names w1, w2;
+    DeepSeek's up_proj, down_proj)."""
+
+    def __init__(self, d_model, width, names, make_linear, gelu=False):
         super().__init__()
-        self.names = ("w1", "w3", "w2") if names == "mixtral" else ("gate_proj", "up_proj", "down_proj")
-        gate, up, down = self.names
-        setattr(self, gate, make_linear(d_model, width))
-        setattr(self, up, make_linear(d_model, width))
-        setattr(self, down, make_linear(width, d_model))
+        self.gelu = gelu
+        if gelu:
+            self.names = ("w1", "w2") if names == "mixtral" else ("up_proj", "down_proj")
+        else:
+            self.names = ("w1", "w3", "w2") if names == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        for n in self.names[:-1]:
+            setattr(self, n, make_linear(d_model, width))
+        setattr(self, self.names[-1], make_linear(width, d_model))
 
     def forward(self, x):
+        if self.gelu:
+            up, down = (getattr(self, n) for n in self.names)
+            return down(F.gelu(up(x), approximate="tanh"))
         gate, up, down = (getattr(self, n) for n in self.names)
         return down(F.silu(gate(x)) * up(x))
 
@@ -51,8 +61,9 @@ class MoeMlp(nn.Module):
         width = config.get("moe_ffn_hidden", 0) or config["ffn_hidden"]
         names = config.get("moe_names", "mixtral")
         self.gate = nn.Linear(C, self.experts_count, bias=False)
+        gelu = config.get("moe_activation", "swiglu") == "gelu"
         self.experts = nn.ModuleList(
-            Expert(C, width, names, make_linear) for _ in range(self.experts_count)
+            Expert(C, width, names, make_linear, gelu) for _ in range(self.experts_count)
         )
         shared = config.get("moe_shared_experts", 0)
         self.shared_experts = Expert(C, shared * width, "deepseek", make_linear) if shared else None

@@ -198,6 +198,7 @@ TEST(LayoutConfig, MoeModelsAndTheirBadInputAreOneLineEach) {
        "model.moe_layer_interval = 3 must be in [1, model.n_layers = 2]"},
       {moe({"model.moe_score=relu"}), "use \"softmax\" or \"sigmoid\""},
       {moe({"model.moe_names=qwen"}), "use \"mixtral\" or \"deepseek\""},
+      {moe({"model.moe_activation=relu"}), "use \"swiglu\" or \"gelu\""},
       {moe({"model.moe_aux_loss_coef=-0.1"}), "must not be negative"},
       {moe({"model.family=gpt2", "model.n_kv_heads=4"}), "MoE layers are built on Llama blocks"},
   };

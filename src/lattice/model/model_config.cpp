@@ -25,6 +25,16 @@ MoeNames parse_moe_names(const std::string& name) {
   throw Error("unknown model.moe_names '" + name + "': use \"mixtral\" or \"deepseek\"");
 }
 
+std::string moe_activation_name(MoeActivation activation) {
+  return activation == MoeActivation::swiglu ? "swiglu" : "gelu";
+}
+
+MoeActivation parse_moe_activation(const std::string& name) {
+  if (name == "swiglu") return MoeActivation::swiglu;
+  if (name == "gelu") return MoeActivation::gelu;
+  throw Error("unknown model.moe_activation '" + name + "': use \"swiglu\" or \"gelu\"");
+}
+
 std::string router_score_name(kernels::RouterScore score) {
   return score == kernels::RouterScore::softmax ? "softmax" : "sigmoid";
 }
@@ -111,9 +121,11 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
               + C * C + 2 * kv * C  // q, k, v
               + C * C               // o_proj
               + C;                  // post_attention_layernorm
-  const int64_t dense_mlp = 3 * ffn_hidden * C, expert = 3 * expert_ffn_hidden() * C;
+  const int64_t dense_mlp = 3 * ffn_hidden * C;
+  const int64_t expert = expert_matrices() * expert_ffn_hidden() * C;
+  const int64_t shared = 3 * expert_ffn_hidden() * C;  // shared experts are SwiGLU
   const int64_t moe_mlp =
-      n_experts * (C + expert) + moe_shared_experts * expert;  // router, experts
+      n_experts * (C + expert) + moe_shared_experts * shared;  // router, experts
   const int64_t moe = moe_layers();
   return embed + n_layers * per_layer + (n_layers - moe) * dense_mlp + moe * moe_mlp + C + head;
 }
@@ -121,7 +133,7 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
 int64_t ModelConfig::active_parameter_count(bool with_position_embedding) const {
   const int64_t idle = n_experts - top_k;  // routed experts a token does not visit
   return parameter_count(with_position_embedding) -
-         moe_layers() * idle * 3 * expert_ffn_hidden() * d_model;
+         moe_layers() * idle * expert_matrices() * expert_ffn_hidden() * d_model;
 }
 
 double ModelConfig::flops_per_token(int64_t seq_len) const {

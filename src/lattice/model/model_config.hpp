@@ -25,6 +25,10 @@ enum class Family { gpt2, llama };
 // "mlp.shared_experts.gate_proj/up_proj/down_proj.weight".
 enum class MoeNames { mixtral, deepseek };
 
+// A routed expert's MLP: SwiGLU (Mixtral, DeepSeek, Qwen: gate, up, down) or GELU in its tanh form
+// (Switch/GShard-style: in, GELU, out; names w1 / w2, or up_proj / down_proj).
+enum class MoeActivation { swiglu, gelu };
+
 struct ModelConfig {
   std::string name = "custom";
   Family family = Family::gpt2;
@@ -64,6 +68,8 @@ struct ModelConfig {
   // global batch, - rate where more. 0: no bias.
   double moe_bias_update_rate = 0;
   MoeNames moe_names = MoeNames::mixtral;
+  MoeActivation moe_activation = MoeActivation::swiglu;
+  int64_t expert_matrices() const { return moe_activation == MoeActivation::gelu ? 2 : 3; }
   // Dropout probability after the embedding, the attention output and the MLP output (Megatron's
   // recipe, 0.1 in the published GPT tables). The planner counts the masks it stores; the trainer
   // has no dropout yet and refuses a nonzero value.
@@ -115,6 +121,8 @@ Family parse_family(const std::string& name);
 std::string moe_names_name(MoeNames names);
 MoeNames parse_moe_names(const std::string& name);
 std::string router_score_name(kernels::RouterScore score);
+std::string moe_activation_name(MoeActivation activation);
+MoeActivation parse_moe_activation(const std::string& name);
 kernels::RouterScore parse_router_score(const std::string& name);
 
 // A GPT-2-family model (learned positions, tied embeddings, 4·d MLP) and a Llama-family model

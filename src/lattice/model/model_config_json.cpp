@@ -37,6 +37,8 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["moe_z_loss_coef"] = c.moe_z_loss_coef;
     if (c.moe_bias_update_rate != 0) j["moe_bias_update_rate"] = c.moe_bias_update_rate;
     j["moe_names"] = moe_names_name(c.moe_names);
+    if (c.moe_activation != MoeActivation::swiglu)
+      j["moe_activation"] = moe_activation_name(c.moe_activation);
   }
   if (c.dropout != 0) j["dropout"] = c.dropout;
   return j.dump();
@@ -73,6 +75,7 @@ ModelConfig model_config_from_json(const std::string& json) {
     c.moe_z_loss_coef = j.value("moe_z_loss_coef", 0.0);
     c.moe_bias_update_rate = j.value("moe_bias_update_rate", 0.0);
     c.moe_names = parse_moe_names(j.value("moe_names", std::string("mixtral")));
+    c.moe_activation = parse_moe_activation(j.value("moe_activation", std::string("swiglu")));
     c.dropout = j.value("dropout", 0.0f);
     return c;
   } catch (const nlohmann::json::exception& e) {

@@ -19,6 +19,7 @@ MoeSettings moe_settings(const ModelConfig& config) {
   s.scaling = config.moe_scaling;
   s.capacity_factor = config.moe_capacity_factor.value_or(0.0);
   s.choice_bias = config.moe_bias_update_rate > 0;
+  s.gelu = config.moe_activation == MoeActivation::gelu;
   return s;
 }
 
@@ -66,8 +67,10 @@ MoeMlp::MoeMlp(ParameterStore& store, const std::string& prefix, int64_t d_model
       return store.declare_shard(name, shape, TensorShard{},
                                  mesh::AxisSet::all().without(mesh::Axis::ep), init, true);
     };
-    w1_.push_back(declare("w1", "gate_proj", {F_, C_}, InitKind::normal));
-    w3_.push_back(declare("w3", "up_proj", {F_, C_}, InitKind::normal));
+    // SwiGLU: gate w1, up w3, down w2; GELU: in w1 (DeepSeek's scheme: up_proj), out w2.
+    w1_.push_back(
+        declare("w1", settings.gelu ? "up_proj" : "gate_proj", {F_, C_}, InitKind::normal));
+    if (!settings.gelu) w3_.push_back(declare("w3", "up_proj", {F_, C_}, InitKind::normal));
     w2_.push_back(declare("w2", "down_proj", {C_, F_}, InitKind::normal_residual));
   }
 }
@@ -98,14 +101,16 @@ int64_t MoeMlp::saved_bytes(int64_t rows) const {
   // logits and scores [rows, E], weights and the choices [rows, K], the dispatch's slot_of
   // [rows, K], slot_token [S] and offsets; x_perm and out [S, C], gate, up and h [S, F].
   const int64_t E = settings_.experts, K = settings_.top_k, S = max_copies(rows);
-  return 4 * (2 * rows * E + 3 * rows * K + S + E + 1 + S * (2 * C_ + 3 * F_));
+  const int64_t hidden = settings_.gelu ? 2 : 3;  // gate (pre-activation), up, h
+  return 4 * (2 * rows * E + 3 * rows * K + S + E + 1 + S * (2 * C_ + hidden * F_));
 }
 
 int64_t MoeMlp::transient_bytes(int64_t rows) const {
   // The backward's d_out, d_perm and d_part [S, C], d_h, d_gate and d_up [S, F], d_weights
   // [rows, K], d_logits [rows, E] and the router's input gradient [rows, C].
   const int64_t E = settings_.experts, K = settings_.top_k, S = max_copies(rows);
-  return 4 * (3 * S * C_ + 3 * S * F_ + rows * (K + E + C_));
+  const int64_t hidden = settings_.gelu ? 2 : 3;  // d_h, d_gate, d_up
+  return 4 * (3 * S * C_ + hidden * S * F_ + rows * (K + E + C_));
 }
 
 k::RouterShape MoeMlp::router_shape(int64_t rows) const {
@@ -184,7 +189,7 @@ void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, co
   }
   const int64_t R = expert_rows(a);
   ensure_activation(a.gate, {R, F_}, tr);
-  ensure_activation(a.up, {R, F_}, tr);
+  if (!settings_.gelu) ensure_activation(a.up, {R, F_}, tr);
   ensure_activation(a.h, {R, F_}, tr);
   Tensor expert_out;  // under expert parallelism: the outputs before they go back
   if (exchange) ensure_activation(expert_out, {R, C_}, tr);
@@ -195,11 +200,15 @@ void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, co
     if (M == 0) continue;
     const float* xe = a.x_expert.f32() + at * C_;
     float* gate = a.gate.f32() + at * F_;
-    float* up = a.up.f32() + at * F_;
     float* h = a.h.f32() + at * F_;
     ctx.ops.linear_forward(gate, xe, store_.value(w1_[j]), nullptr, M, C_, F_, precision, {});
-    ctx.ops.linear_forward(up, xe, store_.value(w3_[j]), nullptr, M, C_, F_, precision, {});
-    ctx.ops.swiglu_forward(h, gate, up, M * F_);
+    if (settings_.gelu) {
+      ctx.ops.gelu_forward(h, gate, M * F_);
+    } else {
+      float* up = a.up.f32() + at * F_;
+      ctx.ops.linear_forward(up, xe, store_.value(w3_[j]), nullptr, M, C_, F_, precision, {});
+      ctx.ops.swiglu_forward(h, gate, up, M * F_);
+    }
     ctx.ops.linear_forward(out + at * C_, h, store_.value(w2_[j]), nullptr, M, F_, C_, precision,
                            {});
   }
@@ -239,25 +248,33 @@ void MoeMlp::backward(const LayerContext& ctx, MoeMlpActivations& a, float* d_x,
   const float* dy = exchange ? d_expert_out.f32() : d_out.f32();
   Tensor d_h({R, F_}, DType::f32, tr, MemoryCategory::activations);
   Tensor d_gate({R, F_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_up({R, F_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_up;
+  if (!settings_.gelu) d_up = Tensor({R, F_}, DType::f32, tr, MemoryCategory::activations);
   Tensor d_perm({std::max<int64_t>(R, 1), C_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_part({std::max<int64_t>(R, 1), C_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_part;
+  if (!settings_.gelu)
+    d_part = Tensor({std::max<int64_t>(R, 1), C_}, DType::f32, tr, MemoryCategory::activations);
   for (int64_t j = 0; j < local_experts(); ++j) {
     const int64_t M = expert_count(a, j), at = expert_offset(a, j);
     if (M == 0) continue;
     const float* xe = a.x_expert.f32() + at * C_;
     float* dh = d_h.f32() + at * F_;
     float* dg = d_gate.f32() + at * F_;
-    float* du = d_up.f32() + at * F_;
     ctx.ops.linear_backward(dh, store_.grad(w2_[j]), nullptr, dy + at * C_, a.h.f32() + at * F_,
                             store_.value(w2_[j]), M, F_, C_, precision, {});
-    ctx.ops.swiglu_backward(dg, du, dh, a.gate.f32() + at * F_, a.up.f32() + at * F_, M * F_);
+    if (settings_.gelu) {
+      ctx.ops.gelu_backward(dg, dh, a.gate.f32() + at * F_, M * F_);
+    } else {
+      float* du = d_up.f32() + at * F_;
+      ctx.ops.swiglu_backward(dg, du, dh, a.gate.f32() + at * F_, a.up.f32() + at * F_, M * F_);
+      ctx.ops.linear_backward(d_part.f32() + at * C_, store_.grad(w3_[j]), nullptr, du, xe,
+                              store_.value(w3_[j]), M, C_, F_, precision, {});
+    }
+    // d_perm after d_part: the SwiGLU sum below adds the up half to the gate half.
     ctx.ops.linear_backward(d_perm.f32() + at * C_, store_.grad(w1_[j]), nullptr, dg, xe,
                             store_.value(w1_[j]), M, C_, F_, precision, {});
-    ctx.ops.linear_backward(d_part.f32() + at * C_, store_.grad(w3_[j]), nullptr, du, xe,
-                            store_.value(w3_[j]), M, C_, F_, precision, {});
   }
-  ctx.ops.add_inplace(d_perm.f32(), d_part.f32(), R * C_);
+  if (!settings_.gelu) ctx.ops.add_inplace(d_perm.f32(), d_part.f32(), R * C_);
   d_part.reset();
   if (exchange) {
     ensure_activation(d_expert_in, {std::max<int64_t>(S, 1), C_}, tr);

@@ -31,6 +31,7 @@ struct MoeSettings {
   float scaling = 1.0f;
   double capacity_factor = 0;  // 0: dropless; else each expert keeps ceil(factor·T·k/E) copies
   bool choice_bias = false;    // a per-expert bias steers the choice (auxiliary-loss-free)
+  bool gelu = false;           // GELU experts (in, GELU, out: 2 matrices) instead of SwiGLU
 };
 // A model's MoE layers' settings.
 MoeSettings moe_settings(const ModelConfig& config);
@@ -45,7 +46,7 @@ struct MoeMlpActivations {
   kernels::MoeDispatch dispatch;
   ExpertExchange exchange;  // expert parallelism: where the copies went and came from
   Tensor x_expert;          // [R, C] the local experts' input copies, expert-major
-  Tensor gate, up, h;       // [R, F] the experts' pre-activations and SwiGLU output
+  Tensor gate, up, h;       // [R, F] the experts' pre-activations (GELU: gate only) and output
   Tensor out;               // [S, C] the experts' outputs for this rank's copies, in slot order
   // The router's statistics (tokens per expert, score sums, Σ lse²) for the balancing losses.
   std::vector<int64_t> counts;

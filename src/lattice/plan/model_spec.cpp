@@ -44,7 +44,10 @@ ParameterCount count_parameters(const ModelSpec& m) {
     return width > 0 ? mlp : 0;
   };
   const int64_t L = m.n_layers, moe_layers = m.moe_layers(), dense_layers = L - moe_layers;
-  const int64_t expert = mlp_of(m.expert_ffn_hidden());
+  // A routed expert: SwiGLU (3 matrices) or GELU (2: model.moe_activation); shared ones SwiGLU.
+  const int64_t expert = m.moe_activation == model::MoeActivation::gelu && m.gated_mlp()
+                             ? 2 * h * m.expert_ffn_hidden()
+                             : mlp_of(m.expert_ffn_hidden());
   // Everything but the routed experts: attention, norms, the dense layers' MLPs and the MoE
   // layers' routers and shared experts; the routed experts (a dense model: its MLPs). Per layer:
   // the mean over the layers (exact when every layer is alike).

@@ -230,6 +230,13 @@ const Schema& schema() {
         {"moe_aux_loss_coef", model_float(&model::ModelConfig::moe_aux_loss_coef)},
         {"moe_z_loss_coef", model_float(&model::ModelConfig::moe_z_loss_coef)},
         {"moe_bias_update_rate", model_float(&model::ModelConfig::moe_bias_update_rate)},
+        {"moe_activation",
+         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.moe_activation = model::parse_moe_activation(as_string(n, k));
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            t.insert_or_assign(name, model::moe_activation_name(c.model.moe_activation));
+          }}},
         {"moe_names",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {
             c.model.moe_names = model::parse_moe_names(as_string(n, k));
