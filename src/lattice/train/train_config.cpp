@@ -160,6 +160,17 @@ KeySpec model_float(T model::ModelConfig::*member) {
             t.insert_or_assign(name, static_cast<double>(c.model.*member));
           }};
 }
+// A model key naming an enumerator: read with `parse`, written with `name`.
+template <class E>
+KeySpec model_enum(E model::ModelConfig::*member, E (*parse)(const std::string&),
+                   std::string (*name)(E)) {
+  return {[member, parse](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.*member = parse(as_string(n, k));
+          },
+          [member, name](const TrainConfig& c, toml::table& t, const std::string& key) {
+            t.insert_or_assign(key, name(c.model.*member));
+          }};
+}
 KeySpec adamw_float(float optim::AdamWSettings::*member) {
   return {[member](TrainConfig& c, const toml::node& n, const std::string& k) {
             c.adamw.*member = static_cast<float>(as_double(n, k));
@@ -184,12 +195,7 @@ const Schema& schema() {
             t.insert_or_assign(name, c.model_preset);
           }}},
         {"family",
-         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
-            c.model.family = model::parse_family(as_string(n, k));
-          },
-          [](const TrainConfig& c, toml::table& t, const std::string& name) {
-            t.insert_or_assign(name, model::family_name(c.model.family));
-          }}},
+         model_enum(&model::ModelConfig::family, model::parse_family, model::family_name)},
         {"vocab_size", model_int(&model::ModelConfig::vocab_size)},
         {"max_seq_len", model_int(&model::ModelConfig::max_seq_len)},
         {"d_model", model_int(&model::ModelConfig::d_model)},
@@ -205,13 +211,8 @@ const Schema& schema() {
         {"moe_layer_interval", model_int(&model::ModelConfig::moe_layer_interval)},
         {"moe_ffn_hidden", model_int(&model::ModelConfig::moe_ffn_hidden)},
         {"moe_shared_experts", model_int(&model::ModelConfig::moe_shared_experts)},
-        {"moe_score",
-         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
-            c.model.moe_score = model::parse_router_score(as_string(n, k));
-          },
-          [](const TrainConfig& c, toml::table& t, const std::string& name) {
-            t.insert_or_assign(name, model::router_score_name(c.model.moe_score));
-          }}},
+        {"moe_score", model_enum(&model::ModelConfig::moe_score, model::parse_router_score,
+                                 model::router_score_name)},
         {"moe_normalize",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {
             c.model.moe_normalize = as_bool(n, k);
@@ -230,20 +231,10 @@ const Schema& schema() {
         {"moe_aux_loss_coef", model_float(&model::ModelConfig::moe_aux_loss_coef)},
         {"moe_z_loss_coef", model_float(&model::ModelConfig::moe_z_loss_coef)},
         {"moe_bias_update_rate", model_float(&model::ModelConfig::moe_bias_update_rate)},
-        {"moe_activation",
-         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
-            c.model.moe_activation = model::parse_moe_activation(as_string(n, k));
-          },
-          [](const TrainConfig& c, toml::table& t, const std::string& name) {
-            t.insert_or_assign(name, model::moe_activation_name(c.model.moe_activation));
-          }}},
+        {"moe_activation", model_enum(&model::ModelConfig::moe_activation,
+                                      model::parse_moe_activation, model::moe_activation_name)},
         {"moe_names",
-         {[](TrainConfig& c, const toml::node& n, const std::string& k) {
-            c.model.moe_names = model::parse_moe_names(as_string(n, k));
-          },
-          [](const TrainConfig& c, toml::table& t, const std::string& name) {
-            t.insert_or_assign(name, model::moe_names_name(c.model.moe_names));
-          }}},
+         model_enum(&model::ModelConfig::moe_names, model::parse_moe_names, model::moe_names_name)},
         {"dropout", model_float(&model::ModelConfig::dropout)},
         {"tied_embeddings",
          {[](TrainConfig& c, const toml::node& n, const std::string& k) {
