@@ -99,7 +99,7 @@ int64_t MoeMlp::max_copies(int64_t rows) const {
 
 int64_t MoeMlp::saved_bytes(int64_t rows) const {
   // logits and scores [rows, E], weights and the choices [rows, K], the dispatch's slot_of
-  // [rows, K], slot_token [S] and offsets; x_perm and out [S, C], gate, up and h [S, F].
+  // [rows, K], slot_token [S] and offsets; x_expert and out [S, C], gate, up and h [S, F].
   const int64_t E = settings_.experts, K = settings_.top_k, S = max_copies(rows);
   const int64_t hidden = settings_.gelu ? 2 : 3;  // gate (pre-activation), up, h
   return 4 * (2 * rows * E + 3 * rows * K + S + E + 1 + S * (2 * C_ + hidden * F_));

@@ -347,34 +347,30 @@ TrainResult Trainer::run() {
     const double cp_comm = context_ ? context_->take_wait_seconds() : 0.0;
     std::optional<MoeStepMetrics> moe;
     if (config_.model.is_moe()) {  // collective: every rank's routing of the step
-      std::vector<model::MoeLayerStatistics> local;
-      auto take = [&](model::Transformer& stage) {
-        for (model::MoeLayerStatistics& s : stage.take_moe_statistics()) local.push_back(s);
+      // This rank's stage models (one without a pipeline).
+      auto for_each_stage = [&](const auto& visit) {
+        if (pipeline_)
+          for (int i = 0; i < pipeline_->stage_count(); ++i) visit(pipeline_->model(i));
+        else
+          visit(*model_);
       };
-      if (pipeline_)
-        for (int i = 0; i < pipeline_->stage_count(); ++i) take(pipeline_->model(i));
-      else
-        take(*model_);
+      std::vector<model::MoeLayerStatistics> local;
+      for_each_stage([&](model::Transformer& stage) {
+        for (model::MoeLayerStatistics& s : stage.take_moe_statistics()) local.push_back(s);
+      });
       moe = reduce_moe_metrics(local, config_.model, mesh_->world(), tp_size);
       // Auxiliary-loss-free balancing: every rank moves its copy of each layer's bias alike,
       // once ZeRO-1/2's gathers of the updated shards (still in flight) have landed.
-      if (config_.model.moe_bias_update_rate > 0) {
+      if (const double rate = config_.model.moe_bias_update_rate; rate > 0) {
         if (pipeline_)
           pipeline_->settle_parameters();
         else
           dp_->settle_parameters();
+        for (const MoeLayerMetrics& layer : moe->layers)
+          for_each_stage([&](model::Transformer& stage) {
+            stage.update_choice_bias(layer.layer, layer.tokens_per_expert, rate);
+          });
       }
-      if (config_.model.moe_bias_update_rate > 0)
-        for (const MoeLayerMetrics& layer : moe->layers) {
-          auto update = [&](model::Transformer& stage) {
-            stage.update_choice_bias(layer.layer, layer.tokens_per_expert,
-                                     config_.model.moe_bias_update_rate);
-          };
-          if (pipeline_)
-            for (int i = 0; i < pipeline_->stage_count(); ++i) update(pipeline_->model(i));
-          else
-            update(*model_);
-        }
     }
     if (fault_kill_after_step_ == step) {
       std::fflush(stdout);
