@@ -217,21 +217,23 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
               "norm rel", "param rel", "verdict");
   std::string failures;
   for (size_t i = 0; i < layouts.size(); ++i) {
-    // The reference: the first layout with the same dp, tp, sequence and context parallelism
-    // (bit-equality unless either is HSDP, whose two-level reduction adds in another order), else
-    // the first.
+    // The reference: the first layout with the same dp, tp, sequence and context parallelism,
+    // one with the same expert parallelism first (bit-equality unless either is HSDP, whose
+    // two-level reduction adds in another order), else the first.
     size_t ref = 0;
-    bool exact = false;
-    for (size_t j = 0; j < i; ++j)
-      if (layouts[j].dp == layouts[i].dp && layouts[j].tp == layouts[i].tp &&
-          layouts[j].sp == layouts[i].sp && layouts[j].cp == layouts[i].cp &&
-          layouts[j].ulysses == layouts[i].ulysses) {
-        ref = j;
-        // Expert parallelism computes each copy in a GEMM with other ranks' copies beside it,
-        // whose row count moves the blocking and so the rounding: held to the tolerance.
-        exact = layouts[i].hsdp == 0 && layouts[j].hsdp == 0 && layouts[i].ep == layouts[j].ep;
-        break;
-      }
+    bool matched = false;
+    for (size_t j = 0; j < i; ++j) {
+      if (layouts[j].dp != layouts[i].dp || layouts[j].tp != layouts[i].tp ||
+          layouts[j].sp != layouts[i].sp || layouts[j].cp != layouts[i].cp ||
+          layouts[j].ulysses != layouts[i].ulysses)
+        continue;
+      if (!matched || (layouts[j].ep == layouts[i].ep && layouts[ref].ep != layouts[i].ep)) ref = j;
+      matched = true;
+    }
+    // Expert parallelism computes each copy in a GEMM with other ranks' copies beside it, whose
+    // row count moves the blocking and so the rounding: against another ep, the tolerance.
+    bool exact = matched && layouts[i].hsdp == 0 && layouts[ref].hsdp == 0 &&
+                 layouts[i].ep == layouts[ref].ep;
     // A pipeline runs each microbatch's arithmetic unchanged, so losses and weights stay bit for
     // bit; the gradient norm's double partial sums are added per stage and then across stages
     // (relative 1e-12 covers that regrouping: measured 2e-16). Tied embeddings are the exception:

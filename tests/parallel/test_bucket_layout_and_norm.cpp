@@ -69,6 +69,67 @@ TEST(BucketLayout, TilesTheBufferInBackwardOrderAtUnitBoundaries) {
   EXPECT_EQ(large.buckets().back().last_unit, 0);
 }
 
+TEST(BucketLayout, ExpertParallelExpertsGetBucketsOfTheirOwn) {
+  // mixtral-tiny with 4 layers on expert-parallel rank 1 of 2: every block's two local experts are
+  // laid out after all dense parameters, and get buckets of their own, sharded over the expert
+  // group (3 ranks here, the dense buckets over 4).
+  model::ModelConfig config = model::model_preset("mixtral-tiny");
+  config.n_layers = 4;
+  const auto model =
+      model::Transformer::declared_only(config, {}, {}, model::ExpertParallelGroup{nullptr, 1, 2});
+  const model::ParameterStore& store = model->parameters();
+  const auto& units = model->units();
+  ASSERT_EQ(units.size(), 6u);
+  // Placements decide the region: experts (held along ep alone) past trailing_offset, the rest
+  // before it; the units' ranges tile each region in forward order.
+  for (const auto& p : store.parameters())
+    EXPECT_EQ(p.offset >= store.trailing_offset(), !p.replicated.contains(mesh::Axis::ep))
+        << p.name;
+  int64_t dense = 0, experts = store.trailing_offset();
+  for (size_t u = 0; u < units.size(); ++u) {
+    EXPECT_EQ(units[u].begin, dense);
+    EXPECT_EQ(units[u].expert_begin, experts);
+    EXPECT_EQ(units[u].has_experts(), u >= 1 && u <= 4) << "unit " << u;
+    dense = units[u].end;
+    experts = units[u].expert_end;
+  }
+  EXPECT_EQ(dense, store.trailing_offset());
+  EXPECT_EQ(experts, store.size());
+
+  const BucketLayout layout(units, 5000, 4, 3);
+  int64_t expected_end = store.trailing_offset(), shard_total = 0;
+  bool experts_seen = false;
+  for (const auto& b : layout.buckets()) {
+    if (b.expert && !experts_seen) {  // the expert buckets follow the dense ones
+      EXPECT_EQ(expected_end, 0) << "every dense bucket comes first";
+      EXPECT_EQ(layout.dense_shard_elements(), shard_total);
+      expected_end = store.size();
+      experts_seen = true;
+    }
+    EXPECT_EQ(b.expert, experts_seen);
+    EXPECT_EQ(b.ranks, b.expert ? 3 : 4);
+    EXPECT_EQ(b.end, expected_end) << "contiguous, highest offsets first";
+    const auto& first = units[static_cast<size_t>(b.first_unit)];
+    const auto& last = units[static_cast<size_t>(b.last_unit)];
+    EXPECT_EQ(b.begin, b.expert ? first.expert_begin : first.begin);
+    EXPECT_EQ(b.end, b.expert ? last.expert_end : last.end);
+    EXPECT_GE(b.shard * b.ranks, b.size());
+    EXPECT_EQ(b.shard_offset, shard_total);
+    shard_total += b.shard;
+    expected_end = b.begin;
+  }
+  ASSERT_TRUE(experts_seen);
+  EXPECT_EQ(expected_end, store.trailing_offset());
+  EXPECT_EQ(layout.shard_elements(), shard_total);
+  // Each block is in one dense and one expert bucket; the embedding and head in a dense one only.
+  for (int u = 0; u < 6; ++u) {
+    EXPECT_FALSE(layout.buckets()[static_cast<size_t>(layout.bucket_of_unit(u))].expert);
+    const int e = layout.expert_bucket_of_unit(u);
+    EXPECT_EQ(e >= 0, u >= 1 && u <= 4) << "unit " << u;
+    if (e >= 0) EXPECT_TRUE(layout.buckets()[static_cast<size_t>(e)].expert);
+  }
+}
+
 TEST(BucketLayout, InvalidSizesAreRefused) {
   model::Transformer model(small_model(), nullptr);
   EXPECT_THROW(BucketLayout(model.units(), 0, 2), Error);

@@ -60,8 +60,7 @@ int ParameterStore::declare_shard(std::string name, Shape global_shape, TensorSh
   info.init = init;
   info.weight_decay = weight_decay;
   info.init_stream = init_stream.empty() ? info.name : std::move(init_stream);
-  // Keep every parameter 64-byte aligned inside the flat buffer (16 floats).
-  total_ += (info.numel + 15) / 16 * 16;
+  total_ += aligned_extent(info.numel);
   by_name_[info.name] = static_cast<int>(params_.size());
   params_.push_back(std::move(info));
   return static_cast<int>(params_.size()) - 1;
@@ -70,6 +69,19 @@ int ParameterStore::declare_shard(std::string name, Shape global_shape, TensorSh
 void ParameterStore::hold_along(mesh::Axis axis) {
   check(values_.empty(), "parameter placements changed after the store was allocated");
   for (ParameterInfo& p : params_) p.replicated = p.replicated.without(axis);
+}
+
+void ParameterStore::place_last(mesh::Axis axis) {
+  check(values_.empty(), "parameter layout changed after the store was allocated");
+  total_ = 0;
+  for (bool trailing : {false, true}) {
+    if (trailing) trailing_offset_ = total_;
+    for (ParameterInfo& p : params_) {
+      if (p.replicated.contains(axis) == trailing) continue;
+      p.offset = total_;
+      total_ += aligned_extent(p.numel);
+    }
+  }
 }
 
 void ParameterStore::allocate(MemoryTracker* tracker) {

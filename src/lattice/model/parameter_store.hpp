@@ -100,6 +100,13 @@ class ParameterStore {
   // Every parameter declared so far is held by this rank alone along `axis` (a pipeline stage's
   // parameters: the other ranks of the pp axis hold other stages). Only before allocate().
   void hold_along(mesh::Axis axis);
+  // Lays the parameters not replicated over `axis` out after all the others (each group keeps its
+  // declaration order): an expert-parallel rank's experts at the end of the flat buffer, so that
+  // data parallelism reduces and shards them as their own contiguous region (over the ranks
+  // holding the same experts). Indices do not change; offsets do. Only before allocate().
+  void place_last(mesh::Axis axis);
+  // The offset where the parameters placed last by place_last begin (size() when none are).
+  int64_t trailing_offset() const { return trailing_offset_ < 0 ? total_ : trailing_offset_; }
   // Allocates the flat parameter and gradient buffers (zero-filled).
   void allocate(MemoryTracker* tracker);
   bool allocated() const { return !values_.empty() || total_ == 0; }
@@ -111,6 +118,8 @@ class ParameterStore {
   void initialize(uint64_t seed, float std, int64_t n_layers);
 
   int64_t size() const { return total_; }
+  // Elements a parameter of `numel` elements takes in the flat buffer: each stays 64-byte aligned.
+  static int64_t aligned_extent(int64_t numel) { return (numel + 15) / 16 * 16; }
   const std::vector<ParameterInfo>& parameters() const { return params_; }
   const ParameterInfo& info(int index) const { return params_.at(static_cast<size_t>(index)); }
   // Index of a parameter by name; throws lattice::Error naming it when absent.
@@ -151,6 +160,7 @@ class ParameterStore {
   std::vector<ParameterInfo> params_;
   std::unordered_map<std::string, int> by_name_;
   int64_t total_ = 0;
+  int64_t trailing_offset_ = -1;  // -1: no parameters placed last
   Tensor values_, grads_;
   Tensor bf16_values_;
   // values_version_ counts the times the values were handed out for writing; a parameter's copy is

@@ -74,10 +74,15 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
             ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a "
             "MoE preset: mixtral-tiny, deepseek-moe-tiny)");
   if (has_embedding()) embedding_.emplace(params_, config_, tp);
-  // Units are contiguous ranges of the flat buffer: parameters are laid out in declaration order.
+  // Units are contiguous ranges of the flat buffer: parameters are laid out in declaration order
+  // (expert-parallel experts excepted, below). unit_params: each unit's first parameter index.
+  std::vector<size_t> unit_params;
+  size_t first_param = 0;
   auto close_unit = [&](bool outer) {
     const int64_t begin = units_.empty() ? 0 : units_.back().end;
     units_.push_back({begin, params_.size(), outer});
+    unit_params.push_back(first_param);
+    first_param = params_.parameters().size();
     return static_cast<int>(units_.size()) - 1;
   };
   if (has_embedding()) embedding_unit_ = close_unit(true);
@@ -100,8 +105,32 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
                   config_.tied_embeddings ? embedding_name : "", tp);
     head_unit_ = close_unit(true);
   }
+  if (ep.size > 1) place_experts_last(unit_params);
   // One pipeline stage of several: no other rank of the pp axis holds these parameters.
   if (!has_embedding() || !has_head()) params_.hold_along(mesh::Axis::pp);
+}
+
+void Transformer::place_experts_last(const std::vector<size_t>& unit_first_params) {
+  params_.place_last(mesh::Axis::ep);
+  const auto& params = params_.parameters();
+  const int64_t trailing = params_.trailing_offset();
+  int64_t dense = 0, experts = trailing;  // where the next unit's ranges begin
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const size_t last = u + 1 < units_.size() ? unit_first_params[u + 1] : params.size();
+    ParameterUnit& unit = units_[u];
+    unit.begin = unit.end = dense;
+    unit.expert_begin = unit.expert_end = experts;
+    // Each range ends where the next parameter of its region begins (offsets are aligned).
+    for (size_t i = unit_first_params[u]; i < last; ++i) {
+      const bool expert = params[i].offset >= trailing;
+      int64_t& end = expert ? unit.expert_end : unit.end;
+      end = params[i].offset + ParameterStore::aligned_extent(params[i].numel);
+    }
+    dense = unit.end;
+    experts = unit.expert_end;
+  }
+  check(dense == trailing && experts == params_.size(),
+        "expert-parallel parameter layout: the units do not tile the store (internal error)");
 }
 
 Transformer::~Transformer() = default;

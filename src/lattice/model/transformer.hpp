@@ -31,9 +31,16 @@ struct StageRange {
 // A parameter unit: the parameters one hook call covers, a contiguous range [begin, end) of the
 // flat buffers (element offsets). Units are in forward order: the embedding (first stage), each
 // block, the head (final norm and, unless tied to the embedding in this store, the head weight).
+// Under expert parallelism (ep > 1) a MoE block's experts are laid out after every other parameter
+// of the store (ParameterStore::place_last): the block's unit also covers [expert_begin,
+// expert_end) there, and the units' dense ranges tile [0, trailing_offset), their expert ranges the
+// rest, each in forward order.
 struct ParameterUnit {
   int64_t begin = 0, end = 0;
-  bool outer = false;  // the embedding or the head
+  bool outer = false;                        // the embedding or the head
+  int64_t expert_begin = 0, expert_end = 0;  // empty: no expert-parallel parameters
+
+  bool has_experts() const { return expert_end > expert_begin; }
 };
 
 class Transformer {
@@ -178,6 +185,9 @@ class Transformer {
   bool recomputes_block(size_t i) const;
   void backward_parts(const LayerContext& ctx, StageActivations& a, const float* d_hidden_out,
                       BackwardPart part);
+  // ep > 1: the experts laid out after every other parameter, and the units' ranges to match
+  // (each unit's first parameter index given).
+  void place_experts_last(const std::vector<size_t>& unit_first_params);
 
   ModelConfig config_;
   StageRange range_;

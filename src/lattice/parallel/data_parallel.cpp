@@ -56,15 +56,17 @@ DataParallel::DataParallel(kernels::Ops& ops, model::Transformer& model, mesh::M
       groups_(groups_of(mesh, settings)),
       settings_(settings),
       adamw_(adamw),
-      layout_(model.units(), settings.bucket_elements, groups_.shard->size()),
+      layout_(model.units(), settings.bucket_elements, groups_.shard->size(),
+              groups_.expert ? groups_.expert->size() : 1),
       optimizer_(ops, model.parameters(), layout_, settings.zero_stage, groups_.shard->rank(),
-                 adamw, offload_directory(settings, groups_), tracker),
+                 groups_.expert ? groups_.expert->rank() : 0, adamw,
+                 offload_directory(settings, groups_), tracker),
       reduction_(ops, model.parameters(), layout_, settings.zero_stage, groups_, tracker, clock_),
-      parameters_(model.parameters(), layout_, settings.zero_stage, *groups_.shard, tracker,
-                  clock_) {
+      parameters_(model.parameters(), layout_, settings.zero_stage, *groups_.shard, groups_.expert,
+                  tracker, clock_) {
   check(layout_.total_elements() == model.parameters().size(),
         "data parallelism: the model's units do not cover its parameters (internal error)");
-  for (comm::Communicator* g : {groups_.batch, groups_.shard, groups_.replicate})
+  for (comm::Communicator* g : {groups_.batch, groups_.shard, groups_.replicate, groups_.expert})
     if (g && std::find(traced_groups_.begin(), traced_groups_.end(), g) == traced_groups_.end())
       traced_groups_.push_back(g);
   traced_seq_.assign(traced_groups_.size(), 0);
@@ -108,16 +110,16 @@ void DataParallel::after_forward(int unit) {
 
 void DataParallel::before_backward(int unit) {
   parameters_.before_backward(unit);
-  const int b = layout_.bucket_of_unit(unit);
-  if (unit == layout_.buckets()[static_cast<size_t>(b)].last_unit) reduction_.before_backward(b);
+  for (int b : layout_.buckets_of_unit(unit))
+    if (unit == layout_.buckets()[static_cast<size_t>(b)].last_unit) reduction_.before_backward(b);
 }
 
 void DataParallel::after_backward(int unit) {
   parameters_.after_backward(unit);
-  // Every gradient of the bucket is final once its lowest unit's backward is done (a tied head's
+  // Every gradient of a bucket is final once its lowest unit's backward is done (a tied head's
   // weight is the embedding's, whose unit comes last in backward).
-  const int b = layout_.bucket_of_unit(unit);
-  if (unit == layout_.buckets()[static_cast<size_t>(b)].first_unit) reduction_.after_backward(b);
+  for (int b : layout_.buckets_of_unit(unit))
+    if (unit == layout_.buckets()[static_cast<size_t>(b)].first_unit) reduction_.after_backward(b);
 }
 
 // --- metrics, checks, checkpoints ---
@@ -135,24 +137,31 @@ double DataParallel::average(double value) {
 void DataParallel::check_replicas() {
   settle_parameters();
   const model::ParameterStore& store = model_.parameters();
-  uint64_t hash = 1469598103934665603ull;
-  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
-    const Bucket& bucket = layout_.buckets()[b];
-    if (parameters_.resident(static_cast<int>(b)))  // ZeRO-3 shards are not replicated
-      hash = fnv1a(store.values() + bucket.begin, static_cast<size_t>(bucket.size()) * 4, hash);
+  // The dense buckets are replicated over the batch group, the expert buckets over the expert
+  // group (the ranks holding the same experts).
+  for (bool expert : {false, true}) {
+    comm::Communicator* group = expert ? groups_.expert : groups_.batch;
+    if (group == nullptr) continue;
+    uint64_t hash = 1469598103934665603ull;
+    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+      const Bucket& bucket = layout_.buckets()[b];
+      if (bucket.expert == expert && parameters_.resident(static_cast<int>(b)))  // not ZeRO-3's
+        hash = fnv1a(store.values() + bucket.begin, static_cast<size_t>(bucket.size()) * 4, hash);
+    }
+    std::vector<uint64_t> all(static_cast<size_t>(group->size()));
+    group->all_gather(&hash, all.data(), 1, DType::i64);
+    for (int r = 1; r < group->size(); ++r)
+      check(all[static_cast<size_t>(r)] == all[0],
+            "replica check: the " + std::string(expert ? "experts" : "parameters") + " of " +
+                (expert ? "expert-data-parallel" : "data-parallel") + " rank " + std::to_string(r) +
+                " differ from rank 0's after step " + std::to_string(steps_taken()) +
+                ": the ranks diverged (non-deterministic kernel or corrupted reduction)");
   }
-  std::vector<uint64_t> all(static_cast<size_t>(ranks()));
-  groups_.batch->all_gather(&hash, all.data(), 1, DType::i64);
-  for (int r = 1; r < ranks(); ++r)
-    check(all[static_cast<size_t>(r)] == all[0],
-          "replica check: the parameters of data-parallel rank " + std::to_string(r) +
-              " differ from rank 0's after step " + std::to_string(steps_taken()) +
-              ": the ranks diverged (non-deterministic kernel or corrupted reduction)");
 }
 
 void DataParallel::export_state(optim::AdamWOptimizer* full) {
   check(rank() != 0 || full != nullptr, "export_state: rank 0 needs a full optimizer state");
-  optimizer_.export_state(*groups_.shard, full);
+  optimizer_.export_state(*groups_.shard, groups_.expert, full);
 }
 
 void DataParallel::import_state(const optim::AdamWOptimizer& full) {

@@ -16,7 +16,10 @@
 // loss; the ZeRO shard group dp_shard x cp shards the state; with HSDP (dp_replicate > 1, from
 // parallelism.hsdp_shard_size) the state is replicated across dp_replicate and gradients are
 // reduce-scattered within the shard group, then allreduced across replicas (so the sum order
-// differs from plain DP's for N > 2: equal within fp32 rounding, not bit for bit).
+// differs from plain DP's for N > 2: equal within fp32 rounding, not bit for bit). Expert
+// parallelism: each rank's experts have buckets of their own (bucket_layout.hpp), reduced, sharded
+// and gathered over the expert-data-parallel group (the ranks holding the same experts) with the
+// same stage's rules, so the formulas hold with N → dp x cp / ep for the experts.
 // Our engine keeps fp32 working parameters and fp32 gradients (bf16 only inside GEMMs), so these
 // are ZeRO's formulas for fp32 parameters and gradients with fp32 Adam moments.
 #pragma once

@@ -49,13 +49,19 @@ NormClasses::NormClasses(const model::ParameterStore& store, const mesh::AxisGro
   axes_.erase(std::unique(axes_.begin(), axes_.end()), axes_.end());
   if (axes_.empty()) axes_.push_back(mesh::AxisSet{});
   if (axes_.size() == 1 && !copies) return;  // one class: the plain chunked sum (no runs)
-  for (size_t i = 0; i < params.size(); ++i) {
+  // In buffer order (expert-parallel experts are laid out after the other parameters).
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return params[a].offset < params[b].offset; });
+  for (size_t n = 0; n < order.size(); ++n) {
+    const size_t i = order[n];
     const int cls =
         params[i].is_copy()
             ? kUncounted
             : static_cast<int>(std::find(axes_.begin(), axes_.end(), of_param[i]) - axes_.begin());
-    const int64_t begin = i == 0 ? 0 : params[i].offset;
-    const int64_t end = i + 1 < params.size() ? params[i + 1].offset : store.size();
+    const int64_t begin = n == 0 ? 0 : params[i].offset;
+    const int64_t end = n + 1 < order.size() ? params[order[n + 1]].offset : store.size();
     if (!runs_.empty() && runs_.back().cls == cls)
       runs_.back().end = end;
     else
@@ -92,12 +98,17 @@ void shard_chunk_sums(kernels::Ops& ops, const Bucket& bucket, int rank, const f
   }
 }
 
-double norm_from_partials(const BucketLayout& layout, const std::vector<double>& all_partials,
-                          const NormClasses& classes, const mesh::AxisGroups& groups) {
-  const int ranks = layout.ranks();
+double norm_from_partials(const BucketLayout& layout, const std::vector<double>& dense,
+                          const std::vector<double>& expert, const NormClasses& classes,
+                          const mesh::AxisGroups& groups) {
   const auto count = static_cast<int64_t>(classes.count());
-  const int64_t per_rank = layout.shard_elements() / kNormChunk * count;
-  check(static_cast<int64_t>(all_partials.size()) == per_rank * ranks,
+  // Per rank: the dense buckets' chunks, or the expert buckets'.
+  const int64_t dense_chunks = layout.dense_shard_elements() / kNormChunk;
+  const int64_t dense_per_rank = dense_chunks * count;
+  const int64_t expert_per_rank = layout.shard_elements() / kNormChunk * count - dense_per_rank;
+  check(static_cast<int64_t>(dense.size()) == dense_per_rank * layout.ranks() &&
+            static_cast<int64_t>(expert.size()) ==
+                (expert_per_rank > 0 ? expert_per_rank * layout.expert_ranks() : 0),
         "gradient norm: partial sums of the wrong size (internal error)");
   // Buckets by ascending position in the buffer; inside a bucket, rank order is buffer order.
   std::vector<const Bucket*> ordered;
@@ -106,12 +117,15 @@ double norm_from_partials(const BucketLayout& layout, const std::vector<double>&
             [](const Bucket* a, const Bucket* b) { return a->begin < b->begin; });
   std::vector<double> totals(static_cast<size_t>(count), 0.0);
   for (const Bucket* b : ordered) {
-    const int64_t chunks = b->shard / kNormChunk, first = b->shard_offset / kNormChunk;
-    for (int r = 0; r < ranks; ++r)
+    const std::vector<double>& partials = b->expert ? expert : dense;
+    const int64_t per_rank = b->expert ? expert_per_rank : dense_per_rank;
+    const int64_t chunks = b->shard / kNormChunk,
+                  first = b->shard_offset / kNormChunk - (b->expert ? dense_chunks : 0);
+    for (int r = 0; r < b->ranks; ++r)
       for (int64_t c = 0; c < chunks; ++c)
         for (int64_t k = 0; k < count; ++k)
           totals[static_cast<size_t>(k)] +=
-              all_partials[static_cast<size_t>(r * per_rank + (first + c) * count + k)];
+              partials[static_cast<size_t>(r * per_rank + (first + c) * count + k)];
   }
   if (count == 1 && classes.axes(0).empty()) return std::sqrt(totals[0]);
   // Each class added over its axes: a fixed-size table by axis set, so that ranks whose stores
@@ -141,31 +155,40 @@ double norm_from_partials(const BucketLayout& layout, const std::vector<double>&
 
 double replicated_gradient_norm(kernels::Ops& ops, const BucketLayout& layout, const float* grads,
                                 const NormClasses& classes, const mesh::AxisGroups& groups) {
-  const int ranks = layout.ranks();
-  const int64_t per_rank = layout.shard_elements() / kNormChunk * classes.count();
-  std::vector<double> all(static_cast<size_t>(per_rank * ranks));
-  std::vector<double> one;
-  for (int r = 0; r < ranks; ++r) {
-    one.clear();
-    for (const Bucket& b : layout.buckets())
-      shard_chunk_sums(ops, b, r, grads + b.shard_begin(r), one, classes);
-    std::copy(one.begin(), one.end(), all.begin() + r * per_rank);
+  // Every rank's partial sums of each group, as the ranks would compute them.
+  std::vector<double> by_group[2];
+  for (bool expert : {false, true}) {
+    const int ranks = expert ? layout.expert_ranks() : layout.ranks();
+    for (int r = 0; r < ranks; ++r)
+      for (const Bucket& b : layout.buckets())
+        if (b.expert == expert)
+          shard_chunk_sums(ops, b, r, grads + b.shard_begin(r), by_group[expert], classes);
   }
-  return norm_from_partials(layout, all, classes, groups);
+  return norm_from_partials(layout, by_group[0], by_group[1], classes, groups);
 }
 
 double sharded_gradient_norm(kernels::Ops& ops, const BucketLayout& layout,
                              const float* shard_grads, comm::Communicator& group,
-                             const NormClasses& classes, const mesh::AxisGroups& groups) {
-  const int64_t per_rank = layout.shard_elements() / kNormChunk * classes.count();
-  std::vector<double> mine;
-  mine.reserve(static_cast<size_t>(per_rank));
-  for (const Bucket& b : layout.buckets())
-    shard_chunk_sums(ops, b, group.rank(), shard_grads + b.shard_offset, mine, classes);
-  std::vector<double> all(static_cast<size_t>(per_rank * layout.ranks()));
-  // The doubles travel as 64-bit integers: an all-gather only moves bits.
-  group.all_gather(mine.data(), all.data(), per_rank, DType::i64);
-  return norm_from_partials(layout, all, classes, groups);
+                             const NormClasses& classes, const mesh::AxisGroups& groups,
+                             comm::Communicator* expert_group) {
+  std::vector<double> by_group[2];
+  for (bool expert : {false, true}) {
+    const bool any = std::any_of(layout.buckets().begin(), layout.buckets().end(),
+                                 [&](const Bucket& b) { return b.expert == expert; });
+    if (!any) continue;
+    comm::Communicator* over = expert ? expert_group : &group;
+    check(over != nullptr,
+          "gradient norm: expert buckets without an expert group (internal error)");
+    std::vector<double> mine;
+    for (const Bucket& b : layout.buckets())
+      if (b.expert == expert)
+        shard_chunk_sums(ops, b, over->rank(), shard_grads + b.shard_offset, mine, classes);
+    by_group[expert].resize(mine.size() * static_cast<size_t>(over->size()));
+    // The doubles travel as 64-bit integers: an all-gather only moves bits.
+    over->all_gather(mine.data(), by_group[expert].data(), static_cast<int64_t>(mine.size()),
+                     DType::i64);
+  }
+  return norm_from_partials(layout, by_group[0], by_group[1], classes, groups);
 }
 
 }  // namespace lattice::parallel

@@ -68,11 +68,14 @@ class NormClasses {
 void shard_chunk_sums(kernels::Ops& ops, const Bucket& bucket, int rank, const float* data,
                       std::vector<double>& partials, const NormClasses& classes = {});
 
-// L2 norm from every rank's chunk sums: `all_partials` holds, for each rank of the layout in order,
-// that rank's shard_chunk_sums over the buckets in layout order. Adds them in ascending buffer
-// order, then each class over its axes' groups (collective over those groups), then the classes.
-double norm_from_partials(const BucketLayout& layout, const std::vector<double>& all_partials,
-                          const NormClasses& classes = {}, const mesh::AxisGroups& groups = {});
+// L2 norm from every rank's chunk sums: `dense` holds, for each rank of the dense buckets' group
+// in order, that rank's shard_chunk_sums over the dense buckets in layout order; `expert` the same
+// over the expert buckets for each rank of the expert group (empty without expert buckets). Adds
+// them in ascending buffer order, then each class over its axes' groups (collective over those
+// groups), then the classes.
+double norm_from_partials(const BucketLayout& layout, const std::vector<double>& dense,
+                          const std::vector<double>& expert, const NormClasses& classes = {},
+                          const mesh::AxisGroups& groups = {});
 
 // The norm when this rank holds the whole reduced gradient `grads` (plain DP, one rank).
 double replicated_gradient_norm(kernels::Ops& ops, const BucketLayout& layout, const float* grads,
@@ -80,10 +83,12 @@ double replicated_gradient_norm(kernels::Ops& ops, const BucketLayout& layout, c
                                 const mesh::AxisGroups& groups = {});
 
 // The norm when each rank holds only its shards' reduced gradients: `shard_grads` is this rank's
-// shard buffer (layout.shard_elements()). Collective over `group` (one all-gather of doubles) and
+// shard buffer (layout.shard_elements()). Collective over `group` (the dense buckets' shard group;
+// one all-gather of doubles), over `expert_group` (the expert buckets', when there are any) and
 // over the groups the classes are added over.
 double sharded_gradient_norm(kernels::Ops& ops, const BucketLayout& layout,
                              const float* shard_grads, comm::Communicator& group,
-                             const NormClasses& classes = {}, const mesh::AxisGroups& groups = {});
+                             const NormClasses& classes = {}, const mesh::AxisGroups& groups = {},
+                             comm::Communicator* expert_group = nullptr);
 
 }  // namespace lattice::parallel

@@ -1,6 +1,8 @@
 // GradientReduction: see gradient_reduction.hpp.
 #include "lattice/parallel/gradient_reduction.hpp"
 
+#include <algorithm>
+
 #include "lattice/core/error.hpp"
 #include "lattice/parallel/released_memory.hpp"
 
@@ -12,11 +14,6 @@ struct GradientReduction::BucketState {
   Tensor reduced;       // stage 0: this rank's reduced shard, gathered into the gradients
   std::vector<int64_t> gather_counts;  // stage 0: each rank's real elements of the bucket's shard
   comm::CommHandle reduction;
-  // Expert parallelism: the bucket's expert parameters' ranges, their pre-scaled gradients and
-  // their sum over the expert-data-parallel group (the batch reduction carries zeros there).
-  std::vector<std::pair<int64_t, int64_t>> expert_ranges;
-  Tensor expert_staging;
-  comm::CommHandle expert_reduction;
   bool reducing = false;
   bool grads_resident = true;  // stages 2-3: the model's gradient pages hold this bucket
   bool held = false;           // reduced by finish() only
@@ -44,23 +41,18 @@ GradientReduction::GradientReduction(kernels::Ops& ops, model::ParameterStore& s
                 "such parameters need their own reduction group)");
   for (size_t b = 0; b < layout_.buckets().size(); ++b)
     state_.push_back(std::make_unique<BucketState>());
-  // Expert parameters (held along ep alone): their gradients are summed over the ranks holding the
-  // same experts instead (each already holds every ep rank's tokens' part), still divided by the
-  // batch group's size: the mean over the batch, as the dense parameters'.
+  // Expert parameters (held along ep alone) sit in expert buckets, reduced over the ranks holding
+  // the same experts (each already holds every ep rank's tokens' part).
   for (const auto& p : store.parameters()) {
     if (p.replicated.contains(mesh::Axis::ep)) continue;
-    check(groups.expert != nullptr,
+    const bool in_expert_bucket =
+        std::any_of(layout_.buckets().begin(), layout_.buckets().end(), [&](const Bucket& b) {
+          return b.expert && p.offset >= b.begin && p.offset + p.numel <= b.end;
+        });
+    check(groups.expert != nullptr && in_expert_bucket,
           "parameter '" + p.name +
               "' is held along the expert-parallel axis, but data parallelism has no "
-              "expert-data-parallel group (internal error)");
-    check(zero_stage == 0, "parallelism.zero = " + std::to_string(zero_stage) +
-                               " with parallelism.ep > 1 is not available yet: ZeRO would shard "
-                               "different experts together; set parallelism.zero = 0");
-    for (size_t b = 0; b < layout_.buckets().size(); ++b) {
-      const Bucket& bucket = layout_.buckets()[b];
-      if (p.offset >= bucket.begin && p.offset < bucket.end)
-        state_[b]->expert_ranges.emplace_back(p.offset, p.offset + p.numel);
-    }
+              "expert-data-parallel group or expert bucket for it (internal error)");
   }
   if (zero_stage_ >= 1)
     shard_grads_ =
@@ -72,7 +64,6 @@ GradientReduction::~GradientReduction() {
     BucketState& s = *state_[b];
     try {
       s.reduction.wait();
-      s.expert_reduction.wait();
     } catch (...) {
     }
     const int64_t bytes = layout_.buckets()[b].size() * int64_t{sizeof(float)};
@@ -106,7 +97,8 @@ void GradientReduction::launch(int b) {
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (s.reducing || (s.held && !finishing_)) return;
-  comm::Communicator& shard = *groups_.shard;
+  // Expert buckets are reduced and sharded over the ranks holding the same experts.
+  comm::Communicator& shard = bucket.expert ? *groups_.expert : *groups_.shard;
   const int64_t padded = bucket.shard * shard.size();
   // Stage 0 keeps its reduction buffers from step to step (as DDP keeps its buckets): allocating
   // them anew each step cost a zeroing pass and, for blocks of 2 MiB and more, fresh page faults.
@@ -114,25 +106,12 @@ void GradientReduction::launch(int b) {
   // bucket's end is zero from allocation and nothing writes it.
   if (zero_stage_ != 0 || s.grad_staging.numel() != padded)
     s.grad_staging = Tensor({padded}, DType::f32, tracker_, MemoryCategory::other);
-  // Averaging: every rank scales by 1/N before the sum (exact for powers of two).
+  // Averaging: every rank scales by 1/N before the sum (exact for powers of two). N is the batch
+  // group's size for the experts too: their sum over the expert group is the batch's sum.
   const float scale = 1.0f / static_cast<float>(groups_.batch->size());
   float* grads = store_.grads() + bucket.begin;
   float* staging = s.grad_staging.f32();
   for (int64_t i = 0; i < bucket.size(); ++i) staging[i] = grads[i] * scale;
-  if (!s.expert_ranges.empty()) {
-    int64_t n = 0;
-    for (const auto& [begin, end] : s.expert_ranges) n += end - begin;
-    if (s.expert_staging.numel() != n)
-      s.expert_staging = Tensor({n}, DType::f32, tracker_, MemoryCategory::other);
-    float* experts = s.expert_staging.f32();
-    for (const auto& [begin, end] : s.expert_ranges)
-      for (int64_t i = begin - bucket.begin; i < end - bucket.begin; ++i) {
-        *experts++ = staging[i];
-        staging[i] = 0.0f;
-      }
-    s.expert_reduction =
-        groups_.expert->allreduce_async(s.expert_staging.f32(), n, DType::f32, comm::ReduceOp::sum);
-  }
   if (zero_stage_ >= 2) {
     release_floats(grads, bucket.size());
     if (tracker_ && s.grads_resident)
@@ -167,27 +146,22 @@ double GradientReduction::finish() {
     BucketState& s = *state_[b];
     clock_.wait(s.reduction);
     s.reducing = false;
-    if (!s.expert_ranges.empty()) {  // the experts' sums into the gradients
-      clock_.wait(s.expert_reduction);
-      const float* experts = s.expert_staging.f32();
-      float* grads = store_.grads();
-      for (const auto& [begin, end] : s.expert_ranges)
-        for (int64_t i = begin; i < end; ++i) grads[i] = *experts++;
-    }
     if (zero_stage_ != 0) s.grad_staging.reset();  // stage 0 keeps it for the next step
-    // HSDP: the groups' shards are summed across the replicas.
-    if (groups_.replicate)
+    // HSDP: the groups' shards are summed across the replicas (the experts' shard group is already
+    // every rank holding them).
+    if (groups_.replicate && !layout_.buckets()[b].expert)
       s.reduction = groups_.replicate->allreduce_async(
           shard_grads_.f32() + layout_.buckets()[b].shard_offset, layout_.buckets()[b].shard,
           DType::f32, comm::ReduceOp::sum);
   }
   if (groups_.replicate)
-    for (auto& s : state_) clock_.wait(s->reduction);
+    for (size_t b = 0; b < state_.size(); ++b)
+      if (!layout_.buckets()[b].expert) clock_.wait(state_[b]->reduction);
   if (zero_stage_ == 0)
     return replicated_gradient_norm(ops_, layout_, store_.grads(), norm_classes_, groups_.axes);
   const auto start = CommunicationClock::Clock::now();
   const double norm = sharded_gradient_norm(ops_, layout_, shard_grads_.f32(), *groups_.shard,
-                                            norm_classes_, groups_.axes);
+                                            norm_classes_, groups_.axes, groups_.expert);
   clock_.add_since(start);
   return norm;
 }

@@ -7,7 +7,10 @@
 //   stages 1-3: the reduced shard stays in this rank's shard buffer; stages 2-3 release the
 //            bucket's local gradient pages once handed to the reduction.
 // HSDP (a dp_replicate axis of more than one rank): the shards are then allreduced across the
-// replicas. The global gradient norm is computed from the reduced gradients (global_norm.hpp).
+// replicas. Expert parallelism: the expert buckets (bucket_layout.hpp) go the same way over the
+// expert-data-parallel group instead (every rank holding the same experts; no replica step), still
+// pre-scaled by the batch group's 1/N. The global gradient norm is computed from the reduced
+// gradients (global_norm.hpp).
 #pragma once
 
 #include <memory>
@@ -28,7 +31,7 @@ struct DataParallelGroups {
   comm::Communicator* shard = nullptr;      // the ranks that shard the state (dp_shard x cp)
   comm::Communicator* replicate = nullptr;  // HSDP: the replicas of this shard (null: none)
   // Expert parallelism: the ranks holding this rank's experts (mesh.expert_data_parallel()),
-  // over which expert parameters' gradients are summed (null: no expert parallelism).
+  // which reduce and shard the expert buckets (null: no expert parallelism).
   comm::Communicator* expert = nullptr;
   mesh::AxisGroups axes{};  // every mesh axis (the norm's partition axes)
 };

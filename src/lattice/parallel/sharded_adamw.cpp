@@ -9,11 +9,12 @@ namespace lattice::parallel {
 
 ShardedAdamW::ShardedAdamW(kernels::Ops& ops, const model::ParameterStore& store,
                            const BucketLayout& layout, int zero_stage, int shard_rank,
-                           optim::AdamWSettings settings, const std::string& offload_directory,
-                           MemoryTracker* tracker)
+                           int expert_rank, optim::AdamWSettings settings,
+                           const std::string& offload_directory, MemoryTracker* tracker)
     : layout_(layout),
       zero_stage_(zero_stage),
       shard_rank_(shard_rank),
+      expert_rank_(expert_rank),
       settings_(settings),
       tracker_(tracker),
       ops_(ops) {
@@ -33,8 +34,9 @@ ShardedAdamW::ShardedAdamW(kernels::Ops& ops, const model::ParameterStore& store
     return;
   }
   for (const Bucket& bucket : layout_.buckets()) {
-    const int64_t lo = bucket.shard_begin(shard_rank_), hi = bucket.shard_end(shard_rank_);
-    const int64_t base = bucket.begin + bucket.shard * shard_rank_;
+    const int rank = rank_in(bucket);
+    const int64_t lo = bucket.shard_begin(rank), hi = bucket.shard_end(rank);
+    const int64_t base = bucket.begin + bucket.shard * rank;
     for (const auto& p : store.parameters()) {
       const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
       if (p.weight_decay && a < e) decay_.push_back({bucket.shard_offset + a - base, e - a});
@@ -62,14 +64,15 @@ void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters
       // The shards' parameters side by side for the streamed update, then back in place.
       Tensor shard({layout_.shard_elements()}, DType::f32, tracker_, MemoryCategory::other);
       for (const Bucket& bucket : layout_.buckets())
-        std::copy(store.values() + bucket.shard_begin(shard_rank_),
-                  store.values() + bucket.shard_end(shard_rank_),
+        std::copy(store.values() + bucket.shard_begin(rank_in(bucket)),
+                  store.values() + bucket.shard_end(rank_in(bucket)),
                   shard.f32() + bucket.shard_offset);
       offload_->step(shard.f32(), shard_grads, decay_, hyper, step_, clip);
       for (const Bucket& bucket : layout_.buckets()) {
-        const int64_t n = bucket.shard_end(shard_rank_) - bucket.shard_begin(shard_rank_);
+        const int rank = rank_in(bucket);
+        const int64_t n = bucket.shard_end(rank) - bucket.shard_begin(rank);
         std::copy(shard.f32() + bucket.shard_offset, shard.f32() + bucket.shard_offset + n,
-                  store.mutable_values() + bucket.shard_begin(shard_rank_));
+                  store.mutable_values() + bucket.shard_begin(rank));
       }
     }
     return;
@@ -80,8 +83,9 @@ void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters
   }
   // This rank's shard of each bucket, parameter by parameter (the kernel is elementwise).
   for (const Bucket& bucket : layout_.buckets()) {
-    const int64_t lo = bucket.shard_begin(shard_rank_), hi = bucket.shard_end(shard_rank_);
-    const int64_t base = bucket.begin + bucket.shard * shard_rank_;
+    const int rank = rank_in(bucket);
+    const int64_t lo = bucket.shard_begin(rank), hi = bucket.shard_end(rank);
+    const int64_t base = bucket.begin + bucket.shard * rank;
     float* params = parameters.shard_values(bucket);
     for (const auto& p : store.parameters()) {
       const int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
@@ -102,7 +106,8 @@ void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters
   }
 }
 
-void ShardedAdamW::export_state(comm::Communicator& shard_group, optim::AdamWOptimizer* full) {
+void ShardedAdamW::export_state(comm::Communicator& shard_group, comm::Communicator* expert_group,
+                                optim::AdamWOptimizer* full) {
   if (full) full->set_steps_taken(step_);
   // The moments of this rank: in memory, or read back from the offload files.
   Tensor read_m, read_v;
@@ -122,13 +127,15 @@ void ShardedAdamW::export_state(comm::Communicator& shard_group, optim::AdamWOpt
     }
     return;
   }
-  // Rank 0 of the data-parallel group is rank 0 of its shard group, which holds every shard.
+  // Every shard of each bucket, gathered over the bucket's group.
   for (const Bucket& bucket : layout_.buckets()) {
-    Tensor gathered({bucket.shard * shard_group.size()}, DType::f32);
+    check(!bucket.expert || expert_group != nullptr,
+          "optimizer state export: expert buckets without an expert group (internal error)");
+    comm::Communicator& group = bucket.expert ? *expert_group : shard_group;
+    Tensor gathered({bucket.shard * group.size()}, DType::f32);
     for (auto [source, target] : {std::pair{m, full ? full->exp_avg() : nullptr},
                                   std::pair{v, full ? full->exp_avg_sq() : nullptr}}) {
-      shard_group.all_gather(source + bucket.shard_offset, gathered.f32(), bucket.shard,
-                             DType::f32);
+      group.all_gather(source + bucket.shard_offset, gathered.f32(), bucket.shard, DType::f32);
       if (target) std::copy(gathered.f32(), gathered.f32() + bucket.size(), target + bucket.begin);
     }
   }
@@ -149,7 +156,8 @@ void ShardedAdamW::import_state(const optim::AdamWOptimizer& full) {
     std::copy(full.exp_avg_sq(), full.exp_avg_sq() + elements, v);
   } else {
     for (const Bucket& bucket : layout_.buckets()) {
-      const int64_t lo = bucket.shard_begin(shard_rank_), hi = bucket.shard_end(shard_rank_);
+      const int64_t lo = bucket.shard_begin(rank_in(bucket)),
+                    hi = bucket.shard_end(rank_in(bucket));
       std::copy(full.exp_avg() + lo, full.exp_avg() + hi, m + bucket.shard_offset);
       std::copy(full.exp_avg_sq() + lo, full.exp_avg_sq() + hi, v + bucket.shard_offset);
     }

@@ -22,9 +22,10 @@ namespace lattice::parallel {
 
 class ShardedAdamW {
  public:
-  // `offload_directory` empty: moments in memory. `shard_rank`: this rank's shard of each bucket.
+  // `offload_directory` empty: moments in memory. `shard_rank`: this rank's shard of each dense
+  // bucket; `expert_rank`: of each expert bucket (its rank in the expert-data-parallel group).
   ShardedAdamW(kernels::Ops& ops, const model::ParameterStore& store, const BucketLayout& layout,
-               int zero_stage, int shard_rank, optim::AdamWSettings settings,
+               int zero_stage, int shard_rank, int expert_rank, optim::AdamWSettings settings,
                const std::string& offload_directory, MemoryTracker* tracker);
 
   // One update at learning rate lr with gradients scaled by `clip`: stage 0 over the store's
@@ -34,18 +35,21 @@ class ShardedAdamW {
             float lr, float clip);
   int64_t steps_taken() const { return step_; }
 
-  // Collective over `shard_group`. Writes the full AdamW state into `full` on shard rank 0 (null
-  // elsewhere).
-  void export_state(comm::Communicator& shard_group, optim::AdamWOptimizer* full);
+  // Collective over `shard_group` (and `expert_group`, when there are expert buckets). Writes the
+  // full AdamW state of this rank's store (its experts') into `full` (null: not wanted here).
+  void export_state(comm::Communicator& shard_group, comm::Communicator* expert_group,
+                    optim::AdamWOptimizer* full);
   // Takes this rank's part of a full AdamW state.
   void import_state(const optim::AdamWOptimizer& full);
 
  private:
   int64_t state_elements() const;
+  // This rank's shard index in `bucket`'s group.
+  int rank_in(const Bucket& bucket) const { return bucket.expert ? expert_rank_ : shard_rank_; }
 
   const BucketLayout& layout_;
   int zero_stage_;
-  int shard_rank_;
+  int shard_rank_, expert_rank_;
   optim::AdamWSettings settings_;
   Tensor m_, v_;  // AdamW moments: whole buffer (stage 0) or this rank's shards
   std::unique_ptr<optim::OffloadedAdamWState> offload_;  // instead of m_ and v_

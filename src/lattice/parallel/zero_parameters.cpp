@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "lattice/core/error.hpp"
 #include "lattice/parallel/released_memory.hpp"
 
 namespace lattice::parallel {
@@ -16,22 +17,28 @@ struct ZeroParameters::BucketState {
 
 ZeroParameters::ZeroParameters(model::ParameterStore& store, const BucketLayout& layout,
                                int zero_stage, comm::Communicator& shard_group,
-                               MemoryTracker* tracker, CommunicationClock& clock)
+                               comm::Communicator* expert_group, MemoryTracker* tracker,
+                               CommunicationClock& clock)
     : store_(store),
       layout_(layout),
       zero_stage_(zero_stage),
       shard_(shard_group),
+      expert_(expert_group),
       tracker_(tracker),
       clock_(clock) {
-  for (size_t b = 0; b < layout_.buckets().size(); ++b)
+  for (size_t b = 0; b < layout_.buckets().size(); ++b) {
+    check(!layout_.buckets()[b].expert || expert_ != nullptr,
+          "ZeRO: expert buckets without an expert group (internal error)");
     state_.push_back(std::make_unique<BucketState>());
+  }
   if (zero_stage_ == 3) {
     shard_params_ =
         Tensor({layout_.shard_elements()}, DType::f32, tracker, MemoryCategory::parameters);
     const float* values = store_.values();
     for (size_t b = 0; b < layout_.buckets().size(); ++b) {
       const Bucket& bucket = layout_.buckets()[b];
-      const int64_t lo = bucket.shard_begin(shard_rank()), hi = bucket.shard_end(shard_rank());
+      const int64_t lo = bucket.shard_begin(rank_in(bucket)),
+                    hi = bucket.shard_end(rank_in(bucket));
       std::copy(values + lo, values + hi, shard_params_.f32() + bucket.shard_offset);
       if (!bucket.outer) release(static_cast<int>(b));
     }
@@ -52,7 +59,11 @@ ZeroParameters::~ZeroParameters() {
 
 float* ZeroParameters::shard_values(const Bucket& bucket) {
   return zero_stage_ == 3 ? shard_params_.f32() + bucket.shard_offset
-                          : store_.mutable_values() + bucket.shard_begin(shard_rank());
+                          : store_.mutable_values() + bucket.shard_begin(rank_in(bucket));
+}
+
+comm::Communicator& ZeroParameters::group_of(const Bucket& bucket) const {
+  return bucket.expert ? *expert_ : shard_;
 }
 
 bool ZeroParameters::resident(int b) const {
@@ -69,14 +80,14 @@ void ZeroParameters::start_gather(int b) {
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (s.gathering) return;
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
-  const int64_t real = bucket.shard_end(shard_rank()) - bucket.shard_begin(shard_rank());
+  const int64_t real = bucket.shard_end(rank_in(bucket)) - bucket.shard_begin(rank_in(bucket));
   s.gather_in = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
   const float* shard = shard_values(bucket);
   std::copy(shard, shard + real, s.gather_in.f32());
-  s.gather_out =
-      Tensor({bucket.shard * shard_.size()}, DType::f32, tracker_, MemoryCategory::other);
+  comm::Communicator& group = group_of(bucket);
+  s.gather_out = Tensor({bucket.shard * group.size()}, DType::f32, tracker_, MemoryCategory::other);
   s.gather =
-      shard_.all_gather_async(s.gather_in.f32(), s.gather_out.f32(), bucket.shard, DType::f32);
+      group.all_gather_async(s.gather_in.f32(), s.gather_out.f32(), bucket.shard, DType::f32);
   s.gathering = true;
 }
 
@@ -118,7 +129,7 @@ void ZeroParameters::take_whole_values() {
   const float* values = store_.values();
   for (size_t b = 0; b < layout_.buckets().size(); ++b) {
     const Bucket& bucket = layout_.buckets()[b];
-    const int64_t lo = bucket.shard_begin(shard_rank()), hi = bucket.shard_end(shard_rank());
+    const int64_t lo = bucket.shard_begin(rank_in(bucket)), hi = bucket.shard_end(rank_in(bucket));
     if (tracker_ && !state_[b]->params_resident)
       tracker_->add(MemoryCategory::parameters, bucket.size() * int64_t{sizeof(float)});
     state_[b]->params_resident = true;
@@ -128,41 +139,58 @@ void ZeroParameters::take_whole_values() {
 }
 
 void ZeroParameters::before_forward(int unit) {
-  const int b = layout_.bucket_of_unit(unit);
+  for (int b : layout_.buckets_of_unit(unit)) before_forward(unit, b);
+}
+
+void ZeroParameters::after_forward(int unit) {
+  for (int b : layout_.buckets_of_unit(unit)) after_forward(unit, b);
+}
+
+void ZeroParameters::before_backward(int unit) {
+  for (int b : layout_.buckets_of_unit(unit)) before_backward(unit, b);
+}
+
+void ZeroParameters::after_backward(int unit) {
+  for (int b : layout_.buckets_of_unit(unit)) after_backward(unit, b);
+}
+
+void ZeroParameters::before_forward(int unit, int b) {
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   if (unit != bucket.first_unit) return;
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (zero_stage_ == 3 && !s.params_resident) start_gather(b);
   finish_gather(b);
-  // ZeRO-3: prefetch the next bucket in forward order (buckets are stored in backward order).
+  // ZeRO-3: prefetch the next bucket of its kind in forward order (buckets are stored in backward
+  // order, the dense ones, then the expert ones).
   if (zero_stage_ == 3 && b > 0) {
     const Bucket& next = layout_.buckets()[static_cast<size_t>(b - 1)];
-    if (!next.outer && !state_[static_cast<size_t>(b - 1)]->params_resident) start_gather(b - 1);
+    if (!next.outer && next.expert == bucket.expert &&
+        !state_[static_cast<size_t>(b - 1)]->params_resident)
+      start_gather(b - 1);
   }
 }
 
-void ZeroParameters::after_forward(int unit) {
-  const int b = layout_.bucket_of_unit(unit);
+void ZeroParameters::after_forward(int unit, int b) {
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   if (zero_stage_ == 3 && !bucket.outer && unit == bucket.last_unit) release(b);
 }
 
-void ZeroParameters::before_backward(int unit) {
-  const int b = layout_.bucket_of_unit(unit);
+void ZeroParameters::before_backward(int unit, int b) {
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   if (unit != bucket.last_unit || zero_stage_ != 3) return;
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (!s.params_resident) start_gather(b);
   finish_gather(b);
-  const int next = b + 1;  // next in backward order
-  if (next < static_cast<int>(state_.size()) &&
-      !layout_.buckets()[static_cast<size_t>(next)].outer &&
-      !state_[static_cast<size_t>(next)]->params_resident)
-    start_gather(next);
+  const int next = b + 1;  // next of its kind in backward order
+  if (next < static_cast<int>(state_.size())) {
+    const Bucket& following = layout_.buckets()[static_cast<size_t>(next)];
+    if (!following.outer && following.expert == bucket.expert &&
+        !state_[static_cast<size_t>(next)]->params_resident)
+      start_gather(next);
+  }
 }
 
-void ZeroParameters::after_backward(int unit) {
-  const int b = layout_.bucket_of_unit(unit);
+void ZeroParameters::after_backward(int unit, int b) {
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   if (unit == bucket.first_unit && zero_stage_ == 3 && !bucket.outer) release(b);
 }

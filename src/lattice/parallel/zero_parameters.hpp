@@ -7,6 +7,8 @@
 //            kept whole, excepted): a bucket's parameters are gathered before its forward and
 //            again before its backward, the next bucket is prefetched, and the pages are released
 //            after use (released_memory.hpp).
+// Expert buckets (expert parallelism) are sharded and gathered over the expert-data-parallel group,
+// the dense ones over the shard group; a unit's hooks drive both of its buckets.
 #pragma once
 
 #include <memory>
@@ -24,9 +26,10 @@ namespace lattice::parallel {
 class ZeroParameters final : public model::ModelHooks {
  public:
   // Stage 3 copies this rank's shards out of the (whole, initialised) store and releases the rest.
+  // `expert_group`: the expert buckets' group (null: no expert buckets).
   ZeroParameters(model::ParameterStore& store, const BucketLayout& layout, int zero_stage,
-                 comm::Communicator& shard_group, MemoryTracker* tracker,
-                 CommunicationClock& clock);
+                 comm::Communicator& shard_group, comm::Communicator* expert_group,
+                 MemoryTracker* tracker, CommunicationClock& clock);
   // Waits for what is in flight and gives the tracker back the released parameter bytes.
   ~ZeroParameters() override;
   ZeroParameters(const ZeroParameters&) = delete;
@@ -59,12 +62,20 @@ class ZeroParameters final : public model::ModelHooks {
   void start_gather(int b);
   void finish_gather(int b);
   void release(int b);
-  int shard_rank() const { return shard_.rank(); }
+  // The group bucket `bucket` is sharded over, and this rank's shard of it.
+  comm::Communicator& group_of(const Bucket& bucket) const;
+  int rank_in(const Bucket& bucket) const { return group_of(bucket).rank(); }
+  // Hooks for one bucket of `unit`.
+  void before_forward(int unit, int b);
+  void after_forward(int unit, int b);
+  void before_backward(int unit, int b);
+  void after_backward(int unit, int b);
 
   model::ParameterStore& store_;
   const BucketLayout& layout_;
   int zero_stage_;
   comm::Communicator& shard_;
+  comm::Communicator* expert_;
   MemoryTracker* tracker_;
   CommunicationClock& clock_;
   std::vector<std::unique_ptr<BucketState>> state_;

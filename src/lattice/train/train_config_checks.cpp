@@ -130,22 +130,6 @@ void resolve_pipeline_keys(TrainConfig& c) {
   }
 }
 
-// Layouts the validator accepts but this trainer cannot run yet: one line each, naming the issue
-// that brings the axis.
-void refuse_unavailable_parallelism(const TrainConfig& c) {
-  if (c.ep == 1) return;
-  // Expert parallelism (issue #24): a MoE model's experts over ep ranks of dp x cp (the layout
-  // validator checks the model and the mesh that ep divides dp x cp), with plain data
-  // parallelism.
-  check(c.zero == 0, "parallelism.zero = " + std::to_string(c.zero) +
-                         " with parallelism.ep > 1 is not available yet: ZeRO would shard the "
-                         "experts over the batch ranks, which hold different ones; set "
-                         "parallelism.zero = 0");
-  check(!c.check_replicas,
-        "parallelism.check_replicas with parallelism.ep > 1 is not available yet (the batch "
-        "ranks hold different experts); turn it off");
-}
-
 }  // namespace
 
 void TrainConfig::finalize() {
@@ -218,7 +202,6 @@ void TrainConfig::finalize() {
   parallel::validate_layout(model, seq_len, layout());
   if (!pipeline_layers.empty())
     pipeline::listed_partition(pipeline_layers, model.n_layers);  // its one-line refusals
-  refuse_unavailable_parallelism(*this);
   refuse_tensor_parallel_misfit(*this);
   refuse_context_parallel_misfit(*this);
   refuse_moe_misfit(*this);

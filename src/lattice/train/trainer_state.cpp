@@ -90,15 +90,20 @@ void Trainer::save(int64_t step, const std::string& config_toml) {
 }
 
 void Trainer::save_expert_parallel(int64_t step, const std::string& config_toml) {
-  // ZeRO 0 (the config's rule with ep > 1): every rank holds its whole optimizer state. The ranks
-  // of world rank 0's expert-data-parallel index gather the tensor-parallel slices and the experts
-  // into the one-rank model's layout on world rank 0, which writes; the other indices hold copies
-  // of the same state.
+  // ZeRO's shards are gathered first (collective over the shard and expert groups), so that each
+  // rank of world rank 0's expert-data-parallel index holds its store's whole state: the dense
+  // parameters' and its experts'. Those ranks then gather the tensor-parallel slices and the
+  // experts into the one-rank model's layout on world rank 0, which writes; the other indices hold
+  // copies of the same state.
   comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
-  if (mesh_->expert_data_parallel_index() != 0) return;
-  optim::AdamWOptimizer mine(*ops_, model_->parameters(), config_.adamw, nullptr);
-  dp_->export_state(&mine);
+  const bool gathers = mesh_->expert_data_parallel_index() == 0;
+  std::unique_ptr<optim::AdamWOptimizer> mine;
+  if (gathers)  // world rank 0 among them
+    mine = std::make_unique<optim::AdamWOptimizer>(*ops_, model_->parameters(), config_.adamw,
+                                                   nullptr);
+  dp_->export_state(mine.get());
+  if (!gathers) return;
   const auto whole = model::Transformer::declared_only(config_.model);
   const auto tp_logical = model::Transformer::declared_only(
       config_.model, {}, {}, model::ExpertParallelGroup{nullptr, ep.rank(), ep.size()});
@@ -108,15 +113,15 @@ void Trainer::save_expert_parallel(int64_t step, const std::string& config_toml)
   const model::ParameterStore& local = model_->parameters();
   for (auto [source, target] :
        {std::pair{local.values(), values.data()},
-        std::pair<const float*, float*>{mine.exp_avg(), exp_avg.data()},
-        std::pair<const float*, float*>{mine.exp_avg_sq(), exp_avg_sq.data()}})
+        std::pair<const float*, float*>{mine->exp_avg(), exp_avg.data()},
+        std::pair<const float*, float*>{mine->exp_avg_sq(), exp_avg_sq.data()}})
     parallel::gather_model_state(local, source, tp_logical->parameters(), whole->parameters(),
                                  target, tp, ep);
   if (tp.rank() != 0) return;  // the writer's ep group (tp rank 0) waits for the files below
   const TrainerState state{step, batches_->position(), config_.seed};
   const std::string dir = save_whole_checkpoint(
       config_.run_dir, config_.model, whole->parameters(), values.data(), exp_avg.data(),
-      exp_avg_sq.data(), mine.steps_taken(), state, config_toml, config_.keep_latest, ep);
+      exp_avg_sq.data(), mine->steps_taken(), state, config_toml, config_.keep_latest, ep);
   if (printing_) std::printf("checkpoint %s\n", dir.c_str());
 }
 
