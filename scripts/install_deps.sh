@@ -16,13 +16,13 @@ packages=(
   python3-pip   # installs tiktoken (PyPI) below
 )
 # tiktoken and tokenizers (PyPI; Debian has neither) for the tokenizer's reference data and checks
-# and the `bench tokenizer` peer.
+# and the `bench tokenizer` peer; tensorboard (PyPI) whose reader checks our event files.
 install_python_peers() {
-  /usr/bin/python3 -c 'import tiktoken, tokenizers' 2>/dev/null && return 0
-  echo "install_deps: installing tiktoken, tokenizers for /usr/bin/python3 (PyPI)"
+  /usr/bin/python3 -c 'import tiktoken, tokenizers, tensorboard' 2>/dev/null && return 0
+  echo "install_deps: installing tiktoken, tokenizers, tensorboard for /usr/bin/python3 (PyPI)"
   /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    --break-system-packages tiktoken tokenizers \
-    || echo "install_deps: warning: tiktoken/tokenizers not installed; tokenizer peer checks are skipped"
+    --break-system-packages tiktoken tokenizers tensorboard \
+    || echo "install_deps: warning: tiktoken/tokenizers/tensorboard not installed; their peer checks are skipped"
 }
 missing=()
 for p in "${packages[@]}"; do

@@ -469,13 +469,6 @@ TEST(OffloadedAdamWState, AFullDiskFailsAtCreationNamingTheFileAndTheFix) {
       << enospc;
 }
 
-TEST(OffloadFile, Crc32cMatchesTheStandardCheckValue) {
-  // The CRC-32C check value of "123456789" (RFC 3720).
-  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
-  // Continuation equals one pass.
-  EXPECT_EQ(crc32c("6789", 4, crc32c("12345", 5)), 0xE3069283u);
-}
-
 TEST(OffloadedAdamWState, ResidentMemoryDoesNotGrowByTheOffloadedMoments) {
   const int64_t rss_start = process_rss_bytes();
   if (rss_start == 0) GTEST_SKIP() << "no /proc RSS on this system";

@@ -6,6 +6,8 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -72,6 +74,39 @@ inline std::string parity_line(const std::string& out, const std::string& layout
   const size_t at = out.find("\n" + layout + " ");
   if (at == std::string::npos) return "";
   return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+}
+
+inline void expect_bit_identical(const DpOutcome& a, const DpOutcome& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]) << what << " loss of step " << i + 1;
+    EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << what << " grad norm of step " << i + 1;
+  }
+  ASSERT_EQ(a.parameters.size(), b.parameters.size()) << what;
+  ASSERT_FALSE(a.parameters.empty()) << what;
+  size_t differing = 0;
+  for (size_t i = 0; i < a.parameters.size(); ++i) differing += a.parameters[i] != b.parameters[i];
+  EXPECT_EQ(differing, 0u) << what << ": parameters that differ";
+}
+
+// Equal within fp32 rounding of another addition order, amplified by a few AdamW steps: losses
+// within 1e-5 and grad norms within 1e-4 relative, every parameter within 1e-4 of the largest
+// (Adam's m/sqrt(v) magnifies near-zero gradients' rounding in single parameters).
+inline void expect_within_rounding(const DpOutcome& got, const DpOutcome& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 1e-4 * want.grad_norms[i])
+        << "step " << i + 1;
+  }
+  ASSERT_EQ(got.parameters.size(), want.parameters.size());
+  ASSERT_FALSE(want.parameters.empty());
+  float scale = 0, worst = 0;
+  for (size_t i = 0; i < want.parameters.size(); ++i) {
+    scale = std::max(scale, std::abs(want.parameters[i]));
+    worst = std::max(worst, std::abs(want.parameters[i] - got.parameters[i]));
+  }
+  EXPECT_LE(worst, 1e-4f * scale);
 }
 
 // Trains `config` on config.dp local rank threads (one kernel thread each).

@@ -26,36 +26,6 @@ class DataParallelTest : public ::testing::Test {
   fs::path dir_;
 };
 
-void expect_bit_identical(const DpOutcome& a, const DpOutcome& b, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i) {
-    EXPECT_EQ(a.losses[i], b.losses[i]) << what << " loss of step " << i + 1;
-    EXPECT_EQ(a.grad_norms[i], b.grad_norms[i]) << what << " grad norm of step " << i + 1;
-  }
-  ASSERT_EQ(a.parameters.size(), b.parameters.size()) << what;
-  size_t differing = 0;
-  for (size_t i = 0; i < a.parameters.size(); ++i) differing += a.parameters[i] != b.parameters[i];
-  EXPECT_EQ(differing, 0u) << what << ": parameters that differ";
-}
-
-// Equal within fp32 rounding of another addition order, amplified by a few AdamW steps: losses
-// within 1e-5 and grad norms within 1e-4 relative, every parameter within 1e-4 of the largest
-// (Adam's m/sqrt(v) magnifies near-zero gradients' rounding in single parameters).
-void expect_within_rounding(const DpOutcome& got, const DpOutcome& want) {
-  ASSERT_EQ(got.losses.size(), want.losses.size());
-  for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << "step " << i + 1;
-    EXPECT_NEAR(got.grad_norms[i], want.grad_norms[i], 1e-4 * want.grad_norms[i])
-        << "step " << i + 1;
-  }
-  float scale = 0, worst = 0;
-  for (size_t i = 0; i < want.parameters.size(); ++i) {
-    scale = std::max(scale, std::abs(want.parameters[i]));
-    worst = std::max(worst, std::abs(want.parameters[i] - got.parameters[i]));
-  }
-  EXPECT_LE(worst, 1e-4f * scale);
-}
-
 }  // namespace
 
 TEST_F(DataParallelTest, ZeroStagesEqualPlainDataParallelBitForBit) {

@@ -1,17 +1,16 @@
 // OffloadFile: one state file of the optimizer offload (an open descriptor with whole-buffer
 // positional reads and writes, space reservation, sync and an exclusive lock), every failure a
-// lattice::Error that names the file and the fix. Also the CRC-32C checksum the offload stores per
-// chunk.
+// lattice::Error that names the file and the fix. The offload's per-chunk checksum is
+// lattice::crc32c (core/crc32c.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-namespace lattice::optim {
+#include "lattice/core/crc32c.hpp"
 
-// CRC-32C (Castagnoli) of `nbytes` bytes, continuing from `crc` (0 to start).
-uint32_t crc32c(const void* data, size_t nbytes, uint32_t crc = 0);
+namespace lattice::optim {
 
 // The error text for a failed operation on an offload file: names the path, the OS reason and
 // what to do (ENOSPC / EFBIG / EDQUOT: free space or move the directory; EACCES / EROFS: writable

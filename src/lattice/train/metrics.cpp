@@ -12,6 +12,22 @@
 #include "lattice/core/error.hpp"
 
 namespace lattice::train {
+namespace {
+
+// The numbers of a JSONL record as TensorBoard scalars, tagged by their path ("memory/rss"); the
+// step is the event's own and arrays (per-layer MoE records) stay in the JSONL.
+void add_scalars(const nlohmann::json& j, const std::string& prefix,
+                 std::vector<std::pair<std::string, double>>& out) {
+  for (const auto& [key, value] : j.items()) {
+    const std::string tag = prefix.empty() ? key : prefix + "/" + key;
+    if (value.is_object())
+      add_scalars(value, tag, out);
+    else if (value.is_number() && tag != "step")
+      out.emplace_back(tag, value.get<double>());
+  }
+}
+
+}  // namespace
 
 double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision) {
   if (precision == kernels::Precision::bf16 && matmul.bf16_on_fp32_units())
@@ -46,7 +62,11 @@ std::string format_bytes(int64_t bytes) {
   return buffer;
 }
 
-MetricsLogger::MetricsLogger(const std::string& jsonl_path) : terminal_(isatty(STDOUT_FILENO)) {
+MetricsLogger::MetricsLogger(const std::string& jsonl_path,
+                             const std::string& tensorboard_directory)
+    : terminal_(isatty(STDOUT_FILENO)) {
+  if (!tensorboard_directory.empty())
+    tensorboard_ = std::make_unique<io::TensorBoardWriter>(tensorboard_directory);
   if (!jsonl_path.empty()) {
     jsonl_.open(jsonl_path, std::ios::app);
     check(jsonl_.good(), "cannot write metrics file " + jsonl_path + ": check the run directory");
@@ -84,7 +104,7 @@ void MetricsLogger::log_step(const StepMetrics& m) {
 }
 
 void MetricsLogger::record(const StepMetrics& m) {
-  if (!jsonl_.is_open()) return;
+  if (!jsonl_.is_open() && !tensorboard_) return;
   nlohmann::json j = {{"step", m.step},
                       {"loss", m.loss},
                       {"grad_norm", m.grad_norm},
@@ -126,6 +146,12 @@ void MetricsLogger::record(const StepMetrics& m) {
                 {"dropped_fraction", m.moe->dropped_fraction},
                 {"layers", layers}};
   }
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> scalars;
+    add_scalars(j, "", scalars);
+    tensorboard_->add_scalars(m.step, scalars);
+  }
+  if (!jsonl_.is_open()) return;
   jsonl_ << j.dump() << "\n";
   jsonl_.flush();
 }

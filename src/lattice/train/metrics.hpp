@@ -6,10 +6,12 @@
 
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "lattice/core/memory.hpp"
+#include "lattice/io/tensorboard_events.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/train/moe_metrics.hpp"
 
@@ -52,15 +54,21 @@ double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision pr
 
 class MetricsLogger {
  public:
-  // jsonl_path empty: no JSONL. The progress bar is drawn only when stdout is a terminal.
-  explicit MetricsLogger(const std::string& jsonl_path);
+  // jsonl_path empty: no JSONL; tensorboard_directory empty: no TensorBoard event file. The
+  // progress bar is drawn only when stdout is a terminal.
+  explicit MetricsLogger(const std::string& jsonl_path,
+                         const std::string& tensorboard_directory = "");
   void log_step(const StepMetrics& m);  // the printed line
-  void record(const StepMetrics& m);    // the JSONL record (every step)
+  // The JSONL record (every step), and the same numbers as TensorBoard scalars: each number of the
+  // record but the step, tagged with its JSON path ("loss", "memory/rss", "moe/max_mean_load"; the
+  // per-layer MoE arrays stay in the JSONL).
+  void record(const StepMetrics& m);
   void progress(int64_t step, int64_t total, double seconds_per_step);  // terminal only
   void finish_progress();
 
  private:
   std::ofstream jsonl_;
+  std::unique_ptr<io::TensorBoardWriter> tensorboard_;
   bool terminal_ = false;
   bool bar_drawn_ = false;
 };

@@ -335,6 +335,7 @@ const Schema& schema() {
       {"metrics",
        {{"log_freq", int_key(&TrainConfig::log_freq)},
         {"jsonl", bool_key(&TrainConfig::jsonl)},
+        {"tensorboard", bool_key(&TrainConfig::tensorboard)},
         {"peak_tflops", float_key(&TrainConfig::peak_tflops)},
         {"trace", string_key(&TrainConfig::trace)}}},
       {"data",

@@ -80,8 +80,9 @@ struct TrainConfig {
   // [metrics]
   int64_t log_freq = 10;
   bool jsonl = true;
-  double peak_tflops = 0;  // 0 = measure with a short GEMM calibration at start
-  std::string trace;       // a Chrome trace of the pipeline's steps (pp > 1); empty: none
+  bool tensorboard = true;  // TensorBoard event files in run_dir, the JSONL's numbers as scalars
+  double peak_tflops = 0;   // 0 = measure with a short GEMM calibration at start
+  std::string trace;        // a Chrome trace of the pipeline's steps (pp > 1); empty: none
   // [data]
   std::vector<std::string> train_files;
   std::vector<std::string> exclude = {"*.dat", "*.u8"};

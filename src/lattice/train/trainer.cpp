@@ -283,7 +283,8 @@ TrainResult Trainer::run() {
   }
 
   MetricsLogger logger(
-      printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "");
+      printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "",
+      printing_ && config_.tensorboard ? config_.run_dir : "");
   model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get(), context_.get()};
   if (config_.model.is_moe()) ctx.balancing = group_;  // the batch group dp x cp
   const auto schedule = config_.lr_schedule();
