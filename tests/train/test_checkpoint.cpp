@@ -1,32 +1,37 @@
-// Checkpoints record every parameter's placement (logical shape, shard, replicated axes) in the
-// safetensors metadata of the weights and of the optimizer state, without changing the tensors;
-// a checkpoint round-trips, one written before placements were recorded still loads, and one
-// whose placements disagree with the model is refused with one line naming the parameter.
+// Sharded checkpoints (train/sharded_checkpoint.hpp, checkpoint_index.hpp, checkpoint_reader.hpp):
+// one rank writes model.safetensors and optimizer.safetensors holding every tensor whole plus an
+// index with a CRC-32C per piece; ranks that each own runs of the store (as ZeRO shards do) write
+// only those runs, and the reader puts the logical tensors back together bit for bit; a checkpoint
+// of the format before the index still loads; a failing rank fails the save on every rank and
+// leaves the previous checkpoint the latest; damage — a flipped byte, a missing rank file, a lost
+// piece, another logical shape — is one clear line naming the file or tensor.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
-#include <functional>
-#include <map>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/io/atomic_file.hpp"
 #include "lattice/io/safetensors.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/train/checkpoint.hpp"
+#include "lattice/train/sharded_checkpoint.hpp"
 
 using namespace lattice;
 namespace fs = std::filesystem;
 
 namespace {
 
-class CheckpointPlacements : public ::testing::Test {
+class ShardedCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("lattice-checkpoint-" + std::to_string(::getpid()));
@@ -34,125 +39,233 @@ class CheckpointPlacements : public ::testing::Test {
     config_ = model::model_preset("gpt2-tiny");
     config_.vocab_size = 256;
     config_.max_seq_len = 32;
+    model_ = std::make_unique<model::Transformer>(config_, nullptr);
+    model_->initialize(3);
+    adamw_ = std::make_unique<optim::AdamWOptimizer>(ops_, model_->parameters(),
+                                                     optim::AdamWSettings{}, nullptr);
+    for (int64_t i = 0; i < model_->parameters().size(); ++i) {
+      adamw_->exp_avg()[i] = 0.001f * static_cast<float>(i % 97);
+      adamw_->exp_avg_sq()[i] = 0.002f * static_cast<float>(i % 89);
+    }
+    adamw_->set_steps_taken(7);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // Saves a checkpoint of an initialised model with made-up moments; returns its directory.
-  std::string save(model::Transformer& model) {
-    model.initialize(3);
-    kernels::CpuOps adamw_ops;
-    optim::AdamWOptimizer adamw(adamw_ops, model.parameters(), {}, nullptr);
-    for (int64_t i = 0; i < model.parameters().size(); ++i) {
-      adamw.exp_avg()[i] = 0.001f * static_cast<float>(i % 97);
-      adamw.exp_avg_sq()[i] = 0.002f * static_cast<float>(i % 89);
-    }
-    adamw.set_steps_taken(7);
-    return train::save_checkpoint(dir_.string(), model, adamw, {7, 70, 1}, "", 2);
+  std::string save_one_rank() {
+    return train::save_checkpoint(dir_.string(), *model_, *adamw_, {7, 70, 1}, "", 2);
   }
 
-  // Rewrites `file` with its tensors unchanged and the metadata changed by `edit`.
-  static void rewrite_metadata(
-      const std::string& file,
-      const std::function<void(std::map<std::string, std::string>&)>& edit) {
-    std::vector<Tensor> tensors;
-    std::vector<SafetensorsEntry> entries;
-    std::map<std::string, std::string> metadata;
-    {
-      SafetensorsFile in(file);
-      metadata = in.metadata();
-      for (const std::string& name : in.names()) tensors.push_back(in.read(name));
-      const std::vector<std::string> names = in.names();
-      for (size_t i = 0; i < names.size(); ++i)
-        entries.push_back(safetensors_entry(names[i], tensors[i]));
-    }
-    edit(metadata);
-    write_safetensors(file, entries, metadata);
-  }
-
-  fs::path dir_;
-  model::ModelConfig config_;
-};
-
-TEST_F(CheckpointPlacements, EveryParameterIsRecordedWholeAndReplicated) {
-  model::Transformer model(config_, nullptr);
-  const std::string checkpoint = save(model);
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
-    SafetensorsFile stored((fs::path(checkpoint) / file).string());
-    ASSERT_TRUE(stored.metadata().contains("lattice.placements")) << file;
-    const auto placements = nlohmann::json::parse(stored.metadata().at("lattice.placements"));
-    ASSERT_EQ(placements.size(), model.parameters().parameters().size()) << file;
-    for (const auto& p : model.parameters().parameters()) {
-      const auto& entry = placements.at(p.name);
-      EXPECT_EQ(entry.at("global_shape").get<Shape>(), p.shape) << p.name;
-      EXPECT_EQ(entry.at("shard").at("count").get<int>(), 1) << p.name;
-      EXPECT_EQ(
-          entry.at("replicated").get<std::vector<std::string>>(),
-          (std::vector<std::string>{"pp", "dp", "cp", "tp", "ep", "dp_replicate", "dp_shard"}))
-          << p.name;
-    }
-  }
-  // The tensors are the model's values, unchanged by the metadata.
-  SafetensorsFile weights((fs::path(checkpoint) / "model.safetensors").string());
-  const auto& store = model.parameters();
-  for (const auto& p : store.parameters()) {
-    const SafetensorsEntry& e = weights.entry(p.name);
-    ASSERT_EQ(e.nbytes, static_cast<size_t>(p.numel) * 4);
-    EXPECT_EQ(0, std::memcmp(e.data, store.value(store.index_of(p.name)), e.nbytes)) << p.name;
-  }
-}
-
-TEST_F(CheckpointPlacements, RoundTripsAndAcceptsCheckpointsWithoutPlacements) {
-  model::Transformer model(config_, nullptr);
-  const std::string checkpoint = save(model);
-  // Drop the placements, as a checkpoint written before they were recorded.
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"})
-    rewrite_metadata((fs::path(checkpoint) / file).string(),
-                     [](auto& metadata) { metadata.erase("lattice.placements"); });
-  model::Transformer loaded(config_, nullptr);
-  kernels::CpuOps adamw_ops;
-  optim::AdamWOptimizer adamw(adamw_ops, loaded.parameters(), {}, nullptr);
-  const train::TrainerState state = train::load_checkpoint(checkpoint, loaded, &adamw);
-  EXPECT_EQ(state.step, 7);
-  EXPECT_EQ(adamw.steps_taken(), 7);
-  EXPECT_EQ(0, std::memcmp(loaded.parameters().values(), model.parameters().values(),
-                           static_cast<size_t>(model.parameters().size()) * 4));
-  EXPECT_EQ(adamw.exp_avg()[96], 0.001f * 96);
-}
-
-TEST_F(CheckpointPlacements, DisagreeingPlacementsAreOneClearError) {
-  model::Transformer model(config_, nullptr);
-  const std::string checkpoint = save(model);
-  const std::string name = "transformer.h.0.attn.c_attn.weight";
-  auto error_after = [&](const std::function<void(nlohmann::json&)>& change) -> std::string {
-    const std::string file = (fs::path(checkpoint) / "model.safetensors").string();
-    rewrite_metadata(file, [&](auto& metadata) {
-      auto placements = nlohmann::json::parse(metadata.at("lattice.placements"));
-      change(placements.at(name));
-      metadata["lattice.placements"] = placements.dump();
+  // `ranks` ranks of one store, rank r owning the r-th of `ranks` equal runs of the flat buffer
+  // (cut through the middle of parameters, as ZeRO's bucket shards are). Returns the directory.
+  // With `failing_rank`, that rank's moments cannot be read: `errors` gets every rank's error.
+  std::string save_split(int ranks, int failing_rank = -1, int64_t step = 9,
+                         std::vector<std::string>* errors = nullptr) {
+    std::string dir;
+    if (errors) errors->assign(static_cast<size_t>(ranks), "");
+    const model::ParameterStore& store = model_->parameters();
+    comm::run_local_ranks(ranks, [&](comm::Communicator& world) {
+      const int64_t n = store.size(), r = world.rank();
+      train::CheckpointSource source;
+      source.store = &store;
+      source.values = store.values();
+      source.ranges = {{n * r / ranks, n * (r + 1) / ranks}};
+      source.moments = [&](int64_t begin, int64_t end, float* m, float* v) {
+        if (r == failing_rank) throw Error("rank " + std::to_string(r) + " lost its moments");
+        std::copy(adamw_->exp_avg() + begin, adamw_->exp_avg() + end, m);
+        std::copy(adamw_->exp_avg_sq() + begin, adamw_->exp_avg_sq() + end, v);
+      };
+      const train::CheckpointContents contents{
+          dir_.string(), config_, {step, step * 10, 1}, 7, "", 2, "dp" + std::to_string(ranks)};
+      try {
+        const std::string written = train::save_sharded_checkpoint(contents, {&source, 1}, world);
+        if (r == 0) dir = written;
+      } catch (const Error& e) {
+        if (!errors) throw;
+        (*errors)[static_cast<size_t>(r)] = e.what();
+      }
     });
+    return dir;
+  }
+
+  // Loads `checkpoint` into a fresh model; expects the saved weights and moments bit for bit.
+  void expect_loads_back(const std::string& checkpoint) {
     model::Transformer loaded(config_, nullptr);
+    optim::AdamWOptimizer adamw(ops_, loaded.parameters(), {}, nullptr);
+    const train::TrainerState state = train::load_checkpoint(checkpoint, loaded, &adamw);
+    EXPECT_EQ(adamw.steps_taken(), 7);
+    const size_t bytes = static_cast<size_t>(model_->parameters().size()) * sizeof(float);
+    EXPECT_EQ(0, std::memcmp(loaded.parameters().values(), model_->parameters().values(), bytes));
+    EXPECT_EQ(0, std::memcmp(adamw.exp_avg(), adamw_->exp_avg(), bytes));
+    EXPECT_EQ(0, std::memcmp(adamw.exp_avg_sq(), adamw_->exp_avg_sq(), bytes));
+    (void)state;
+  }
+
+  std::string load_error(const std::string& checkpoint) {
+    model::Transformer loaded(config_, nullptr);
+    optim::AdamWOptimizer adamw(ops_, loaded.parameters(), {}, nullptr);
     try {
-      train::load_checkpoint(checkpoint, loaded, nullptr);
+      train::load_checkpoint(checkpoint, loaded, &adamw);
     } catch (const Error& e) {
       return e.what();
     }
     return "";
-  };
-  const std::string sharded = error_after([](nlohmann::json& p) {
-    p["shard"] = {{"dim", 0}, {"index", 1}, {"count", 2}};
-  });
-  EXPECT_NE(sharded.find("holds shard 1 of 2 (dimension 0) of '" + name +
-                         "', this rank needs shard 0 of 1: resharding a checkpoint is not "
-                         "supported yet"),
-            std::string::npos)
-      << sharded;
-  const std::string reshaped = error_after([](nlohmann::json& p) {
-    p["shard"] = {{"dim", 0}, {"index", 0}, {"count", 1}};
-    p["global_shape"] = {1, 2};
-  });
-  EXPECT_NE(reshaped.find("holds '" + name + "' with logical shape [1, 2]"), std::string::npos)
-      << reshaped;
-  EXPECT_EQ(reshaped.find('\n'), std::string::npos);
+  }
+
+  fs::path dir_;
+  model::ModelConfig config_;
+  kernels::CpuOps ops_;
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<optim::AdamWOptimizer> adamw_;
+};
+
+nlohmann::json read_index(const std::string& checkpoint) {
+  return nlohmann::json::parse(read_file_text((fs::path(checkpoint) / "index.json").string()));
+}
+
+TEST_F(ShardedCheckpoint, OneRankWritesEveryTensorWholeWithItsChecksum) {
+  const std::string checkpoint = save_one_rank();
+  const nlohmann::json index = read_index(checkpoint);
+  EXPECT_EQ(index.at("format"), "lattice.sharded_checkpoint");
+  const auto& tensors = index.at("tensors");
+  // Every parameter and both of its moments, each one whole piece.
+  EXPECT_EQ(tensors.size(), 3 * model_->parameters().parameters().size());
+  SafetensorsFile weights((fs::path(checkpoint) / "model.safetensors").string());
+  for (const auto& p : model_->parameters().parameters()) {
+    const auto& pieces = tensors.at(p.name).at("pieces");
+    ASSERT_EQ(pieces.size(), 1u) << p.name;
+    EXPECT_EQ(pieces[0].at("file"), "model.safetensors");
+    EXPECT_EQ(pieces[0].at("key"), p.name);
+    EXPECT_EQ(pieces[0].at("end").get<int64_t>(), p.numel);
+    const SafetensorsEntry& e = weights.entry(p.name);
+    EXPECT_EQ(e.shape, p.shape);
+    EXPECT_EQ(0,
+              std::memcmp(e.data, model_->parameters().value(model_->parameters().index_of(p.name)),
+                          e.nbytes))
+        << p.name;
+    EXPECT_EQ(tensors.at("exp_avg/" + p.name).at("pieces")[0].at("file"), "optimizer.safetensors");
+  }
+  expect_loads_back(checkpoint);
+}
+
+TEST_F(ShardedCheckpoint, RanksWriteOnlyTheirRunsAndTheReaderPutsThemTogether) {
+  for (int ranks : {2, 3}) {
+    SCOPED_TRACE(ranks);
+    const std::string checkpoint = save_split(ranks);
+    // Each rank's file holds about 1/ranks of the bytes, and no rank wrote the whole store.
+    const auto total = static_cast<double>(model_->parameters().size()) * 4;
+    for (int r = 0; r < ranks; ++r) {
+      const fs::path file =
+          fs::path(checkpoint) / ("model-rank-0000" + std::to_string(r) + "-of-0000" +
+                                  std::to_string(ranks) + ".safetensors");
+      ASSERT_TRUE(fs::exists(file)) << file;
+      EXPECT_LT(static_cast<double>(fs::file_size(file)), total / ranks * 1.1 + 65536) << file;
+    }
+    EXPECT_FALSE(fs::exists(fs::path(checkpoint) / "model.safetensors"));
+    EXPECT_FALSE(fs::exists(fs::path(checkpoint) / "pieces-rank-00000.json"));
+    // A cut parameter is two pieces keyed name#begin.
+    size_t cut = 0;
+    const nlohmann::json index = read_index(checkpoint);
+    for (const auto& [name, tensor] : index.at("tensors").items())
+      if (tensor.at("pieces").size() > 1) ++cut;
+    EXPECT_GE(cut, 3u);  // at least one parameter and its two moments
+    expect_loads_back(checkpoint);
+    const train::CheckpointReader reader(checkpoint);
+    EXPECT_EQ(reader.state().step, 9);
+    EXPECT_EQ(reader.state().samples_consumed, 90);
+  }
+}
+
+TEST_F(ShardedCheckpoint, AFailingRankFailsTheSaveEverywhereAndKeepsThePreviousLatest) {
+  const std::string good = save_split(2);
+  std::vector<std::string> errors;
+  save_split(3, 1, 11, &errors);
+  EXPECT_NE(errors[1].find("rank 1 lost its moments"), std::string::npos) << errors[1];
+  for (int r : {0, 2})
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("another rank could not write its shard"),
+              std::string::npos)
+        << errors[static_cast<size_t>(r)];
+  // Nothing of step 11 is left, staged or published, and `latest` still names step 9.
+  for (const auto& entry : fs::directory_iterator(dir_ / "checkpoints"))
+    EXPECT_EQ(entry.path().filename().string().find("step_00000011"), std::string::npos)
+        << entry.path();
+  EXPECT_EQ(train::latest_checkpoint(dir_.string()), good);
+  expect_loads_back(good);
+}
+
+TEST_F(ShardedCheckpoint, TheFormatBeforeTheIndexStillLoads) {
+  const std::string checkpoint = save_one_rank();
+  fs::remove(fs::path(checkpoint) / "index.json");  // model/optimizer.safetensors + state.json
+  expect_loads_back(checkpoint);
+  EXPECT_EQ(train::read_checkpoint_model_config(checkpoint).d_model, config_.d_model);
+}
+
+TEST_F(ShardedCheckpoint, DamageIsOneLineNamingTheFileOrTensor) {
+  // A flipped byte inside a tensor's data: its checksum names the tensor and the file.
+  {
+    const std::string checkpoint = save_split(2);
+    const fs::path file = fs::path(checkpoint) / "model-rank-00001-of-00002.safetensors";
+    SafetensorsFile read(file.string());
+    const std::string victim = read.names().back();
+    const uint64_t header = [&] {
+      std::ifstream in(file, std::ios::binary);
+      uint64_t n = 0;
+      in.read(reinterpret_cast<char*>(&n), 8);
+      return n;
+    }();
+    const uint64_t at = 8 + header + read.entry(victim).data_begin + 1;
+    {
+      std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekg(static_cast<std::streamoff>(at));
+      char c = 0;
+      io.read(&c, 1);
+      c = static_cast<char>(c ^ 0x10);
+      io.seekp(static_cast<std::streamoff>(at));
+      io.write(&c, 1);
+    }
+    const std::string error = load_error(checkpoint);
+    EXPECT_NE(error.find("'" + victim +
+                         "' in model-rank-00001-of-00002.safetensors fails its "
+                         "checksum"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos);
+    // A missing rank file.
+    fs::remove(file);
+    const std::string missing = load_error(checkpoint);
+    EXPECT_NE(missing.find("lacks model-rank-00001-of-00002.safetensors, which its index lists"),
+              std::string::npos)
+        << missing;
+    fs::remove_all(dir_);
+  }
+  // A piece lost from the index: the elements it held are named.
+  {
+    const std::string checkpoint = save_split(2);
+    nlohmann::json index = read_index(checkpoint);
+    std::string cut;
+    for (auto& [name, tensor] : index.at("tensors").items())
+      if (tensor.at("pieces").size() > 1 && name.find('/') == std::string::npos) {
+        cut = name;
+        tensor.at("pieces").erase(1);
+        break;
+      }
+    ASSERT_FALSE(cut.empty());
+    write_text_atomic((fs::path(checkpoint) / "index.json").string(), index.dump());
+    const std::string error = load_error(checkpoint);
+    EXPECT_NE(error.find("is missing elements ["), std::string::npos) << error;
+    EXPECT_NE(error.find("of '" + cut + "'"), std::string::npos) << error;
+    fs::remove_all(dir_);
+  }
+  // Another logical shape.
+  {
+    const std::string checkpoint = save_one_rank();
+    nlohmann::json index = read_index(checkpoint);
+    const std::string name = "transformer.h.0.attn.c_attn.weight";
+    index["tensors"][name]["global_shape"] = {1, 2};
+    write_text_atomic((fs::path(checkpoint) / "index.json").string(), index.dump());
+    const std::string error = load_error(checkpoint);
+    EXPECT_NE(error.find("holds '" + name + "' with logical shape [1, 2]"), std::string::npos)
+        << error;
+  }
 }
 
 }  // namespace

@@ -169,6 +169,18 @@ void DataParallel::import_state(const optim::AdamWOptimizer& full) {
   parameters_.take_whole_values();
 }
 
+std::vector<std::pair<int64_t, int64_t>> DataParallel::checkpoint_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  const bool first_replica = groups_.replicate == nullptr || groups_.replicate->rank() == 0;
+  for (const Bucket& bucket : layout_.buckets()) {
+    if (!bucket.expert && !first_replica) continue;
+    const int rank = bucket.expert ? groups_.expert->rank() : groups_.shard->rank();
+    const int64_t begin = bucket.shard_begin(rank), end = bucket.shard_end(rank);
+    if (begin < end) ranges.emplace_back(begin, end);
+  }
+  return ranges;
+}
+
 CommunicationTimes DataParallel::take_communication_times() {
   CommunicationTimes times;
   times.exposed_seconds = clock_.take();

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lattice/comm/communicator.hpp"
@@ -100,6 +101,15 @@ class DataParallel final : public model::ModelHooks {
   void export_state(optim::AdamWOptimizer* full);
   // Takes this rank's part of a full AdamW state and the model's (full) weights after a load.
   void import_state(const optim::AdamWOptimizer& full);
+  // What this rank writes of a sharded checkpoint (train/sharded_checkpoint.hpp): its shard of
+  // every bucket, the dense ones only on the first HSDP replica, so that the ranks of the batch
+  // group write each element once (at stage 0 too, where every rank holds everything: the writes
+  // are spread the same way). Flat ranges [begin, end) of the store.
+  std::vector<std::pair<int64_t, int64_t>> checkpoint_ranges() const;
+  // The AdamW moments of one such range.
+  void read_moments(int64_t begin, int64_t end, float* exp_avg, float* exp_avg_sq) const {
+    optimizer_.read_moments(begin, end, exp_avg, exp_avg_sq);
+  }
 
   CommunicationTimes take_communication_times();
 

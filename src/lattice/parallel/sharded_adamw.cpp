@@ -165,4 +165,27 @@ void ShardedAdamW::import_state(const optim::AdamWOptimizer& full) {
   if (offload_) offload_->write_moments(0, elements, m, v);
 }
 
+void ShardedAdamW::read_moments(int64_t begin, int64_t end, float* exp_avg,
+                                float* exp_avg_sq) const {
+  int64_t at = begin;  // the state offset of `begin`
+  if (zero_stage_ > 0) {
+    const auto& buckets = layout_.buckets();
+    auto holds = [&](const Bucket& b) {
+      return begin >= b.shard_begin(rank_in(b)) && end <= b.shard_end(rank_in(b));
+    };
+    auto it = std::find_if(buckets.begin(), buckets.end(), holds);
+    check(it != buckets.end(), "optimizer state: elements [" + std::to_string(begin) + ", " +
+                                   std::to_string(end) +
+                                   ") are not inside this rank's shard of one bucket (internal "
+                                   "error)");
+    at = it->shard_offset + begin - (it->begin + it->shard * rank_in(*it));
+  }
+  if (offload_) {
+    offload_->read_moments(at, end - begin, exp_avg, exp_avg_sq);
+    return;
+  }
+  std::copy(m_.f32() + at, m_.f32() + at + (end - begin), exp_avg);
+  std::copy(v_.f32() + at, v_.f32() + at + (end - begin), exp_avg_sq);
+}
+
 }  // namespace lattice::parallel

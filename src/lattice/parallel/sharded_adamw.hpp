@@ -41,6 +41,10 @@ class ShardedAdamW {
                     optim::AdamWOptimizer* full);
   // Takes this rank's part of a full AdamW state.
   void import_state(const optim::AdamWOptimizer& full);
+  // Copies the moments of the flat elements [begin, end), which this rank holds: any range at
+  // stage 0, a range inside this rank's shard of one bucket at stages 1-3 (what sharded
+  // checkpoints write; read back from the files under offload).
+  void read_moments(int64_t begin, int64_t end, float* exp_avg, float* exp_avg_sq) const;
 
  private:
   int64_t state_elements() const;

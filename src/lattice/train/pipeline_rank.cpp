@@ -121,69 +121,53 @@ void PipelineRank::settle_parameters() {
   for (auto& dp : dps_) dp->settle_parameters(true);
 }
 
-WholeModelState PipelineRank::gather_whole(bool with_optimizer) {
+std::vector<float> PipelineRank::gather_whole() {
   settle_parameters();
   comm::Communicator& batch = mesh_.dp_cp();
   comm::Communicator& tp = mesh_.group(mesh::Axis::tp);
   comm::Communicator& pp = mesh_.group(mesh::Axis::pp);
   const bool batch_root = batch.rank() == 0;
-  const bool stage_root = batch_root && tp.rank() == 0;  // holds its stages' logical state
-  const int kinds = with_optimizer ? 3 : 1;
+  const bool stage_root = batch_root && tp.rank() == 0;  // holds its stages' logical values
   // Expert parallelism: the ranks of the batch root's expert-data-parallel index gather the
   // tensor-parallel slices and every expert onto it.
   comm::Communicator& ep = mesh_.group(mesh::Axis::ep);
   const bool expert_gather = ep.size() > 1 && mesh_.expert_data_parallel_index() == 0;
-  // Each stage's logical tensors (tp gathered) on its stage root: values, then the moments.
-  std::vector<std::vector<std::vector<float>>> logical(models_.size());
+  // Each stage's logical tensors (tp gathered) on its stage root.
+  std::vector<std::vector<float>> logical(models_.size());
   for (size_t i = 0; i < models_.size(); ++i) {
-    model::Transformer& model = *models_[i];
-    std::unique_ptr<optim::AdamWOptimizer> full;
-    if (with_optimizer) {
-      if (batch_root || expert_gather)
-        full = std::make_unique<optim::AdamWOptimizer>(ops_, model.parameters(), config_.adamw,
-                                                       nullptr);
-      dps_[i]->export_state(full.get());
-    }
     if (!batch_root && !expert_gather) continue;
+    model::Transformer& model = *models_[i];
     const auto logical_model =
         model::Transformer::declared_only(config_.model, model.stage_range());
     const model::ParameterStore& local = model.parameters();
     const model::ParameterStore& whole = logical_model->parameters();
-    const float* sources[3] = {local.values(), full ? full->exp_avg() : nullptr,
-                               full ? full->exp_avg_sq() : nullptr};
-    for (int k = 0; k < kinds; ++k) {
-      std::vector<float> out(stage_root ? static_cast<size_t>(whole.size()) : 0);
-      if (expert_gather)
-        parallel::gather_model_state(local, sources[k],
-                                     model::Transformer::declared_only(
-                                         config_.model, model.stage_range(), {},
-                                         model::ExpertParallelGroup{nullptr, ep.rank(), ep.size()})
-                                         ->parameters(),
-                                     whole, stage_root ? out.data() : nullptr, tp, ep);
-      else if (tp.size() == 1)
-        out.assign(sources[k], sources[k] + local.size());
-      else
-        parallel::gather_logical(local, sources[k], whole, stage_root ? out.data() : nullptr, tp);
-      logical[i].push_back(std::move(out));
-    }
+    std::vector<float>& out = logical[i];
+    out.resize(stage_root ? static_cast<size_t>(whole.size()) : 0);
+    if (expert_gather)
+      parallel::gather_model_state(local, local.values(),
+                                   model::Transformer::declared_only(
+                                       config_.model, model.stage_range(), {},
+                                       model::ExpertParallelGroup{nullptr, ep.rank(), ep.size()})
+                                       ->parameters(),
+                                   whole, stage_root ? out.data() : nullptr, tp, ep);
+    else if (tp.size() == 1)
+      out.assign(local.values(), local.values() + local.size());
+    else
+      parallel::gather_logical(local, local.values(), whole, stage_root ? out.data() : nullptr, tp);
   }
-  WholeModelState state;
-  if (!stage_root) return state;
+  if (!stage_root) return {};
   // The stage roots (one pipeline group) send their stages to pipeline rank 0, which lays them
   // out as the one-rank model.
   const pipeline::Schedule& schedule = executor_->schedule();
   if (pp.rank() != 0) {
     for (size_t i = 0; i < models_.size(); ++i)
-      for (int k = 0; k < kinds; ++k)
-        pp.send(logical[i][static_cast<size_t>(k)].data(),
-                static_cast<int64_t>(logical[i][static_cast<size_t>(k)].size()), DType::f32, 0,
-                kWholeStateTag + stage_ids_[i] * 3 + k);
-    return state;
+      pp.send(logical[i].data(), static_cast<int64_t>(logical[i].size()), DType::f32, 0,
+              kWholeStateTag + stage_ids_[i]);
+    return {};
   }
   const auto whole = model::Transformer::declared_only(config_.model);
   const model::ParameterStore& target = whole->parameters();
-  std::vector<float>* outputs[3] = {&state.values, &state.exp_avg, &state.exp_avg_sq};
-  for (int k = 0; k < kinds; ++k) outputs[k]->assign(static_cast<size_t>(target.size()), 0.0f);
+  std::vector<float> values(static_cast<size_t>(target.size()), 0.0f);
   for (int s = 0; s < schedule.num_stages(); ++s) {
     const int owner = schedule.stage_owner[static_cast<size_t>(s)];
     const model::StageRange range{partition_.first[static_cast<size_t>(s)],
@@ -192,25 +176,23 @@ WholeModelState PipelineRank::gather_whole(bool with_optimizer) {
     const model::ParameterStore& stage = stage_model->parameters();
     const size_t mine = static_cast<size_t>(std::find(stage_ids_.begin(), stage_ids_.end(), s) -
                                             stage_ids_.begin());
-    for (int k = 0; k < kinds; ++k) {
-      std::vector<float> received;
-      const float* data = nullptr;
-      if (owner == 0) {
-        data = logical[mine][static_cast<size_t>(k)].data();
-      } else {
-        received.resize(static_cast<size_t>(stage.size()));
-        pp.recv(received.data(), stage.size(), DType::f32, owner, kWholeStateTag + s * 3 + k);
-        data = received.data();
-      }
-      for (const model::ParameterInfo& p : stage.parameters()) {
-        if (p.is_copy()) continue;  // the tied head's copy: the embedding is the parameter
-        const model::ParameterInfo& to = target.info(target.index_of(p.name));
-        std::memcpy(outputs[k]->data() + to.offset, data + p.offset,
-                    static_cast<size_t>(p.numel) * sizeof(float));
-      }
+    std::vector<float> received;
+    const float* data = nullptr;
+    if (owner == 0) {
+      data = logical[mine].data();
+    } else {
+      received.resize(static_cast<size_t>(stage.size()));
+      pp.recv(received.data(), stage.size(), DType::f32, owner, kWholeStateTag + s);
+      data = received.data();
+    }
+    for (const model::ParameterInfo& p : stage.parameters()) {
+      if (p.is_copy()) continue;  // the tied head's copy: the embedding is the parameter
+      const model::ParameterInfo& to = target.info(target.index_of(p.name));
+      std::memcpy(values.data() + to.offset, data + p.offset,
+                  static_cast<size_t>(p.numel) * sizeof(float));
     }
   }
-  return state;
+  return values;
 }
 
 TrainerState PipelineRank::load(const std::string& checkpoint_dir) {

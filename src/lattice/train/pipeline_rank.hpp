@@ -3,8 +3,8 @@
 // group), each stage's data parallelism (parallel::DataParallel over the rank's batch group), the
 // executor running the schedule's action list (generated from [parallelism] or read from
 // parallelism.pipeline_schedule_file), and the tied embedding across the first and last stage.
-// It trains a step (pipeline_step.hpp), evaluates, and gathers or loads the layout-independent
-// whole-model state for checkpoints and parity checks.
+// It trains a step (pipeline_step.hpp), evaluates, gathers the whole model's values for parity
+// checks and loads its stages from a checkpoint of any layout.
 #pragma once
 
 #include <memory>
@@ -27,12 +27,6 @@ namespace lattice::train {
 pipeline::Schedule pipeline_schedule_of(const TrainConfig& config);
 // The blocks of each virtual stage: parallelism.pipeline_layers, or pipeline_partition's split.
 pipeline::StagePartition pipeline_partition_of(const TrainConfig& config);
-
-// The whole model's state, laid out as a one-rank model's flat store (every parameter whole),
-// assembled on one rank (empty elsewhere).
-struct WholeModelState {
-  std::vector<float> values, exp_avg, exp_avg_sq;
-};
 
 class PipelineRank {
  public:
@@ -59,12 +53,13 @@ class PipelineRank {
   // Completes pending ZeRO gathers on every stage.
   void settle_parameters();
 
-  // The whole model's values (and, with `with_optimizer`, the AdamW moments, exported from the
-  // ZeRO shards) on the rank at pipeline, data-parallel and tensor-parallel coordinate 0; other
-  // ranks return empty buffers. Collective over every rank of the run.
-  WholeModelState gather_whole(bool with_optimizer);
+  // The whole model's values, laid out as a one-rank model's flat store, on the rank at pipeline,
+  // data-parallel and tensor-parallel coordinate 0 (`lattice parity`); other ranks return an empty
+  // buffer. Collective over every rank of the run.
+  std::vector<float> gather_whole();
   int64_t optimizer_steps() const { return dps_.front()->steps_taken(); }
-  // Loads each stage's parameters (and AdamW state) from a whole checkpoint; returns its state.
+  // Loads each stage's parameters (and AdamW state) from a checkpoint of any layout; returns its
+  // state.
   TrainerState load(const std::string& checkpoint_dir);
 
  private:

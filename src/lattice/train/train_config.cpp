@@ -330,6 +330,7 @@ const Schema& schema() {
        {{"enable", bool_key(&TrainConfig::checkpoint_enable)},
         {"interval", int_key(&TrainConfig::checkpoint_interval)},
         {"keep_latest", int_key(&TrainConfig::keep_latest)},
+        {"async", bool_key(&TrainConfig::checkpoint_async)},
         {"resume", bool_key(&TrainConfig::resume)},
         {"resume_from", string_key(&TrainConfig::resume_from)}}},
       {"metrics",

@@ -75,6 +75,9 @@ struct TrainConfig {
   bool checkpoint_enable = true;
   int64_t checkpoint_interval = 0;  // steps between checkpoints; 0 = only at the end
   int64_t keep_latest = 2;
+  // Write each interval checkpoint's files in the background from a snapshot of the state while
+  // training goes on (published at a later step boundary); the final checkpoint is waited for.
+  bool checkpoint_async = false;
   bool resume = true;       // resume from run_dir's latest checkpoint when there is one
   std::string resume_from;  // explicit checkpoint directory to resume from
   // [metrics]

@@ -84,6 +84,12 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
         const char* seconds = std::getenv("LATTICE_FAULT_STALL_SECONDS");
         fault_stall_seconds_ = seconds ? std::atof(seconds) : 5.0;
       }
+  // ... or world rank LATTICE_FAULT_KILL_DURING_SAVE_RANK dies while writing its files of the
+  // checkpoint of step LATTICE_FAULT_KILL_DURING_SAVE_STEP.
+  if (const char* rank = std::getenv("LATTICE_FAULT_KILL_DURING_SAVE_RANK"))
+    if (const char* step = std::getenv("LATTICE_FAULT_KILL_DURING_SAVE_STEP"))
+      if (std::atoi(rank) == mesh_->world().rank()) fault_kill_during_save_ = std::atoll(step);
+  checkpoints_ = std::make_unique<ShardedCheckpointWriter>(mesh_->world());
   // The data loader splits each global batch over the dp ranks; the cp ranks of one dp index read
   // the same sequences and keep their load-balanced share of each (sequence_split.hpp).
   comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
@@ -126,29 +132,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
     if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
       model_->parameters().keep_bf16_copies(&tracker_);
   }
-  std::string resume_dir =
-      config_.resume_from.empty() ? "" : resolve_checkpoint(config_.resume_from);
-  if (resume_dir.empty() && config_.resume && config_.checkpoint_enable)
-    resume_dir = latest_checkpoint(config_.run_dir);
-  if (!resume_dir.empty()) {
-    // Checkpoints are whole: every rank reads the full state and keeps its part.
-    TrainerState state;
-    if (pipeline_) {
-      state = pipeline_->load(resume_dir);
-    } else {
-      optim::AdamWOptimizer full(*ops_, model_->parameters(), config_.adamw, nullptr);
-      state = load_checkpoint(resume_dir, *model_, &full);
-      dp_->import_state(full);
-    }
-    check(state.seed == config_.seed,
-          "checkpoint " + resume_dir + " was trained with training.seed = " +
-              std::to_string(state.seed) + ": resume with the same seed or use a new job.run_dir");
-    start_step_ = state.step;
-    batches_->set_position(state.samples_consumed);
-    if (printing_)
-      std::printf("resumed from %s at step %lld\n", resume_dir.c_str(),
-                  static_cast<long long>(start_step_));
-  }
+  resume();
 }
 
 Trainer::~Trainer() = default;
@@ -453,10 +437,11 @@ TrainResult Trainer::run() {
       }
     }
     if (validate) result.final_val_loss = *m.val_loss;
+    if (checkpoints_->pending()) publish_checkpoint(false);  // a background save done?
     if (config_.checkpoint_enable && config_.checkpoint_interval > 0 &&
         step % config_.checkpoint_interval == 0 && step != config_.steps) {
       logger.finish_progress();
-      save(step, config_toml);
+      save(step, config_toml, false);
     }
   }
   logger.finish_progress();
@@ -464,7 +449,9 @@ TrainResult Trainer::run() {
     trace->write(config_.trace, mesh_->world());
     if (printing_) std::printf("trace %s\n", config_.trace.c_str());
   }
-  if (config_.checkpoint_enable && config_.steps > start_step_) save(config_.steps, config_toml);
+  if (config_.checkpoint_enable && config_.steps > start_step_)
+    save(config_.steps, config_toml, true);
+  publish_checkpoint(true);  // (nothing when no save is pending)
   if (pipeline_)
     pipeline_->settle_parameters();
   else

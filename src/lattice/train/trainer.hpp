@@ -22,6 +22,7 @@
 #include "lattice/parallel/data_parallel.hpp"
 #include "lattice/train/batch_source.hpp"
 #include "lattice/train/pipeline_rank.hpp"
+#include "lattice/train/sharded_checkpoint.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::comm {
@@ -83,9 +84,15 @@ class Trainer {
   std::vector<float> logical_parameters();
 
  private:
-  void save(int64_t step, const std::string& config_toml);
-  // save() under expert parallelism: the experts gathered into one whole checkpoint.
-  void save_expert_parallel(int64_t step, const std::string& config_toml);
+  // Collective: every rank writes its part of the checkpoint of `step` (in the background under
+  // checkpoint.async, unless `final`), after publishing a save still pending.
+  void save(int64_t step, const std::string& config_toml, bool final);
+  // Collective while a save is pending: publishes it once every rank has written (with `wait`,
+  // waits for that) and prints its line.
+  void publish_checkpoint(bool wait);
+  // Loads the checkpoint to resume from, if any: the explicit one, or the run's latest, falling
+  // back to the previous good one with a warning when the latest is damaged. Collective.
+  void resume();
 
   TrainConfig config_;
   MemoryTracker tracker_;
@@ -101,6 +108,9 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<PipelineRank> pipeline_;  // pp > 1: the stages, their DP and the executor
   int64_t start_step_ = 0;
+  std::unique_ptr<ShardedCheckpointWriter> checkpoints_;
+  bool background_save_ = false;          // the pending (or last) save writes in the background
+  int64_t fault_kill_during_save_ = -1;   // LATTICE_FAULT_KILL_DURING_SAVE_* (tests only)
   int64_t fault_kill_after_step_ = -1;    // LATTICE_FAULT_KILL_* (tests only)
   int64_t fault_stall_before_step_ = -1;  // LATTICE_FAULT_STALL_* (tests only)
   double fault_stall_seconds_ = 0;

@@ -1,6 +1,6 @@
 // The trainer's whole-model state (Trainer, trainer.hpp): the parameters gathered into the
-// one-rank model's layout for `lattice parity`, and the checkpoints — ZeRO's shards, the
-// tensor-parallel slices and the experts of an expert-parallel run gathered onto one writer.
+// one-rank model's layout for `lattice parity`, and the checkpoints, which every rank writes its
+// part of (sharded_checkpoint.hpp).
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -10,6 +10,7 @@
 #include "lattice/parallel/expert_parallel_state.hpp"
 #include "lattice/parallel/tensor_parallel_state.hpp"
 #include "lattice/train/checkpoint.hpp"
+#include "lattice/train/sharded_checkpoint.hpp"
 #include "lattice/train/trainer.hpp"
 
 namespace lattice::train {
@@ -25,8 +26,8 @@ const model::ParameterStore& Trainer::full_parameters() {
 
 std::vector<float> Trainer::logical_parameters() {
   if (pipeline_) {
-    WholeModelState state = pipeline_->gather_whole(false);
-    return printing_ ? std::move(state.values) : std::vector<float>{};
+    std::vector<float> values = pipeline_->gather_whole();
+    return printing_ ? values : std::vector<float>{};
   }
   const model::ParameterStore& mine = full_parameters();
   comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
@@ -55,74 +56,114 @@ std::vector<float> Trainer::logical_parameters() {
   return printing_ ? out : std::vector<float>{};
 }
 
-void Trainer::save(int64_t step, const std::string& config_toml) {
+void Trainer::save(int64_t step, const std::string& config_toml, bool final) {
+  publish_checkpoint(true);  // one save at a time
+  // Sharded: every rank writes what it owns of each of its stores (its ZeRO shards, its tensor-
+  // parallel slices, its stages and experts); nothing is gathered.
+  const int tp_rank = mesh_->group(mesh::Axis::tp).rank();
+  std::vector<CheckpointSource> sources;
+  auto add = [&](model::Transformer& model, parallel::DataParallel& dp) {
+    dp.settle_parameters(true);  // ZeRO-3: every parameter whole on this rank until the next step
+    CheckpointSource source;
+    source.store = &model.parameters();
+    source.values = model.parameters().values();
+    source.ranges = dp.checkpoint_ranges();
+    source.moments = [&dp](int64_t begin, int64_t end, float* m, float* v) {
+      dp.read_moments(begin, end, m, v);
+    };
+    source.tp_rank = tp_rank;
+    sources.push_back(std::move(source));
+  };
   if (pipeline_) {
-    // The stages' state gathered into the one-rank model's layout on world rank 0, which writes
-    // it and tells every rank whether it could.
-    const WholeModelState whole = pipeline_->gather_whole(true);
-    const auto layout = model::Transformer::declared_only(config_.model);
-    const TrainerState state{step, batches_->position(), config_.seed};
-    const std::string dir = save_whole_checkpoint(
-        config_.run_dir, config_.model, layout->parameters(), whole.values.data(),
-        whole.exp_avg.data(), whole.exp_avg_sq.data(), pipeline_->optimizer_steps(), state,
-        config_toml, config_.keep_latest, mesh_->world());
-    if (printing_) std::printf("checkpoint %s\n", dir.c_str());
-    return;
+    for (int i = 0; i < pipeline_->stage_count(); ++i)
+      add(pipeline_->model(i), pipeline_->data_parallel(i));
+  } else {
+    add(*model_, *dp_);
   }
-  // Collective: gather what ZeRO shards over the batch group; the batch group's rank 0 of each tp
-  // rank then holds its tensor-parallel slices, and those ranks (one tp group) gather them into
-  // one whole, layout-independent checkpoint that tp rank 0 writes.
-  dp_->settle_parameters(true);
-  if (mesh_->size(mesh::Axis::ep) > 1) {
-    save_expert_parallel(step, config_toml);
-    return;
-  }
-  std::unique_ptr<optim::AdamWOptimizer> full;
-  if (writer_)
-    full = std::make_unique<optim::AdamWOptimizer>(*ops_, model_->parameters(), config_.adamw,
-                                                   nullptr);
-  dp_->export_state(full.get());
-  if (!writer_) return;
-  TrainerState state{step, batches_->position(), config_.seed};
-  std::string dir = save_checkpoint(config_.run_dir, *model_, *full, state, config_toml,
-                                    config_.keep_latest, mesh_->group(mesh::Axis::tp));
-  if (printing_) std::printf("checkpoint %s\n", dir.c_str());
+  const mesh::MeshShape shape = config_.layout().mesh_shape();
+  CheckpointContents contents;
+  contents.run_dir = config_.run_dir;
+  contents.config = config_.model;
+  contents.state = TrainerState{step, batches_->position(), config_.seed};
+  contents.optimizer_steps = data_parallel().steps_taken();
+  contents.config_toml = config_toml;
+  contents.keep_latest = config_.keep_latest;
+  contents.layout = "pp" + std::to_string(shape.pp) + " dp" + std::to_string(shape.dp) + " cp" +
+                    std::to_string(shape.cp) + " tp" + std::to_string(shape.tp) + " ep" +
+                    std::to_string(shape.ep) + " zero" + std::to_string(config_.zero);
+  if (step == fault_kill_during_save_) checkpoints_->kill_while_writing();
+  background_save_ = config_.checkpoint_async && !final;
+  checkpoints_->start(contents, sources, background_save_);
+  if (!background_save_) publish_checkpoint(true);
 }
 
-void Trainer::save_expert_parallel(int64_t step, const std::string& config_toml) {
-  // ZeRO's shards are gathered first (collective over the shard and expert groups), so that each
-  // rank of world rank 0's expert-data-parallel index holds its store's whole state: the dense
-  // parameters' and its experts'. Those ranks then gather the tensor-parallel slices and the
-  // experts into the one-rank model's layout on world rank 0, which writes; the other indices hold
-  // copies of the same state.
-  comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
-  comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
-  const bool gathers = mesh_->expert_data_parallel_index() == 0;
-  std::unique_ptr<optim::AdamWOptimizer> mine;
-  if (gathers)  // world rank 0 among them
-    mine = std::make_unique<optim::AdamWOptimizer>(*ops_, model_->parameters(), config_.adamw,
-                                                   nullptr);
-  dp_->export_state(mine.get());
-  if (!gathers) return;
-  const auto whole = model::Transformer::declared_only(config_.model);
-  const auto tp_logical = model::Transformer::declared_only(
-      config_.model, {}, {}, model::ExpertParallelGroup{nullptr, ep.rank(), ep.size()});
-  const int64_t n = printing_ ? whole->parameters().size() : 0;
-  std::vector<float> values(static_cast<size_t>(n)), exp_avg(values.size()),
-      exp_avg_sq(values.size());
-  const model::ParameterStore& local = model_->parameters();
-  for (auto [source, target] :
-       {std::pair{local.values(), values.data()},
-        std::pair<const float*, float*>{mine->exp_avg(), exp_avg.data()},
-        std::pair<const float*, float*>{mine->exp_avg_sq(), exp_avg_sq.data()}})
-    parallel::gather_model_state(local, source, tp_logical->parameters(), whole->parameters(),
-                                 target, tp, ep);
-  if (tp.rank() != 0) return;  // the writer's ep group (tp rank 0) waits for the files below
-  const TrainerState state{step, batches_->position(), config_.seed};
-  const std::string dir = save_whole_checkpoint(
-      config_.run_dir, config_.model, whole->parameters(), values.data(), exp_avg.data(),
-      exp_avg_sq.data(), mine->steps_taken(), state, config_toml, config_.keep_latest, ep);
-  if (printing_) std::printf("checkpoint %s\n", dir.c_str());
+void Trainer::publish_checkpoint(bool wait) {
+  const std::string dir = checkpoints_->finish(wait);
+  if (dir.empty() || !printing_) return;
+  if (background_save_)
+    std::printf("checkpoint %s (snapshot %.1f ms; files written in the background in %.1f ms)\n",
+                dir.c_str(), checkpoints_->snapshot_seconds() * 1e3,
+                checkpoints_->write_seconds() * 1e3);
+  else
+    std::printf("checkpoint %s\n", dir.c_str());
+}
+
+void Trainer::resume() {
+  // An explicit checkpoint is the only candidate; the run's own are tried newest first.
+  std::vector<std::string> candidates;
+  if (!config_.resume_from.empty())
+    candidates.push_back(resolve_checkpoint(config_.resume_from));
+  else if (config_.resume && config_.checkpoint_enable)
+    candidates = checkpoint_candidates(config_.run_dir);
+  comm::Communicator& world = mesh_->world();
+  // Staging directories of saves a kill interrupted are never published: removed here.
+  if (printing_) remove_unpublished_checkpoints(config_.run_dir);
+  world.barrier();
+  std::string newest_problem;  // what was wrong with the first candidate, on this rank
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::string& dir = candidates[i];
+    // Every rank reads the logical tensors it needs and keeps its part (any layout wrote them).
+    TrainerState state;
+    std::string problem;
+    try {
+      if (pipeline_) {
+        state = pipeline_->load(dir);
+      } else {
+        optim::AdamWOptimizer full(*ops_, model_->parameters(), config_.adamw, nullptr);
+        state = load_checkpoint(dir, *model_, &full);
+        dp_->import_state(full);
+      }
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    int32_t loaded = problem.empty() ? 1 : 0;
+    world.allreduce(&loaded, 1, DType::i32, comm::ReduceOp::min);
+    if (loaded == 0) {
+      if (i == 0) newest_problem = problem;
+      if (i + 1 == candidates.size()) {  // none loads: the newest one's problem is the one to fix
+        check(newest_problem.empty(), newest_problem);
+        throw Error("another rank could not read checkpoint " + candidates[0] +
+                    " (its error names the problem)");
+      }
+      if (printing_)
+        std::fprintf(stderr, "warning: checkpoint %s is damaged (%s); resuming from %s instead\n",
+                     dir.c_str(),
+                     problem.empty() ? "another rank could not read it" : problem.c_str(),
+                     candidates[i + 1].c_str());
+      continue;
+    }
+    // The seed orders the data: a run continues with its own (an imported step-0 checkpoint has
+    // consumed none, so any seed starts from it).
+    check(state.seed == config_.seed || state.step == 0,
+          "checkpoint " + dir + " was trained with training.seed = " + std::to_string(state.seed) +
+              ": resume with the same seed or use a new job.run_dir");
+    start_step_ = state.step;
+    batches_->set_position(state.samples_consumed);
+    if (printing_)
+      std::printf("resumed from %s at step %lld\n", dir.c_str(),
+                  static_cast<long long>(start_step_));
+    return;
+  }
 }
 
 }  // namespace lattice::train
