@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   lattice::cli::register_train_verb(app);
   lattice::cli::register_generate_verb(app);
+  lattice::cli::register_export_verb(app);
+  lattice::cli::register_import_verb(app);
   CLI::App* data = app.add_subcommand("data", "Tokenizers and token files");
   data->require_subcommand(1);
   lattice::cli::register_data_tokenizer(*data);

@@ -14,14 +14,13 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/data/tokenizer.hpp"
+#include "lattice/io/safetensors.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/generator.hpp"
 #include "verbs.hpp"
 
 namespace lattice::cli {
-
-namespace {
 
 // The tokenizer spec recorded as data.tokenizer in the checkpoint's config.toml, or "byte" when the
 // checkpoint has no config.toml or the key is absent.
@@ -43,6 +42,8 @@ std::string recorded_tokenizer(const std::string& checkpoint_dir) {
   return node->as_string()->get();
 }
 
+namespace {
+
 // The prompt's ids: `prompt` encoded (special tokens such as <|endoftext|> allowed). An empty
 // prompt starts from the end-of-text token (printed as nothing), or from a newline for a tokenizer
 // without one (and `prompt` becomes "\n", printed as the old byte-level verb did).
@@ -61,7 +62,7 @@ std::vector<int32_t> prompt_tokens(const data::Tokenizer& tokenizer, std::string
 void register_generate_verb(CLI::App& app) {
   CLI::App* verb = app.add_subcommand("generate", "Sample text from a trained checkpoint");
   struct Options {
-    std::string checkpoint, prompt, tokenizer;
+    std::string checkpoint, prompt, tokenizer, logits_out;
     int threads = 0;
     int64_t stop_token = -1;
     train::SamplingSettings sampling;
@@ -86,6 +87,9 @@ void register_generate_verb(CLI::App& app) {
       "stop at this token id (default: the tokenizer's end-of-text token; -1 = never stop early)");
   verb->add_option("--threads", o->threads, "kernel threads (0 = every core)")
       ->capture_default_str();
+  verb->add_option("--logits-out", o->logits_out,
+                   "also write the prompt's tokens and the full forward's logits [T, vocab] to "
+                   "this safetensors file (for comparisons with other implementations)");
   verb->callback([o, stop_option] {
     check(o->threads >= 0, "--threads must not be negative");
     if (o->threads > 0) omp_set_num_threads(o->threads);
@@ -121,6 +125,20 @@ void register_generate_verb(CLI::App& app) {
     std::vector<int32_t> tokens = prompt_tokens(*tokenizer, prompt);
 
     kernels::CpuOps ops;
+    if (!o->logits_out.empty()) {
+      const auto T = static_cast<int64_t>(tokens.size());
+      check(T <= config.max_seq_len, "--logits-out: the prompt has " + std::to_string(T) +
+                                         " tokens, more than the model's max_seq_len of " +
+                                         std::to_string(config.max_seq_len) +
+                                         ": give a shorter --prompt");
+      model::LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
+      const float* logits = model.logits(ctx, tokens.data(), 1, T);
+      SafetensorsEntry ids{"tokens", DType::i32, {T}, tokens.data(),
+                           tokens.size() * sizeof(int32_t)};
+      SafetensorsEntry values{"logits", DType::f32, {T, config.vocab_size}, logits,
+                              static_cast<size_t>(T * config.vocab_size) * sizeof(float)};
+      write_safetensors(o->logits_out, {ids, values});
+    }
     data::StreamingDecoder decoder(*tokenizer);
     const auto print = [](const std::string& text) {
       std::fwrite(text.data(), 1, text.size(), stdout);

@@ -4,11 +4,17 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace lattice::cli {
 
 void register_train_verb(CLI::App& app);
 void register_generate_verb(CLI::App& app);
+// Hugging Face model directories: `lattice export --format hf`, `lattice import --format hf`.
+void register_export_verb(CLI::App& app);
+// The tokenizer spec recorded as data.tokenizer in a checkpoint's config.toml ("byte" when none).
+std::string recorded_tokenizer(const std::string& checkpoint_dir);
+void register_import_verb(CLI::App& app);
 void register_estimate_verb(CLI::App& app);
 void register_simulate_verb(CLI::App& app);
 void register_plan_verb(CLI::App& app);
