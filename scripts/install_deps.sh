@@ -14,6 +14,7 @@ packages=(
   clang libclang-rt-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
   libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)
   python3-pip   # installs tiktoken (PyPI) below
+  python3-venv  # the transformers venv below
 )
 # tiktoken and tokenizers (PyPI; Debian has neither) for the tokenizer's reference data and checks
 # and the `bench tokenizer` peer; tensorboard (PyPI) whose reader checks our event files.
@@ -24,6 +25,17 @@ install_python_peers() {
     --break-system-packages tiktoken tokenizers tensorboard \
     || echo "install_deps: warning: tiktoken/tokenizers/tensorboard not installed; their peer checks are skipped"
 }
+# transformers (PyPI) for the Hugging Face export/import checks, in a venv over Debian's torch (so
+# that its pinned tokenizers does not replace the one above): 4.46.3, the newest that runs on
+# Debian's torch 1.13. LATTICE_HF_VENV moves it (tests/train/test_hf_cli.cpp reads the same).
+install_hf_peer() {
+  local venv="${LATTICE_HF_VENV:-/opt/lattice/hf-venv}"
+  "$venv/bin/python" -c 'import transformers' 2>/dev/null && return 0
+  echo "install_deps: creating $venv with transformers 4.46.3 (PyPI) over Debian's torch"
+  { mkdir -p "$(dirname "$venv")" && /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "transformers==4.46.3"; } \
+    || echo "install_deps: warning: transformers not installed; the Hugging Face checks are skipped"
+}
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,6 +43,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
   install_python_peers
+  install_hf_peer
   exit 0
 fi
 sudo_cmd=()
@@ -39,3 +52,4 @@ echo "install_deps: installing ${missing[*]}"
 "${sudo_cmd[@]}" apt-get update -qq
 DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 install_python_peers
+install_hf_peer

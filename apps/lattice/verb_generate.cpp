@@ -133,9 +133,12 @@ void register_generate_verb(CLI::App& app) {
                                          ": give a shorter --prompt");
       model::LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
       const float* logits = model.logits(ctx, tokens.data(), 1, T);
-      SafetensorsEntry ids{"tokens", DType::i32, {T}, tokens.data(),
-                           tokens.size() * sizeof(int32_t)};
-      SafetensorsEntry values{"logits", DType::f32, {T, config.vocab_size}, logits,
+      SafetensorsEntry ids{
+          "tokens", DType::i32, {T}, tokens.data(), tokens.size() * sizeof(int32_t)};
+      SafetensorsEntry values{"logits",
+                              DType::f32,
+                              {T, config.vocab_size},
+                              logits,
                               static_cast<size_t>(T * config.vocab_size) * sizeof(float)};
       write_safetensors(o->logits_out, {ids, values});
     }

@@ -42,15 +42,14 @@ void register_export_verb(CLI::App& app) {
   verb->callback([o] {
     check_format(o->format);
     const std::string dir = train::resolve_checkpoint(o->checkpoint);
-    const std::string tokenizer =
-        o->tokenizer.empty() ? recorded_tokenizer(dir) : o->tokenizer;
+    const std::string tokenizer = o->tokenizer.empty() ? recorded_tokenizer(dir) : o->tokenizer;
     const train::HfExportSummary s = train::export_hf(
         dir, o->out, static_cast<int64_t>(o->max_shard_mb * 1024 * 1024), tokenizer);
-    std::printf("exported %s to %s: %lld tensors, %.1f MB in %d safetensors file%s%s%s\n",
-                dir.c_str(), o->out.c_str(), static_cast<long long>(s.tensors), s.bytes / 1e6,
-                s.files, s.files == 1 ? "" : "s",
-                s.tokenizer.empty() ? "; no tokenizer files" : "; tokenizer: ",
-                s.tokenizer.c_str());
+    std::printf(
+        "exported %s to %s: %lld tensors, %.1f MB in %d safetensors file%s%s%s\n", dir.c_str(),
+        o->out.c_str(), static_cast<long long>(s.tensors), s.bytes / 1e6, s.files,
+        s.files == 1 ? "" : "s",
+        s.tokenizer.empty() ? "; no tokenizer files" : "; tokenizer: ", s.tokenizer.c_str());
   });
 }
 

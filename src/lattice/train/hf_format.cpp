@@ -2,6 +2,7 @@
 #include "lattice/train/hf_format.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -26,7 +27,8 @@ using nlohmann::json;
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Refuses a model `transformers` cannot express as the model type we write.
@@ -46,6 +48,14 @@ void check_exportable(const model::ModelConfig& c) {
   if (c.moe_score != kernels::RouterScore::softmax || !c.moe_normalize || c.moe_scaling != 1.0f)
     refuse("a router other than softmax top-k with renormalised weights");
   if (c.moe_bias_update_rate > 0) refuse("the auxiliary-loss-free choice bias");
+}
+
+// A float as the shortest decimal that reads back as the same float (1e-05, not the double
+// 9.999999747378752e-06 it widens to).
+json float_json(float value) {
+  char text[32];
+  const auto result = std::to_chars(text, text + sizeof text, value);
+  return json::parse(std::string(text, result.ptr));
 }
 
 // Transposes a row-major [rows, cols] matrix into [cols, rows].
@@ -68,8 +78,10 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
                 " holds no tokenizer.json, encoder.json or vocab.json: pass the tokenizer's path");
   }
   const std::string name = path.filename().string();
-  if (name == "encoder.json") return {{path, "vocab.json"}, {path.parent_path() / "vocab.bpe", "merges.txt"}};
-  if (name == "vocab.json") return {{path, "vocab.json"}, {path.parent_path() / "merges.txt", "merges.txt"}};
+  if (name == "encoder.json")
+    return {{path, "vocab.json"}, {path.parent_path() / "vocab.bpe", "merges.txt"}};
+  if (name == "vocab.json")
+    return {{path, "vocab.json"}, {path.parent_path() / "merges.txt", "merges.txt"}};
   if (path.extension() == ".json") return {{path, "tokenizer.json"}};
   throw Error("Hugging Face export: the tokenizer " + spec +
               " has no Hugging Face form (tiktoken ranks): pass --tokenizer byte to export without "
@@ -106,11 +118,11 @@ std::string hf_config_json(const model::ModelConfig& c) {
          {"n_head", c.n_heads},
          {"n_inner", c.ffn_hidden},
          {"activation_function", "gelu_new"},
-         {"layer_norm_epsilon", c.norm_eps},
+         {"layer_norm_epsilon", float_json(c.norm_eps)},
          {"resid_pdrop", 0.0},
          {"embd_pdrop", 0.0},
          {"attn_pdrop", 0.0},
-         {"initializer_range", c.init_std},
+         {"initializer_range", float_json(c.init_std)},
          {"tie_word_embeddings", c.tied_embeddings}};
   } else {
     j = {{"architectures", {c.is_moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
@@ -122,10 +134,10 @@ std::string hf_config_json(const model::ModelConfig& c) {
          {"num_attention_heads", c.n_heads},
          {"num_key_value_heads", c.n_kv_heads},
          {"max_position_embeddings", c.max_seq_len},
-         {"rms_norm_eps", c.norm_eps},
-         {"rope_theta", c.rope_theta},
+         {"rms_norm_eps", float_json(c.norm_eps)},
+         {"rope_theta", float_json(c.rope_theta)},
          {"hidden_act", "silu"},
-         {"initializer_range", c.init_std},
+         {"initializer_range", float_json(c.init_std)},
          {"tie_word_embeddings", c.tied_embeddings},
          {"attention_dropout", 0.0}};
     if (c.is_moe()) {
@@ -163,8 +175,8 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
       c.d_model = get_int(j, "n_embd", source);
       c.n_layers = get_int(j, "n_layer", source);
       c.n_heads = c.n_kv_heads = get_int(j, "n_head", source);
-      c.ffn_hidden = j.value("n_inner", json()).is_null() ? 4 * c.d_model
-                                                          : j.at("n_inner").get<int64_t>();
+      c.ffn_hidden =
+          j.value("n_inner", json()).is_null() ? 4 * c.d_model : j.at("n_inner").get<int64_t>();
       c.norm_eps = j.value("layer_norm_epsilon", 1e-5f);
       c.tied_embeddings = j.value("tie_word_embeddings", true);
       const std::string act = j.value("activation_function", std::string("gelu_new"));
@@ -186,16 +198,17 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
       c.rope_theta = j.value("rope_theta", 10000.0f);
       c.tied_embeddings = j.value("tie_word_embeddings", false);
       const std::string act = j.value("hidden_act", std::string("silu"));
-      check(act == "silu", source + ": hidden_act \"" + act +
-                               "\" is not SiLU, the gate of Lattice's SwiGLU MLPs");
+      check(act == "silu",
+            source + ": hidden_act \"" + act + "\" is not SiLU, the gate of Lattice's SwiGLU MLPs");
       check(!j.contains("rope_scaling") || j.at("rope_scaling").is_null(),
             source + ": rope_scaling is set; Lattice's RoPE has no scaling");
       check(!j.value("attention_bias", false) && !j.value("mlp_bias", false),
             source + ": attention_bias or mlp_bias is set; Lattice's Llama blocks have no biases");
       if (j.contains("head_dim") && !j.at("head_dim").is_null())
         check(j.at("head_dim").get<int64_t>() == c.d_model / c.n_heads,
-              source + ": head_dim differs from hidden_size / num_attention_heads, which Lattice's "
-                       "attention assumes");
+              source +
+                  ": head_dim differs from hidden_size / num_attention_heads, which Lattice's "
+                  "attention assumes");
       if (type == "mixtral") {
         c.n_experts = get_int(j, "num_local_experts", source);
         c.top_k = get_int(j, "num_experts_per_tok", source);
@@ -203,8 +216,9 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
         c.moe_names = model::MoeNames::mixtral;
         const json window = j.value("sliding_window", json());
         check(window.is_null() || window.get<int64_t>() >= c.max_seq_len,
-              source + ": sliding_window attention is set; Lattice attends to every earlier "
-                       "position");
+              source +
+                  ": sliding_window attention is set; Lattice attends to every earlier "
+                  "position");
       }
     } else {
       throw Error(source + ": model_type \"" + type +
@@ -221,8 +235,8 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
 HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                           int64_t max_shard_bytes, const std::string& tokenizer_spec) {
   check(max_shard_bytes > 0, "--max-shard-mb must be positive");
-  check(!fs::exists(out_dir), "Hugging Face export: " + out_dir +
-                                  " already exists: choose a new --out or remove it");
+  check(!fs::exists(out_dir),
+        "Hugging Face export: " + out_dir + " already exists: choose a new --out or remove it");
   CheckpointReader reader(checkpoint_dir);
   const model::ModelConfig& config = reader.model_config();
   const std::string config_json = hf_config_json(config);
@@ -240,10 +254,10 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
   }
   size_t stored = 0;
   for (const std::string& name : reader.names()) stored += name.find('/') == std::string::npos;
-  check(stored == weights.size(),
-        "Hugging Face export: checkpoint " + checkpoint_dir + " holds " + std::to_string(stored) +
-            " weights but the model declares " + std::to_string(weights.size()) +
-            ": it does not match its own configuration");
+  check(stored == weights.size(), "Hugging Face export: checkpoint " + checkpoint_dir + " holds " +
+                                      std::to_string(stored) + " weights but the model declares " +
+                                      std::to_string(weights.size()) +
+                                      ": it does not match its own configuration");
   // Files of at most max_shard_bytes, in the model's order.
   std::vector<std::vector<const model::ParameterInfo*>> files(1);
   int64_t in_file = 0;
@@ -309,8 +323,9 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
 model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_dir) {
   const fs::path dir(hf_dir);
   const fs::path config_path = dir / "config.json";
-  check(fs::exists(config_path), hf_dir + " has no config.json: point at a Hugging Face model "
-                                          "directory (what save_pretrained writes)");
+  check(fs::exists(config_path), hf_dir +
+                                     " has no config.json: point at a Hugging Face model "
+                                     "directory (what save_pretrained writes)");
   const model::ModelConfig config =
       model_config_from_hf(read_file_text(config_path.string()), config_path.string());
   check(latest_checkpoint(run_dir).empty(),
@@ -329,8 +344,9 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
     }
   } else {
     check(fs::exists(dir / "model.safetensors"),
-          hf_dir + " has neither model.safetensors nor model.safetensors.index.json: save the "
-                   "model with safe_serialization (the default of save_pretrained)");
+          hf_dir +
+              " has neither model.safetensors nor model.safetensors.index.json: save the "
+              "model with safe_serialization (the default of save_pretrained)");
     for (const std::string& name : SafetensorsFile((dir / "model.safetensors").string()).names())
       file_of[name] = "model.safetensors";
   }
@@ -341,8 +357,8 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
   std::vector<float> scratch;
   for (const model::ParameterInfo& p : store.parameters()) {
     auto it = file_of.find(p.name);
-    check(it != file_of.end(), hf_dir + " lacks the weight '" + p.name +
-                                   "' that a " + config.name + " model of its config.json has");
+    check(it != file_of.end(), hf_dir + " lacks the weight '" + p.name + "' that a " + config.name +
+                                   " model of its config.json has");
     auto& file = files[it->second];
     if (!file) file = std::make_unique<SafetensorsFile>((dir / it->second).string());
     const SafetensorsEntry& entry = file->entry(p.name);
@@ -371,7 +387,11 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
   // The step-0 checkpoint (moments zero), and the settings to train from it.
   TrainConfig settings = load_train_config("", {"job.run_dir=" + run_dir});
   settings.model = config;
-  const std::string toml = settings.to_toml();
+  // The [model] keys in full; without the default preset's name, which would describe another
+  // model.
+  std::string toml = settings.to_toml();
+  const size_t preset = toml.find("\npreset = ");
+  if (preset != std::string::npos) toml.erase(preset + 1, toml.find('\n', preset + 1) - preset);
   kernels::CpuOps ops;
   optim::AdamWOptimizer adamw(ops, store, settings.adamw, nullptr);
   save_checkpoint(run_dir, model, adamw, TrainerState{0, 0, settings.seed}, toml, 2);

@@ -1,0 +1,93 @@
+"""Hugging Face `transformers` on the two sides of Lattice's HF interop (tests/train/test_hf_cli.cpp).
+
+  hf_interop.py check EXPORT_DIR LOGITS_FILE TOLERANCE
+      Loads the directory `lattice export --format hf` wrote with AutoModelForCausalLM (fp32, eager
+      attention), runs it on the tokens of LOGITS_FILE (what `lattice generate --logits-out` wrote:
+      "tokens" [T] and Lattice's "logits" [T, vocab]) and fails unless every logit is within
+      TOLERANCE x the largest |logit|. Prints the measured difference.
+  hf_interop.py make KIND OUT_DIR TOKENS...
+      Builds a small randomly initialised transformers model of KIND (gpt2, llama, mixtral; fixed
+      seed), saves it with save_pretrained (sharded into small files, so the index is read too) and
+      writes OUT_DIR/reference_logits.safetensors with its logits on TOKENS.
+
+Exit 3 when transformers cannot be imported (the caller skips). Runs under the interpreter
+scripts/install_deps.sh prepares (a venv over Debian's torch holding transformers from PyPI).
+"""
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lattice_torch import read_safetensors, write_safetensors  # noqa: E402
+
+try:
+    import transformers  # noqa: F401
+    from transformers import AutoModelForCausalLM
+except ImportError as e:  # pragma: no cover
+    print(f"transformers is not available: {e}")
+    sys.exit(3)
+
+
+def check(export_dir, logits_file, tolerance):
+    model = AutoModelForCausalLM.from_pretrained(
+        export_dir, torch_dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    tensors, _ = read_safetensors(logits_file)
+    tokens = tensors["tokens"].long()
+    ours = tensors["logits"]
+    with torch.no_grad():
+        theirs = model(tokens[None]).logits[0]
+    scale = ours.abs().max().item()
+    diff = (ours - theirs).abs().max().item()
+    print(
+        f"{type(model).__name__} ({transformers.__version__}): {tokens.numel()} tokens, "
+        f"max |logit| {scale:.4g}, max difference {diff:.3g} ({diff / scale:.3g} relative)"
+    )
+    if not diff <= tolerance * scale:
+        print(f"FAIL: beyond {tolerance} x the largest logit")
+        sys.exit(1)
+
+
+def make(kind, out_dir, tokens):
+    torch.manual_seed(7)
+    common = dict(vocab_size=256, tie_word_embeddings=kind == "gpt2")
+    if kind == "gpt2":
+        config = transformers.GPT2Config(
+            n_embd=48, n_layer=2, n_head=4, n_positions=64, n_inner=96,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        llama = dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                     rms_norm_eps=1e-5, rope_theta=10000.0, **common)
+        if kind == "llama":
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama))
+        else:
+            model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+                num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **llama))
+    # Larger than the default init, so that the logits are far from uniform.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.1)
+    model.eval()
+    model.save_pretrained(out_dir, max_shard_size="40KB", safe_serialization=True)
+    ids = torch.tensor([int(t) for t in tokens])
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0]
+    write_safetensors(os.path.join(out_dir, "reference_logits.safetensors"),
+                      {"tokens": ids.to(torch.int32), "logits": logits.float()})
+    print(f"{type(model).__name__}: saved to {out_dir}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 5 and sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    elif len(sys.argv) >= 4 and sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        print(__doc__)
+        sys.exit(2)

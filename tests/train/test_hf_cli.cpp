@@ -1,0 +1,218 @@
+// Hugging Face interop through the CLI (issue #25): `lattice export --format hf` of GPT-2, Llama
+// and Mixtral checkpoints loads in `transformers` (tests/reference/hf_interop.py, from the venv
+// scripts/install_deps.sh makes) with Lattice's logits on the same tokens (`generate
+// --logits-out`); an export of a pipeline run is the one-rank run's export byte for byte, and
+// exports of tensor- and expert-parallel runs hold every weight; `lattice import --format hf` reads
+// what transformers' save_pretrained wrote (sharded, with its index) with transformers' logits, and
+// a run trains from it; bad input is one line and leaves nothing behind.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli_runner.hpp"
+#include "lattice/io/safetensors.hpp"
+
+using namespace lattice::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The interpreter with transformers that scripts/install_deps.sh prepares.
+std::string hf_python() {
+  const char* venv = std::getenv("LATTICE_HF_VENV");
+  return std::string(venv ? venv : "/opt/lattice/hf-venv") + "/bin/python";
+}
+
+const char* const kPrompt = "Hello world, this is";
+
+class HfCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fresh_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::ofstream out(dir_ / "corpus.txt");
+    const char* lines[] = {"The quick brown fox jumps over the lazy dog.\n",
+                           "A stitch in time saves nine.\n", "All that glitters is not gold.\n"};
+    for (int i = 0; i < 300; ++i) out << lines[i % 3];
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  bool have_transformers() const {
+    return std::system((hf_python() + " -c 'import transformers' > /dev/null 2>&1").c_str()) == 0;
+  }
+  // Runs tests/reference/hf_interop.py with `args`; its output in `out`.
+  int interop(const std::string& args, std::string& out) const {
+    const fs::path log = dir_ / "interop.log";
+    const std::string command = hf_python() +
+                                " '" LATTICE_SOURCE_DIR "/tests/reference/hf_interop.py' " + args +
+                                " > '" + log.string() + "' 2>&1";
+    const int raw = std::system(command.c_str());
+    out = slurp(log);
+    return WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  }
+  CliResult train(const std::string& preset, const std::string& run, const std::string& extra) {
+    return run_lattice("train --model.preset=" + preset +
+                           " --model.vocab_size=256 --model.max_seq_len=32 --training.seq_len=32"
+                           " --training.global_batch_size=8 --training.threads=1"
+                           " --training.steps=8 --optimizer.lr=1e-2 --lr_scheduler.warmup_steps=1"
+                           " --data.train_files=corpus.txt --data.val_fraction=0.1"
+                           " --validation.freq=0 --metrics.log_freq=100 --job.run_dir=" +
+                           run + " " + extra,
+                       dir_);
+  }
+  // Lattice's logits of kPrompt (byte tokens) from a checkpoint, in `file`.
+  void logits(const std::string& checkpoint, const std::string& file) {
+    const CliResult r =
+        run_lattice("generate --checkpoint " + checkpoint + " --prompt '" + kPrompt +
+                        "' --max-tokens 0 --threads 1 --logits-out " + file,
+                    dir_);
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+  }
+  // Exports run `run` into `out` (small files: the index is written too) and checks it in
+  // transformers against Lattice's logits. fp32 on both sides, the same operations in another
+  // order (fused kernels here, eager PyTorch there): relative 1e-5 of the largest logit
+  // (measured 2.6e-7 to 3.9e-7).
+  void expect_loads_in_transformers(const std::string& run, const std::string& out) {
+    const CliResult e = run_lattice(
+        "export --format hf --checkpoint " + run + " " + out + " --max-shard-mb 0.05", dir_);
+    ASSERT_EQ(e.status, 0) << e.out << e.err;
+    EXPECT_TRUE(fs::exists(dir_ / out / "model.safetensors.index.json")) << e.out;
+    logits(run, run + ".logits");
+    std::string report;
+    EXPECT_EQ(interop("check " + (dir_ / out).string() + " " + (dir_ / (run + ".logits")).string() +
+                          " 1e-5",
+                      report),
+              0)
+        << report;
+  }
+
+  void expect_error(const std::string& args, const std::string& needle) {
+    expect_one_error_line(run_lattice(args, dir_), needle);
+  }
+
+  fs::path dir_;
+};
+
+std::vector<char> bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_F(HfCli, ExportsLoadInTransformersWithLatticesLogits) {
+  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
+  for (const char* preset : {"gpt2-tiny", "llama-tiny", "mixtral-tiny"}) {
+    SCOPED_TRACE(preset);
+    const std::string run = std::string("run-") + preset;
+    const CliResult r = train(preset, run, "");
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    expect_loads_in_transformers(run, std::string("hf-") + preset);
+  }
+}
+
+TEST_F(HfCli, ExportsOfShardedRunsHoldEveryWeight) {
+  // A pipeline run trains the one-rank run's bits (untied Llama), so its export is the same files.
+  ASSERT_EQ(train("llama-tiny", "one", "").status, 0);
+  const CliResult pipe = train("llama-tiny", "pipe", "--pp 2");
+  ASSERT_EQ(pipe.status, 0) << pipe.out << pipe.err;
+  for (const char* run : {"one", "pipe"})
+    ASSERT_EQ(run_lattice(std::string("export --checkpoint ") + run + " hf-" + run, dir_).status,
+              0);
+  for (const char* file : {"config.json", "model.safetensors"})
+    EXPECT_TRUE(bytes(dir_ / "hf-one" / file) == bytes(dir_ / "hf-pipe" / file)) << file;
+  // Tensor- and expert-parallel runs: every weight of the model, the count the one-rank export
+  // has, and transformers' logits equal Lattice's.
+  const CliResult tp = train("llama-tiny", "tp", "--tp 2");
+  ASSERT_EQ(tp.status, 0) << tp.out << tp.err;
+  const CliResult ep = train("mixtral-tiny", "ep", "--dp 2 --parallelism.ep=2 --zero 1");
+  ASSERT_EQ(ep.status, 0) << ep.out << ep.err;
+  const CliResult count = run_lattice("export --checkpoint ep hf-ep-count", dir_);
+  EXPECT_NE(count.out.find(": 41 tensors"), std::string::npos)
+      << count.out;  // 2 layers x 4 experts
+  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
+  expect_loads_in_transformers("tp", "hf-tp");
+  expect_loads_in_transformers("ep", "hf-ep");
+}
+
+TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
+  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
+  std::string tokens;
+  for (const char* c = kPrompt; *c; ++c) tokens += " " + std::to_string(static_cast<int>(*c));
+  for (const char* kind : {"gpt2", "llama", "mixtral"}) {
+    SCOPED_TRACE(kind);
+    const std::string hf = std::string("saved-") + kind, run = std::string("imported-") + kind;
+    std::string report;
+    ASSERT_EQ(interop("make " + std::string(kind) + " " + (dir_ / hf).string() + tokens, report), 0)
+        << report;
+    EXPECT_TRUE(fs::exists(dir_ / hf / "model.safetensors.index.json"));  // sharded
+    const CliResult imported = run_lattice("import --format hf " + hf + " --run-dir " + run, dir_);
+    ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
+    logits(run, run + ".logits");
+    // fp32 both sides, another operation order: relative 1e-5 (measured 4e-7 to 7e-7).
+    lattice::SafetensorsFile ours((dir_ / (run + ".logits")).string()),
+        theirs((dir_ / hf / "reference_logits.safetensors").string());
+    const auto n = static_cast<int64_t>(std::string(kPrompt).size()) * 256;
+    std::vector<float> a(static_cast<size_t>(n)), b(a.size());
+    ours.read_f32("logits", a.data(), n);
+    theirs.read_f32("logits", b.data(), n);
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+      diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    }
+    EXPECT_GT(scale, 0.5);  // far from uniform: the comparison means something
+    EXPECT_LE(diff, 1e-5 * scale);
+    // A run starts from the imported weights (step 0) with the settings import wrote.
+    const CliResult trained =
+        run_lattice("train " + run +
+                        "/import.toml --data.train_files=corpus.txt --data.val_fraction=0.1"
+                        " --training.seq_len=32 --training.steps=2 --training.threads=1"
+                        " --validation.freq=0 --metrics.log_freq=1",
+                    dir_);
+    ASSERT_EQ(trained.status, 0) << trained.out << trained.err;
+    EXPECT_NE(trained.out.find("resumed from " + run + "/checkpoints/step_00000000 at step 0"),
+              std::string::npos)
+        << trained.out;
+  }
+}
+
+TEST_F(HfCli, BadInputIsOneLineAndLeavesNothingBehind) {
+  ASSERT_EQ(train("deepseek-moe-tiny", "deepseek", "").status, 0);
+  expect_error("export --checkpoint deepseek hf-deepseek",
+               "a DeepSeek-style MoE (model.moe_names) has no transformers equivalent");
+  EXPECT_FALSE(fs::exists(dir_ / "hf-deepseek"));
+  ASSERT_EQ(train("llama-tiny", "llama", "").status, 0);
+  fs::create_directories(dir_ / "taken");
+  expect_error("export --checkpoint llama taken", "taken already exists");
+  expect_error("export --format onnx --checkpoint llama x", "--format onnx is not known");
+  // Imports: no config.json, an unknown model type, a weight missing from the files.
+  fs::create_directories(dir_ / "empty");
+  expect_error("import empty --run-dir r1", "empty has no config.json");
+  ASSERT_EQ(run_lattice("export --checkpoint llama hf-llama", dir_).status, 0);
+  {
+    std::string config = slurp(dir_ / "hf-llama/config.json");
+    const std::string type = "\"model_type\": \"llama\"";
+    ASSERT_NE(config.find(type), std::string::npos) << config;
+    fs::copy(dir_ / "hf-llama", dir_ / "hf-bert");
+    config.replace(config.find(type), type.size(), "\"model_type\": \"bert\"");
+    std::ofstream(dir_ / "hf-bert/config.json") << config;
+  }
+  expect_error("import hf-bert --run-dir r2", "model_type \"bert\" cannot be imported");
+  {
+    // The same config with one more layer than the weights hold.
+    std::string config = slurp(dir_ / "hf-llama/config.json");
+    const std::string layers = "\"num_hidden_layers\": 2";
+    ASSERT_NE(config.find(layers), std::string::npos) << config;
+    fs::copy(dir_ / "hf-llama", dir_ / "hf-deeper");
+    config.replace(config.find(layers), layers.size(), "\"num_hidden_layers\": 3");
+    std::ofstream(dir_ / "hf-deeper/config.json") << config;
+  }
+  expect_error("import hf-deeper --run-dir r3", "lacks the weight 'model.layers.2.");
+  for (const char* run : {"r1", "r2", "r3"})
+    EXPECT_FALSE(fs::exists(dir_ / run / "checkpoints")) << run;
+}
