@@ -85,7 +85,9 @@ struct TrainConfig {
   bool jsonl = true;
   bool tensorboard = true;  // TensorBoard event files in run_dir, the JSONL's numbers as scalars
   double peak_tflops = 0;   // 0 = measure with a short GEMM calibration at start
-  std::string trace;        // a Chrome trace of the pipeline's steps (pp > 1); empty: none
+  std::string trace;        // a Chrome trace of steps trace_first..trace_last; empty: none
+  std::string trace_steps;  // "a:b": trace steps a to b (default trace <run_dir>/trace.json)
+  int64_t trace_first = 1, trace_last = 50;  // resolved by finalize()
   // [data]
   std::vector<std::string> train_files;
   std::vector<std::string> exclude = {"*.dat", "*.u8"};

@@ -2,6 +2,7 @@
 // train_config.hpp) — the batch triple, the data and pipeline keys, the layout against the model,
 // and what this trainer cannot run yet. One clear line per refusal, naming the key and the fix.
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -105,9 +106,6 @@ void resolve_pipeline_keys(TrainConfig& c) {
             "' is unknown: use \"even\" or \"balanced\" (or list the blocks per stage in "
             "parallelism.pipeline_layers)");
   if (c.pp == 1) {
-    check(c.trace.empty(),
-          "metrics.trace records a pipeline's actions: it needs parallelism.pp > "
-          "1 (remove metrics.trace, or set pp)");
     check(c.pipeline_layers.empty() && c.pipeline_schedule_file.empty(),
           "parallelism.pipeline_layers and pipeline_schedule_file need pp > 1: set parallelism.pp "
           "or remove them");
@@ -133,6 +131,18 @@ void resolve_pipeline_keys(TrainConfig& c) {
 }  // namespace
 
 void TrainConfig::finalize() {
+  // metrics.trace_steps = "a:b" (1 <= a <= b); without it a trace covers steps 1 to 50.
+  if (!trace_steps.empty()) {
+    long long first = 0, last = 0;
+    char tail = 0;
+    check(std::sscanf(trace_steps.c_str(), "%lld:%lld%c", &first, &last, &tail) == 2 &&
+              first >= 1 && last >= first,
+          "metrics.trace_steps = \"" + trace_steps +
+              "\" is not a:b with 1 <= a <= b: name the steps to trace, e.g. \"10:12\"");
+    trace_first = first;
+    trace_last = last;
+    if (trace.empty()) trace = (std::filesystem::path(run_dir) / "trace.json").string();
+  }
   model.validate();
   refuse_unbuilt_model(model);
   // dp = -1: the rest of the launcher's world (one rank without a launcher) once tp x pp x cp is

@@ -23,7 +23,7 @@
 #include "lattice/train/activation_estimate.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/metrics.hpp"
-#include "lattice/train/pipeline_trace.hpp"
+#include "lattice/train/run_trace.hpp"
 #include "lattice/train/training_step.hpp"
 
 namespace lattice::train {
@@ -136,6 +136,31 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
 }
 
 Trainer::~Trainer() = default;
+
+RunTrace Trainer::make_trace() {
+  // One track per distinct communication group of more than one rank.
+  std::vector<RunTrace::Group> groups;
+  auto add = [&](const char* name, comm::Communicator& c) {
+    if (c.size() < 2) return;
+    for (const RunTrace::Group& g : groups)
+      if (g.communicator == &c) return;
+    groups.push_back({name, &c});
+  };
+  add("dp x cp", mesh_->dp_cp());
+  add("zero shard", mesh_->dp_shard_cp());
+  add("dp replicate", mesh_->group(mesh::Axis::dp_replicate));
+  add("tp", mesh_->group(mesh::Axis::tp));
+  add("cp", mesh_->group(mesh::Axis::cp));
+  add("ep", mesh_->group(mesh::Axis::ep));
+  add("expert dp", mesh_->expert_data_parallel());
+  add("pp", mesh_->group(mesh::Axis::pp));
+  const mesh::MeshCoordinate at = mesh_->coordinate_of(mesh_->world().rank());
+  return RunTrace(mesh_->world().rank(),
+                  "rank " + std::to_string(mesh_->world().rank()) + " (pp " +
+                      std::to_string(at.pp) + ", dp " + std::to_string(at.dp) + ", cp " +
+                      std::to_string(at.cp) + ", tp " + std::to_string(at.tp) + ")",
+                  std::move(groups));
+}
 
 model::Transformer& Trainer::model() {
   return pipeline_ ? pipeline_->model(0) : *model_;
@@ -273,13 +298,8 @@ TrainResult Trainer::run() {
   if (config_.model.is_moe()) ctx.balancing = group_;  // the batch group dp x cp
   const auto schedule = config_.lr_schedule();
   double window_bubble = 0, window_pp_wait = 0;
-  std::optional<PipelineTrace> trace;
-  if (pipeline_ && !config_.trace.empty())
-    trace.emplace(mesh_->world().rank(), "rank " + std::to_string(mesh_->world().rank()) + " (pp " +
-                                             std::to_string(mesh_->group(mesh::Axis::pp).rank()) +
-                                             ", dp " + std::to_string(group_->rank()) + ", tp " +
-                                             std::to_string(mesh_->group(mesh::Axis::tp).rank()) +
-                                             ")");
+  std::optional<RunTrace> trace;
+  if (!config_.trace.empty()) trace.emplace(make_trace());
   TrainResult result;
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
@@ -318,10 +338,15 @@ TrainResult Trainer::run() {
     if (context_) context_->take_wait_seconds();  // likewise the step's own cp waits
     if (fault_stall_before_step_ == step)
       std::this_thread::sleep_for(std::chrono::duration<double>(fault_stall_seconds_));
+    const int64_t step_start_ns = steady_clock_ns();
     const StepOutcome outcome =
         pipeline_ ? pipeline_->step(ctx, shape, next_micro_batch, lr, step)
                   : training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
-    if (trace) trace->add_step(pipeline_->executor().timeline(), step);
+    if (trace && step >= config_.trace_first && step <= config_.trace_last)
+      trace->add_step(step, step_start_ns, steady_clock_ns(),
+                      pipeline_ ? &pipeline_->executor().timeline() : nullptr);
+    else if (trace)
+      trace->skip_step();
     if (pipeline_) {
       result.pp_bubbles.push_back(outcome.pp_bubble);
       result.pp_wait_seconds += outcome.pp_wait_seconds;

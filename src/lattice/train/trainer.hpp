@@ -22,6 +22,7 @@
 #include "lattice/parallel/data_parallel.hpp"
 #include "lattice/train/batch_source.hpp"
 #include "lattice/train/pipeline_rank.hpp"
+#include "lattice/train/run_trace.hpp"
 #include "lattice/train/sharded_checkpoint.hpp"
 #include "lattice/train/train_config.hpp"
 
@@ -90,6 +91,8 @@ class Trainer {
   // Collective while a save is pending: publishes it once every rank has written (with `wait`,
   // waits for that) and prints its line.
   void publish_checkpoint(bool wait);
+  // The trace of metrics.trace_steps: this rank's process and its groups' tracks.
+  RunTrace make_trace();
   // Loads the checkpoint to resume from, if any: the explicit one, or the run's latest, falling
   // back to the previous good one with a warning when the latest is damaged. Collective.
   void resume();
