@@ -25,7 +25,7 @@ void register_export_verb(CLI::App& app) {
       "export", "Write a checkpoint (any layout) as a Hugging Face model directory");
   struct Options {
     std::string format = "hf", checkpoint, out, tokenizer;
-    double max_shard_mb = 5000;
+    double max_shard_mb = 5000, memory_limit_mb = 0;
   };
   auto o = std::make_shared<Options>();
   verb->add_option("--format", o->format, "hf (config.json, safetensors, tokenizer files)")
@@ -36,6 +36,9 @@ void register_export_verb(CLI::App& app) {
   verb->add_option("--max-shard-mb", o->max_shard_mb,
                    "largest safetensors file; above it the weights are split with an index")
       ->capture_default_str();
+  verb->add_option("--memory-limit-mb", o->memory_limit_mb,
+                   "memory the export may hold at once (0: the host's available memory)")
+      ->capture_default_str();
   verb->add_option("--tokenizer", o->tokenizer,
                    "tokenizer to include (default: data.tokenizer of the checkpoint's config.toml; "
                    "byte: none)");
@@ -43,8 +46,9 @@ void register_export_verb(CLI::App& app) {
     check_format(o->format);
     const std::string dir = train::resolve_checkpoint(o->checkpoint);
     const std::string tokenizer = o->tokenizer.empty() ? recorded_tokenizer(dir) : o->tokenizer;
-    const train::HfExportSummary s = train::export_hf(
-        dir, o->out, static_cast<int64_t>(o->max_shard_mb * 1024 * 1024), tokenizer);
+    const train::HfExportSummary s =
+        train::export_hf(dir, o->out, static_cast<int64_t>(o->max_shard_mb * 1024 * 1024),
+                         tokenizer, static_cast<int64_t>(o->memory_limit_mb * 1024 * 1024));
     std::printf(
         "exported %s to %s: %lld tensors, %.1f MB in %d safetensors file%s%s%s\n", dir.c_str(),
         o->out.c_str(), static_cast<long long>(s.tensors), s.bytes / 1e6, s.files,

@@ -5,6 +5,8 @@
       attention), runs it on the tokens of LOGITS_FILE (what `lattice generate --logits-out` wrote:
       "tokens" [T] and Lattice's "logits" [T, vocab]) and fails unless every logit is within
       TOLERANCE x the largest |logit|. Prints the measured difference.
+  hf_interop.py tokenize EXPORT_DIR TEXT
+      Loads the exported tokenizer files with AutoTokenizer and prints the ids of TEXT, one line.
   hf_interop.py make KIND OUT_DIR TOKENS...
       Builds a small randomly initialised transformers model of KIND (gpt2, llama, mixtral; fixed
       seed), saves it with save_pretrained (sharded into small files, so the index is read too) and
@@ -51,6 +53,11 @@ def check(export_dir, logits_file, tolerance):
         sys.exit(1)
 
 
+def tokenize(export_dir, text):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
+    print(" ".join(str(i) for i in tokenizer(text)["input_ids"]))
+
+
 def make(kind, out_dir, tokens):
     torch.manual_seed(7)
     common = dict(vocab_size=256, tie_word_embeddings=kind == "gpt2")
@@ -86,6 +93,8 @@ def make(kind, out_dir, tokens):
 if __name__ == "__main__":
     if len(sys.argv) >= 5 and sys.argv[1] == "check":
         check(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "tokenize":
+        tokenize(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:

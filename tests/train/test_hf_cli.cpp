@@ -115,6 +115,21 @@ TEST_F(HfCli, ExportsLoadInTransformersWithLatticesLogits) {
   }
 }
 
+TEST_F(HfCli, TheTokenizerGoesWithTheExportAndTransformersReadsIt) {
+  // GPT-2's files (encoder.json + vocab.bpe) become vocab.json + merges.txt, byte for byte.
+  ASSERT_EQ(train("gpt2-tiny", "run", "").status, 0);
+  const std::string gpt2 = LATTICE_TESTDATA_DIR "/gpt2";
+  const CliResult e = run_lattice("export --checkpoint run hf --tokenizer " + gpt2, dir_);
+  ASSERT_EQ(e.status, 0) << e.out << e.err;
+  EXPECT_NE(e.out.find("tokenizer: vocab.json, merges.txt"), std::string::npos) << e.out;
+  EXPECT_TRUE(bytes(dir_ / "hf/vocab.json") == bytes(fs::path(gpt2) / "encoder.json"));
+  EXPECT_TRUE(bytes(dir_ / "hf/merges.txt") == bytes(fs::path(gpt2) / "vocab.bpe"));
+  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
+  std::string ids;
+  ASSERT_EQ(interop("tokenize " + (dir_ / "hf").string() + " 'Hello world'", ids), 0) << ids;
+  EXPECT_NE(ids.find("15496 995"), std::string::npos) << ids;  // GPT-2's ids of "Hello world"
+}
+
 TEST_F(HfCli, ExportsOfShardedRunsHoldEveryWeight) {
   // A pipeline run trains the one-rank run's bits (untied Llama), so its export is the same files.
   ASSERT_EQ(train("llama-tiny", "one", "").status, 0);
@@ -190,6 +205,11 @@ TEST_F(HfCli, BadInputIsOneLineAndLeavesNothingBehind) {
   fs::create_directories(dir_ / "taken");
   expect_error("export --checkpoint llama taken", "taken already exists");
   expect_error("export --format onnx --checkpoint llama x", "--format onnx is not known");
+  // An export that does not fit in memory at once (its one file, 0.15 MB, against a 0.1 MB limit).
+  expect_error("export --checkpoint llama big --memory-limit-mb 0.1",
+               "in memory at once (its largest file and tensor), more than the 0 MiB available: "
+               "lower --max-shard-mb");
+  EXPECT_FALSE(fs::exists(dir_ / "big"));
   // Imports: no config.json, an unknown model type, a weight missing from the files.
   fs::create_directories(dir_ / "empty");
   expect_error("import empty --run-dir r1", "empty has no config.json");

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -56,6 +57,17 @@ json float_json(float value) {
   char text[32];
   const auto result = std::to_chars(text, text + sizeof text, value);
   return json::parse(std::string(text, result.ptr));
+}
+
+// MemAvailable of /proc/meminfo in bytes (0 where it cannot be read: no limit).
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
 }
 
 // Transposes a row-major [rows, cols] matrix into [cols, rows].
@@ -233,7 +245,8 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
 }
 
 HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
-                          int64_t max_shard_bytes, const std::string& tokenizer_spec) {
+                          int64_t max_shard_bytes, const std::string& tokenizer_spec,
+                          int64_t memory_limit_bytes) {
   check(max_shard_bytes > 0, "--max-shard-mb must be positive");
   check(!fs::exists(out_dir),
         "Hugging Face export: " + out_dir + " already exists: choose a new --out or remove it");
@@ -270,6 +283,23 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
     files.back().push_back(p);
     in_file += bytes;
   }
+  // What is in memory at once: the largest file's tensors, and a transposed copy of its largest.
+  int64_t peak = 0;
+  for (const auto& file : files) {
+    int64_t bytes = 0, largest = 0;
+    for (const model::ParameterInfo* p : file) {
+      bytes += p->numel * static_cast<int64_t>(sizeof(float));
+      largest = std::max(largest, p->numel * static_cast<int64_t>(sizeof(float)));
+    }
+    peak = std::max(peak, bytes + largest);
+  }
+  const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : available_memory_bytes();
+  check(limit <= 0 || peak <= limit,
+        "Hugging Face export: writing " + checkpoint_dir + " needs " + std::to_string(peak >> 20) +
+            " MiB in memory at once (its largest file and tensor), " + "more than the " +
+            std::to_string(limit >> 20) +
+            " MiB available: lower --max-shard-mb (a single tensor larger than memory cannot be "
+            "exported on this host)");
   HfExportSummary summary;
   summary.files = static_cast<int>(files.size());
   StagedDirectory stage(out_dir);

@@ -38,8 +38,11 @@ struct HfExportSummary {
 // encoder.json / vocab.json, or a directory holding them; "byte" or "": none). The directory is
 // staged and renamed into place: an error leaves nothing at `out_dir`, and an existing `out_dir` is
 // refused. Each tensor is read (and its pieces' checksums checked) one at a time.
+// The export holds one file's tensors (and one tensor's copy) in memory at once: more than
+// `memory_limit_bytes` (0: the host's available memory) is refused before anything is written.
 HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
-                          int64_t max_shard_bytes, const std::string& tokenizer_spec);
+                          int64_t max_shard_bytes, const std::string& tokenizer_spec,
+                          int64_t memory_limit_bytes = 0);
 
 // Reads a Hugging Face model directory (config.json and model.safetensors, or the sharded files
 // with their index; F32, BF16 or F16) and writes it as the step-0 checkpoint of `run_dir` (AdamW
