@@ -127,6 +127,9 @@ TEST_F(ReshardCli, EveryAxisChangesBetweenSaveAndResume) {
       {"llama-tiny", "--tp 2 --parallelism.sequence_parallel=true", "--tp 2", false},
       // tp -> pp.
       {"llama-tiny", "--tp 2", "--pp 2", false},
+      // A vocabulary of 300 padded to 384 rows at tp 2 (the padding rows are written with their
+      // slice and dropped by the reader) -> 1 rank.
+      {"llama-tiny", "--tp 2 --model.vocab_size=300", "--model.vocab_size=300", false},
       // A pipeline's stage split and schedule: the same arithmetic.
       {"llama-tiny", "--pp 2 --parallelism.pipeline_layers=[1,3]",
        "--pp 2 --parallelism.pipeline_schedule=zb-h1", true},

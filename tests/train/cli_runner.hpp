@@ -67,6 +67,14 @@ inline void expect_one_error_line(const CliResult& r, const std::string& needle)
   EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
 }
 
+// Three English sentences, 300 lines: a corpus a tiny model learns something from in a few steps.
+inline void write_small_corpus(const std::filesystem::path& path) {
+  std::ofstream out(path);
+  const char* lines[] = {"The quick brown fox jumps over the lazy dog.\n",
+                         "A stitch in time saves nine.\n", "All that glitters is not gold.\n"};
+  for (int i = 0; i < 300; ++i) out << lines[i % 3];
+}
+
 // A fresh empty directory under the system temp folder.
 inline std::filesystem::path fresh_directory(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() /

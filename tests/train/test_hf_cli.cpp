@@ -34,10 +34,7 @@ class HfCli : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fresh_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::ofstream out(dir_ / "corpus.txt");
-    const char* lines[] = {"The quick brown fox jumps over the lazy dog.\n",
-                           "A stitch in time saves nine.\n", "All that glitters is not gold.\n"};
-    for (int i = 0; i < 300; ++i) out << lines[i % 3];
+    write_small_corpus(dir_ / "corpus.txt");
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -214,24 +211,19 @@ TEST_F(HfCli, BadInputIsOneLineAndLeavesNothingBehind) {
   fs::create_directories(dir_ / "empty");
   expect_error("import empty --run-dir r1", "empty has no config.json");
   ASSERT_EQ(run_lattice("export --checkpoint llama hf-llama", dir_).status, 0);
-  {
+  // A copy of the export whose config.json has `field` replaced by `value`.
+  const auto edited = [&](const std::string& copy, const std::string& field,
+                          const std::string& value) {
     std::string config = slurp(dir_ / "hf-llama/config.json");
-    const std::string type = "\"model_type\": \"llama\"";
-    ASSERT_NE(config.find(type), std::string::npos) << config;
-    fs::copy(dir_ / "hf-llama", dir_ / "hf-bert");
-    config.replace(config.find(type), type.size(), "\"model_type\": \"bert\"");
-    std::ofstream(dir_ / "hf-bert/config.json") << config;
-  }
+    ASSERT_NE(config.find(field), std::string::npos) << config;
+    fs::copy(dir_ / "hf-llama", dir_ / copy);
+    config.replace(config.find(field), field.size(), value);
+    std::ofstream(dir_ / copy / "config.json") << config;
+  };
+  edited("hf-bert", "\"model_type\": \"llama\"", "\"model_type\": \"bert\"");
   expect_error("import hf-bert --run-dir r2", "model_type \"bert\" cannot be imported");
-  {
-    // The same config with one more layer than the weights hold.
-    std::string config = slurp(dir_ / "hf-llama/config.json");
-    const std::string layers = "\"num_hidden_layers\": 2";
-    ASSERT_NE(config.find(layers), std::string::npos) << config;
-    fs::copy(dir_ / "hf-llama", dir_ / "hf-deeper");
-    config.replace(config.find(layers), layers.size(), "\"num_hidden_layers\": 3");
-    std::ofstream(dir_ / "hf-deeper/config.json") << config;
-  }
+  // One more layer than the weights hold.
+  edited("hf-deeper", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
   expect_error("import hf-deeper --run-dir r3", "lacks the weight 'model.layers.2.");
   for (const char* run : {"r1", "r2", "r3"})
     EXPECT_FALSE(fs::exists(dir_ / run / "checkpoints")) << run;

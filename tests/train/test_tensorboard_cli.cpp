@@ -26,10 +26,7 @@ class TensorBoardCli : public ::testing::Test {
       GTEST_SKIP() << "/usr/bin/python3 cannot import tensorboard (scripts/install_deps.sh "
                       "installs it from PyPI)";
     dir_ = fresh_directory(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::ofstream out(dir_ / "corpus.txt");
-    const char* lines[] = {"The quick brown fox jumps over the lazy dog.\n",
-                           "A stitch in time saves nine.\n", "All that glitters is not gold.\n"};
-    for (int i = 0; i < 300; ++i) out << lines[i % 3];
+    write_small_corpus(dir_ / "corpus.txt");
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path dir_;

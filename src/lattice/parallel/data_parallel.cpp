@@ -159,11 +159,6 @@ void DataParallel::check_replicas() {
   }
 }
 
-void DataParallel::export_state(optim::AdamWOptimizer* full) {
-  check(rank() != 0 || full != nullptr, "export_state: rank 0 needs a full optimizer state");
-  optimizer_.export_state(*groups_.shard, groups_.expert, full);
-}
-
 void DataParallel::import_state(const optim::AdamWOptimizer& full) {
   optimizer_.import_state(full);
   parameters_.take_whole_values();

@@ -4,7 +4,8 @@
 //   gradient_reduction.hpp: the gradient buckets, reduced during the last micro-batch's backward,
 //            and the global norm;
 //   zero_parameters.hpp:    ZeRO's parameter gathers and releases (and the ZeRO-3 model hooks);
-//   sharded_adamw.hpp:      AdamW on this rank's part of the state, its export and import.
+//   sharded_adamw.hpp:      AdamW on this rank's part of the state, its checkpoint reads and
+//                           its import.
 // Every stage uses one BucketLayout and the same arithmetic, so all stages agree bit for bit.
 //   stage 0: parameters 4Ψ, gradients 4Ψ, AdamW moments 8Ψ on every rank;
 //   stage 1: moments sharded (8Ψ/N) and the reduced gradient shard (4Ψ/N) beside the full local
@@ -96,9 +97,6 @@ class DataParallel final : public model::ModelHooks {
   void check_replicas();
 
   int64_t steps_taken() const { return optimizer_.steps_taken(); }
-  // Collective. Writes the full AdamW state into `full` on rank 0 (null elsewhere); call
-  // settle_parameters(true) first when the model's weights are needed too (checkpoints).
-  void export_state(optim::AdamWOptimizer* full);
   // Takes this rank's part of a full AdamW state and the model's (full) weights after a load.
   void import_state(const optim::AdamWOptimizer& full);
   // What this rank writes of a sharded checkpoint (train/sharded_checkpoint.hpp): its shard of

@@ -2,8 +2,8 @@
 // parameters and its own slice of every MoE layer's experts (placed on every axis but ep;
 // model/moe_mlp.hpp). gather_experts assembles any buffer laid out as a rank's values (the values,
 // AdamW moments) into the whole model's layout (the ep = 1 model: every expert) on the group's
-// rank 0 — what checkpoints and the parity harness read. Loading needs no counterpart: each rank
-// reads its own experts by name from a whole checkpoint (train/checkpoint.hpp).
+// rank 0 — what the parity harness reads. Loading needs no counterpart: each rank
+// reads its own experts by name from a checkpoint (train/checkpoint.hpp).
 #pragma once
 
 #include "lattice/comm/communicator.hpp"

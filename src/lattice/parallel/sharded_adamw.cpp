@@ -106,41 +106,6 @@ void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters
   }
 }
 
-void ShardedAdamW::export_state(comm::Communicator& shard_group, comm::Communicator* expert_group,
-                                optim::AdamWOptimizer* full) {
-  if (full) full->set_steps_taken(step_);
-  // The moments of this rank: in memory, or read back from the offload files.
-  Tensor read_m, read_v;
-  const float *m = m_.empty() ? nullptr : m_.f32(), *v = v_.empty() ? nullptr : v_.f32();
-  if (offload_) {
-    read_m = Tensor({offload_->numel()}, DType::f32);
-    read_v = Tensor({offload_->numel()}, DType::f32);
-    offload_->read_moments(0, offload_->numel(), read_m.f32(), read_v.f32());
-    m = read_m.f32();
-    v = read_v.f32();
-  }
-  if (zero_stage_ == 0) {
-    if (full) {
-      const int64_t n = layout_.total_elements();
-      std::copy(m, m + n, full->exp_avg());
-      std::copy(v, v + n, full->exp_avg_sq());
-    }
-    return;
-  }
-  // Every shard of each bucket, gathered over the bucket's group.
-  for (const Bucket& bucket : layout_.buckets()) {
-    check(!bucket.expert || expert_group != nullptr,
-          "optimizer state export: expert buckets without an expert group (internal error)");
-    comm::Communicator& group = bucket.expert ? *expert_group : shard_group;
-    Tensor gathered({bucket.shard * group.size()}, DType::f32);
-    for (auto [source, target] : {std::pair{m, full ? full->exp_avg() : nullptr},
-                                  std::pair{v, full ? full->exp_avg_sq() : nullptr}}) {
-      group.all_gather(source + bucket.shard_offset, gathered.f32(), bucket.shard, DType::f32);
-      if (target) std::copy(gathered.f32(), gathered.f32() + bucket.size(), target + bucket.begin);
-    }
-  }
-}
-
 void ShardedAdamW::import_state(const optim::AdamWOptimizer& full) {
   step_ = full.steps_taken();
   const int64_t elements = state_elements();

@@ -2,8 +2,8 @@
 // DP (stage 0), this rank's shard of every bucket under ZeRO (stages 1-3), element by element with
 // the same kernel, so every stage computes the same bits. The moments live in memory or, with an
 // offload directory, in files (optim::OffloadedAdamWState, streamed through the same kernel:
-// bit-identical). Also the export of the full state to rank 0 for checkpoints, and the import of
-// this rank's part from a full state.
+// bit-identical). Also the moments of any range this rank holds, for the sharded checkpoints each
+// rank writes, and the import of this rank's part from a full state.
 #pragma once
 
 #include <memory>
@@ -35,10 +35,6 @@ class ShardedAdamW {
             float lr, float clip);
   int64_t steps_taken() const { return step_; }
 
-  // Collective over `shard_group` (and `expert_group`, when there are expert buckets). Writes the
-  // full AdamW state of this rank's store (its experts') into `full` (null: not wanted here).
-  void export_state(comm::Communicator& shard_group, comm::Communicator* expert_group,
-                    optim::AdamWOptimizer* full);
   // Takes this rank's part of a full AdamW state.
   void import_state(const optim::AdamWOptimizer& full);
   // Copies the moments of the flat elements [begin, end), which this rank holds: any range at

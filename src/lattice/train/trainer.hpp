@@ -3,9 +3,9 @@
 // stages, train/pipeline_rank.hpp) (forward and backward over the micro-batches of a step
 // with gradient buckets reduced during the last backward, the global gradient norm and clipping,
 // AdamW on this rank's part of the state: plain DP or ZeRO-1/2/3, see parallel/data_parallel.hpp),
-// periodic
-// validation, metrics and checkpoints (full and layout-independent, written by rank 0), and
-// bit-identical resumption. train_on_ranks() runs it on every rank: threads of this process
+// periodic validation, metrics and checkpoints (sharded: every rank writes its own part; any
+// layout resumes them), and bit-identical resumption. train_on_ranks() runs it on every rank:
+// threads of this process
 // (`local` backend) or one process per rank under mpirun (`mpi` backend).
 #pragma once
 
