@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   lattice::cli::register_bench_pp(*bench);
   lattice::cli::register_bench_cp(*bench);
   lattice::cli::register_bench_moe(*bench);
+  lattice::cli::register_bench_checkpoint(*bench);
   lattice::cli::register_estimate_verb(app);
   lattice::cli::register_simulate_verb(app);
   lattice::cli::register_plan_verb(app);

@@ -32,5 +32,6 @@ void register_bench_tp(CLI::App& bench);
 void register_bench_pp(CLI::App& bench);
 void register_bench_cp(CLI::App& bench);
 void register_bench_moe(CLI::App& bench);
+void register_bench_checkpoint(CLI::App& bench);
 
 }  // namespace lattice::cli

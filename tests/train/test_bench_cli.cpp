@@ -180,5 +180,24 @@ TEST(BenchTrainCli, UnknownPytorchAllocatorIsRefused) {
   EXPECT_NE(said.find("auto, jemalloc, glibc-thp or glibc"), std::string::npos) << said;
 }
 
+// `lattice bench checkpoint` on a tiny model: the three runs, the per-checkpoint rows against the
+// disk (and torch.save where /usr/bin/python3 has torch), and the ratios line.
+TEST(BenchCheckpointCli, PrintsThePerCheckpointRowsAndRatios) {
+  TemporaryDirectory dir("bench-checkpoint");
+  const CliResult r =
+      run_lattice("bench checkpoint --preset llama-tiny --seq-len 32 --steps 4 --rounds 1 --dir " +
+                      (dir.path() / "runs").string(),
+                  dir.path());
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  for (const char* row : {"lattice sync: training thread waits",
+                          "lattice async: training thread waits", "disk: one file written"})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  EXPECT_NE(r.out.find("MB a checkpoint"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ratios: sync / disk "), std::string::npos) << r.out;
+  if (python_has_torch())
+    EXPECT_NE(r.out.find("pytorch torch.save + fsync"), std::string::npos) << r.out;
+  expect_one_error_line(run_lattice("bench checkpoint --steps 3", dir.path()), "--steps even");
+}
+
 }  // namespace
 }  // namespace lattice::testing

@@ -66,6 +66,18 @@ struct RankShard {
   std::vector<SafetensorsEntry> weights, moments;
   std::vector<std::unique_ptr<float[]>> buffers;
   CheckpointIndex index;
+  // For each entry of `weights`, then of `moments`: its piece in `index` (tensor, position), whose
+  // checksum the writer fills in (off the training thread when it writes in the background).
+  std::vector<std::pair<std::string, size_t>> weight_pieces, moment_pieces;
+
+  void fill_checksums() {
+    for (auto [entries, pieces] : {std::pair{&weights, &weight_pieces}, {&moments, &moment_pieces}})
+      for (size_t k = 0; k < entries->size(); ++k) {
+        const SafetensorsEntry& e = (*entries)[k];
+        const auto& [name, at] = (*pieces)[k];
+        index.at(name).pieces[at].crc32c = crc32c(e.data, e.nbytes);
+      }
+  }
 };
 
 void add_piece(RankShard& shard, const std::string& file, const std::string& logical,
@@ -85,9 +97,10 @@ void add_piece(RankShard& shard, const std::string& file, const std::string& log
   piece.slice_shape = p.shape;
   piece.begin = begin;
   piece.end = end;
-  piece.crc32c = crc32c(data, e.nbytes);
   auto [it, added] = shard.index.try_emplace(logical, CheckpointTensor{p.global_shape, {}});
   it->second.pieces.push_back(std::move(piece));
+  (&entries == &shard.weights ? shard.weight_pieces : shard.moment_pieces)
+      .emplace_back(logical, it->second.pieces.size() - 1);
   entries.push_back(std::move(e));
 }
 
@@ -232,6 +245,7 @@ void ShardedCheckpointWriter::start(const CheckpointContents& contents,
     const auto begun = std::chrono::steady_clock::now();
     try {
       const fs::path dir(p->staging);
+      p->shard.fill_checksums();
       write_safetensors((dir / p->weights_file).string(), p->shard.weights,
                         {{"format", "lattice"},
                          {"lattice.model", model::model_config_to_json(p->contents.config)},

@@ -462,21 +462,29 @@ TrainResult Trainer::run() {
       }
     }
     if (validate) result.final_val_loss = *m.val_loss;
+    const int64_t checkpoint_start_ns = steady_clock_ns();
     if (checkpoints_->pending()) publish_checkpoint(false);  // a background save done?
     if (config_.checkpoint_enable && config_.checkpoint_interval > 0 &&
         step % config_.checkpoint_interval == 0 && step != config_.steps) {
       logger.finish_progress();
       save(step, config_toml, false);
+      ++result.checkpoints;
     }
+    result.checkpoint_seconds +=
+        static_cast<double>(steady_clock_ns() - checkpoint_start_ns) * 1e-9;
   }
   logger.finish_progress();
   if (trace) {
     trace->write(config_.trace, mesh_->world());
     if (printing_) std::printf("trace %s\n", config_.trace.c_str());
   }
-  if (config_.checkpoint_enable && config_.steps > start_step_)
+  const int64_t final_start_ns = steady_clock_ns();
+  if (config_.checkpoint_enable && config_.steps > start_step_) {
     save(config_.steps, config_toml, true);
+    ++result.checkpoints;
+  }
   publish_checkpoint(true);  // (nothing when no save is pending)
+  result.final_checkpoint_seconds = static_cast<double>(steady_clock_ns() - final_start_ns) * 1e-9;
   if (pipeline_)
     pipeline_->settle_parameters();
   else

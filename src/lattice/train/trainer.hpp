@@ -49,6 +49,11 @@ struct TrainResult {
   // point-to-point waits summed over them.
   std::vector<double> pp_bubbles;
   double pp_wait_seconds = 0;
+  // Checkpoints: how many were started, the training thread's time in the interval ones (their
+  // snapshot and, when synchronous, their writing; publishing included), and in the final one
+  // (always waited for, with a background save still pending).
+  int64_t checkpoints = 0;
+  double checkpoint_seconds = 0, final_checkpoint_seconds = 0;
   int rank = 0;  // the world rank that ran it (rank 0 reports)
 };
 
