@@ -38,6 +38,27 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Sends stdout to /dev/null while it lives (an exception included).
+class QuietStdout {
+ public:
+  QuietStdout() : saved_(dup(1)), null_(std::fopen("/dev/null", "w")) {
+    std::fflush(stdout);
+    dup2(fileno(null_), 1);
+  }
+  ~QuietStdout() {
+    std::fflush(stdout);
+    dup2(saved_, 1);
+    close(saved_);
+    std::fclose(null_);
+  }
+  QuietStdout(const QuietStdout&) = delete;
+  QuietStdout& operator=(const QuietStdout&) = delete;
+
+ private:
+  int saved_;
+  FILE* null_;
+};
+
 // One training run (rank 0's result); `mode`: "none", "sync" or "async".
 train::TrainResult time_run(const Options& o, const fs::path& dir, const std::string& mode) {
   fs::remove_all(dir / "run");
@@ -65,25 +86,8 @@ train::TrainResult time_run(const Options& o, const fs::path& dir, const std::st
   if (model::model_preset(o.preset).vocab_size < 256) overrides.push_back("model.vocab_size=256");
   const train::TrainConfig config = train::load_train_config("", overrides);
   // The run's own lines are not the benchmark's: stdout is quiet while it runs.
-  std::fflush(stdout);
-  const int saved = dup(1);
-  FILE* null = std::fopen("/dev/null", "w");
-  dup2(fileno(null), 1);
-  train::TrainResult result;
-  try {
-    result = train::train_on_ranks(config);
-  } catch (...) {
-    std::fflush(stdout);
-    dup2(saved, 1);
-    close(saved);
-    std::fclose(null);
-    throw;
-  }
-  std::fflush(stdout);
-  dup2(saved, 1);
-  close(saved);
-  std::fclose(null);
-  return result;
+  const QuietStdout quiet;
+  return train::train_on_ranks(config);
 }
 
 int64_t directory_bytes(const fs::path& dir) {

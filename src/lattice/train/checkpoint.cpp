@@ -108,15 +108,9 @@ std::string latest_checkpoint(const std::string& run_dir) {
 }
 
 std::vector<std::string> checkpoint_candidates(const std::string& run_dir) {
-  const fs::path folder = fs::path(run_dir) / "checkpoints";
-  std::vector<std::string> steps;
-  if (!fs::is_directory(folder)) return steps;  // (a pointer needs the folder too)
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos)
-      steps.push_back(entry.path().string());
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  std::vector<std::string> steps = published_checkpoints(run_dir);
+  if (steps.empty() && !fs::is_directory(fs::path(run_dir) / "checkpoints")) return steps;
+  std::reverse(steps.begin(), steps.end());
   // The pointer's choice first; a pointer to a checkpoint that is gone leaves the others by step
   // (and is the error when there are none).
   std::string latest;
@@ -164,6 +158,12 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
 TrainerState load_checkpoint(const std::string& checkpoint_dir, const model::ModelConfig& config,
                              model::ParameterStore& params, optim::AdamWOptimizer* optimizer) {
   CheckpointReader reader(checkpoint_dir);
+  return load_checkpoint(reader, config, params, optimizer);
+}
+
+TrainerState load_checkpoint(CheckpointReader& reader, const model::ModelConfig& config,
+                             model::ParameterStore& params, optim::AdamWOptimizer* optimizer) {
+  const std::string& checkpoint_dir = reader.directory();
   const model::ModelConfig& stored = reader.model_config();
   const auto& mine = config;
   const bool same_shape =

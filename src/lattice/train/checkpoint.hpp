@@ -71,5 +71,8 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, model::Transform
 // The same into a bare parameter store, the checkpoint's configuration checked against `config`.
 TrainerState load_checkpoint(const std::string& checkpoint_dir, const model::ModelConfig& config,
                              model::ParameterStore& params, optim::AdamWOptimizer* optimizer);
+// The same from an open checkpoint (several stores of one rank read one index).
+TrainerState load_checkpoint(CheckpointReader& reader, const model::ModelConfig& config,
+                             model::ParameterStore& params, optim::AdamWOptimizer* optimizer);
 
 }  // namespace lattice::train

@@ -8,17 +8,7 @@
 
 namespace lattice::train {
 
-namespace {
-
-std::string shape_text(const Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-}  // namespace
-
-std::string checkpoint_index_to_json(const CheckpointIndex& index) {
+nlohmann::json checkpoint_index_to_json(const CheckpointIndex& index) {
   nlohmann::json tensors = nlohmann::json::object();
   for (const auto& [name, tensor] : index) {
     nlohmann::json pieces = nlohmann::json::array();
@@ -37,14 +27,14 @@ std::string checkpoint_index_to_json(const CheckpointIndex& index) {
     }
     tensors[name] = {{"global_shape", tensor.global_shape}, {"pieces", pieces}};
   }
-  return tensors.dump(1);
+  return tensors;
 }
 
-CheckpointIndex checkpoint_index_from_json(const std::string& text, const std::string& source) {
+CheckpointIndex checkpoint_index_from_json(const nlohmann::json& tensors,
+                                           const std::string& source) {
   CheckpointIndex index;
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    for (const auto& [name, entry] : j.items()) {
+    for (const auto& [name, entry] : tensors.items()) {
       CheckpointTensor& tensor = index[name];
       tensor.global_shape = entry.at("global_shape").get<Shape>();
       for (const nlohmann::json& p : entry.at("pieces")) {
@@ -74,10 +64,10 @@ CheckpointIndex checkpoint_index_from_json(const std::string& text, const std::s
 void merge_checkpoint_index(CheckpointIndex& index, const CheckpointIndex& more) {
   for (const auto& [name, tensor] : more) {
     auto [it, added] = index.try_emplace(name, CheckpointTensor{tensor.global_shape, {}});
-    check(it->second.global_shape == tensor.global_shape,
-          "checkpoint: ranks disagree on the shape of '" + name + "' (" +
-              shape_text(it->second.global_shape) + " and " + shape_text(tensor.global_shape) +
-              "): their models differ (internal error)");
+    if (it->second.global_shape != tensor.global_shape)
+      throw Error("checkpoint: ranks disagree on the shape of '" + name + "' (" +
+                  shape_string(it->second.global_shape) + " and " +
+                  shape_string(tensor.global_shape) + "): their models differ (internal error)");
     it->second.pieces.insert(it->second.pieces.end(), tensor.pieces.begin(), tensor.pieces.end());
   }
 }
@@ -90,44 +80,49 @@ void check_checkpoint_coverage(const CheckpointIndex& index, const std::string& 
     std::vector<std::vector<const CheckpointPiece*>> slices(
         static_cast<size_t>(std::max(first.count, 1)));
     for (const CheckpointPiece& p : tensor.pieces) {
-      check(p.shard.count == first.count && p.shard.dim == first.dim &&
-                p.shard.blocks == first.blocks && p.shard.index >= 0 &&
-                p.shard.index < p.shard.count,
-            "checkpoint " + source + ": the pieces of '" + name +
-                "' disagree on how it is split (damaged index): resume from an earlier checkpoint");
+      // (The messages are built only on failure: this runs for every piece of every tensor.)
+      if (p.shard.count != first.count || p.shard.dim != first.dim ||
+          p.shard.blocks != first.blocks || p.shard.index < 0 || p.shard.index >= p.shard.count)
+        throw Error("checkpoint " + source + ": the pieces of '" + name +
+                    "' disagree on how it is split (damaged index): resume from an earlier "
+                    "checkpoint");
       slices[static_cast<size_t>(p.shard.index)].push_back(&p);
     }
     for (size_t s = 0; s < slices.size(); ++s) {
       auto& runs = slices[s];
-      const std::string what = "'" + name + "'" +
-                               (slices.size() > 1 ? " (slice " + std::to_string(s) + " of " +
-                                                        std::to_string(slices.size()) + ")"
-                                                  : "");
-      check(!runs.empty(), "checkpoint " + source + " has no piece of " + what +
-                               ": a rank's file is missing from the index; resume from an "
-                               "earlier checkpoint");
+      const auto what = [&] {
+        return "'" + name + "'" +
+               (slices.size() > 1
+                    ? " (slice " + std::to_string(s) + " of " + std::to_string(slices.size()) + ")"
+                    : "");
+      };
+      if (runs.empty())
+        throw Error("checkpoint " + source + " has no piece of " + what() +
+                    ": a rank's file is missing from the index; resume from an earlier "
+                    "checkpoint");
       const int64_t numel = shape_numel(runs.front()->slice_shape);
       std::sort(runs.begin(), runs.end(), [](const CheckpointPiece* a, const CheckpointPiece* b) {
         return a->begin < b->begin;
       });
       int64_t covered = 0;
       for (const CheckpointPiece* p : runs) {
-        check(p->slice_shape == runs.front()->slice_shape && p->begin < p->end,
-              "checkpoint " + source + ": a piece of " + what +
-                  " is malformed (damaged index): resume from an earlier checkpoint");
-        check(p->begin == covered,
-              "checkpoint " + source + " " + (p->begin > covered ? "is missing" : "holds twice") +
-                  " elements [" + std::to_string(std::min(p->begin, covered)) + ", " +
-                  std::to_string(std::max(p->begin, covered)) + ") of " + what +
-                  ": a rank's shard is lost or the index is damaged; resume from an earlier "
-                  "checkpoint");
+        if (p->slice_shape != runs.front()->slice_shape || p->begin >= p->end)
+          throw Error("checkpoint " + source + ": a piece of " + what() +
+                      " is malformed (damaged index): resume from an earlier checkpoint");
+        if (p->begin != covered)
+          throw Error("checkpoint " + source + " " +
+                      (p->begin > covered ? "is missing" : "holds twice") + " elements [" +
+                      std::to_string(std::min(p->begin, covered)) + ", " +
+                      std::to_string(std::max(p->begin, covered)) + ") of " + what() +
+                      ": a rank's shard is lost or the index is damaged; resume from an earlier "
+                      "checkpoint");
         covered = p->end;
       }
-      check(covered == numel, "checkpoint " + source + " is missing elements [" +
-                                  std::to_string(covered) + ", " + std::to_string(numel) + ") of " +
-                                  what +
-                                  ": a rank's shard is lost or the index is damaged; resume from "
-                                  "an earlier checkpoint");
+      if (covered != numel)
+        throw Error("checkpoint " + source + " is missing elements [" + std::to_string(covered) +
+                    ", " + std::to_string(numel) + ") of " + what() +
+                    ": a rank's shard is lost or the index is damaged; resume from an earlier "
+                    "checkpoint");
     }
   }
 }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,11 @@ struct CheckpointTensor {
 // The tensors of one checkpoint, by logical name.
 using CheckpointIndex = std::map<std::string, CheckpointTensor>;
 
-// The piece list as JSON and back. from_json throws Error naming `source` on damage.
-std::string checkpoint_index_to_json(const CheckpointIndex& index);
-CheckpointIndex checkpoint_index_from_json(const std::string& text, const std::string& source);
+// The piece list as JSON (index.json's "tensors", a rank's piece list) and back. from_json throws
+// Error naming `source` on damage.
+nlohmann::json checkpoint_index_to_json(const CheckpointIndex& index);
+CheckpointIndex checkpoint_index_from_json(const nlohmann::json& tensors,
+                                           const std::string& source);
 
 // Adds `more`'s pieces to `index` (the same tensor from several ranks: the logical shapes must
 // agree).

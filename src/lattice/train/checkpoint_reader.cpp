@@ -19,12 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string shape_text(const Shape& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // One whole piece per tensor of a whole-format file (no checksum: that format had none).
 void add_whole_file(CheckpointIndex& index, const SafetensorsFile& file,
                     const std::string& relative) {
@@ -68,7 +62,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
             "checkpoint index " + index_path.string() +
                 " is not a Lattice sharded checkpoint index (its format field differs)");
       model_json = j.at("model").dump();
-      index_ = checkpoint_index_from_json(j.at("tensors").dump(), index_path.string());
+      index_ = checkpoint_index_from_json(j.at("tensors"), index_path.string());
     } catch (const nlohmann::json::exception& e) {
       throw Error("checkpoint index " + index_path.string() + " is damaged (" + e.what() +
                   "): resume from an earlier checkpoint");
@@ -131,10 +125,11 @@ const SafetensorsFile& CheckpointReader::file(const std::string& relative) {
 }
 
 void CheckpointReader::read(const std::string& name, const Shape& global_shape, float* out) {
-  check(this->global_shape(name) == global_shape,
-        "checkpoint " + dir_ + " holds '" + name + "' with logical shape " +
-            shape_text(index_.at(name).global_shape) + ", this model's is " +
-            shape_text(global_shape) + ": use the same [model] settings or a new job.run_dir");
+  const Shape& stored = this->global_shape(name);  // (Error when absent)
+  check(stored == global_shape, "checkpoint " + dir_ + " holds '" + name + "' with logical shape " +
+                                    shape_string(stored) + ", this model's is " +
+                                    shape_string(global_shape) +
+                                    ": use the same [model] settings or a new job.run_dir");
   const CheckpointTensor& tensor = index_.at(name);
   const model::TensorShard& split = tensor.pieces.front().shard;
   std::vector<float> slice;

@@ -26,9 +26,9 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
 bool hf_transposed(const model::ModelConfig& config, const std::string& name);
 
 struct HfExportSummary {
-  int64_t tensors = 0;  // weights written (every logical weight of the checkpoint)
-  int64_t bytes = 0;    // their data bytes
-  int files = 0;        // safetensors files
+  int64_t tensors = 0;    // weights written (every logical weight of the checkpoint)
+  int64_t bytes = 0;      // their data bytes
+  int files = 0;          // safetensors files
   std::string tokenizer;  // the tokenizer files copied ("" when the run had none to copy)
 };
 

@@ -196,10 +196,11 @@ std::vector<float> PipelineRank::gather_whole() {
 }
 
 TrainerState PipelineRank::load(const std::string& checkpoint_dir) {
+  CheckpointReader reader(checkpoint_dir);  // one index for every stage of this rank
   TrainerState state;
   for (size_t i = 0; i < models_.size(); ++i) {
     optim::AdamWOptimizer full(ops_, models_[i]->parameters(), config_.adamw, nullptr);
-    state = load_checkpoint(checkpoint_dir, *models_[i], &full);
+    state = load_checkpoint(reader, models_[i]->config(), models_[i]->parameters(), &full);
     dps_[i]->import_state(full);
   }
   return state;

@@ -60,29 +60,36 @@ bool all_ok(comm::Communicator& world, bool ok) {
   return flag == 1;
 }
 
-// What one rank writes: its pieces' entries in the two files, over copies of their weights and
-// moments (the snapshot), and the index entries for its pieces.
+// One of a rank's two files: its entries, and for each the piece of the index it is (tensor,
+// position), whose checksum the writer fills in (off the training thread when it writes in the
+// background).
+struct RankFile {
+  std::string name;
+  std::vector<SafetensorsEntry> entries;
+  std::vector<std::pair<std::string, size_t>> pieces;
+};
+
+// What one rank writes: its weights and moments files over copies of their data (the snapshot),
+// and the index entries for its pieces.
 struct RankShard {
-  std::vector<SafetensorsEntry> weights, moments;
+  RankFile weights, moments;
   std::vector<std::unique_ptr<float[]>> buffers;
   CheckpointIndex index;
-  // For each entry of `weights`, then of `moments`: its piece in `index` (tensor, position), whose
-  // checksum the writer fills in (off the training thread when it writes in the background).
-  std::vector<std::pair<std::string, size_t>> weight_pieces, moment_pieces;
 
   void fill_checksums() {
-    for (auto [entries, pieces] : {std::pair{&weights, &weight_pieces}, {&moments, &moment_pieces}})
-      for (size_t k = 0; k < entries->size(); ++k) {
-        const SafetensorsEntry& e = (*entries)[k];
-        const auto& [name, at] = (*pieces)[k];
+    for (const RankFile* file : {&weights, &moments})
+      for (size_t k = 0; k < file->entries.size(); ++k) {
+        const SafetensorsEntry& e = file->entries[k];
+        const auto& [name, at] = file->pieces[k];
         index.at(name).pieces[at].crc32c = crc32c(e.data, e.nbytes);
       }
   }
 };
 
-void add_piece(RankShard& shard, const std::string& file, const std::string& logical,
-               const model::ParameterInfo& p, int64_t begin, int64_t end, const float* data,
-               std::vector<SafetensorsEntry>& entries) {
+// Adds `data`, elements [begin, end) of `p`'s slice, as the logical tensor `logical`'s piece in
+// `file`.
+void add_piece(CheckpointIndex& index, RankFile& file, const std::string& logical,
+               const model::ParameterInfo& p, int64_t begin, int64_t end, const float* data) {
   const bool whole_slice = begin == 0 && end == p.numel;
   SafetensorsEntry e;
   e.name = whole_slice ? logical : logical + "#" + std::to_string(begin);
@@ -91,22 +98,23 @@ void add_piece(RankShard& shard, const std::string& file, const std::string& log
   e.data = data;
   e.nbytes = static_cast<size_t>(end - begin) * sizeof(float);
   CheckpointPiece piece;
-  piece.file = file;
+  piece.file = file.name;
   piece.key = e.name;
   piece.shard = p.shard;
   piece.slice_shape = p.shape;
   piece.begin = begin;
   piece.end = end;
-  auto [it, added] = shard.index.try_emplace(logical, CheckpointTensor{p.global_shape, {}});
+  auto [it, added] = index.try_emplace(logical, CheckpointTensor{p.global_shape, {}});
   it->second.pieces.push_back(std::move(piece));
-  (&entries == &shard.weights ? shard.weight_pieces : shard.moment_pieces)
-      .emplace_back(logical, it->second.pieces.size() - 1);
-  entries.push_back(std::move(e));
+  file.pieces.emplace_back(logical, it->second.pieces.size() - 1);
+  file.entries.push_back(std::move(e));
 }
 
 RankShard collect(std::span<const CheckpointSource> sources, const std::string& weights_file,
                   const std::string& moments_file) {
   RankShard shard;
+  shard.weights.name = weights_file;
+  shard.moments.name = moments_file;
   for (const CheckpointSource& source : sources) {
     for (const model::ParameterInfo& p : source.store->parameters()) {
       if (p.is_copy()) continue;  // a tied head's copy: its original is written
@@ -116,14 +124,14 @@ RankShard collect(std::span<const CheckpointSource> sources, const std::string& 
         if (a >= e) continue;
         const int64_t begin = a - p.offset, end = e - p.offset;
         const auto n = static_cast<size_t>(e - a);
-        auto w = std::make_unique<float[]>(n), m = std::make_unique<float[]>(n),
-             v = std::make_unique<float[]>(n);
+        auto w = std::make_unique_for_overwrite<float[]>(n),
+             m = std::make_unique_for_overwrite<float[]>(n),
+             v = std::make_unique_for_overwrite<float[]>(n);
         std::copy(source.values + a, source.values + e, w.get());
         source.moments(a, e, m.get(), v.get());
-        add_piece(shard, weights_file, p.name, p, begin, end, w.get(), shard.weights);
-        add_piece(shard, moments_file, "exp_avg/" + p.name, p, begin, end, m.get(), shard.moments);
-        add_piece(shard, moments_file, "exp_avg_sq/" + p.name, p, begin, end, v.get(),
-                  shard.moments);
+        add_piece(shard.index, shard.weights, p.name, p, begin, end, w.get());
+        add_piece(shard.index, shard.moments, "exp_avg/" + p.name, p, begin, end, m.get());
+        add_piece(shard.index, shard.moments, "exp_avg_sq/" + p.name, p, begin, end, v.get());
         for (auto* buffer : {&w, &m, &v}) shard.buffers.push_back(std::move(*buffer));
       }
     }
@@ -132,15 +140,19 @@ RankShard collect(std::span<const CheckpointSource> sources, const std::string& 
 }
 
 void prune_checkpoints(const fs::path& folder, int64_t keep_latest) {
-  std::vector<fs::path> steps;
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    const std::string name = entry.path().filename().string();
-    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos)
-      steps.push_back(entry.path());
-  }
-  std::sort(steps.begin(), steps.end());
+  const std::vector<std::string> steps = published_checkpoints(folder.parent_path().string());
   for (size_t i = 0; i + static_cast<size_t>(keep_latest) < steps.size(); ++i)
     fs::remove_all(steps[i]);
+}
+
+// A rank's piece list, written by this writer (damage is an Error naming the file).
+nlohmann::json parse_json_file(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_file_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("checkpoint piece list " + path + " is damaged (" + e.what() +
+                "): the save fails; the previous checkpoint stays the latest");
+  }
 }
 
 // Rank 0, once every rank's files are in the stage: the index from the ranks' piece lists
@@ -149,7 +161,7 @@ void publish(StagedDirectory& stage, const CheckpointContents& c, int ranks) {
   CheckpointIndex index;
   for (int r = 0; r < ranks; ++r) {
     const std::string path = stage.file_path(pieces_file(r));
-    merge_checkpoint_index(index, checkpoint_index_from_json(read_file_text(path), path));
+    merge_checkpoint_index(index, checkpoint_index_from_json(parse_json_file(path), path));
     fs::remove(path);
   }
   check_checkpoint_coverage(index, stage.final_path() + " (being written)");
@@ -159,7 +171,7 @@ void publish(StagedDirectory& stage, const CheckpointContents& c, int ranks) {
       {"model", nlohmann::json::parse(model::model_config_to_json(c.config))},
       {"written_by", {{"ranks", ranks}, {"layout", c.layout}}},
       {"weight_layout", "[out, in] for every Linear weight"},
-      {"tensors", nlohmann::json::parse(checkpoint_index_to_json(index))}};
+      {"tensors", checkpoint_index_to_json(index)}};
   write_text_atomic(stage.file_path("index.json"), top.dump(1) + "\n");
   const nlohmann::json state = {
       {"step", c.state.step},
@@ -180,6 +192,20 @@ void publish(StagedDirectory& stage, const CheckpointContents& c, int ranks) {
 
 }  // namespace
 
+std::vector<std::string> published_checkpoints(const std::string& run_dir) {
+  const fs::path folder = fs::path(run_dir) / "checkpoints";
+  std::vector<std::string> steps;
+  if (!fs::is_directory(folder)) return steps;
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    // (Staging folders carry a '.' suffix: step_N.tmp-<pid>, step_N.old-<pid>.)
+    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos)
+      steps.push_back(entry.path().string());
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
 std::string checkpoint_step_name(int64_t step) {
   char buffer[32];
   std::snprintf(buffer, sizeof buffer, "step_%08lld", static_cast<long long>(step));
@@ -192,7 +218,6 @@ struct ShardedCheckpointWriter::Pending {
   std::unique_ptr<StagedDirectory> stage;  // rank 0
   std::string staging;
   RankShard shard;
-  std::string weights_file, moments_file;
   std::thread writer;
   std::atomic<bool> written{false};
   std::exception_ptr failure;
@@ -230,11 +255,10 @@ void ShardedCheckpointWriter::start(const CheckpointContents& contents,
   if (failure) std::rethrow_exception(failure);
   check(!state->staging.empty(), "rank 0 could not create the checkpoint directory " +
                                      final_dir.string() + " (its error names the problem)");
-  state->weights_file = rank_file("model", rank, ranks);
-  state->moments_file = rank_file("optimizer", rank, ranks);
   // A rank that cannot take its snapshot fails the save at finish(), with every rank there.
   try {
-    state->shard = collect(sources, state->weights_file, state->moments_file);
+    state->shard =
+        collect(sources, rank_file("model", rank, ranks), rank_file("optimizer", rank, ranks));
   } catch (...) {
     state->failure = std::current_exception();
   }
@@ -246,18 +270,18 @@ void ShardedCheckpointWriter::start(const CheckpointContents& contents,
     try {
       const fs::path dir(p->staging);
       p->shard.fill_checksums();
-      write_safetensors((dir / p->weights_file).string(), p->shard.weights,
+      write_safetensors((dir / p->shard.weights.name).string(), p->shard.weights.entries,
                         {{"format", "lattice"},
                          {"lattice.model", model::model_config_to_json(p->contents.config)},
                          {"lattice.index", "index.json"},
                          {"lattice.weight_layout", "[out, in] for every Linear weight"}});
       if (kill) std::raise(SIGKILL);  // tests: a process killed in the middle of a save
-      write_safetensors((dir / p->moments_file).string(), p->shard.moments,
+      write_safetensors((dir / p->shard.moments.name).string(), p->shard.moments.entries,
                         {{"optimizer", "AdamW"},
                          {"steps_taken", std::to_string(p->contents.optimizer_steps)},
                          {"lattice.index", "index.json"}});
       write_text_atomic((dir / pieces_file(rank)).string(),
-                        checkpoint_index_to_json(p->shard.index));
+                        checkpoint_index_to_json(p->shard.index).dump());
     } catch (...) {
       p->failure = std::current_exception();
     }

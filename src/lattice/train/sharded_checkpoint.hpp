@@ -104,5 +104,8 @@ std::string save_sharded_checkpoint(const CheckpointContents& contents,
 
 // "step_00001200": the directory name of a step's checkpoint.
 std::string checkpoint_step_name(int64_t step);
+// The published checkpoint directories under run_dir/checkpoints, oldest step first (staging
+// folders left out).
+std::vector<std::string> published_checkpoints(const std::string& run_dir);
 
 }  // namespace lattice::train
