@@ -1,6 +1,6 @@
 // Chrome traces of real runs in any layout (`metrics.trace_steps = "a:b"`, issue #25): one process
 // per world rank, the traced steps and no others, one track per communication group with each
-// collective named with its operation and size and lying inside its step (dp x tp with ZeRO-1:
+// collective named with its operation and size and entered during its step (dp x tp with ZeRO-1:
 // the tp all-reduces, ZeRO's reduce-scatters and all-gathers; a MoE run with expert parallelism:
 // the all-to-alls), valid JSON in the Trace Event format; a malformed range is one error line.
 #include <gtest/gtest.h>
@@ -63,9 +63,10 @@ Traced read_trace(const fs::path& path) {
     t.events[{pid, track}].insert(e.at("name").get<std::string>());
     if (e.at("cat") != "collective") continue;
     const std::string step = "step " + std::to_string(e.at("args").at("step").get<int>());
+    // Entered during its step (an asynchronous one, e.g. ZeRO's gather of the updated shards, may
+    // end in the next step's forward).
     EXPECT_GE(e.at("ts").get<double>(), t.step_start[pid].at(step)) << e.dump();
-    EXPECT_LE(e.at("ts").get<double>() + e.at("dur").get<double>(), t.step_end[pid].at(step) + 1.0)
-        << e.dump();
+    EXPECT_LE(e.at("ts").get<double>(), t.step_end[pid].at(step)) << e.dump();
     EXPECT_GT(e.at("args").at("bytes").get<int64_t>(), 0) << e.dump();
   }
   return t;

@@ -1,6 +1,7 @@
 // RunTrace: see run_trace.hpp.
 #include "lattice/train/run_trace.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -116,13 +117,27 @@ void RunTrace::add_step(int64_t step, int64_t start_ns, int64_t end_ns,
               .dump());
     }
   }
+  spans_.push_back({step, start_ns, end_ns});
+  add_collectives();
+}
+
+void RunTrace::add_collectives() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     const auto recent = groups_[g].communicator->trace().recent();
     if (recent.empty()) continue;
-    uint64_t missing = 0;
+    const uint64_t missing =
+        recent.front().seq > last_seq_[g] + 1 ? recent.front().seq - last_seq_[g] - 1 : 0;
     for (const comm::CollectiveRecord& r : recent) {
-      if (r.seq <= last_seq_[g] || r.state != comm::RecordState::completed) continue;
-      if (r.entered_ns < start_ns) continue;  // begun before the step (e.g. in validation)
+      if (r.seq <= last_seq_[g]) continue;
+      // One still running (an asynchronous bucket gather overlapping the next forward) waits for
+      // a later call, and so does every newer one.
+      if (r.state == comm::RecordState::entered) break;
+      last_seq_[g] = r.seq;
+      // The traced step it was entered in; none: validation, a checkpoint, an untraced step.
+      auto span = std::find_if(spans_.begin(), spans_.end(), [&](const Span& s) {
+        return r.entered_ns >= s.start_ns && r.entered_ns < s.end_ns;
+      });
+      if (span == spans_.end() || r.state != comm::RecordState::completed) continue;
       const std::string what = comm::describe_record(r);
       add(nlohmann::json{{"ph", "X"},
                          {"name", operation(what) + " " + size_text(r.bytes)},
@@ -132,35 +147,27 @@ void RunTrace::add_step(int64_t step, int64_t start_ns, int64_t end_ns,
                          {"ts", static_cast<double>(r.entered_ns) * 1e-3},
                          {"dur", static_cast<double>(r.finished_ns - r.entered_ns) * 1e-3},
                          {"args",
-                          {{"step", step},
+                          {{"step", span->step},
                            {"group", groups_[g].name},
                            {"ranks", r.group_size},
                            {"bytes", r.bytes},
                            {"what", what}}}}
               .dump());
     }
-    if (recent.front().seq > last_seq_[g] + 1) missing = recent.front().seq - last_seq_[g] - 1;
-    last_seq_[g] = recent.back().seq;
-    if (missing > 0)
+    if (missing > 0 && !spans_.empty())
       add(nlohmann::json{{"ph", "i"},
                          {"name", std::to_string(missing) + " collectives not recorded"},
                          {"s", "t"},
                          {"pid", world_rank_},
                          {"tid", track(groups_[g].name)},
-                         {"ts", static_cast<double>(end_ns) * 1e-3},
+                         {"ts", static_cast<double>(spans_.back().end_ns) * 1e-3},
                          {"args", {{"why", "a communicator keeps its last 64 records"}}}}
               .dump());
   }
 }
 
-void RunTrace::skip_step() {
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    const auto recent = groups_[g].communicator->trace().recent();
-    if (!recent.empty()) last_seq_[g] = recent.back().seq;
-  }
-}
-
-void RunTrace::write(const std::string& path, comm::Communicator& world) const {
+void RunTrace::write(const std::string& path, comm::Communicator& world) {
+  add_collectives();  // the last ones to complete
   int64_t mine = static_cast<int64_t>(events_.size());
   std::vector<int64_t> sizes(static_cast<size_t>(world.size()));
   world.all_gather(&mine, sizes.data(), 1, DType::i64);

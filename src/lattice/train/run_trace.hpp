@@ -29,22 +29,29 @@ class RunTrace {
   RunTrace(int world_rank, std::string label, std::vector<Group> groups);
   // Adds step `step`, which ran over [start_ns, end_ns) of the steady clock: its span, the
   // pipeline's actions when `timeline` is not null, and the collectives each group entered in the
-  // span. A communicator keeps its last 64 records: where a step ran more, an instant event says
-  // how many are missing.
+  // span (those still running when they complete, at a later call). A communicator keeps its last
+  // 64 records: where more ran between two calls, an instant event says how many are missing.
   void add_step(int64_t step, int64_t start_ns, int64_t end_ns,
                 const pipeline::StepTimeline* timeline);
-  // A step outside the traced ones: its collectives are passed over.
-  void skip_step();
+  // A step outside the traced ones: its collectives are passed over (the traced steps' that have
+  // completed since are added).
+  void skip_step() { add_collectives(); }
   // Gathers every rank's events to world rank 0, which writes `path`. Collective over `world`.
-  void write(const std::string& path, comm::Communicator& world) const;
+  void write(const std::string& path, comm::Communicator& world);
 
  private:
+  struct Span {
+    int64_t step = 0, start_ns = 0, end_ns = 0;
+  };
+  // The completed collectives not yet looked at, each added when it was entered in a traced step.
+  void add_collectives();
   void add(const std::string& event);
   int track(const std::string& name);  // the track's id (named on first use)
 
   int world_rank_;
   std::vector<Group> groups_;
   std::vector<uint64_t> last_seq_;  // per group: the newest record already looked at
+  std::vector<Span> spans_;         // the traced steps
   std::vector<std::string> tracks_;
   std::string events_;  // comma-separated JSON objects
 };
