@@ -8,8 +8,8 @@
 # and runs/demo-data to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install_deps.sh
-bash scripts/build.sh
+bash scripts/install_deps.sh --demo  # what the build and the run need, nothing for the tests
+bash scripts/build.sh --app         # the lattice program alone
 corpus='/usr/share/games/fortunes/*'
 data=runs/demo-data
 if [ ! -f "$data/tokens/manifest.json" ]; then

@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
-# Installs what Lattice needs to build, test and run its demo, from Debian's archive only.
+# Installs what Lattice needs to build, test and run its demo, from Debian's archive (and, for the
+# tests' reference checks, a few PyPI packages). `--demo`: only what scripts/demo.sh needs to build
+# and run the `lattice` program (no test frameworks, PyTorch or Python peers).
 set -euo pipefail
+demo_only=false
+[ "${1:-}" = "--demo" ] && demo_only=true
 packages=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev ocl-icd-opencl-dev  # dnnl-config.cmake asks for OpenCL (its GPU runtime); only a recommend
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev
+  libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)
+  fortunes      # the demo's corpus
+)
+$demo_only || packages+=(
+  libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch
   libopenblas0-pthread  # PyTorch's fp32 BLAS: without it Debian's torch falls back to reference BLAS
   libjemalloc2  # `bench train` runs PyTorch on jemalloc, its fastest allocator setup here
-  fortunes
   clang libclang-rt-dev libomp-dev  # scripts/fuzz.sh: libFuzzer, sanitizers, OpenMP for clang
-  libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)
   python3-pip   # installs tiktoken (PyPI) below
   python3-venv  # the transformers venv below
 )
@@ -42,14 +48,14 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
-  install_python_peers
-  install_hf_peer
-  exit 0
+else
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  echo "install_deps: installing ${missing[*]}"
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends \
+    "${missing[@]}"
 fi
-sudo_cmd=()
-[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-echo "install_deps: installing ${missing[*]}"
-"${sudo_cmd[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+$demo_only && exit 0
 install_python_peers
 install_hf_peer

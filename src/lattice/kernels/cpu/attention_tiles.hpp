@@ -26,13 +26,22 @@ using i32x16 = int32_t __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
 
 // Tile sizes: kBlockQ query rows by kBlockK keys. kMicroRows x kMicroVecs*16 is the register block
-// of the micro-GEMM (24 accumulators + 4 B vectors + 1 broadcast fit the 32 zmm registers).
+// of the micro-GEMM, sized to the register file the portable code is compiled for: with AVX-512,
+// 24 accumulators + 4 B vectors + 1 broadcast fit the 32 zmm registers; without it (x86-64-v3,
+// AVX2 hosts) a 16-lane vector is two ymm, and 6 x 1 vectors (12 ymm accumulators + 2 B halves +
+// 1 broadcast of the 16 ymm registers, BLIS's Haswell 6 x 16 block) keep the accumulators in
+// registers where 6 x 4 spilled most of them to the stack. Each output element sums over k in the
+// same order either way, so the two blockings give the same bits.
 constexpr int64_t kBlockQ = 64;
 constexpr int64_t kBlockK = 64;
 // The forward streams longer key blocks: its per-row softmax bookkeeping is paid once per block.
 constexpr int64_t kForwardBlockK = 128;
 constexpr int kMicroRows = 6;
+#if defined(__AVX512F__)
 constexpr int kMicroVecs = 4;
+#else
+constexpr int kMicroVecs = 1;
+#endif
 
 inline f32x16 load(const float* p) {
   f32x16 v;
@@ -126,15 +135,19 @@ using MicroGemm = void (*)(const float*, int64_t, int64_t, const float*, int64_t
 
 template <int R>
 constexpr MicroGemm micro_for_vecs(int nv) {
-  switch (nv) {
-    case 1:
-      return &micro_gemm<R, 1>;
-    case 2:
-      return &micro_gemm<R, 2>;
-    case 3:
-      return &micro_gemm<R, 3>;
-    default:
-      return &micro_gemm<R, 4>;
+  if constexpr (kMicroVecs == 1) {
+    return &micro_gemm<R, 1>;
+  } else {
+    switch (nv) {
+      case 1:
+        return &micro_gemm<R, 1>;
+      case 2:
+        return &micro_gemm<R, 2>;
+      case 3:
+        return &micro_gemm<R, 3>;
+      default:
+        return &micro_gemm<R, 4>;
+    }
   }
 }
 
