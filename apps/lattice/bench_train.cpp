@@ -1,17 +1,22 @@
 // The `lattice bench train` target: Lattice's training throughput and MFU against PyTorch on the
 // same model and batch, in fp32 and bf16, on one rank with every thread and data-parallel over
-// ranks of fewer threads each (PyTorch under DDP), measured in one invocation; prints a table and
-// the ratio of each side's best mode.
+// ranks of fewer threads each (PyTorch under DDP), PyTorch eager and under torch.compile, measured
+// in one invocation; prints the host (CPU model, the ISA Lattice chose, PyTorch's version and
+// BLAS), a table and the ratio of each side's best mode.
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "bench_host.hpp"
+#include "lattice/core/cpu_features.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/train/metrics.hpp"
@@ -36,12 +41,31 @@ std::vector<train::BenchmarkCase> cases(const std::string& which) {
   throw Error("unknown benchmark shape '" + which + "': use small, gpt2-124m or all");
 }
 
-// The median (the mean of the middle two for an even count).
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+// "Intel(R) Xeon(R) Processor (family 6, model 207, stepping 2)", from /proc/cpuinfo.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, name, family, model, stepping;
+  while (std::getline(in, line)) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    if (key == "model name" && name.empty()) name = value;
+    if (key == "cpu family" && family.empty()) family = value;
+    if (key == "model" && model.empty()) model = value;
+    if (key == "stepping" && stepping.empty()) stepping = value;
+  }
+  if (name.empty()) name = "unknown CPU";
+  if (family.empty()) return name;
+  return name + " (family " + family + ", model " + model + ", stepping " + stepping + ")";
 }
+
+// PyTorch's tokens/s in one row: eager and under torch.compile (0 where not run).
+struct TorchRates {
+  double eager = 0, compiled = 0;
+  double best() const { return std::max(eager, compiled); }
+};
 
 }  // namespace
 
@@ -49,9 +73,9 @@ void register_bench_train(CLI::App& bench) {
   CLI::App* target = bench.add_subcommand(
       "train", "Training tokens/s and MFU against PyTorch (same model, batch)");
   struct Options {
-    std::string shape = "all", python = "/usr/bin/python3", script, pytorch_allocator = "auto";
+    std::string shape = "all", python, script, pytorch_allocator = "auto";
     int64_t steps = 3, warmup = 1, rounds = 1;
-    bool skip_pytorch = false;
+    bool skip_pytorch = false, pytorch_compile = true;
     std::vector<std::string> precisions = {"fp32", "bf16"};
     std::vector<int> ranks = {1, 2};
   };
@@ -74,15 +98,22 @@ void register_bench_train(CLI::App& bench) {
       ->delimiter(',')
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  target->add_option("--python", o->python, "python with torch")->capture_default_str();
+  target->add_option("--python", o->python,
+                     "python with torch (default: $LATTICE_PEER_VENV/bin/python, else "
+                     "/opt/lattice/peer-venv/bin/python, from scripts/install_peers.sh, where it "
+                     "exists; else /usr/bin/python3)");
   target->add_option("--script", o->script, "PyTorch side (default: bench/pytorch_train.py)");
   target->add_flag("--skip-pytorch", o->skip_pytorch, "measure Lattice only");
+  CLI::Option* compile_flag = target->add_flag(
+      "--pytorch-compile,!--no-pytorch-compile", o->pytorch_compile,
+      "also time PyTorch under torch.compile (inductor; tens of seconds of compile per row, in "
+      "the warmup); default: on where the torch has it (2.x)");
   target
       ->add_option("--pytorch-allocator", o->pytorch_allocator,
                    "PyTorch's malloc: auto (jemalloc if installed, else glibc-thp), jemalloc "
                    "(Intel's tuning-guide settings), glibc-thp (huge pages advised) or glibc")
       ->capture_default_str();
-  target->callback([o] {
+  target->callback([o, compile_flag] {
     const auto allocator = train::parse_pytorch_allocator(o->pytorch_allocator);
     std::string script = o->script;
     if (script.empty()) {
@@ -96,22 +127,54 @@ void register_bench_train(CLI::App& bench) {
       check(o->skip_pytorch || !script.empty(),
             "cannot find bench/pytorch_train.py: run from the repository or pass --script");
     }
+    const auto shapes = cases(o->shape);  // refuses an unknown shape before any output
+    const std::string python = o->python.empty() ? train::default_pytorch_python() : o->python;
     const int threads = omp_get_max_threads();
     kernels::MatmulEngine matmul;  // each row's peak calibration (below)
     bool any_bf16 = false;
     for (const auto& name : o->precisions)  // refuses an unknown precision before any run
       any_bf16 |= kernels::parse_precision(name) == kernels::Precision::bf16;
+    std::printf("CPU: %s\n", cpu_model().c_str());
     std::printf("threads %d\n", threads);
+    std::printf("Lattice ISA: %s\n", cpu_features().best_tier().c_str());
     if (any_bf16) std::printf("Lattice: %s\n", matmul.bf16_gemms().c_str());
-    if (!o->skip_pytorch)
-      std::printf("PyTorch allocator: %s\n", train::pytorch_allocator_name(allocator).c_str());
+    // PyTorch: what its torch offers (one probe), then the modes it runs in each row.
+    bool run_pytorch = !o->skip_pytorch, run_compiled = false;
+    std::string compiled_off;  // why the compiled mode is not timed ("" when it is)
+    if (run_pytorch) {
+      std::string why;
+      const auto peer = train::probe_pytorch(python, script, allocator, why);
+      if (!peer) {
+        run_pytorch = false;
+        std::printf("PyTorch: not run: %s\n", why.c_str());
+      } else {
+        const bool asked = compile_flag->count() > 0;
+        run_compiled = o->pytorch_compile && peer->compile;
+        if (!o->pytorch_compile)
+          compiled_off = "off (--no-pytorch-compile)";
+        else if (!peer->compile)
+          compiled_off = "torch " + peer->torch +
+                         " has no torch.compile (torch 2.x has: run `bash " +
+                         "scripts/install_peers.sh` and pass --python its venv's python)";
+        check(!asked || !o->pytorch_compile || peer->compile, "--pytorch-compile: " + compiled_off);
+        std::printf("PyTorch: %s, torch %s: attention %s, AdamW %s; modes eager%s\n",
+                    python.c_str(), peer->torch.c_str(),
+                    peer->sdpa ? "scaled_dot_product_attention" : "matmul + softmax (no SDPA)",
+                    peer->fused_adamw ? "fused" : "foreach (no fused AdamW on CPU)",
+                    run_compiled ? " and torch.compile (inductor)" : "");
+        if (!compiled_off.empty()) std::printf("PyTorch compiled mode: %s\n", compiled_off.c_str());
+        std::printf("PyTorch BLAS: %s\n", peer->blas.c_str());
+        std::printf("PyTorch allocator: %s\n", train::pytorch_allocator_name(allocator).c_str());
+      }
+    }
     std::printf("\n");
-    std::printf("%-44s %-5s %-6s %12s %9s %7s %7s %12s %9s\n", "model", "prec", "layout",
-                "lattice tok/s", "TFLOP/s", "peak", "MFU", "pytorch tok/s", "ratio");
+    std::printf("%-44s %-5s %-6s %12s %9s %7s %7s %13s %13s %9s\n", "model", "prec", "layout",
+                "lattice tok/s", "TFLOP/s", "peak", "MFU", "pytorch eager", "compiled", "ratio");
     std::set<std::string> pytorch_blas;  // what PyTorch's runs report (one line, in practice)
-    for (const auto& c : cases(o->shape)) {
+    for (const auto& c : shapes) {
       const double flops_per_token = c.model.flops_per_token(c.seq_len);
-      // Best tokens/s of each side over its modes (precision and layout), with the mode's name.
+      // Best tokens/s of each side over its modes (precision, layout, eager or compiled), with
+      // the mode's name.
       std::pair<double, std::string> best_mine{0, ""}, best_torch{0, ""};
       for (const auto& name : o->precisions) {
         const auto precision = kernels::parse_precision(name);
@@ -123,19 +186,25 @@ void register_bench_train(CLI::App& bench) {
           // a shared host's GEMM rate moves by 20-30% between phases, and an MFU against a peak
           // from a slower phase read above 100% (once with the calibration before the row alone).
           const double peak_before = train::calibrate_peak_flops(matmul, precision);
-          // Rounds alternate the two sides, so load changes on a shared machine reach both.
-          std::vector<double> mine_rates, their_rates;
-          std::string why;
+          // Rounds alternate the sides, so load changes on a shared machine reach all of them.
+          std::vector<double> mine_rates, eager_rates, compiled_rates, compile_seconds;
+          std::string why, why_compiled;
           for (int64_t round = 0; round < o->rounds; ++round) {
             mine_rates.push_back(
                 train::benchmark_lattice_training(c, precision, o->steps, o->warmup, ranks)
                     .tokens_per_second);
-            if (o->skip_pytorch || !why.empty()) continue;
-            auto theirs =
-                train::benchmark_pytorch_training(c, precision, o->steps, o->warmup, threads,
-                                                  o->python, script, why, ranks, allocator);
-            if (theirs) their_rates.push_back(theirs->tokens_per_second);
-            if (theirs && !theirs->blas.empty()) pytorch_blas.insert(theirs->blas);
+            for (const bool compiled : {false, true}) {
+              std::string& reason = compiled ? why_compiled : why;
+              if (!run_pytorch || !why.empty() || !reason.empty()) continue;
+              if (compiled && !run_compiled) continue;
+              auto theirs = train::benchmark_pytorch_training(c, precision, o->steps, o->warmup,
+                                                              threads, python, script, reason,
+                                                              ranks, allocator, compiled);
+              if (!theirs) continue;
+              (compiled ? compiled_rates : eager_rates).push_back(theirs->tokens_per_second);
+              if (compiled) compile_seconds.push_back(theirs->compile_seconds);
+              if (!theirs->blas.empty()) pytorch_blas.insert(theirs->blas);
+            }
           }
           const double row_peak =
               std::max(peak_before, train::calibrate_peak_flops(matmul, precision));
@@ -146,20 +215,31 @@ void register_bench_train(CLI::App& bench) {
           std::printf("%-44s %-5s %-6s %12.0f %9.3f %7.3f %6.1f%%", c.label.c_str(), name.c_str(),
                       layout.c_str(), mine, tflops, row_peak / 1e12,
                       100.0 * tflops * 1e12 / row_peak);
-          if (!their_rates.empty()) {
-            const double theirs = median(their_rates);
-            if (theirs > best_torch.first) best_torch = {theirs, mode};
-            std::printf(" %12.0f %8.2fx\n", theirs, mine / theirs);
-          } else {
-            std::printf(" %12s %9s%s%s\n", "-", "-", why.empty() ? "" : "  ", why.c_str());
-          }
+          const TorchRates theirs{median(eager_rates), median(compiled_rates)};
+          if (theirs.eager > best_torch.first) best_torch = {theirs.eager, mode + " eager"};
+          if (theirs.compiled > best_torch.first)
+            best_torch = {theirs.compiled, mode + " compiled"};
+          const auto rate = [](double r) { return r > 0 ? std::to_string(std::lround(r)) : "-"; };
+          std::printf(" %13s %13s", rate(theirs.eager).c_str(), rate(theirs.compiled).c_str());
+          if (theirs.best() > 0)
+            std::printf(" %8.2fx", mine / theirs.best());
+          else
+            std::printf(" %9s", "-");
+          if (!why.empty()) std::printf("  %s", why.c_str());
+          if (why.empty() && !why_compiled.empty()) std::printf("  %s", why_compiled.c_str());
+          if (!compile_seconds.empty()) std::printf("  (compile %.0f s)", median(compile_seconds));
+          std::printf("\n");
           if (o->rounds > 1) {
             std::printf("    %lld rounds, medians above; lattice",
                         static_cast<long long>(o->rounds));
             for (double r : mine_rates) std::printf(" %.0f", r);
-            if (!their_rates.empty()) {
+            if (!eager_rates.empty()) {
               std::printf("; pytorch");
-              for (double r : their_rates) std::printf(" %.0f", r);
+              for (double r : eager_rates) std::printf(" %.0f", r);
+            }
+            if (!compiled_rates.empty()) {
+              std::printf("; pytorch compiled");
+              for (double r : compiled_rates) std::printf(" %.0f", r);
             }
             std::printf(" tok/s\n");
           }
@@ -177,7 +257,9 @@ void register_bench_train(CLI::App& bench) {
         "row's peak: the better of two 1024^3 GEMM calibrations (all threads), one just before "
         "the row and one just after it.\n"
         "layout RxT: R ranks of T threads each (R > 1: Lattice data parallelism on the local "
-        "backend, PyTorch DistributedDataParallel over gloo).\n");
+        "backend, PyTorch DistributedDataParallel over gloo). PyTorch: its best setup (SDPA "
+        "attention, fused AdamW where its torch has them), eager and under torch.compile; ratio: "
+        "Lattice against the better of the two.\n");
   });
 }
 

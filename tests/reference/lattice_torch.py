@@ -481,16 +481,21 @@ def init_like_lattice(model, seed=0):
     return model
 
 
-def make_adamw(model, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+def make_adamw(model, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, implementation="single"):
     """torch.optim.AdamW as Lattice configures it: weight decay only on parameters of rank >= 2
-    (matrices and embeddings), none on biases and norm weights; single-tensor (non-foreach) path."""
+    (matrices and embeddings), none on biases and norm weights. `implementation` picks torch's code
+    path: "single" (single-tensor, foreach=False: the parity tests' reference), "foreach" or "fused"
+    (fused=True; on CPU torch >= 2.4, else torch raises)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, foreach=False)
+    options = {"single": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+    if implementation not in options:
+        raise ValueError(f"unknown AdamW implementation {implementation!r}: use single, foreach or fused")
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, **options[implementation])
 
 
 def clip_gradients(model, max_norm):

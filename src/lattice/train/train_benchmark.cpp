@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -166,44 +167,105 @@ std::string pytorch_allocator_environment(PytorchAllocator allocator) {
   return "";
 }
 
+std::string default_pytorch_python() {
+  const char* venv = std::getenv("LATTICE_PEER_VENV");
+  const std::filesystem::path python =
+      std::filesystem::path(venv != nullptr && *venv != '\0' ? venv : "/opt/lattice/peer-venv") /
+      "bin" / "python";
+  return std::filesystem::exists(python) ? python.string() : "/usr/bin/python3";
+}
+
+namespace {
+
+// Runs a shell command; its exit status, with stdout and stderr in `output`.
+int run_captured(const std::string& command, std::string& output) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return -1;
+  char buffer[4096];
+  while (size_t got = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, got);
+  return pclose(pipe);
+}
+
+// The last `n` characters of a command's output on one line (newlines as " | ").
+std::string tail_line(const std::string& output, size_t n = 300) {
+  std::string tail = output.substr(output.size() > n ? output.size() - n : 0);
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+  std::string line;
+  for (char ch : tail) line += ch == '\n' ? std::string(" | ") : std::string(1, ch);
+  return line;
+}
+
+// The JSON object of the last line of `output` that starts with `{"<key>"`, or null.
+nlohmann::json last_json_line(const std::string& output, const std::string& key) {
+  const auto at = output.rfind("{\"" + key + "\"");
+  if (at == std::string::npos) return nullptr;
+  const auto end = output.find('\n', at);
+  return nlohmann::json::parse(output.substr(at, end == std::string::npos ? end : end - at),
+                               nullptr, /*allow_exceptions=*/false);
+}
+
+const char* const kInstallPeers =
+    "run `bash scripts/install_peers.sh` for PyTorch's venv, or pass --python a python with torch";
+
+}  // namespace
+
+std::optional<PytorchPeer> probe_pytorch(const std::string& python, const std::string& script,
+                                         PytorchAllocator allocator, std::string& why) {
+  std::string output;
+  const int status = run_captured(
+      pytorch_allocator_environment(allocator) + "'" + python + "' '" + script + "' --probe",
+      output);
+  const auto j = last_json_line(output, "torch");
+  if (status != 0 || !j.is_object() || !j.contains("blas")) {
+    why = python + " cannot run the PyTorch peer (" + kInstallPeers + "): " + tail_line(output);
+    return std::nullopt;
+  }
+  PytorchPeer peer;
+  peer.torch = j.value("torch", "");
+  peer.blas = j.value("blas", "");
+  peer.sdpa = j.value("sdpa", false);
+  peer.fused_adamw = j.value("fused_adamw", false);
+  peer.compile = j.value("compile", false);
+  return peer;
+}
+
 std::optional<ThroughputResult> benchmark_pytorch_training(
     const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
     int threads, const std::string& python, const std::string& script, std::string& why, int ranks,
-    PytorchAllocator allocator) {
+    PytorchAllocator allocator, bool compile) {
   const auto& m = c.model;
-  char command[1024];
-  std::snprintf(command, sizeof command,
-                "%s'%s' '%s' --family %s --layers %lld --d-model %lld --heads %lld --kv-heads %lld "
+  char arguments[1024];
+  std::snprintf(arguments, sizeof arguments,
+                " --family %s --layers %lld --d-model %lld --heads %lld --kv-heads %lld "
                 "--ffn %lld --vocab %lld --seq %lld --batch %lld --precision %s --steps %lld "
-                "--warmup %lld --threads %d --ranks %d 2>&1",
-                pytorch_allocator_environment(allocator).c_str(), python.c_str(), script.c_str(),
+                "--warmup %lld --threads %d --ranks %d%s",
                 model::family_name(m.family).c_str(), static_cast<long long>(m.n_layers),
                 static_cast<long long>(m.d_model), static_cast<long long>(m.n_heads),
                 static_cast<long long>(m.n_kv_heads), static_cast<long long>(m.ffn_hidden),
                 static_cast<long long>(m.vocab_size), static_cast<long long>(c.seq_len),
                 static_cast<long long>(c.batch),
                 std::string(kernels::precision_name(precision)).c_str(),
-                static_cast<long long>(steps), static_cast<long long>(warmup), threads, ranks);
-  FILE* pipe = popen(command, "r");
-  if (!pipe) {
-    why = "cannot start " + python;
-    return std::nullopt;
-  }
+                static_cast<long long>(steps), static_cast<long long>(warmup), threads, ranks,
+                compile ? " --compile" : "");
   std::string output;
-  char buffer[4096];
-  while (size_t got = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, got);
-  const int status = pclose(pipe);
-  const auto brace = output.rfind("{\"tokens_per_second\"");
-  if (status != 0 || brace == std::string::npos) {
-    why = "PyTorch run failed (is Debian's python3-torch installed?): " +
-          output.substr(output.size() > 300 ? output.size() - 300 : 0);
+  const int status = run_captured(
+      pytorch_allocator_environment(allocator) + "'" + python + "' '" + script + "'" + arguments,
+      output);
+  const auto j = last_json_line(output, "tokens_per_second");
+  if (status != 0 || !j.is_object()) {
+    const auto error = last_json_line(output, "error");
+    if (error.is_object() && error.at("error").is_string())
+      why = (compile ? "torch.compile failed: " : "PyTorch failed: ") +
+            error.at("error").get<std::string>();
+    else
+      why = "PyTorch run failed (" + std::string(kInstallPeers) + "): " + tail_line(output);
     return std::nullopt;
   }
-  auto j = nlohmann::json::parse(output.substr(brace));
   ThroughputResult r;
   r.tokens_per_second = j.at("tokens_per_second").get<double>();
   r.seconds_per_step = static_cast<double>(c.batch * c.seq_len) / r.tokens_per_second;
   if (j.contains("blas") && j.at("blas").is_string()) r.blas = j.at("blas").get<std::string>();
+  r.compile_seconds = j.value("compile_seconds", 0.0);
   return r;
 }
 

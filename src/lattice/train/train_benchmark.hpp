@@ -1,8 +1,8 @@
 // Training benchmark: times Lattice's training step (train/training_step.hpp: forward, backward,
 // gradient reduction, clipping, AdamW) on a fixed random batch, on one rank or data- and
 // tensor-parallel over local ranks, and runs the PyTorch peer
-// (bench/pytorch_train.py, alone or under DDP) on the same model and batch so the two are measured
-// side by side in one invocation.
+// (bench/pytorch_train.py, alone or under DDP, eager or under torch.compile) on the same model and
+// batch so the two are measured side by side in one invocation.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +27,8 @@ struct ThroughputResult {
   // blocking all-reduces and the waits for the overlapped ones).
   double tp_comm_seconds_per_step = 0;
   std::string blas;  // PyTorch only: the BLAS its fp32 GEMMs ran on, as its script names it
+  // PyTorch under torch.compile only: its first step's time over a timed step's (the compile).
+  double compile_seconds = 0;
 };
 
 // Lattice: `warmup` untimed steps, then `steps` timed ones. With ranks > 1, local ranks (threads,
@@ -58,12 +60,33 @@ std::string pytorch_allocator_name(PytorchAllocator allocator);
 // The environment assignments that select `allocator` for a shell command (ends with a space).
 std::string pytorch_allocator_environment(PytorchAllocator allocator);
 
+// The python the PyTorch peer runs on unless told otherwise: that of the venv
+// scripts/install_peers.sh creates (the newest torch 2.x from PyPI) at $LATTICE_PEER_VENV, else
+// /opt/lattice/peer-venv, where it exists; else Debian's /usr/bin/python3 (python3-torch).
+std::string default_pytorch_python();
+
+// What the torch of a python offers the peer (`script --probe`).
+struct PytorchPeer {
+  std::string torch;  // torch.__version__
+  std::string blas;   // the BLAS and oneDNN its GEMMs run on, as the script names them
+  // scaled_dot_product_attention (torch >= 2.0), AdamW(fused=True) on CPU (>= 2.4),
+  // torch.compile (>= 2.0).
+  bool sdpa = false, fused_adamw = false, compile = false;
+};
+// Runs `script --probe` through `python` (on `allocator`, as the runs will); nullopt (with the
+// reason and the fix in `why`) when that python cannot run the peer.
+std::optional<PytorchPeer> probe_pytorch(const std::string& python, const std::string& script,
+                                         PytorchAllocator allocator, std::string& why);
+
 // PyTorch peer through `python` running `script` with `threads` threads in all; with ranks > 1,
-// DistributedDataParallel over gloo in `ranks` processes of threads / ranks threads each. nullopt
-// (with the reason in `why`) when PyTorch cannot run here.
+// DistributedDataParallel over gloo in `ranks` processes of threads / ranks threads each; with
+// `compile`, the model and its loss under torch.compile (the warmup absorbs the compile, at least
+// one step). The peer runs in its best setup otherwise (SDPA attention and fused AdamW where the
+// torch has them). nullopt (with the reason in `why`, on one line) when PyTorch cannot run here or
+// the compile fails.
 std::optional<ThroughputResult> benchmark_pytorch_training(
     const BenchmarkCase& c, kernels::Precision precision, int64_t steps, int64_t warmup,
     int threads, const std::string& python, const std::string& script, std::string& why, int ranks,
-    PytorchAllocator allocator);
+    PytorchAllocator allocator, bool compile = false);
 
 }  // namespace lattice::train
