@@ -20,6 +20,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/train/metrics.hpp"
+#include "lattice/train/step_bound.hpp"
 #include "lattice/train/train_benchmark.hpp"
 #include "verbs.hpp"
 
@@ -67,6 +68,33 @@ struct TorchRates {
   double best() const { return std::max(eager, compiled); }
 };
 
+// The step's MFU bound (train/step_bound.hpp) for `precision` with every thread on one rank,
+// against the tokens/s that 1.2x the best PyTorch mode (`best_torch`, 0: not run) would take.
+void print_step_bound(const train::BenchmarkCase& c, kernels::Precision precision,
+                      kernels::MatmulEngine& matmul, double best_torch) {
+  const double peak = train::calibrate_peak_flops(matmul, precision);
+  const auto bound =
+      train::measure_step_bound(c.model, c.batch, c.seq_len, precision, matmul, peak);
+  const double tokens = static_cast<double>(c.batch * c.seq_len);
+  std::printf("  bound (%s, 1 rank): Linear GEMMs each alone at its shape:",
+              std::string(kernels::precision_name(precision)).c_str());
+  for (const auto& g : bound.gemms) {
+    std::printf(" %s %lldx%lldx%lld %.0f GFLOP/s x%lld;", g.name.c_str(),
+                static_cast<long long>(g.M), static_cast<long long>(g.K),
+                static_cast<long long>(g.N), g.flops() / g.seconds() / 1e9,
+                static_cast<long long>(g.count));
+  }
+  std::printf(
+      "\n    step >= %.4f s = GEMMs %.4f + attention %.4f (at the %.3f TFLOP/s peak) + optimizer "
+      "%.4f (%.0f MB at %.1f GB/s) -> at most %.0f tok/s, MFU %.1f%%",
+      bound.seconds(), bound.gemm_seconds, bound.attention_seconds, peak / 1e12,
+      bound.optimizer_seconds, bound.optimizer_bytes / 1e6, bound.bandwidth / 1e9,
+      tokens / bound.seconds(), 100.0 * bound.mfu());
+  if (best_torch > 0) std::printf("; 1.2x best PyTorch = %.0f tok/s", 1.2 * best_torch);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void register_bench_train(CLI::App& bench) {
@@ -75,7 +103,7 @@ void register_bench_train(CLI::App& bench) {
   struct Options {
     std::string shape = "all", python, script, pytorch_allocator = "auto";
     int64_t steps = 3, warmup = 1, rounds = 1;
-    bool skip_pytorch = false, pytorch_compile = true;
+    bool skip_pytorch = false, pytorch_compile = true, bound = false;
     std::vector<std::string> precisions = {"fp32", "bf16"};
     std::vector<int> ranks = {1, 2};
   };
@@ -108,6 +136,11 @@ void register_bench_train(CLI::App& bench) {
       "--pytorch-compile,!--no-pytorch-compile", o->pytorch_compile,
       "also time PyTorch under torch.compile (inductor; tens of seconds of compile per row, in "
       "the warmup); default: on where the torch has it (2.x)");
+  target->add_flag("--bound", o->bound,
+                   "after each precision's rows, measure the step's MFU bound: its Linear GEMMs "
+                   "each timed alone on this host at its own shape, attention at the GEMM peak, "
+                   "the optimizer's memory traffic at the measured copy bandwidth "
+                   "(train/step_bound.hpp)");
   target
       ->add_option("--pytorch-allocator", o->pytorch_allocator,
                    "PyTorch's malloc: auto (jemalloc if installed, else glibc-thp), jemalloc "
@@ -178,6 +211,8 @@ void register_bench_train(CLI::App& bench) {
       std::pair<double, std::string> best_mine{0, ""}, best_torch{0, ""};
       for (const auto& name : o->precisions) {
         const auto precision = kernels::parse_precision(name);
+        // The same, over this precision's modes only.
+        std::pair<double, std::string> precision_mine{0, ""}, precision_torch{0, ""};
         for (int ranks : o->ranks) {
           if (ranks > threads || c.batch % ranks != 0) continue;
           const std::string layout =
@@ -211,6 +246,7 @@ void register_bench_train(CLI::App& bench) {
           const double mine = median(mine_rates);
           const std::string mode = name + " " + layout;
           if (mine > best_mine.first) best_mine = {mine, mode};
+          if (mine > precision_mine.first) precision_mine = {mine, layout};
           const double tflops = mine * flops_per_token / 1e12;
           std::printf("%-44s %-5s %-6s %12.0f %9.3f %7.3f %6.1f%%", c.label.c_str(), name.c_str(),
                       layout.c_str(), mine, tflops, row_peak / 1e12,
@@ -219,6 +255,10 @@ void register_bench_train(CLI::App& bench) {
           if (theirs.eager > best_torch.first) best_torch = {theirs.eager, mode + " eager"};
           if (theirs.compiled > best_torch.first)
             best_torch = {theirs.compiled, mode + " compiled"};
+          if (theirs.eager > precision_torch.first)
+            precision_torch = {theirs.eager, layout + " eager"};
+          if (theirs.compiled > precision_torch.first)
+            precision_torch = {theirs.compiled, layout + " compiled"};
           const auto rate = [](double r) { return r > 0 ? std::to_string(std::lround(r)) : "-"; };
           std::printf(" %13s %13s", rate(theirs.eager).c_str(), rate(theirs.compiled).c_str());
           if (theirs.best() > 0)
@@ -245,6 +285,12 @@ void register_bench_train(CLI::App& bench) {
           }
           std::fflush(stdout);
         }
+        if (precision_torch.first > 0 && o->precisions.size() > 1) {
+          std::printf("  -> %s: best Lattice (%s) / best PyTorch (%s): %.2fx\n", name.c_str(),
+                      precision_mine.second.c_str(), precision_torch.second.c_str(),
+                      precision_mine.first / precision_torch.first);
+        }
+        if (o->bound) print_step_bound(c, precision, matmul, precision_torch.first);
       }
       if (best_torch.first > 0) {
         std::printf("  -> best Lattice (%s) / best PyTorch (%s): %.2fx\n", best_mine.second.c_str(),

@@ -1,0 +1,156 @@
+// The measured MFU bound of a training step: see step_bound.hpp.
+#include "lattice/train/step_bound.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "lattice/core/dtype.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
+
+namespace lattice::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The Linear shapes of one step of a dense model, M = the step's tokens.
+std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
+  const int64_t d = m.d_model, L = m.n_layers;
+  const int64_t head_dim = d / m.n_heads;
+  const int64_t qkv = d + 2 * m.n_kv_heads * head_dim;
+  std::vector<BoundGemm> gemms;
+  gemms.push_back({"qkv", M, d, qkv, L});
+  gemms.push_back({"attention out", M, d, d, L});
+  if (m.gated_mlp()) {
+    gemms.push_back({"mlp gate, up", M, d, m.ffn_hidden, 2 * L});
+  } else {
+    gemms.push_back({"mlp in", M, d, m.ffn_hidden, L});
+  }
+  gemms.push_back({"mlp out", M, m.ffn_hidden, d, L});
+  gemms.push_back({"lm head", M, d, m.vocab_size, 1});
+  return gemms;
+}
+
+std::vector<float> filled(int64_t n, float scale) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = scale * static_cast<float>(i % 97 - 48);
+  return v;
+}
+
+std::vector<lattice::bf16> rounded(const std::vector<float>& v) {
+  std::vector<lattice::bf16> out(v.size());
+  kernels::convert_to_bf16(out.data(), v.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+// Best seconds of `run` over one untimed and `runs` timed calls.
+template <class Run>
+double best_seconds(int runs, Run&& run) {
+  run();
+  double best = 1e300;
+  for (int i = 0; i < runs; ++i) {
+    const auto start = Clock::now();
+    run();
+    best = std::min(best, seconds_since(start));
+  }
+  return best;
+}
+
+void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision precision,
+                 kernels::MatmulEngine& matmul) {
+  const int64_t M = g.M, K = g.K, N = g.N;
+  auto in = filled(M * K, 1e-2f), weight = filled(N * K, 1e-3f), d_out = filled(M * N, 1e-4f);
+  std::vector<float> out(static_cast<size_t>(M * N)), d_in(static_cast<size_t>(M * K));
+  std::vector<float> d_weight(static_cast<size_t>(N * K)), bias(static_cast<size_t>(N), 0.5f);
+  std::vector<float> d_bias(static_cast<size_t>(N));
+  const bool with_bias = m.linear_bias() && g.name != "lm head";
+  const bool bf16 = precision == kernels::Precision::bf16;
+  std::vector<lattice::bf16> in16, weight16, d_out16;
+  if (bf16) in16 = rounded(in), weight16 = rounded(weight), d_out16 = rounded(d_out);
+  constexpr int kRuns = 3;
+  if (bf16 && g.name == "lm head" && matmul.uses_vocab_blocked_head(K)) {
+    // As the step runs the head on AMX: its forward, cross-entropy and backward in one kernel
+    // (cpu_fused_ops.cpp's kHeadVocabBlocked), timed as the head's whole cost.
+    std::vector<int32_t> targets(static_cast<size_t>(M));
+    for (int64_t r = 0; r < M; ++r) targets[static_cast<size_t>(r)] = static_cast<int32_t>(r % N);
+    const int lanes = kernels::MatmulEngine::vocab_blocked_lanes(M);
+    std::vector<double> row_losses(static_cast<size_t>(M));
+    std::vector<float> partials(static_cast<size_t>(lanes * N * K));
+    g.forward_seconds = best_seconds(kRuns, [&] {
+      matmul.head_cross_entropy_vocab_blocked(
+          in16.data(), kernels::WeightOperand(weight.data(), weight16.data()), M, K, N,
+          targets.data(), 1.0f / static_cast<float>(M), row_losses.data(), d_in.data(),
+          partials.data(), lanes);
+    });
+    return;
+  }
+  g.forward_seconds = best_seconds(kRuns, [&] {
+    kernels::Bf16Operands keep;
+    if (bf16) keep.in = in16.data(), keep.weight = weight16.data();
+    matmul.forward(out.data(), in.data(), weight.data(), with_bias ? bias.data() : nullptr, M, K, N,
+                   precision, keep);
+  });
+  g.backward_seconds = best_seconds(kRuns, [&] {
+    kernels::Bf16Operands given;
+    if (bf16) given.in = in16.data(), given.weight = weight16.data(), given.d_out = d_out16.data();
+    matmul.backward(d_in.data(), d_weight.data(), with_bias ? d_bias.data() : nullptr, d_out.data(),
+                    in.data(), weight.data(), M, K, N, precision, given);
+  });
+}
+
+}  // namespace
+
+double measure_copy_bandwidth(int64_t bytes) {
+  const int64_t n = bytes / static_cast<int64_t>(sizeof(float));
+  std::vector<float> source = filled(n, 1.0f), destination(static_cast<size_t>(n));
+  const double best = best_seconds(5, [&] {
+#pragma omp parallel
+    {
+      const int threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t begin = n * t / threads, end = n * (t + 1) / threads;
+      std::memcpy(destination.data() + begin, source.data() + begin,
+                  static_cast<size_t>(end - begin) * sizeof(float));
+    }
+  });
+  return 2.0 * static_cast<double>(n) * sizeof(float) / best;
+}
+
+StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
+                             kernels::Precision precision, kernels::MatmulEngine& matmul,
+                             double peak_flops) {
+  check(model.n_experts == 1,
+        "the step bound covers dense models only: use a model without experts (n_experts = 1)");
+  check(peak_flops > 0, "the step bound needs the measured GEMM peak (> 0 FLOP/s)");
+  StepBound bound;
+  const int64_t tokens = batch * seq_len;
+  bound.peak_flops = peak_flops;
+  bound.model_flops = model.flops_per_token(seq_len) * static_cast<double>(tokens);
+  bound.gemms = step_linears(model, tokens);
+  for (auto& g : bound.gemms) {
+    time_linear(g, model, precision, matmul);
+    bound.gemm_seconds += static_cast<double>(g.count) * g.seconds();
+  }
+  bound.attention_flops = 12.0 * static_cast<double>(model.n_layers * seq_len * model.d_model) *
+                          static_cast<double>(tokens);
+  bound.attention_seconds = bound.attention_flops / peak_flops;
+  // AdamW reads the parameter, its gradient and both moments and writes the parameter and the
+  // moments (28 bytes in fp32); the clip reads the gradient once more (4); bf16 training also
+  // writes the weights' bf16 copy (2).
+  const double per_parameter = precision == kernels::Precision::bf16 ? 34.0 : 32.0;
+  bound.optimizer_bytes = per_parameter * static_cast<double>(model.parameter_count());
+  bound.bandwidth = measure_copy_bandwidth();
+  bound.optimizer_seconds = bound.optimizer_bytes / bound.bandwidth;
+  return bound;
+}
+
+}  // namespace lattice::train

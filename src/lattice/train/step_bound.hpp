@@ -1,0 +1,57 @@
+// A measured upper bound on a training step's MFU (issue #26): what the step would take if it did
+// nothing but its Linear layers' GEMMs, each at the rate the matmul engine reaches on that very
+// shape when run alone, its attention products at the 1024^3 GEMM peak, and the optimizer's
+// unavoidable memory traffic at the measured copy bandwidth. A step can only be slower than
+// this, so model FLOPs over it, against the peak, caps the MFU any kernel tuning of the rest could
+// reach with these GEMMs on this host.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/precision.hpp"
+#include "lattice/model/model_config.hpp"
+
+namespace lattice::train {
+
+// One Linear shape of the step (out[M,N] = in[M,K] · W[N,K]^T), `count` times per step, and the
+// best seconds of its forward and of its backward (input and weight gradients) over the timed runs
+// (a bf16 LM head on AMX: its vocabulary-blocked kernel, forward, loss and backward in one, as
+// the step runs it, all in forward_seconds).
+struct BoundGemm {
+  std::string name;
+  int64_t M = 0, K = 0, N = 0, count = 0;
+  double forward_seconds = 0, backward_seconds = 0;
+  double flops() const { return 6.0 * static_cast<double>(M * K) * static_cast<double>(N); }
+  double seconds() const { return forward_seconds + backward_seconds; }
+};
+
+struct StepBound {
+  std::vector<BoundGemm> gemms;
+  double gemm_seconds = 0;       // sum over gemms of count · seconds()
+  double attention_flops = 0;    // 12·L·T·d per token (the MFU formula's term), all tokens
+  double attention_seconds = 0;  // attention_flops at peak_flops
+  double optimizer_bytes = 0;    // AdamW and the clip's norm: 32 bytes per parameter
+  double bandwidth = 0;          // measured copy bandwidth, bytes read + written per second
+  double optimizer_seconds = 0;  // optimizer_bytes / bandwidth
+  double peak_flops = 0;         // the 1024^3 GEMM rate the MFU is measured against
+  double model_flops = 0;        // flops_per_token · tokens
+  double seconds() const { return gemm_seconds + attention_seconds + optimizer_seconds; }
+  double mfu() const { return model_flops / seconds() / peak_flops; }
+};
+
+// Times the step's GEMMs of a dense model (GPT-2 or Llama; throws Error for a MoE model) for
+// `batch` sequences of `seq_len` tokens on `matmul` with all OpenMP threads, bf16 operands
+// rounded beforehand as the parameter store and the activations keep them. `peak_flops` is the
+// caller's 1024^3 calibration.
+StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
+                             kernels::Precision precision, kernels::MatmulEngine& matmul,
+                             double peak_flops);
+
+// Bytes per second of a multi-threaded copy of `bytes` bytes (read and written counted), the best
+// of several runs: the bandwidth the bound charges memory-bound work at.
+double measure_copy_bandwidth(int64_t bytes = int64_t{256} << 20);
+
+}  // namespace lattice::train

@@ -1,0 +1,85 @@
+// Tests of the measured MFU bound (train/step_bound.hpp): the Linear shapes it times are exactly
+// the model's matrices (their FLOPs are the 6N of the MFU formula, less the biases and norms), its
+// parts add up, a bound is never below the step Lattice actually runs, and MoE models are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/model/model_config.hpp"
+#include "lattice/train/metrics.hpp"
+#include "lattice/train/step_bound.hpp"
+#include "lattice/train/train_benchmark.hpp"
+
+namespace lattice::train {
+namespace {
+
+// Parameters outside the Linear layers' weights: biases, norms and (untied) the token embedding.
+double non_matrix_parameters(const model::ModelConfig& m) {
+  const double d = static_cast<double>(m.d_model), L = static_cast<double>(m.n_layers);
+  if (m.family ==
+      model::Family::gpt2)  // 2 LayerNorms per block + ln_f; qkv, proj, fc, fc-proj biases
+    return L * (4 * d + (3 * d + d + static_cast<double>(m.ffn_hidden) + d)) + 2 * d;
+  // Llama: 2 RMSNorms per block + the final one; the untied head's embedding table.
+  return L * 2 * d + d + static_cast<double>(m.vocab_size) * d;
+}
+
+TEST(StepBound, TimesExactlyTheModelsMatricesAndItsPartsAddUp) {
+  kernels::MatmulEngine matmul;
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    SCOPED_TRACE(preset);
+    const auto m = model::model_preset(preset);
+    const int64_t batch = 2, seq = 32;
+    const double peak = calibrate_peak_flops(matmul, kernels::Precision::fp32);
+    const auto bound = measure_step_bound(m, batch, seq, kernels::Precision::fp32, matmul, peak);
+    double matrix_parameters = 0, gemm_seconds = 0;
+    for (const auto& g : bound.gemms) {
+      EXPECT_EQ(g.M, batch * seq) << g.name;
+      EXPECT_GT(g.forward_seconds, 0) << g.name;
+      EXPECT_GT(g.backward_seconds, 0) << g.name;
+      matrix_parameters += static_cast<double>(g.count * g.K * g.N);
+      gemm_seconds += static_cast<double>(g.count) * g.seconds();
+    }
+    // The timed matrices plus the biases, norms (and Llama's input embedding) are N of 6N.
+    EXPECT_DOUBLE_EQ(matrix_parameters + non_matrix_parameters(m),
+                     static_cast<double>(m.active_parameter_count(false)));
+    EXPECT_DOUBLE_EQ(bound.gemm_seconds, gemm_seconds);
+    EXPECT_DOUBLE_EQ(bound.seconds(),
+                     bound.gemm_seconds + bound.attention_seconds + bound.optimizer_seconds);
+    EXPECT_DOUBLE_EQ(bound.attention_seconds, bound.attention_flops / peak);
+    EXPECT_GT(bound.bandwidth, 1e8);  // any host copies faster than 100 MB/s
+    EXPECT_DOUBLE_EQ(bound.model_flops, m.flops_per_token(seq) * static_cast<double>(batch * seq));
+    EXPECT_GT(bound.mfu(), 0.0);
+  }
+}
+
+TEST(StepBound, IsNeverBelowTheStepLatticeRuns) {
+  // The bound leaves out everything but the GEMMs, attention at peak and the optimizer's bytes,
+  // so the real step (same shapes, same engine) can only be slower. Best of 3 runs of 3 steps
+  // against the bound of the same process: a shared host's load can only slow the step, and a
+  // slowed bound measurement can at most halve the bound (the factor 2 below).
+  const auto m = model::model_preset("gpt2-tiny");
+  const BenchmarkCase c{"tiny", m, 4, 32};
+  kernels::MatmulEngine matmul;
+  const double peak = calibrate_peak_flops(matmul, kernels::Precision::fp32);
+  const auto bound =
+      measure_step_bound(m, c.batch, c.seq_len, kernels::Precision::fp32, matmul, peak);
+  double best_step = 1e300;
+  for (int run = 0; run < 3; ++run) {
+    const auto r = benchmark_lattice_training(c, kernels::Precision::fp32, 3, 1);
+    best_step = std::min(best_step, r.seconds_per_step);
+  }
+  EXPECT_GE(best_step, 0.5 * bound.seconds());
+}
+
+TEST(StepBound, RefusesMixtureOfExpertsModels) {
+  auto m = model::model_preset("llama-tiny");
+  m.n_experts = 4;
+  m.top_k = 2;
+  kernels::MatmulEngine matmul;
+  EXPECT_THROW(measure_step_bound(m, 2, 16, kernels::Precision::fp32, matmul, 1e9), Error);
+}
+
+}  // namespace
+}  // namespace lattice::train
