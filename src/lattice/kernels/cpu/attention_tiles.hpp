@@ -1,9 +1,11 @@
 // Tile helpers shared by the attention kernels (private to kernels/cpu): the 16-lane vector
 // helpers (load, store, exp, bf16 rounding), the tile sizes, the register-blocked fp32 micro-GEMM
 // the portable path multiplies with, per-thread scratch and the fp32 tile packers. Everything here
-// is GCC/Clang vector-extension code (one zmm per vector under AVX-512, two ymm under AVX2): no
-// ISA-specific intrinsics.
+// is GCC/Clang vector-extension code (one zmm per vector under AVX-512, two ymm under AVX2), but
+// for the micro-GEMM's AVX2 form, which names its fused multiply-adds.
 #pragma once
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <bit>
@@ -104,6 +106,40 @@ inline float dot_product(const float* a, const float* b, int64_t n) {
 
 // C[R, NV*16] (= or +=) A[R, K] * B[K, NV*16]. A's element (r, k) sits at a[r * a_row + k * a_col],
 // so a transposed A is just a_row = 1, a_col = its leading dimension. B and C are row-major.
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+// Compiled for AVX2 (x86-64-v3, AMD Zen 3): each product added with one fused multiply-add on
+// 8-lane registers, where the ISO C++ build (-ffp-contract=off) would issue a multiply and an add,
+// half the FMA units' rate. One rounding instead of two per term: these bits differ from an AVX-512
+// build's (which keeps its multiply and add; attention's tests bound both against references).
+// Only attention_portable.cpp instantiates it; the AVX-512 and AMX files never do.
+template <int R, int NV>
+void micro_gemm(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                int64_t ldc, int64_t K, bool accumulate) {
+  constexpr int kHalves = 2 * NV;  // 8-lane registers per row
+  __m256 acc[R][kHalves];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int h = 0; h < kHalves; ++h)
+      acc[r][h] = accumulate ? _mm256_loadu_ps(c + r * ldc + h * 8) : _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    __m256 bv[kHalves];
+#pragma GCC unroll 8
+    for (int h = 0; h < kHalves; ++h) bv[h] = _mm256_loadu_ps(b + k * ldb + h * 8);
+    const float* a_k = a + k * a_col;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 a_rk = _mm256_set1_ps(a_k[r * a_row]);
+#pragma GCC unroll 8
+      for (int h = 0; h < kHalves; ++h) acc[r][h] = _mm256_fmadd_ps(a_rk, bv[h], acc[r][h]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int h = 0; h < kHalves; ++h) _mm256_storeu_ps(c + r * ldc + h * 8, acc[r][h]);
+}
+#else
 template <int R, int NV>
 void micro_gemm(const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
                 int64_t ldc, int64_t K, bool accumulate) {
@@ -129,6 +165,7 @@ void micro_gemm(const float* a, int64_t a_row, int64_t a_col, const float* b, in
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) store(c + r * ldc + v * kLanes, acc[r][v]);
 }
+#endif
 
 using MicroGemm = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t,
                            int64_t, bool);
