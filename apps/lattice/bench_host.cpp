@@ -3,24 +3,52 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 
 namespace lattice::cli {
 
-std::string cpu_description() {
+namespace {
+
+// The first value of each key in /proc/cpuinfo ("model name", "flags", "cpu family", ...).
+std::map<std::string, std::string> cpuinfo_fields() {
   std::ifstream in("/proc/cpuinfo");
-  std::string line, name = "unknown CPU", flags;
+  std::map<std::string, std::string> fields;
+  std::string line;
   while (std::getline(in, line)) {
     const size_t colon = line.find(':');
-    const std::string value =
-        colon == std::string::npos || colon + 2 > line.size() ? "" : line.substr(colon + 2);
-    if (line.rfind("model name", 0) == 0 && name == "unknown CPU") name = value;
-    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = " " + value + " ";
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon);
+    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+    fields.emplace(key, colon + 2 <= line.size() ? line.substr(colon + 2) : "");
   }
+  return fields;
+}
+
+std::string field_or(const std::map<std::string, std::string>& fields, const std::string& key,
+                     const std::string& fallback) {
+  const auto found = fields.find(key);
+  return found == fields.end() ? fallback : found->second;
+}
+
+}  // namespace
+
+std::string cpu_description() {
+  const auto fields = cpuinfo_fields();
+  const std::string name = field_or(fields, "model name", "unknown CPU");
+  const std::string flags = " " + field_or(fields, "flags", "") + " ";
   std::string isa;
   for (const char* flag : {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
     if (flags.find(" " + std::string(flag) + " ") != std::string::npos)
       isa += (isa.empty() ? "" : " ") + std::string(flag);
   return name + " | ISA: " + (isa.empty() ? "none of avx2/avx512f/amx" : isa);
+}
+
+std::string cpu_model() {
+  const auto fields = cpuinfo_fields();
+  const std::string name = field_or(fields, "model name", "unknown CPU");
+  if (!fields.count("cpu family")) return name;
+  return name + " (family " + fields.at("cpu family") + ", model " +
+         field_or(fields, "model", "?") + ", stepping " + field_or(fields, "stepping", "?") + ")";
 }
 
 std::string load_average() {

@@ -12,6 +12,9 @@ namespace lattice::cli {
 
 // "AMD EPYC | ISA: avx2 avx512f avx512_bf16", from /proc/cpuinfo.
 std::string cpu_description();
+// "Intel(R) Xeon(R) Processor (family 6, model 167, stepping 1)", from /proc/cpuinfo (the name
+// alone where it gives no family).
+std::string cpu_model();
 // The first line of /proc/loadavg ("" where there is none).
 std::string load_average();
 // The median (the mean of the middle two for an even count; 0 for none).

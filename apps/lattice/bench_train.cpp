@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
 #include <string>
@@ -40,26 +39,6 @@ std::vector<train::BenchmarkCase> cases(const std::string& which) {
   if (which == "small") return {all[0]};
   if (which == "gpt2-124m") return {all[1]};
   throw Error("unknown benchmark shape '" + which + "': use small, gpt2-124m or all");
-}
-
-// "Intel(R) Xeon(R) Processor (family 6, model 207, stepping 2)", from /proc/cpuinfo.
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, name, family, model, stepping;
-  while (std::getline(in, line)) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
-    std::string key = line.substr(0, colon);
-    while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
-    if (key == "model name" && name.empty()) name = value;
-    if (key == "cpu family" && family.empty()) family = value;
-    if (key == "model" && model.empty()) model = value;
-    if (key == "stepping" && stepping.empty()) stepping = value;
-  }
-  if (name.empty()) name = "unknown CPU";
-  if (family.empty()) return name;
-  return name + " (family " + family + ", model " + model + ", stepping " + stepping + ")";
 }
 
 // PyTorch's tokens/s in one row: eager and under torch.compile (0 where not run).
