@@ -36,7 +36,7 @@ std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
     gemms.push_back({"mlp in", M, d, m.ffn_hidden, L});
   }
   gemms.push_back({"mlp out", M, m.ffn_hidden, d, L});
-  gemms.push_back({"lm head", M, d, m.vocab_size, 1});
+  gemms.push_back({"lm head", M, d, m.vocab_size, 1, /*lm_head=*/true});
   return gemms;
 }
 
@@ -73,12 +73,12 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
   std::vector<float> out(static_cast<size_t>(M * N)), d_in(static_cast<size_t>(M * K));
   std::vector<float> d_weight(static_cast<size_t>(N * K)), bias(static_cast<size_t>(N), 0.5f);
   std::vector<float> d_bias(static_cast<size_t>(N));
-  const bool with_bias = m.linear_bias() && g.name != "lm head";
+  const bool with_bias = m.linear_bias() && !g.lm_head;
   const bool bf16 = precision == kernels::Precision::bf16;
   std::vector<lattice::bf16> in16, weight16, d_out16;
   if (bf16) in16 = rounded(in), weight16 = rounded(weight), d_out16 = rounded(d_out);
   constexpr int kRuns = 3;
-  if (bf16 && g.name == "lm head" && matmul.uses_vocab_blocked_head(K)) {
+  if (bf16 && g.lm_head && matmul.uses_vocab_blocked_head(K)) {
     // As the step runs the head on AMX: its forward, cross-entropy and backward in one kernel
     // (cpu_fused_ops.cpp's kHeadVocabBlocked), timed as the head's whole cost.
     std::vector<int32_t> targets(static_cast<size_t>(M));

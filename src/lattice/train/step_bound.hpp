@@ -23,6 +23,7 @@ namespace lattice::train {
 struct BoundGemm {
   std::string name;
   int64_t M = 0, K = 0, N = 0, count = 0;
+  bool lm_head = false;  // the LM head: no bias, and in bf16 on AMX its fused kernel
   double forward_seconds = 0, backward_seconds = 0;
   double flops() const { return 6.0 * static_cast<double>(M * K) * static_cast<double>(N); }
   double seconds() const { return forward_seconds + backward_seconds; }
