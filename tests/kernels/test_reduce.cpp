@@ -1,6 +1,6 @@
 // Tests of the deterministic sum of squares: value against a naive double sum, bit-identical
 // results for 1, 2 and 3 OpenMP threads, double accumulation (no fp32 overflow), and the many-run
-// form equal to one call per run.
+// forms (their total, and each run's sum) equal to one call per run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,6 +47,24 @@ TEST(Reduce, SumOfSquaresOfRunsEqualsOneCallPerRunAddedInOrder) {
     EXPECT_EQ(sum_of_squares_of_runs(runs), expected) << threads << " threads";  // bit for bit
   }
   EXPECT_EQ(sum_of_squares_of_runs({}), 0.0);
+}
+
+TEST(Reduce, SumOfSquaresEachEqualsOneCallPerRun) {
+  // The gradient norm's pieces: many runs of at most 1024 elements, an empty one, and runs of
+  // several chunks, in one call.
+  std::vector<std::vector<float>> data;
+  for (int64_t n : {int64_t{1024}, int64_t{0}, int64_t{1000}, int64_t{16385}, int64_t{1}})
+    data.push_back(lattice::testing::random_vector(n, 90 + static_cast<uint64_t>(n)));
+  for (int i = 0; i < 300; ++i) data.push_back(lattice::testing::random_vector(1024, 200 + i));
+  std::vector<FloatRun> runs;
+  for (const auto& x : data) runs.push_back({x.data(), static_cast<int64_t>(x.size())});
+  for (int threads : {1, 2, 3}) {
+    lattice::testing::ScopedOmpThreads scope(threads);
+    std::vector<double> sums(runs.size(), -1.0);
+    sum_of_squares_each(runs, sums.data());
+    for (size_t i = 0; i < runs.size(); ++i)  // bit for bit
+      ASSERT_EQ(sums[i], sum_of_squares(runs[i].data, runs[i].n)) << i << ", " << threads;
+  }
 }
 
 TEST(Reduce, SumOfSquaresIsIndependentOfThreadCount) {

@@ -298,6 +298,10 @@ class RecordingOps final : public kernels::Ops {
     record("sum_of_squares");
     return inner_.sum_of_squares(runs);
   }
+  void sum_of_squares_each(std::span<const kernels::FloatRun> runs, double* sums) override {
+    record("sum_of_squares_each");
+    inner_.sum_of_squares_each(runs, sums);
+  }
 
  private:
   void record(const char* op) const { ++calls_[op]; }

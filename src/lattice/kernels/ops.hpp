@@ -276,6 +276,9 @@ class Ops {
   // The sum over runs, in order, of each run's sum of squares (double, fixed chunks): independent
   // of the thread count.
   virtual double sum_of_squares(std::span<const FloatRun> runs) = 0;
+  // sums[i] = sum_of_squares of runs[i] alone, bit for bit, for every run in one call (the
+  // gradient norm's per-chunk partial sums, spread over the threads).
+  virtual void sum_of_squares_each(std::span<const FloatRun> runs, double* sums) = 0;
 };
 
 }  // namespace lattice::kernels

@@ -10,12 +10,6 @@ namespace lattice::parallel {
 
 namespace {
 
-// One run's sum of squares on the backend (Ops::sum_of_squares of a single run).
-double sum_of_squares(kernels::Ops& ops, const float* data, int64_t n) {
-  const kernels::FloatRun run{data, n};
-  return ops.sum_of_squares({&run, 1});
-}
-
 int group_size(const mesh::AxisGroups& groups, mesh::Axis axis) {
   const comm::Communicator* group = groups[static_cast<size_t>(axis)];
   return group ? group->size() : 1;
@@ -74,28 +68,37 @@ void shard_chunk_sums(kernels::Ops& ops, const Bucket& bucket, int rank, const f
   const int64_t begin = bucket.begin + bucket.shard * rank;
   const auto& runs = classes.runs();
   const size_t count = static_cast<size_t>(classes.count());
+  // The pieces to sum, each with the partial it adds to: one per chunk of at most kNormChunk
+  // elements (one class), or each chunk's pieces of each class (in buffer order). All are summed
+  // in one call, spread over the threads; each piece's sum is the one a call of its own gives.
+  std::vector<kernels::FloatRun> pieces;
+  std::vector<size_t> slot;
   // The first class run that may overlap this shard.
   auto run = std::upper_bound(runs.begin(), runs.end(), begin,
                               [](int64_t at, const NormClasses::Run& r) { return at < r.end; });
   for (int64_t c = 0; c < bucket.shard; c += kNormChunk) {
     const int64_t lo = begin + c, hi = std::min(bucket.end, lo + kNormChunk);
     if (runs.empty()) {
-      // One chunk of at most kNormChunk elements: the kernel sums it in one pass,
-      // thread-independent.
-      partials.push_back(hi > lo ? sum_of_squares(ops, data + c, hi - lo) : 0.0);
+      pieces.push_back({data + c, std::max<int64_t>(hi - lo, 0)});
+      slot.push_back(partials.size());
+      partials.push_back(0.0);
       continue;
     }
-    // Several classes: the chunk's pieces of each class, summed separately (in buffer order).
-    const size_t base = partials.size();
-    partials.resize(base + count, 0.0);
+    const size_t first = partials.size();
+    partials.resize(first + count, 0.0);
     for (; run != runs.end() && run->begin < hi; ++run) {
       const int64_t a = std::max(lo, run->begin), e = std::min(hi, run->end);
-      if (a < e && run->cls != NormClasses::kUncounted)
-        partials[base + static_cast<size_t>(run->cls)] +=
-            sum_of_squares(ops, data + (a - begin), e - a);
+      if (a < e && run->cls != NormClasses::kUncounted) {
+        pieces.push_back({data + (a - begin), e - a});
+        slot.push_back(first + static_cast<size_t>(run->cls));
+      }
       if (run->end > hi) break;  // continues into the next chunk
     }
   }
+  std::vector<double> sums(pieces.size());
+  if (!pieces.empty()) ops.sum_of_squares_each(pieces, sums.data());
+  // Added in piece order: a class's pieces of one chunk in buffer order, as one call each would.
+  for (size_t i = 0; i < pieces.size(); ++i) partials[slot[i]] += sums[i];
 }
 
 double norm_from_partials(const BucketLayout& layout, const std::vector<double>& dense,

@@ -247,4 +247,8 @@ double CpuOps::sum_of_squares(std::span<const FloatRun> runs) {
   return sum_of_squares_of_runs(runs);
 }
 
+void CpuOps::sum_of_squares_each(std::span<const FloatRun> runs, double* sums) {
+  kernels::sum_of_squares_each(runs, sums);
+}
+
 }  // namespace lattice::kernels

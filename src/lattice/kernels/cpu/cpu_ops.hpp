@@ -153,6 +153,7 @@ class CpuOps final : public Ops {
 
   void adamw_update(std::span<const AdamWTensor> tensors, int64_t step, float grad_scale) override;
   double sum_of_squares(std::span<const FloatRun> runs) override;
+  void sum_of_squares_each(std::span<const FloatRun> runs, double* sums) override;
 
  private:
   std::unique_ptr<MatmulEngine> engine_;

@@ -48,7 +48,7 @@ double sum_of_squares(const float* x, int64_t n) {
   return total;
 }
 
-double sum_of_squares_of_runs(std::span<const FloatRun> runs) {
+void sum_of_squares_each(std::span<const FloatRun> runs, double* sums) {
   // Work items: each run's chunks, as sum_of_squares cuts them.
   const RunChunks chunks(runs, kChunk);
   std::vector<double> partial(static_cast<size_t>(chunks.count()));
@@ -58,14 +58,20 @@ double sum_of_squares_of_runs(std::span<const FloatRun> runs) {
     partial[static_cast<size_t>(item)] =
         chunk_sum_of_squares(runs[c.run].data + c.begin, c.end - c.begin);
   }
-  // Per run in chunk order (as sum_of_squares), then the runs in order.
-  double total = 0.0;
+  // Per run in chunk order (as sum_of_squares).
   for (size_t r = 0; r < runs.size(); ++r) {
     double run_total = 0.0;
     for (int64_t item = chunks.first(r); item < chunks.first(r + 1); ++item)
       run_total += partial[static_cast<size_t>(item)];
-    total += run_total;
+    sums[r] = run_total;
   }
+}
+
+double sum_of_squares_of_runs(std::span<const FloatRun> runs) {
+  std::vector<double> sums(runs.size());
+  sum_of_squares_each(runs, sums.data());
+  double total = 0.0;  // the runs in order
+  for (double s : sums) total += s;
   return total;
 }
 

@@ -16,4 +16,9 @@ double sum_of_squares(const float* x, int64_t n);
 // each).
 double sum_of_squares_of_runs(std::span<const FloatRun> runs);
 
+// sums[i] = sum_of_squares(runs[i]) for every run, bit for bit, with all the runs' chunks in one
+// parallel loop: a gradient norm's many short per-chunk sums spread over the threads, where one
+// call per run would leave them all to the calling thread.
+void sum_of_squares_each(std::span<const FloatRun> runs, double* sums);
+
 }  // namespace lattice::kernels
