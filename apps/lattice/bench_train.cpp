@@ -65,9 +65,9 @@ void print_step_bound(const train::BenchmarkCase& c, kernels::Precision precisio
   }
   std::printf(
       "\n    step >= %.4f s = GEMMs %.4f + attention %.4f (at the %.3f TFLOP/s peak) + optimizer "
-      "%.4f (%.0f MB at %.1f GB/s) -> at most %.0f tok/s, MFU %.1f%%",
+      "%.4f (norm and AdamW alone: %.0f MB at %.1f GB/s) -> at most %.0f tok/s, MFU %.1f%%",
       bound.seconds(), bound.gemm_seconds, bound.attention_seconds, peak / 1e12,
-      bound.optimizer_seconds, bound.optimizer_bytes / 1e6, bound.bandwidth / 1e9,
+      bound.optimizer_seconds, bound.optimizer_bytes / 1e6, bound.optimizer_bandwidth() / 1e9,
       tokens / bound.seconds(), 100.0 * bound.mfu());
   if (best_torch > 0) std::printf("; 1.2x best PyTorch = %.0f tok/s", 1.2 * best_torch);
   std::printf("\n");
@@ -115,11 +115,12 @@ void register_bench_train(CLI::App& bench) {
       "--pytorch-compile,!--no-pytorch-compile", o->pytorch_compile,
       "also time PyTorch under torch.compile (inductor; tens of seconds of compile per row, in "
       "the warmup); default: on where the torch has it (2.x)");
-  target->add_flag("--bound", o->bound,
-                   "after each precision's rows, measure the step's MFU bound: its Linear GEMMs "
-                   "each timed alone on this host at its own shape, attention at the GEMM peak, "
-                   "the optimizer's memory traffic at the measured copy bandwidth "
-                   "(train/step_bound.hpp)");
+  target->add_flag(
+      "--bound", o->bound,
+      "after each precision's rows, measure the step's MFU bound: its Linear GEMMs "
+      "each timed alone on this host at its own shape, attention at the GEMM peak, "
+      "the optimizer's memory traffic (norm and AdamW over every parameter) timed alone "
+      "(train/step_bound.hpp)");
   target
       ->add_option("--pytorch-allocator", o->pytorch_allocator,
                    "PyTorch's malloc: auto (jemalloc if installed, else glibc-thp), jemalloc "

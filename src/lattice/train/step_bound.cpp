@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
+#include <cmath>
+#include <string>
 #include <vector>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/adamw.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
+#include "lattice/kernels/cpu/reduce.hpp"
 
 namespace lattice::train {
 
@@ -110,19 +113,21 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
 
 }  // namespace
 
-double measure_copy_bandwidth(int64_t bytes) {
-  const int64_t n = bytes / static_cast<int64_t>(sizeof(float));
-  std::vector<float> source = filled(n, 1.0f), destination(static_cast<size_t>(n));
-  const double best = best_seconds(5, [&] {
-#pragma omp parallel
-    {
-      const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-      const int64_t begin = n * t / threads, end = n * (t + 1) / threads;
-      std::memcpy(destination.data() + begin, source.data() + begin,
-                  static_cast<size_t>(end - begin) * sizeof(float));
-    }
+double time_optimizer(int64_t parameters, bool bf16_copy) {
+  check(parameters > 0, "the step bound's optimizer needs a positive parameter count, got " +
+                            std::to_string(parameters));
+  std::vector<float> param = filled(parameters, 1e-3f), grad = filled(parameters, 1e-4f);
+  std::vector<float> m(static_cast<size_t>(parameters)), v(static_cast<size_t>(parameters));
+  std::vector<lattice::bf16> param16(bf16_copy ? static_cast<size_t>(parameters) : 0);
+  const kernels::AdamWTensor tensor{
+      param.data(), grad.data(), m.data(), v.data(), bf16_copy ? param16.data() : nullptr,
+      parameters,   {}};
+  const kernels::FloatRun gradient{grad.data(), parameters};
+  int64_t step = 0;
+  return best_seconds(3, [&] {
+    const double norm = std::sqrt(kernels::sum_of_squares_of_runs({&gradient, 1}));
+    kernels::adamw_update_tensors({&tensor, 1}, ++step, norm > 1.0 ? 1.0f : 0.5f);
   });
-  return 2.0 * static_cast<double>(n) * sizeof(float) / best;
 }
 
 StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
@@ -146,10 +151,10 @@ StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int
   // AdamW reads the parameter, its gradient and both moments and writes the parameter and the
   // moments (28 bytes in fp32); the clip reads the gradient once more (4); bf16 training also
   // writes the weights' bf16 copy (2).
-  const double per_parameter = precision == kernels::Precision::bf16 ? 34.0 : 32.0;
+  const bool bf16 = precision == kernels::Precision::bf16;
+  const double per_parameter = bf16 ? 34.0 : 32.0;
   bound.optimizer_bytes = per_parameter * static_cast<double>(model.parameter_count());
-  bound.bandwidth = measure_copy_bandwidth();
-  bound.optimizer_seconds = bound.optimizer_bytes / bound.bandwidth;
+  bound.optimizer_seconds = time_optimizer(model.parameter_count(), bf16);
   return bound;
 }
 

@@ -1,9 +1,11 @@
 // A measured upper bound on a training step's MFU (issue #26): what the step would take if it did
 // nothing but its Linear layers' GEMMs, each at the rate the matmul engine reaches on that very
 // shape when run alone, its attention products at the 1024^3 GEMM peak, and the optimizer's
-// unavoidable memory traffic at the measured copy bandwidth. A step can only be slower than
-// this, so model FLOPs over it, against the peak, caps the MFU any kernel tuning of the rest could
-// reach with these GEMMs on this host.
+// unavoidable memory traffic (the clip's norm and AdamW over every parameter, timed alone on one
+// buffer of the model's size: the bandwidth this host gives that traffic, which a plain copy
+// of some other size does not measure). A step can only be slower than this, so model FLOPs over
+// it, against the peak, caps the MFU any kernel tuning of the rest could reach with these GEMMs on
+// this host.
 #pragma once
 
 #include <cstdint>
@@ -34,12 +36,13 @@ struct StepBound {
   double gemm_seconds = 0;       // sum over gemms of count · seconds()
   double attention_flops = 0;    // 12·L·T·d per token (the MFU formula's term), all tokens
   double attention_seconds = 0;  // attention_flops at peak_flops
-  double optimizer_bytes = 0;    // AdamW and the clip's norm: 32 bytes per parameter
-  double bandwidth = 0;          // measured copy bandwidth, bytes read + written per second
-  double optimizer_seconds = 0;  // optimizer_bytes / bandwidth
+  double optimizer_bytes = 0;    // AdamW and the clip's norm: 32 bytes per parameter (bf16: 34)
+  double optimizer_seconds = 0;  // the clip's norm and AdamW over every parameter, timed alone
   double peak_flops = 0;         // the 1024^3 GEMM rate the MFU is measured against
   double model_flops = 0;        // flops_per_token · tokens
   double seconds() const { return gemm_seconds + attention_seconds + optimizer_seconds; }
+  // The memory bandwidth the timed optimizer reached (its bytes over its seconds).
+  double optimizer_bandwidth() const { return optimizer_bytes / optimizer_seconds; }
   double mfu() const { return model_flops / seconds() / peak_flops; }
 };
 
@@ -51,8 +54,10 @@ StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int
                              kernels::Precision precision, kernels::MatmulEngine& matmul,
                              double peak_flops);
 
-// Bytes per second of a multi-threaded copy of `bytes` bytes (read and written counted), the best
-// of several runs: the bandwidth the bound charges memory-bound work at.
-double measure_copy_bandwidth(int64_t bytes = int64_t{256} << 20);
+// Seconds of the optimizer's memory-bound work on `parameters` fp32 parameters, the best of a few
+// runs with all OpenMP threads: the clip's gradient norm, then AdamW on the parameters, their
+// gradients and moments in one tensor (with the bf16 copy written when `bf16_copy`) — the work a
+// step's optimizer does, without its per-tensor bookkeeping.
+double time_optimizer(int64_t parameters, bool bf16_copy);
 
 }  // namespace lattice::train
