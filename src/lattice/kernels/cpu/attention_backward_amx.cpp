@@ -67,18 +67,6 @@ inline void store_column_sums(double* dst, const double* sums, int64_t D) {
 // only.
 constexpr int64_t kMaxSumChunks = 16;
 
-// Takes the lines of `count` output rows of D elements for writing (prefetchw): the gradient rows
-// are strided slices of a large buffer, and each partial-line store would otherwise wait for its
-// line to come from memory.
-template <class Out>
-inline void prefetch_rows_for_writing(Out* rows, int64_t row_stride, int64_t count, int64_t D) {
-  const int64_t bytes = D * static_cast<int64_t>(sizeof(Out));
-  for (int64_t r = 0; r < count; ++r) {
-    const char* row = reinterpret_cast<const char*>(rows + r * row_stride);
-    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 1);
-  }
-}
-
 // rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
 // dV rows from their transposed accumulator ([Dp][kBlockK], Dp a multiple of 32), 16 x 16 at a
 // time transposed in registers; with bf16 rows, sums[d] (Dp doubles) += each row in row order.
@@ -123,9 +111,6 @@ void write_transposed(Out* rows, int64_t row_stride, const float* transposed, in
     if (sums != nullptr) lane_sums.store_to(sums + d0);
   }
 }
-
-// Rows of a head's dQ whose lines are taken for writing ahead of the row being written.
-constexpr int64_t kRowsWrittenAhead = 16;
 
 // rows[t * row_stride + d] = acc[t * Dp + d] for t < T, d < D (a head's dQ), with the sums as in
 // write_transposed (rows outer, head chunks inner where the sums fit in registers).

@@ -80,6 +80,8 @@ void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* 
         const int64_t key_end = std::clamp<int64_t>(causal_offset + i0 + rows, 0, Tk);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
+          float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
+          prefetch_rows_for_writing(out_rows, Hq * D, rows, D);  // arrive while the block computes
           pack_rows_bf16(q_bf16, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
                          shape.q_row_stride, rows, D);
           std::fill(q_bf16 + rows * Dp, q_bf16 + rows_p * Dp, uint16_t{0});
@@ -137,7 +139,6 @@ void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* 
                      Dp, true);
           }
 
-          float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
           float* lse_rows = lse + (b * Hq + h) * Tq + i0;
           for (int64_t r = 0; r < rows; ++r) {
             if (row_sum[r] == 0.0f) {  // the row saw no key (row_sum >= 1 once it sees one)

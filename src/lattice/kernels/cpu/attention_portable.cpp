@@ -77,6 +77,8 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
         const int64_t key_end = std::clamp<int64_t>(causal_offset + i0 + rows, 0, Tk);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
+          float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
+          prefetch_rows_for_writing(out_rows, Hq * D, rows, D);  // arrive while the block computes
           pack_rows(q_pack, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
                     shape.q_row_stride, rows, D, to_bf16);
           std::fill(o_acc, o_acc + rows * Dp, 0.0f);
@@ -134,7 +136,6 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
             }
           }
 
-          float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
           float* lse_rows = lse + (b * Hq + h) * Tq + i0;
           for (int64_t r = 0; r < rows; ++r) {
             if (row_sum[r] == 0.0f) {  // the row saw no key (row_sum >= 1 once it sees one)
@@ -217,6 +218,11 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
                         cols, D, to_bf16);
         std::fill(dk_acc, dk_acc + cols * Dp, 0.0f);
         std::fill(dv_acc, dv_acc + cols * Dp, 0.0f);
+        float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
+        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
+        prefetch_rows_for_writing(dk_rows, shape.k_row_stride, cols,
+                                  D);  // while the block computes
+        prefetch_rows_for_writing(dv_rows, shape.v_row_stride, cols, D);
 
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
@@ -276,8 +282,6 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
             }
           }
         }
-        float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
-        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
         for (int64_t c = 0; c < cols; ++c) {
           std::memcpy(dk_rows + c * shape.k_row_stride, dk_acc + c * Dp,
                       static_cast<size_t>(D) * sizeof(float));
@@ -288,7 +292,11 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = kvh * group + g;
         float* dq_rows = dq + b * shape.q_batch_stride + h * D;
+        prefetch_rows_for_writing(dq_rows, shape.q_row_stride, std::min(Tq, kRowsWrittenAhead), D);
         for (int64_t t = 0; t < Tq; ++t) {
+          if (t + kRowsWrittenAhead < Tq)
+            prefetch_rows_for_writing(dq_rows + (t + kRowsWrittenAhead) * shape.q_row_stride,
+                                      shape.q_row_stride, 1, D);
           float* dq_row = dq_rows + t * shape.q_row_stride;
           const float* acc_row = dq_acc + (g * Tq + t) * Dp;
           if (accumulate_dq) {

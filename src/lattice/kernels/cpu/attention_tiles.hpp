@@ -104,6 +104,21 @@ inline float dot_product(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// Rows of a head's dQ whose lines are taken for writing ahead of the row being written.
+constexpr int64_t kRowsWrittenAhead = 16;
+
+// Takes the lines of `count` output rows of D elements for writing (prefetchw): attention's
+// outputs and gradients are strided slices of large buffers (a head's columns of token rows), and
+// each partial-line store would otherwise wait for its line to come from memory.
+template <class Out>
+inline void prefetch_rows_for_writing(Out* rows, int64_t row_stride, int64_t count, int64_t D) {
+  const int64_t bytes = D * static_cast<int64_t>(sizeof(Out));
+  for (int64_t r = 0; r < count; ++r) {
+    const char* row = reinterpret_cast<const char*>(rows + r * row_stride);
+    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 1);
+  }
+}
+
 // C[R, NV*16] (= or +=) A[R, K] * B[K, NV*16]. A's element (r, k) sits at a[r * a_row + k * a_col],
 // so a transposed A is just a_row = 1, a_col = its leading dimension. B and C are row-major.
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
