@@ -12,6 +12,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/adamw.hpp"
+#include "lattice/kernels/cpu/attention.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/reduce.hpp"
 
@@ -130,6 +131,44 @@ double time_optimizer(int64_t parameters, bool bf16_copy) {
   });
 }
 
+double time_attention_kernels(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
+                              kernels::Precision precision, kernels::MatmulEngine& matmul) {
+  const int64_t D = model.head_dim(), Hq = model.n_heads, Hkv = model.n_kv_heads;
+  const auto shape = kernels::AttentionShape::contiguous(batch, seq_len, Hq, Hkv, D);
+  const int64_t q_size = batch * seq_len * Hq * D, kv_size = batch * seq_len * Hkv * D;
+  auto q = filled(q_size, 1e-2f), k = filled(kv_size, 2e-2f), v = filled(kv_size, 1e-2f);
+  auto d_out = filled(q_size, 1e-4f);
+  std::vector<float> out(static_cast<size_t>(q_size));
+  std::vector<float> lse(static_cast<size_t>(batch * Hq * seq_len));
+  constexpr int kRuns = 3;
+  if (precision == kernels::Precision::bf16) {
+    const auto q16 = rounded(q), k16 = rounded(k), v16 = rounded(v);
+    std::vector<lattice::bf16> dq(q16.size()), dk(k16.size()), dv(v16.size());
+    // With the column sums a biased projection (GPT-2's c_attn) takes from the kernel.
+    std::vector<double> sums(static_cast<size_t>(batch * (Hq + 2 * Hkv) * D));
+    kernels::AttentionGradientsBf16 grads{dq.data(), dk.data(), dv.data()};
+    if (model.linear_bias()) {
+      grads.dq_sums = sums.data();
+      grads.dk_sums = grads.dq_sums + Hq * D;
+      grads.dv_sums = grads.dk_sums + Hkv * D;
+      grads.sums_batch_stride = (Hq + 2 * Hkv) * D;
+    }
+    return best_seconds(kRuns, [&] {
+      kernels::attention_forward_bf16(out.data(), lse.data(), q16.data(), k16.data(), v16.data(),
+                                      shape);
+      kernels::attention_backward_bf16(grads, d_out.data(), q16.data(), k16.data(), v16.data(),
+                                       out.data(), lse.data(), shape);
+    });
+  }
+  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+  return best_seconds(kRuns, [&] {
+    kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), shape,
+                               precision, matmul);
+    kernels::attention_backward(dq.data(), dk.data(), dv.data(), d_out.data(), q.data(), k.data(),
+                                v.data(), out.data(), lse.data(), shape, precision, matmul);
+  });
+}
+
 StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
                              kernels::Precision precision, kernels::MatmulEngine& matmul,
                              double peak_flops) {
@@ -148,6 +187,8 @@ StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int
   bound.attention_flops = 12.0 * static_cast<double>(model.n_layers * seq_len * model.d_model) *
                           static_cast<double>(tokens);
   bound.attention_seconds = bound.attention_flops / peak_flops;
+  bound.attention_kernel_seconds = static_cast<double>(model.n_layers) *
+                                   time_attention_kernels(model, batch, seq_len, precision, matmul);
   // AdamW reads the parameter, its gradient and both moments and writes the parameter and the
   // moments (28 bytes in fp32); the clip reads the gradient once more (4); bf16 training also
   // writes the weights' bf16 copy (2).

@@ -36,6 +36,10 @@ struct StepBound {
   double gemm_seconds = 0;       // sum over gemms of count · seconds()
   double attention_flops = 0;    // 12·L·T·d per token (the MFU formula's term), all tokens
   double attention_seconds = 0;  // attention_flops at peak_flops
+  // Not part of the bound: Lattice's attention kernels, forward and backward, timed alone at the
+  // step's shape, times the layers (what the step's attention really costs, against the bound's
+  // attention_seconds).
+  double attention_kernel_seconds = 0;
   double optimizer_bytes = 0;    // AdamW and the clip's norm: 32 bytes per parameter (bf16: 34)
   double optimizer_seconds = 0;  // the clip's norm and AdamW over every parameter, timed alone
   double peak_flops = 0;         // the 1024^3 GEMM rate the MFU is measured against
@@ -53,6 +57,12 @@ struct StepBound {
 StepBound measure_step_bound(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
                              kernels::Precision precision, kernels::MatmulEngine& matmul,
                              double peak_flops);
+
+// Seconds of one layer's attention forward and backward (Lattice's kernels, all OpenMP threads,
+// the best of a few runs) on `batch` sequences of `seq_len` tokens of the model's heads: bf16 q,
+// k, v with bf16 gradients (and, for biased projections, the column sums the bias takes), or fp32.
+double time_attention_kernels(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
+                              kernels::Precision precision, kernels::MatmulEngine& matmul);
 
 // Seconds of the optimizer's memory-bound work on `parameters` fp32 parameters, the best of a few
 // runs with all OpenMP threads: the clip's gradient norm, then AdamW on the parameters, their
