@@ -58,7 +58,7 @@ TEST(StepBound, TimesExactlyTheModelsMatricesAndItsPartsAddUp) {
 }
 
 TEST(StepBound, IsNeverBelowTheStepLatticeRuns) {
-  // The bound leaves out everything but the GEMMs, attention at peak and the optimizer's bytes,
+  // The bound leaves out everything but the GEMMs, attention at peak and the optimizer's kernels,
   // so the real step (same shapes, same engine) can only be slower. Best of 3 runs of 3 steps
   // against the bound of the same process: a shared host's load can only slow the step, and a
   // slowed bound measurement can at most halve the bound (the factor 2 below).

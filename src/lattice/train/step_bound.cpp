@@ -1,8 +1,6 @@
 // The measured MFU bound of a training step: see step_bound.hpp.
 #include "lattice/train/step_bound.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -127,7 +125,9 @@ double time_optimizer(int64_t parameters, bool bf16_copy) {
   int64_t step = 0;
   return best_seconds(3, [&] {
     const double norm = std::sqrt(kernels::sum_of_squares_of_runs({&gradient, 1}));
-    kernels::adamw_update_tensors({&tensor, 1}, ++step, norm > 1.0 ? 1.0f : 0.5f);
+    // The clip's scale at max_norm 1, as the step computes it.
+    const float scale = norm > 1.0 ? static_cast<float>(1.0 / (norm + 1e-6)) : 1.0f;
+    kernels::adamw_update_tensors({&tensor, 1}, ++step, scale);
   });
 }
 

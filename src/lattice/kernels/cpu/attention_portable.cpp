@@ -220,8 +220,8 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
         std::fill(dv_acc, dv_acc + cols * Dp, 0.0f);
         float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
         float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
-        prefetch_rows_for_writing(dk_rows, shape.k_row_stride, cols,
-                                  D);  // while the block computes
+        // The rows' lines arrive while the block computes.
+        prefetch_rows_for_writing(dk_rows, shape.k_row_stride, cols, D);
         prefetch_rows_for_writing(dv_rows, shape.v_row_stride, cols, D);
 
         for (int64_t g = 0; g < group; ++g) {
