@@ -1,6 +1,7 @@
 // Tests of the measured MFU bound (train/step_bound.hpp): the Linear shapes it times are exactly
 // the model's matrices (their FLOPs are the 6N of the MFU formula, less the biases and norms), its
-// parts add up, a bound is never below the step Lattice actually runs, and MoE models are refused.
+// parts add up, a bound is never below the step Lattice actually runs, bf16 charges its optimizer
+// the bf16 copy and times the bf16 attention kernels, and MoE models are refused.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,6 +75,20 @@ TEST(StepBound, IsNeverBelowTheStepLatticeRuns) {
     best_step = std::min(best_step, r.seconds_per_step);
   }
   EXPECT_GE(best_step, 0.5 * bound.seconds());
+}
+
+TEST(StepBound, Bf16TimesItsOwnOptimizerAndAttentionKernels) {
+  // bf16: the optimizer also writes the weights' bf16 copy (34 bytes a parameter), and the
+  // attention kernels beside the bound are the bf16 ones (with GPT-2's bias column sums).
+  const auto m = model::model_preset("gpt2-tiny");
+  kernels::MatmulEngine matmul;
+  const double peak = calibrate_peak_flops(matmul, kernels::Precision::bf16);
+  const auto bound = measure_step_bound(m, 2, 32, kernels::Precision::bf16, matmul, peak);
+  EXPECT_DOUBLE_EQ(bound.optimizer_bytes, 34.0 * static_cast<double>(m.parameter_count()));
+  EXPECT_GT(bound.optimizer_seconds, 0);
+  EXPECT_GT(bound.attention_kernel_seconds, 0);
+  EXPECT_DOUBLE_EQ(bound.seconds(),
+                   bound.gemm_seconds + bound.attention_seconds + bound.optimizer_seconds);
 }
 
 TEST(StepBound, RefusesMixtureOfExpertsModels) {
