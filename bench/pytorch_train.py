@@ -297,7 +297,6 @@ def train_rank(rank, args, distributed):
         "torch": torch.__version__,
         "mode": "compile" if args.compile else "eager",
         "sdpa": sdpa,
-        "fused_adamw": adamw == "fused",
         "adamw": adamw,
     }
     if args.compile and warmup_times:

@@ -27,8 +27,7 @@ double seconds_since(Clock::time_point start) {
 // The Linear shapes of one step of a dense model, M = the step's tokens.
 std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
   const int64_t d = m.d_model, L = m.n_layers;
-  const int64_t head_dim = d / m.n_heads;
-  const int64_t qkv = d + 2 * m.n_kv_heads * head_dim;
+  const int64_t qkv = d + 2 * m.n_kv_heads * m.head_dim();
   std::vector<BoundGemm> gemms;
   gemms.push_back({"qkv", M, d, qkv, L});
   gemms.push_back({"attention out", M, d, d, L});
@@ -55,6 +54,9 @@ std::vector<lattice::bf16> rounded(const std::vector<float>& v) {
   return out;
 }
 
+// Timed calls of each part (after an untimed one): the best of them is the part's time.
+constexpr int kTimedRuns = 3;
+
 // Best seconds of `run` over one untimed and `runs` timed calls.
 template <class Run>
 double best_seconds(int runs, Run&& run) {
@@ -79,7 +81,6 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
   const bool bf16 = precision == kernels::Precision::bf16;
   std::vector<lattice::bf16> in16, weight16, d_out16;
   if (bf16) in16 = rounded(in), weight16 = rounded(weight), d_out16 = rounded(d_out);
-  constexpr int kRuns = 3;
   if (bf16 && g.lm_head && matmul.uses_vocab_blocked_head(K)) {
     // As the step runs the head on AMX: its forward, cross-entropy and backward in one kernel
     // (cpu_fused_ops.cpp's kHeadVocabBlocked), timed as the head's whole cost.
@@ -88,7 +89,7 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
     const int lanes = kernels::MatmulEngine::vocab_blocked_lanes(M);
     std::vector<double> row_losses(static_cast<size_t>(M));
     std::vector<float> partials(static_cast<size_t>(lanes * N * K));
-    g.forward_seconds = best_seconds(kRuns, [&] {
+    g.forward_seconds = best_seconds(kTimedRuns, [&] {
       matmul.head_cross_entropy_vocab_blocked(
           in16.data(), kernels::WeightOperand(weight.data(), weight16.data()), M, K, N,
           targets.data(), 1.0f / static_cast<float>(M), row_losses.data(), d_in.data(),
@@ -96,13 +97,13 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
     });
     return;
   }
-  g.forward_seconds = best_seconds(kRuns, [&] {
+  g.forward_seconds = best_seconds(kTimedRuns, [&] {
     kernels::Bf16Operands keep;
     if (bf16) keep.in = in16.data(), keep.weight = weight16.data();
     matmul.forward(out.data(), in.data(), weight.data(), with_bias ? bias.data() : nullptr, M, K, N,
                    precision, keep);
   });
-  g.backward_seconds = best_seconds(kRuns, [&] {
+  g.backward_seconds = best_seconds(kTimedRuns, [&] {
     kernels::Bf16Operands given;
     if (bf16) given.in = in16.data(), given.weight = weight16.data(), given.d_out = d_out16.data();
     matmul.backward(d_in.data(), d_weight.data(), with_bias ? d_bias.data() : nullptr, d_out.data(),
@@ -123,7 +124,7 @@ double time_optimizer(int64_t parameters, bool bf16_copy) {
       parameters,   {}};
   const kernels::FloatRun gradient{grad.data(), parameters};
   int64_t step = 0;
-  return best_seconds(3, [&] {
+  return best_seconds(kTimedRuns, [&] {
     const double norm = std::sqrt(kernels::sum_of_squares_of_runs({&gradient, 1}));
     // The clip's scale at max_norm 1, as the step computes it.
     const float scale = norm > 1.0 ? static_cast<float>(1.0 / (norm + 1e-6)) : 1.0f;
@@ -140,7 +141,6 @@ double time_attention_kernels(const model::ModelConfig& model, int64_t batch, in
   auto d_out = filled(q_size, 1e-4f);
   std::vector<float> out(static_cast<size_t>(q_size));
   std::vector<float> lse(static_cast<size_t>(batch * Hq * seq_len));
-  constexpr int kRuns = 3;
   if (precision == kernels::Precision::bf16) {
     const auto q16 = rounded(q), k16 = rounded(k), v16 = rounded(v);
     std::vector<lattice::bf16> dq(q16.size()), dk(k16.size()), dv(v16.size());
@@ -153,7 +153,7 @@ double time_attention_kernels(const model::ModelConfig& model, int64_t batch, in
       grads.dv_sums = grads.dk_sums + Hkv * D;
       grads.sums_batch_stride = (Hq + 2 * Hkv) * D;
     }
-    return best_seconds(kRuns, [&] {
+    return best_seconds(kTimedRuns, [&] {
       kernels::attention_forward_bf16(out.data(), lse.data(), q16.data(), k16.data(), v16.data(),
                                       shape);
       kernels::attention_backward_bf16(grads, d_out.data(), q16.data(), k16.data(), v16.data(),
@@ -161,7 +161,7 @@ double time_attention_kernels(const model::ModelConfig& model, int64_t batch, in
     });
   }
   std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-  return best_seconds(kRuns, [&] {
+  return best_seconds(kTimedRuns, [&] {
     kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), shape,
                                precision, matmul);
     kernels::attention_backward(dq.data(), dk.data(), dv.data(), d_out.data(), q.data(), k.data(),
