@@ -98,10 +98,12 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
     return;
   }
   g.forward_seconds = best_seconds(kTimedRuns, [&] {
+    // bf16: the input already rounded (no fp32 input: forward would round it again into keep.in),
+    // as the step's Linears take their bf16 rows.
     kernels::Bf16Operands keep;
     if (bf16) keep.in = in16.data(), keep.weight = weight16.data();
-    matmul.forward(out.data(), in.data(), weight.data(), with_bias ? bias.data() : nullptr, M, K, N,
-                   precision, keep);
+    matmul.forward(out.data(), bf16 ? nullptr : in.data(), weight.data(),
+                   with_bias ? bias.data() : nullptr, M, K, N, precision, keep);
   });
   g.backward_seconds = best_seconds(kTimedRuns, [&] {
     kernels::Bf16Operands given;
