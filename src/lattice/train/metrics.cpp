@@ -34,22 +34,9 @@ double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision pr
     precision = kernels::Precision::fp32;
   const int64_t n = 1024;
   std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
-  // The best of at least 8 timed runs spread over at least 0.2 s (after one warm-up run): a single
-  // short burst can land on a moment when the other core is taken (once measured at half the
-  // rate, which printed an MFU above 100%).
-  constexpr int kMinRuns = 8;
-  constexpr double kMinSeconds = 0.2;
-  matmul.forward(c.data(), a.data(), b.data(), nullptr, n, n, n, precision);
-  double best = 0, spent = 0;
-  for (int run = 0; run < kMinRuns || spent < kMinSeconds; ++run) {
-    auto start = std::chrono::steady_clock::now();
-    matmul.forward(c.data(), a.data(), b.data(), nullptr, n, n, n, precision);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    spent += seconds;
-    best = std::max(best, 2.0 * n * n * n / seconds);
-  }
-  return best;
+  const double seconds = best_seconds(
+      [&] { matmul.forward(c.data(), a.data(), b.data(), nullptr, n, n, n, precision); }, 8, 0.2);
+  return 2.0 * static_cast<double>(n * n * n) / seconds;
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -4,8 +4,11 @@
 // calibration that measures the peak FLOP/s MFU is taken against when the config gives none.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,8 +48,27 @@ struct StepMetrics {
   std::optional<MoeStepMetrics> moe;
 };
 
+// The best seconds of `run` over at least `min_runs` timed calls spread over at least
+// `min_seconds` (after one untimed call): a single short burst on a shared host can land on a
+// moment when the other core is taken (once a calibration read half the rate, and an MFU above
+// 100%).
+template <class Run>
+double best_seconds(Run&& run, int min_runs, double min_seconds) {
+  using Clock = std::chrono::steady_clock;
+  run();
+  double best = std::numeric_limits<double>::infinity(), spent = 0;
+  for (int i = 0; i < min_runs || spent < min_seconds; ++i) {
+    const auto start = Clock::now();
+    run();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    spent += seconds;
+    best = std::min(best, seconds);
+  }
+  return best;
+}
+
 // Model FLOP/s of a square GEMM at the given precision, the best of at least 8 runs over at least
-// 0.2 s (the measured peak). Where the engine's bf16 products run on the fp32 units
+// 0.2 s (best_seconds: the measured peak). Where the engine's bf16 products run on the fp32 units
 // (MatmulEngine::bf16_on_fp32_units), the bf16 peak is the fp32 GEMM's:
 // those are the units that run them (a 1024^3 GEMM that widens its operands on every call reads
 // 15-25% lower than the training step's larger products, whose MFU then read above 100%).

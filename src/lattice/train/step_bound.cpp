@@ -2,9 +2,9 @@
 #include "lattice/train/step_bound.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lattice/core/dtype.hpp"
@@ -13,16 +13,11 @@
 #include "lattice/kernels/cpu/attention.hpp"
 #include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/reduce.hpp"
+#include "lattice/train/metrics.hpp"
 
 namespace lattice::train {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // The Linear shapes of one step of a dense model, M = the step's tokens.
 std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
@@ -54,20 +49,11 @@ std::vector<lattice::bf16> rounded(const std::vector<float>& v) {
   return out;
 }
 
-// Timed calls of each part (after an untimed one): the best of them is the part's time.
-constexpr int kTimedRuns = 3;
-
-// Best seconds of `run` over one untimed and `runs` timed calls.
+// Each part's time: its best over at least 3 runs spread over at least 0.2 s (metrics.hpp), so a
+// moment when the other core is taken does not halve a small shape's rates.
 template <class Run>
-double best_seconds(int runs, Run&& run) {
-  run();
-  double best = 1e300;
-  for (int i = 0; i < runs; ++i) {
-    const auto start = Clock::now();
-    run();
-    best = std::min(best, seconds_since(start));
-  }
-  return best;
+double part_seconds(Run&& run) {
+  return best_seconds(std::forward<Run>(run), 3, 0.2);
 }
 
 void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision precision,
@@ -89,7 +75,7 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
     const int lanes = kernels::MatmulEngine::vocab_blocked_lanes(M);
     std::vector<double> row_losses(static_cast<size_t>(M));
     std::vector<float> partials(static_cast<size_t>(lanes * N * K));
-    g.forward_seconds = best_seconds(kTimedRuns, [&] {
+    g.forward_seconds = part_seconds([&] {
       matmul.head_cross_entropy_vocab_blocked(
           in16.data(), kernels::WeightOperand(weight.data(), weight16.data()), M, K, N,
           targets.data(), 1.0f / static_cast<float>(M), row_losses.data(), d_in.data(),
@@ -97,7 +83,7 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
     });
     return;
   }
-  g.forward_seconds = best_seconds(kTimedRuns, [&] {
+  g.forward_seconds = part_seconds([&] {
     // bf16: the input already rounded (no fp32 input: forward would round it again into keep.in),
     // as the step's Linears take their bf16 rows.
     kernels::Bf16Operands keep;
@@ -105,7 +91,7 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
     matmul.forward(out.data(), bf16 ? nullptr : in.data(), weight.data(),
                    with_bias ? bias.data() : nullptr, M, K, N, precision, keep);
   });
-  g.backward_seconds = best_seconds(kTimedRuns, [&] {
+  g.backward_seconds = part_seconds([&] {
     kernels::Bf16Operands given;
     if (bf16) given.in = in16.data(), given.weight = weight16.data(), given.d_out = d_out16.data();
     matmul.backward(d_in.data(), d_weight.data(), with_bias ? d_bias.data() : nullptr, d_out.data(),
@@ -126,7 +112,7 @@ double time_optimizer(int64_t parameters, bool bf16_copy) {
       parameters,   {}};
   const kernels::FloatRun gradient{grad.data(), parameters};
   int64_t step = 0;
-  return best_seconds(kTimedRuns, [&] {
+  return part_seconds([&] {
     const double norm = std::sqrt(kernels::sum_of_squares_of_runs({&gradient, 1}));
     // The clip's scale at max_norm 1, as the step computes it.
     const float scale = norm > 1.0 ? static_cast<float>(1.0 / (norm + 1e-6)) : 1.0f;
@@ -155,7 +141,7 @@ double time_attention_kernels(const model::ModelConfig& model, int64_t batch, in
       grads.dv_sums = grads.dk_sums + Hkv * D;
       grads.sums_batch_stride = (Hq + 2 * Hkv) * D;
     }
-    return best_seconds(kTimedRuns, [&] {
+    return part_seconds([&] {
       kernels::attention_forward_bf16(out.data(), lse.data(), q16.data(), k16.data(), v16.data(),
                                       shape);
       kernels::attention_backward_bf16(grads, d_out.data(), q16.data(), k16.data(), v16.data(),
@@ -163,7 +149,7 @@ double time_attention_kernels(const model::ModelConfig& model, int64_t batch, in
     });
   }
   std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-  return best_seconds(kTimedRuns, [&] {
+  return part_seconds([&] {
     kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), shape,
                                precision, matmul);
     kernels::attention_backward(dq.data(), dk.data(), dv.data(), d_out.data(), q.data(), k.data(),
