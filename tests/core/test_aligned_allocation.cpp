@@ -1,7 +1,7 @@
-// Tests of aligned_allocation: 64-byte alignment for small blocks, 2 MiB alignment with the
-// huge-page advice recorded by Linux (the "hg" VmFlag of the block's mapping) for large ones, the
-// whole block writable, freed mapped blocks reused, and nullptr (no crash) when the request cannot
-// be met.
+// Tests of aligned_allocation: 64-byte alignment for small blocks and AlignedVector, 2 MiB
+// alignment with the huge-page advice recorded by Linux (the "hg" VmFlag of the block's mapping)
+// for large ones, the whole block writable, freed mapped blocks reused, and nullptr (no crash) when
+// the request cannot be met.
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <sys/resource.h>
@@ -101,6 +101,24 @@ TEST(AlignedAllocation, FreedLargeBlocksAreReusedForTheSameSize) {
     SCOPED_TRACE(bytes);
     expect_reused(bytes);
   }
+}
+
+TEST(AlignedAllocation, AlignedVectorStartsOnACacheLineAndKeepsItsValues) {
+  // Sizes around glibc's 16-byte-aligned large blocks (whose AMX tile stores straddle lines).
+  for (const size_t n : {size_t{1}, size_t{17}, size_t{1} << 18, (size_t{1} << 20) + 3}) {
+    SCOPED_TRACE(n);
+    AlignedVector<float> v(n, 1.5f);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u);
+    v.push_back(2.5f);  // regrown: the new block is aligned too, the values carried over
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u);
+    EXPECT_EQ(v.front(), 1.5f);
+    EXPECT_EQ(v[n - 1], 1.5f);
+    EXPECT_EQ(v.back(), 2.5f);
+  }
+  AlignedVector<double> empty;
+  empty.reserve(0);
+  EXPECT_TRUE(empty.empty());
+  EXPECT_THROW(AlignedVector<double>(std::numeric_limits<size_t>::max() / 16), std::bad_alloc);
 }
 
 TEST(AlignedAllocation, ImpossibleRequestReturnsNull) {

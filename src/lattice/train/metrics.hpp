@@ -68,10 +68,11 @@ double best_seconds(Run&& run, int min_runs, double min_seconds) {
 }
 
 // Model FLOP/s of a square GEMM at the given precision, the best of at least 8 runs over at least
-// 0.2 s (best_seconds: the measured peak). Where the engine's bf16 products run on the fp32 units
-// (MatmulEngine::bf16_on_fp32_units), the bf16 peak is the fp32 GEMM's:
-// those are the units that run them (a 1024^3 GEMM that widens its operands on every call reads
-// 15-25% lower than the training step's larger products, whose MFU then read above 100%).
+// 0.2 s (best_seconds: the measured peak), on cache-line-aligned operands already in that
+// precision (bf16: rounded before the timing). Where the engine's bf16 products run on the fp32
+// units (MatmulEngine::bf16_on_fp32_units), the bf16 peak is the fp32 GEMM's: those are the units
+// that run them (a 1024^3 GEMM that widens its operands on every call reads 15-25% lower than the
+// training step's larger products, whose MFU then read above 100%).
 double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision);
 
 class MetricsLogger {

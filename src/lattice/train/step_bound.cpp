@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "lattice/core/aligned_allocation.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/adamw.hpp"
@@ -36,15 +37,15 @@ std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
   return gemms;
 }
 
-std::vector<float> filled(int64_t n, float scale) {
-  std::vector<float> v(static_cast<size_t>(n));
+AlignedVector<float> filled(int64_t n, float scale) {
+  AlignedVector<float> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
     v[static_cast<size_t>(i)] = scale * static_cast<float>(i % 97 - 48);
   return v;
 }
 
-std::vector<lattice::bf16> rounded(const std::vector<float>& v) {
-  std::vector<lattice::bf16> out(v.size());
+AlignedVector<lattice::bf16> rounded(const AlignedVector<float>& v) {
+  AlignedVector<lattice::bf16> out(v.size());
   kernels::convert_to_bf16(out.data(), v.data(), static_cast<int64_t>(v.size()));
   return out;
 }
@@ -60,21 +61,21 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
                  kernels::MatmulEngine& matmul) {
   const int64_t M = g.M, K = g.K, N = g.N;
   auto in = filled(M * K, 1e-2f), weight = filled(N * K, 1e-3f), d_out = filled(M * N, 1e-4f);
-  std::vector<float> out(static_cast<size_t>(M * N)), d_in(static_cast<size_t>(M * K));
-  std::vector<float> d_weight(static_cast<size_t>(N * K)), bias(static_cast<size_t>(N), 0.5f);
-  std::vector<float> d_bias(static_cast<size_t>(N));
+  AlignedVector<float> out(static_cast<size_t>(M * N)), d_in(static_cast<size_t>(M * K));
+  AlignedVector<float> d_weight(static_cast<size_t>(N * K)), bias(static_cast<size_t>(N), 0.5f);
+  AlignedVector<float> d_bias(static_cast<size_t>(N));
   const bool with_bias = m.linear_bias() && !g.lm_head;
   const bool bf16 = precision == kernels::Precision::bf16;
-  std::vector<lattice::bf16> in16, weight16, d_out16;
+  AlignedVector<lattice::bf16> in16, weight16, d_out16;
   if (bf16) in16 = rounded(in), weight16 = rounded(weight), d_out16 = rounded(d_out);
   if (bf16 && g.lm_head && matmul.uses_vocab_blocked_head(K)) {
     // As the step runs the head on AMX: its forward, cross-entropy and backward in one kernel
     // (cpu_fused_ops.cpp's kHeadVocabBlocked), timed as the head's whole cost.
-    std::vector<int32_t> targets(static_cast<size_t>(M));
+    AlignedVector<int32_t> targets(static_cast<size_t>(M));
     for (int64_t r = 0; r < M; ++r) targets[static_cast<size_t>(r)] = static_cast<int32_t>(r % N);
     const int lanes = kernels::MatmulEngine::vocab_blocked_lanes(M);
-    std::vector<double> row_losses(static_cast<size_t>(M));
-    std::vector<float> partials(static_cast<size_t>(lanes * N * K));
+    AlignedVector<double> row_losses(static_cast<size_t>(M));
+    AlignedVector<float> partials(static_cast<size_t>(lanes * N * K));
     g.forward_seconds = part_seconds([&] {
       matmul.head_cross_entropy_vocab_blocked(
           in16.data(), kernels::WeightOperand(weight.data(), weight16.data()), M, K, N,
@@ -104,9 +105,9 @@ void time_linear(BoundGemm& g, const model::ModelConfig& m, kernels::Precision p
 double time_optimizer(int64_t parameters, bool bf16_copy) {
   check(parameters > 0, "the step bound's optimizer needs a positive parameter count, got " +
                             std::to_string(parameters));
-  std::vector<float> param = filled(parameters, 1e-3f), grad = filled(parameters, 1e-4f);
-  std::vector<float> m(static_cast<size_t>(parameters)), v(static_cast<size_t>(parameters));
-  std::vector<lattice::bf16> param16(bf16_copy ? static_cast<size_t>(parameters) : 0);
+  AlignedVector<float> param = filled(parameters, 1e-3f), grad = filled(parameters, 1e-4f);
+  AlignedVector<float> m(static_cast<size_t>(parameters)), v(static_cast<size_t>(parameters));
+  AlignedVector<lattice::bf16> param16(bf16_copy ? static_cast<size_t>(parameters) : 0);
   const kernels::AdamWTensor tensor{
       param.data(), grad.data(), m.data(), v.data(), bf16_copy ? param16.data() : nullptr,
       parameters,   {}};
@@ -127,13 +128,13 @@ double time_attention_kernels(const model::ModelConfig& model, int64_t batch, in
   const int64_t q_size = batch * seq_len * Hq * D, kv_size = batch * seq_len * Hkv * D;
   auto q = filled(q_size, 1e-2f), k = filled(kv_size, 2e-2f), v = filled(kv_size, 1e-2f);
   auto d_out = filled(q_size, 1e-4f);
-  std::vector<float> out(static_cast<size_t>(q_size));
-  std::vector<float> lse(static_cast<size_t>(batch * Hq * seq_len));
+  AlignedVector<float> out(static_cast<size_t>(q_size));
+  AlignedVector<float> lse(static_cast<size_t>(batch * Hq * seq_len));
   if (precision == kernels::Precision::bf16) {
     const auto q16 = rounded(q), k16 = rounded(k), v16 = rounded(v);
-    std::vector<lattice::bf16> dq(q16.size()), dk(k16.size()), dv(v16.size());
+    AlignedVector<lattice::bf16> dq(q16.size()), dk(k16.size()), dv(v16.size());
     // With the column sums a biased projection (GPT-2's c_attn) takes from the kernel.
-    std::vector<double> sums(static_cast<size_t>(batch * (Hq + 2 * Hkv) * D));
+    AlignedVector<double> sums(static_cast<size_t>(batch * (Hq + 2 * Hkv) * D));
     kernels::AttentionGradientsBf16 grads{dq.data(), dk.data(), dv.data()};
     if (model.linear_bias()) {
       grads.dq_sums = sums.data();
@@ -148,7 +149,7 @@ double time_attention_kernels(const model::ModelConfig& model, int64_t batch, in
                                        out.data(), lse.data(), shape);
     });
   }
-  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+  AlignedVector<float> dq(q.size()), dk(k.size()), dv(v.size());
   return part_seconds([&] {
     kernels::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), shape,
                                precision, matmul);
