@@ -88,8 +88,23 @@ void gemm_row_blocks(float* C, int64_t ldc, const uint16_t* A, int64_t lda, cons
         else
           amx_block_load(c, c_stride);
         const uint16_t* a = A + m0 * lda;
-        for (int64_t k0 = k_begin; k0 < k_end; k0 += 32)
+        // The next block's 32 rows of C (after a panel's last row block, the next panel's first)
+        // taken for writing a few rows a k step, so that its tile stores find their lines owned
+        // rather than each waiting on memory: C is written once, and in the training step its
+        // lines are rarely in cache (a chunk's C is 256 rows of up to 4 KiB).
+        const int64_t next_m0 = m0 + 32 < rows ? m0 + 32 : 0;
+        const int64_t next_n0 = m0 + 32 < rows ? n0 : n0 + 32;
+        const char* next_c = reinterpret_cast<const char*>(C + next_m0 * ldc + next_n0);
+        const int64_t steps = (k_end - k_begin) / 32;
+        const int64_t rows_per_step = next_n0 < N ? (32 + steps - 1) / steps : 0;
+        int64_t next_row = 0;
+        for (int64_t k0 = k_begin; k0 < k_end; k0 += 32) {
+          for (int64_t r = 0; r < rows_per_step && next_row < 32; ++r, ++next_row) {
+            __builtin_prefetch(next_c + next_row * c_stride, 1);
+            __builtin_prefetch(next_c + next_row * c_stride + 64, 1);
+          }
           amx_block_multiply(a + k0, a_stride, panel + k0 * 32, panel + k0 * 32 + 32, 128);
+        }
         amx_block_store(c, c_stride);
       }
     }
