@@ -27,20 +27,6 @@ namespace lattice::cli {
 
 namespace {
 
-std::vector<train::BenchmarkCase> cases(const std::string& which) {
-  std::vector<train::BenchmarkCase> all;
-  // (a) The PyTorch reference shape of shared/reference/machine.md: L4 d256 h4 V8192 T256 B8.
-  model::ModelConfig small = model::model_preset("gpt2-small-test");
-  all.push_back({"small (L4 d256 h4 V8192 T256 B8)", small, 8, 256});
-  // (b) GPT-2 124M at T1024 B4.
-  all.push_back(
-      {"gpt2-124m (L12 d768 h12 V50257 T1024 B4)", model::model_preset("gpt2-124m"), 4, 1024});
-  if (which == "all") return all;
-  if (which == "small") return {all[0]};
-  if (which == "gpt2-124m") return {all[1]};
-  throw Error("unknown benchmark shape '" + which + "': use small, gpt2-124m or all");
-}
-
 // PyTorch's tokens/s in one row: eager and under torch.compile (0 where not run).
 struct TorchRates {
   double eager = 0, compiled = 0;
@@ -143,7 +129,8 @@ void register_bench_train(CLI::App& bench) {
       check(o->skip_pytorch || !script.empty(),
             "cannot find bench/pytorch_train.py: run from the repository or pass --script");
     }
-    const auto shapes = cases(o->shape);  // refuses an unknown shape before any output
+    const auto shapes =
+        train::benchmark_cases(o->shape);  // refuses an unknown shape before any output
     const std::string python = o->python.empty() ? train::default_pytorch_python() : o->python;
     const int threads = omp_get_max_threads();
     kernels::MatmulEngine matmul;  // each row's peak calibration (below)

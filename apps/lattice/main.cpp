@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks that print ratios against a peer");
   bench->require_subcommand(1);
   lattice::cli::register_bench_train(*bench);
+  lattice::cli::register_bench_gemm(*bench);
   lattice::cli::register_bench_comm(*bench);
   lattice::cli::register_bench_tokenizer(*bench);
   lattice::cli::register_bench_dp(*bench);

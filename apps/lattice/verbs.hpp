@@ -25,6 +25,7 @@ void register_data_tokenizer(CLI::App& data);
 void register_data_prepare(CLI::App& data);
 // Targets of `lattice bench <target>`.
 void register_bench_train(CLI::App& bench);
+void register_bench_gemm(CLI::App& bench);
 void register_bench_comm(CLI::App& bench);
 void register_bench_tokenizer(CLI::App& bench);
 void register_bench_dp(CLI::App& bench);

@@ -18,9 +18,6 @@
 
 namespace lattice::train {
 
-namespace {
-
-// The Linear shapes of one step of a dense model, M = the step's tokens.
 std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
   const int64_t d = m.d_model, L = m.n_layers;
   const int64_t qkv = d + 2 * m.n_kv_heads * m.head_dim();
@@ -36,6 +33,8 @@ std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
   gemms.push_back({"lm head", M, d, m.vocab_size, 1, /*lm_head=*/true});
   return gemms;
 }
+
+namespace {
 
 AlignedVector<float> filled(int64_t n, float scale) {
   AlignedVector<float> v(static_cast<size_t>(n));

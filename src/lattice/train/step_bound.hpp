@@ -31,6 +31,11 @@ struct BoundGemm {
   double seconds() const { return forward_seconds + backward_seconds; }
 };
 
+// The Linear shapes of one step of a dense model at M = the step's tokens (untimed): qkv,
+// attention out, the MLP's (gate and up together for a gated MLP, count 2 per layer), mlp out, the
+// LM head.
+std::vector<BoundGemm> step_linears(const model::ModelConfig& model, int64_t M);
+
 struct StepBound {
   std::vector<BoundGemm> gemms;
   double gemm_seconds = 0;       // sum over gemms of count · seconds()

@@ -20,6 +20,7 @@
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
+#include "lattice/train/peer_process.hpp"
 #include "lattice/train/training_step.hpp"
 
 namespace lattice::train {
@@ -167,6 +168,18 @@ std::string pytorch_allocator_environment(PytorchAllocator allocator) {
   return "";
 }
 
+std::vector<BenchmarkCase> benchmark_cases(const std::string& which) {
+  std::vector<BenchmarkCase> all;
+  all.push_back(
+      {"small (L4 d256 h4 V8192 T256 B8)", model::model_preset("gpt2-small-test"), 8, 256});
+  all.push_back(
+      {"gpt2-124m (L12 d768 h12 V50257 T1024 B4)", model::model_preset("gpt2-124m"), 4, 1024});
+  if (which == "all") return all;
+  if (which == "small") return {all[0]};
+  if (which == "gpt2-124m") return {all[1]};
+  throw Error("unknown benchmark shape '" + which + "': use small, gpt2-124m or all");
+}
+
 std::string default_pytorch_python() {
   const char* venv = std::getenv("LATTICE_PEER_VENV");
   const std::filesystem::path python =
@@ -176,33 +189,6 @@ std::string default_pytorch_python() {
 }
 
 namespace {
-
-// Runs a shell command; its exit status, with stdout and stderr in `output`.
-int run_captured(const std::string& command, std::string& output) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (!pipe) return -1;
-  char buffer[4096];
-  while (size_t got = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, got);
-  return pclose(pipe);
-}
-
-// The last `n` characters of a command's output on one line (newlines as " | ").
-std::string tail_line(const std::string& output, size_t n = 300) {
-  std::string tail = output.substr(output.size() > n ? output.size() - n : 0);
-  while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
-  std::string line;
-  for (char ch : tail) line += ch == '\n' ? std::string(" | ") : std::string(1, ch);
-  return line;
-}
-
-// The JSON object of the last line of `output` that starts with `{"<key>"`, or null.
-nlohmann::json last_json_line(const std::string& output, const std::string& key) {
-  const auto at = output.rfind("{\"" + key + "\"");
-  if (at == std::string::npos) return nullptr;
-  const auto end = output.find('\n', at);
-  return nlohmann::json::parse(output.substr(at, end == std::string::npos ? end : end - at),
-                               nullptr, /*allow_exceptions=*/false);
-}
 
 const char* const kInstallPeers =
     "run `bash scripts/install_peers.sh` for PyTorch's venv, or pass --python a python with torch";

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "lattice/kernels/precision.hpp"
 #include "lattice/model/model_config.hpp"
@@ -19,6 +20,11 @@ struct BenchmarkCase {
   model::ModelConfig model;
   int64_t batch = 8, seq_len = 256;
 };
+
+// The benchmark's shapes: "small" (the PyTorch reference shape of shared/reference/machine.md,
+// L4 d256 h4 V8192 at T256 B8), "gpt2-124m" (at T1024 B4) or "all"; throws Error naming the
+// choices for another name.
+std::vector<BenchmarkCase> benchmark_cases(const std::string& which);
 
 struct ThroughputResult {
   double tokens_per_second = 0;
