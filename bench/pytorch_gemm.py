@@ -1,8 +1,9 @@
 """PyTorch side of `lattice bench gemm`: a Linear's forward, torch.nn.functional.linear(x, w) with
 x [M, K] and w [N, K] in fp32 or bf16 (no bias), at each of the given shapes, with the given number
-of threads; each shape's rate is its best over at least 8 runs spread over at least 0.2 s, as
-Lattice's side times its own. With --cold, 256 MiB are read and written between runs (not timed),
-so that the operands come from memory rather than from the cache their previous run left them in.
+of threads; each shape's rate is its best over at least 8 timed runs spread over at least 0.2 s
+of them, as Lattice's side times its own (train/metrics.hpp's best_seconds). With --cold, 256 MiB
+are read and written before each timed run (untimed), so that the operands come from memory
+rather than from the cache their previous run left them in.
 Prints one JSON line: {"gflops": [...], "torch": version, "blas": the BLAS and oneDNN it ran on}.
 """
 
@@ -36,14 +37,14 @@ def linear_gflops(m, k, n, dtype, flush):
     x = torch.randn(m, k, generator=generator).to(dtype)
     w = (0.02 * torch.randn(n, k, generator=generator)).to(dtype)
     F.linear(x, w)  # first call: oneDNN creates its primitive
-    best, runs, started = float("inf"), 0, time.perf_counter()
-    while runs < 8 or time.perf_counter() - started < 0.2:
+    best, runs, spent = float("inf"), 0, 0.0
+    while runs < 8 or spent < 0.2:
         if flush is not None:
             flush.add_(1)
         begin = time.perf_counter()
         F.linear(x, w)
-        best = min(best, time.perf_counter() - begin)
-        runs += 1
+        seconds = time.perf_counter() - begin
+        best, spent, runs = min(best, seconds), spent + seconds, runs + 1
     return 2.0 * m * k * n / best / 1e9
 
 

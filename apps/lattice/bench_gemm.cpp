@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,24 +16,11 @@
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/train/gemm_benchmark.hpp"
+#include "lattice/train/metrics.hpp"
 #include "lattice/train/train_benchmark.hpp"
 #include "verbs.hpp"
 
 namespace lattice::cli {
-
-namespace {
-
-// bench/pytorch_gemm.py in the working directory or above it ("" where there is none).
-std::string find_gemm_script() {
-  for (auto dir = std::filesystem::current_path(); !dir.empty(); dir = dir.parent_path()) {
-    if (std::filesystem::exists(dir / "bench" / "pytorch_gemm.py"))
-      return (dir / "bench" / "pytorch_gemm.py").string();
-    if (dir == dir.parent_path()) break;
-  }
-  return "";
-}
-
-}  // namespace
 
 void register_bench_gemm(CLI::App& bench) {
   struct Options {
@@ -64,7 +50,8 @@ void register_bench_gemm(CLI::App& bench) {
     const auto models = train::benchmark_cases(o->shape);  // refuses an unknown shape first
     std::vector<kernels::Precision> precisions;
     for (const auto& name : o->precisions) precisions.push_back(kernels::parse_precision(name));
-    std::string script = o->script.empty() ? find_gemm_script() : o->script;
+    const std::string script =
+        o->script.empty() ? find_repository_file("bench/pytorch_gemm.py") : o->script;
     check(o->skip_pytorch || !script.empty(),
           "cannot find bench/pytorch_gemm.py: run from the repository or pass --script");
     const std::string python = o->python.empty() ? train::default_pytorch_python() : o->python;
@@ -76,13 +63,7 @@ void register_bench_gemm(CLI::App& bench) {
     std::printf("Lattice: %s\n", matmul.bf16_gemms().c_str());
     std::printf("operands: %s\n", o->cold ? "cold (256 MiB read and written between runs)"
                                           : "warm (each run after the previous one)");
-    std::vector<train::GemmCase> cases;
-    for (const auto& m : models)
-      for (const auto& c : train::gemm_cases(m.model, m.batch * m.seq_len)) {
-        bool seen = false;
-        for (const auto& k : cases) seen |= k.M == c.M && k.K == c.K && k.N == c.N;
-        if (!seen) cases.push_back(c);
-      }
+    const auto cases = train::gemm_cases(models);
     std::printf("\n%-20s %-18s %5s %14s %14s %7s\n", "GEMM", "M x K x N", "prec", "lattice GF/s",
                 "pytorch GF/s", "ratio");
     std::string blas, pytorch_off;
@@ -95,7 +76,8 @@ void register_bench_gemm(CLI::App& bench) {
       }
       for (size_t i = 0; i < cases.size(); ++i) {
         const auto& c = cases[i];
-        const double lattice = train::lattice_linear_flops(c, precision, matmul, o->cold);
+        const double lattice =
+            train::linear_forward_flops(c.M, c.K, c.N, precision, matmul, o->cold);
         const std::string shape =
             std::to_string(c.M) + "x" + std::to_string(c.K) + "x" + std::to_string(c.N);
         std::printf("%-20s %-18s %5s %14.0f", c.name.c_str(), shape.c_str(),

@@ -2,6 +2,7 @@
 #include "bench_host.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -49,6 +50,14 @@ std::string cpu_model() {
   if (!fields.count("cpu family")) return name;
   return name + " (family " + fields.at("cpu family") + ", model " +
          field_or(fields, "model", "?") + ", stepping " + field_or(fields, "stepping", "?") + ")";
+}
+
+std::string find_repository_file(const std::string& relative) {
+  for (auto dir = std::filesystem::current_path(); !dir.empty(); dir = dir.parent_path()) {
+    if (std::filesystem::exists(dir / relative)) return (dir / relative).string();
+    if (dir == dir.parent_path()) break;
+  }
+  return "";
 }
 
 std::string load_average() {

@@ -15,6 +15,9 @@ std::string cpu_description();
 // "Intel(R) Xeon(R) Processor (family 6, model 167, stepping 1)", from /proc/cpuinfo (the name
 // alone where it gives no family).
 std::string cpu_model();
+// `relative` (e.g. "bench/pytorch_train.py") in the working directory or the nearest directory
+// above it that has it ("" where none does): a peer script, the shared test data.
+std::string find_repository_file(const std::string& relative);
 // The first line of /proc/loadavg ("" where there is none).
 std::string load_average();
 // The median (the mean of the middle two for an even count; 0 for none).

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_host.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/data/tokenizer.hpp"
 #include "verbs.hpp"
@@ -22,15 +23,6 @@ namespace lattice::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The first `relative` found in the current directory or one of its parents.
-std::string find_upwards(const fs::path& relative) {
-  for (auto dir = fs::current_path(); !dir.empty(); dir = dir.parent_path()) {
-    if (fs::exists(dir / relative)) return (dir / relative).string();
-    if (dir == dir.parent_path()) break;
-  }
-  return "";
-}
 
 std::string read_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -88,7 +80,7 @@ void register_bench_tokenizer(CLI::App& bench) {
   target->add_flag("--skip-tiktoken", o->skip_tiktoken, "measure Lattice only");
   target->callback([o] {
     std::string gpt2_dir =
-        o->tokenizer.empty() ? find_upwards("shared/testdata/gpt2") : o->tokenizer;
+        o->tokenizer.empty() ? find_repository_file("shared/testdata/gpt2") : o->tokenizer;
     check(!gpt2_dir.empty() && fs::exists(fs::path(gpt2_dir) / "encoder.json"),
           "cannot find GPT-2's encoder.json + vocab.bpe: pass --tokenizer <dir>");
     const std::vector<std::string> inputs = o->inputs.empty() ? default_inputs() : o->inputs;
@@ -117,7 +109,8 @@ void register_bench_tokenizer(CLI::App& bench) {
     std::fflush(stdout);
     if (o->skip_tiktoken) return;
 
-    std::string script = o->script.empty() ? find_upwards("bench/tiktoken_peer.py") : o->script;
+    std::string script =
+        o->script.empty() ? find_repository_file("bench/tiktoken_peer.py") : o->script;
     check(!script.empty(),
           "cannot find bench/tiktoken_peer.py: run from the repository or pass "
           "--script (or --skip-tiktoken)");

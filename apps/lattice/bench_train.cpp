@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 #include <set>
 #include <string>
@@ -117,18 +116,10 @@ void register_bench_train(CLI::App& bench) {
       ->capture_default_str();
   target->callback([o, compile_flag] {
     const auto allocator = train::parse_pytorch_allocator(o->pytorch_allocator);
-    std::string script = o->script;
-    if (script.empty()) {
-      for (auto dir = std::filesystem::current_path(); !dir.empty(); dir = dir.parent_path()) {
-        if (std::filesystem::exists(dir / "bench" / "pytorch_train.py")) {
-          script = (dir / "bench" / "pytorch_train.py").string();
-          break;
-        }
-        if (dir == dir.parent_path()) break;
-      }
-      check(o->skip_pytorch || !script.empty(),
-            "cannot find bench/pytorch_train.py: run from the repository or pass --script");
-    }
+    const std::string script =
+        o->script.empty() ? find_repository_file("bench/pytorch_train.py") : o->script;
+    check(o->skip_pytorch || !script.empty(),
+          "cannot find bench/pytorch_train.py: run from the repository or pass --script");
     const auto shapes =
         train::benchmark_cases(o->shape);  // refuses an unknown shape before any output
     const std::string python = o->python.empty() ? train::default_pytorch_python() : o->python;

@@ -11,9 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "lattice/kernels/cpu/matmul.hpp"
 #include "lattice/kernels/precision.hpp"
-#include "lattice/model/model_config.hpp"
+#include "lattice/train/train_benchmark.hpp"
 
 namespace lattice::train {
 
@@ -23,19 +22,10 @@ struct GemmCase {
   double flops() const { return 2.0 * static_cast<double>(M * K) * static_cast<double>(N); }
 };
 
-// The 1024^3 calibration product, then each distinct Linear shape of one training step of a
-// dense model at `tokens` rows (step_bound.hpp's step_linears).
-std::vector<GemmCase> gemm_cases(const model::ModelConfig& model, int64_t tokens);
-
-// The bytes read and written between cold runs: above the L3 that hosts of this project report
-// per VM slice (tens of MiB measured), so that the operands come from memory.
-inline constexpr int64_t kColdFlushBytes = int64_t{256} << 20;
-
-// Lattice's rate (FLOP/s) on one case: the engine's forward on cache-line-aligned operands (bf16:
-// rounded before the timing, the weight laid out for the kernel on every call as a Linear's is),
-// the best of at least 8 runs within at least 0.2 s.
-double lattice_linear_flops(const GemmCase& c, kernels::Precision precision,
-                            kernels::MatmulEngine& matmul, bool cold);
+// The 1024^3 calibration product, then each distinct Linear shape of one training step of each
+// dense model (at its batch · seq_len rows; step_bound.hpp's step_linears), in order. Lattice's
+// rate on each: metrics.hpp's linear_forward_flops.
+std::vector<GemmCase> gemm_cases(const std::vector<BenchmarkCase>& models);
 
 // PyTorch's rates (FLOP/s) on the cases, in order, from `script` (bench/pytorch_gemm.py) through
 // `python` with `threads` threads; nullopt with the reason and the fix in `why` when it cannot run.

@@ -1,6 +1,7 @@
 // Training metrics: see metrics.hpp.
 #include "lattice/train/metrics.hpp"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,29 +32,45 @@ void add_scalars(const nlohmann::json& j, const std::string& prefix,
 
 }  // namespace
 
-double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision) {
-  if (precision == kernels::Precision::bf16 && matmul.bf16_on_fp32_units())
-    precision = kernels::Precision::fp32;
-  const int64_t n = 1024;
+double linear_forward_flops(int64_t M, int64_t K, int64_t N, kernels::Precision precision,
+                            kernels::MatmulEngine& matmul, bool cold) {
   // Cache-line-aligned operands, as the step's tensors are (aligned_allocation.hpp): from glibc's
   // 16-byte-aligned blocks the AMX product's tile stores straddle lines and its bf16 rate read
   // about 20% lower.
-  AlignedVector<float> a(static_cast<size_t>(n * n), 0.5f), b(a.size(), 0.25f), c(a.size());
+  const auto elements = [](int64_t rows, int64_t cols) { return static_cast<size_t>(rows * cols); };
+  AlignedVector<float> in(elements(M, K)), weight(elements(N, K)), out(elements(M, N));
+  for (size_t i = 0; i < in.size(); ++i) in[i] = 0.01f * static_cast<float>(i % 97) - 0.48f;
+  for (size_t i = 0; i < weight.size(); ++i)
+    weight[i] = 0.001f * static_cast<float>(i % 89) - 0.04f;
   // bf16 on bf16 operands, as fp32 runs on fp32 ones (rounding them inside the timing read the
-  // peak 15% lower); the weight is still laid out for the kernel on every call, as a Linear's is.
-  AlignedVector<lattice::bf16> a16, b16;
+  // 1024^3 rate 15% lower). Where bf16 products run on the fp32 units the engine widens them.
+  const bool bf16 = precision == kernels::Precision::bf16 && !matmul.bf16_on_fp32_units();
+  AlignedVector<lattice::bf16> in16, weight16;
   kernels::Bf16Operands rounded;
-  if (precision == kernels::Precision::bf16) {
-    a16.resize(a.size()), b16.resize(b.size());
-    kernels::convert_to_bf16(a16.data(), a.data(), n * n);
-    kernels::convert_to_bf16(b16.data(), b.data(), n * n);
-    rounded.in = a16.data(), rounded.weight = b16.data();
+  if (bf16) {
+    in16.resize(in.size()), weight16.resize(weight.size());
+    kernels::convert_to_bf16(in16.data(), in.data(), static_cast<int64_t>(in.size()));
+    kernels::convert_to_bf16(weight16.data(), weight.data(), static_cast<int64_t>(weight.size()));
+    rounded.in = in16.data(), rounded.weight = weight16.data();
   }
-  const float* in = precision == kernels::Precision::bf16 ? nullptr : a.data();
+  AlignedVector<int32_t> flush(cold ? static_cast<size_t>(kColdFlushBytes / 4) : 0);
   const double seconds = best_seconds(
-      [&] { matmul.forward(c.data(), in, b.data(), nullptr, n, n, n, precision, rounded); }, 8,
-      0.2);
-  return 2.0 * static_cast<double>(n * n * n) / seconds;
+      [&] {
+        matmul.forward(out.data(), bf16 ? nullptr : in.data(), weight.data(), nullptr, M, K, N,
+                       precision, rounded);
+      },
+      8, 0.2,
+      [&] {
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < flush.size(); i += 16) flush[i] += 1;
+      });
+  return 2.0 * static_cast<double>(M * K) * static_cast<double>(N) / seconds;
+}
+
+double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision) {
+  if (precision == kernels::Precision::bf16 && matmul.bf16_on_fp32_units())
+    precision = kernels::Precision::fp32;
+  return linear_forward_flops(1024, 1024, 1024, precision, matmul);
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "lattice/core/memory.hpp"
 #include "lattice/io/tensorboard_events.hpp"
@@ -49,15 +50,16 @@ struct StepMetrics {
 };
 
 // The best seconds of `run` over at least `min_runs` timed calls spread over at least
-// `min_seconds` (after one untimed call): a single short burst on a shared host can land on a
-// moment when the other core is taken (once a calibration read half the rate, and an MFU above
-// 100%).
-template <class Run>
-double best_seconds(Run&& run, int min_runs, double min_seconds) {
+// `min_seconds` (after one untimed call), `before_each` called untimed before each timed one: a
+// single short burst on a shared host can land on a moment when the other core is taken (once a
+// calibration read half the rate, and an MFU above 100%).
+template <class Run, class Before>
+double best_seconds(Run&& run, int min_runs, double min_seconds, Before&& before_each) {
   using Clock = std::chrono::steady_clock;
   run();
   double best = std::numeric_limits<double>::infinity(), spent = 0;
   for (int i = 0; i < min_runs || spent < min_seconds; ++i) {
+    before_each();
     const auto start = Clock::now();
     run();
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -66,13 +68,28 @@ double best_seconds(Run&& run, int min_runs, double min_seconds) {
   }
   return best;
 }
+template <class Run>
+double best_seconds(Run&& run, int min_runs, double min_seconds) {
+  return best_seconds(std::forward<Run>(run), min_runs, min_seconds, [] {});
+}
 
-// Model FLOP/s of a square GEMM at the given precision, the best of at least 8 runs over at least
-// 0.2 s (best_seconds: the measured peak), on cache-line-aligned operands already in that
-// precision (bf16: rounded before the timing). Where the engine's bf16 products run on the fp32
-// units (MatmulEngine::bf16_on_fp32_units), the bf16 peak is the fp32 GEMM's: those are the units
-// that run them (a 1024^3 GEMM that widens its operands on every call reads 15-25% lower than the
-// training step's larger products, whose MFU then read above 100%).
+// The bytes read and written between the cold runs of linear_forward_flops: above the L3 that
+// hosts of this project give a VM (tens of MiB measured), so that the operands come from memory.
+inline constexpr int64_t kColdFlushBytes = int64_t{256} << 20;
+
+// Model FLOP/s of a Linear's forward, out[M,N] = in[M,K] · W[N,K]^T, through `matmul` at
+// `precision`: the best of at least 8 runs over at least 0.2 s (best_seconds) on cache-line-aligned
+// operands already in that precision (bf16: rounded before the timing; the weight laid out for the
+// kernel on every call, as a Linear's is). `cold`: kColdFlushBytes read and written before each
+// timed run, untimed, so that the operands come from memory as most of a training step's do.
+double linear_forward_flops(int64_t M, int64_t K, int64_t N, kernels::Precision precision,
+                            kernels::MatmulEngine& matmul, bool cold = false);
+
+// The measured peak: linear_forward_flops of a 1024^3 GEMM at the given precision. Where the
+// engine's bf16 products run on the fp32 units (MatmulEngine::bf16_on_fp32_units), the bf16 peak is
+// the fp32 GEMM's: those are the units that run them (a 1024^3 GEMM that widens its operands on
+// every call reads 15-25% lower than the training step's larger products, whose MFU then read above
+// 100%).
 double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision);
 
 class MetricsLogger {
