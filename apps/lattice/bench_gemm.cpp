@@ -93,8 +93,9 @@ void register_bench_gemm(CLI::App& bench) {
     std::printf(
         "\nLattice: MatmulEngine::forward on cache-line-aligned operands (bf16 rounded before the "
         "timing; the weight laid out for the kernel on every call, as a Linear's is); PyTorch: "
-        "torch.nn.functional.linear on bf16 or fp32 tensors. Each the best of at least 8 runs "
-        "within at least 0.2 s.\n");
+        "torch.nn.functional.linear on bf16 or fp32 tensors. Each the best of at least 8 timed "
+        "runs "
+        "over at least 0.2 s of them.\n");
   });
 }
 
