@@ -14,6 +14,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/matmul_engine.hpp"
 #include "omp_thread_count.hpp"
 
 namespace lattice::kernels {
@@ -149,10 +150,12 @@ TEST_P(MatmulBf16, ForwardMatchesReferenceOnRoundedInputs) {
 void check_backward_against_reference(Precision precision,
                                       Bf16FallbackGemm fallback = Bf16FallbackGemm::automatic) {
   MatmulEngine engine(fallback);
-  // The last shape's input gradient runs on Lattice's AMX kernel where the CPU has AMX (as in
-  // forward, with the reduction over N = 320: two K blocks of the kernel).
+  // {290, 64, 320}'s input gradient runs on Lattice's AMX kernel where the CPU has AMX (as in
+  // forward, with the reduction over N = 320: two K blocks of the kernel). {1100, 24, 40}'s fp32
+  // weight gradient is summed in slices of kWeightGradientRows rows, the last one partial.
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{33, 7, 64}, Shape{130, 257, 70},
-                  Shape{200, 96, 300}, Shape{290, 64, 320}}) {
+                  Shape{200, 96, 300}, Shape{290, 64, 320}, Shape{1100, 24, 40}}) {
+    static_assert(1100 > 2 * kWeightGradientRows && 1100 % kWeightGradientRows != 0);
     auto in = random_vector(s.M * s.K, 7);
     auto weight = random_vector(s.N * s.K, 8);
     auto d_out = random_vector(s.M * s.N, 9);

@@ -141,7 +141,7 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
   if (!want_d_in && !want_d_weight) return;
   if (precision == Precision::fp32) {
     if (want_d_in) sgemm(false, false, M, K, N, 1.0f, d_out, N, weight, K, 0.0f, d_in, K);
-    if (want_d_weight) sgemm(true, false, N, K, M, 1.0f, d_out, N, in, K, 1.0f, d_weight, K);
+    if (want_d_weight) weight_gradient_sgemm(N, K, M, d_out, in, d_weight);
     return;
   }
   // bf16: d_out is rounded once (or was, by the caller) and read in both layouts.
@@ -172,8 +172,7 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     if (amx_gradient) {
       impl_->amx_weight_gradient(d_weight, d_out16, in16, M, N, K, /*accumulate=*/true);
     } else if (widened_gradient) {
-      sgemm(true, false, N, K, M, 1.0f, d_out32, N, impl_->widen(1, in16, M * K), K, 1.0f, d_weight,
-            K);
+      weight_gradient_sgemm(N, K, M, d_out32, impl_->widen(1, in16, M * K), d_weight);
     } else {  // d_out^T a strided view
       GemmShape s = Impl::shape(N, K, M, /*use_bf16=*/true);
       s.a_stride_m = 1, s.a_stride_k = N;
