@@ -80,8 +80,12 @@ constexpr double kBf16OnRoundedTolerance = 1e-5;
 
 TEST(Matmul, ForwardFp32MatchesDoubleReference) {
   MatmulEngine engine;
+  // {1100, 24, 40}: two blocks of kForwardPrimitiveRows rows on oneDNN's matmul primitive, the
+  // rest on sgemm; {1024, 16, 24}: blocks only; the others: sgemm only.
+  static_assert(1100 > 2 * kForwardPrimitiveRows && 1100 < 3 * kForwardPrimitiveRows &&
+                1024 % kForwardPrimitiveRows == 0);
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{33, 7, 64}, Shape{64, 96, 80},
-                  Shape{130, 257, 70}}) {
+                  Shape{130, 257, 70}, Shape{1100, 24, 40}, Shape{1024, 16, 24}}) {
     for (bool with_bias : {false, true}) {
       auto in = random_vector(s.M * s.K, 1);
       auto weight = random_vector(s.N * s.K, 2);
