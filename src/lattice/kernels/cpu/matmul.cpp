@@ -112,17 +112,21 @@ void MatmulEngine::forward(float* out, const float* in, const float* weight, con
     return s;
   };
   if (precision == Precision::fp32) {
-    // Blocks of kForwardPrimitiveRows rows through oneDNN's matmul primitive, the bias in its
-    // epilogue. On the AMX host (2 threads) it ran bench train's Linear shapes 5-17% faster than
-    // sgemm on rows pre-filled with the bias (the LM head's 2048 x 256 x 8192: 330 GFLOP/s against
-    // 285), in 512-row blocks as fast as whole. The fixed block keeps one primitive per weight
-    // shape (a mixture of experts' row counts change every step, and a primitive is built per
-    // shape); the last rows, fewer than a block, go to sgemm. The backward's products stay on
-    // sgemm, as fast or faster there.
-    const GemmShape block = linear_shape(kForwardPrimitiveRows, /*use_bf16=*/false);
+    // Weights of up to kForwardPrimitiveWeight elements: blocks of kForwardPrimitiveRows rows
+    // through oneDNN's matmul primitive, the bias in its epilogue. On the AMX host (2 threads) it
+    // ran the small bench train shapes 5-17% faster than sgemm on rows pre-filled with the bias
+    // (the LM head's 2048 x 256 x 8192: 330 GFLOP/s against 285), in 512-row blocks as fast as
+    // whole; GPT-2 124M's 768 x 768 and 2304 x 768 weights even or 3% faster, its larger ones
+    // (3072 x 768 both ways, the head's 50257 x 768) 4-6% slower, so they stay on sgemm. The fixed
+    // block keeps one primitive per weight shape (a mixture of experts' row counts change every
+    // step, and a primitive is built per shape); the last rows, fewer than a block, go to sgemm.
+    // The backward's products stay on sgemm, as fast or faster there.
     int64_t first = 0;
-    for (; first + kForwardPrimitiveRows <= M; first += kForwardPrimitiveRows)
-      impl_->run(block, in + first * K, weight, bias, out + first * N);
+    if (N * K <= kForwardPrimitiveWeight) {
+      const GemmShape block = linear_shape(kForwardPrimitiveRows, /*use_bf16=*/false);
+      for (; first + kForwardPrimitiveRows <= M; first += kForwardPrimitiveRows)
+        impl_->run(block, in + first * K, weight, bias, out + first * N);
+    }
     if (first == M) return;
     if (bias != nullptr) broadcast_rows(out + first * N, bias, M - first, N);
     return sgemm(false, true, M - first, N, K, 1.0f, in + first * K, K, weight, K,

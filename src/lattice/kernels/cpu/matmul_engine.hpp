@@ -146,8 +146,10 @@ inline void weight_gradient_sgemm(int64_t N, int64_t K, int64_t M, const float* 
           in + first * K, K, 1.0f, d_weight, K);
 }
 
-// Rows per oneDNN matmul primitive in an fp32 Linear forward (MatmulEngine::forward).
+// Rows per oneDNN matmul primitive in an fp32 Linear forward, and the largest weight (elements)
+// it runs there (MatmulEngine::forward).
 inline constexpr int64_t kForwardPrimitiveRows = 512;
+inline constexpr int64_t kForwardPrimitiveWeight = int64_t{1} << 21;
 
 // Every row of out[M,N] set to bias[N].
 inline void broadcast_rows(float* out, const float* bias, int64_t M, int64_t N) {
