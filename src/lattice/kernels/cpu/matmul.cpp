@@ -1,8 +1,10 @@
 // MatmulEngine: see matmul.hpp. This file: the engine's construction, the Linear forward and
 // backward and the general GEMM (the other parts: matmul_engine.hpp).
 // fp32 goes to oneDNN's row-major sgemm (gemm:jit), which takes transposes and leading dimensions
-// directly; on this machine it matched or beat the fp32 brgemm matmul primitive on every Linear
-// shape measured and was 2.7x faster for the backward of a [3072 -> 768] layer. bf16 is one oneDNN
+// directly: it matched or beat the fp32 brgemm matmul primitive on every backward product measured
+// (2.7x faster for the backward of a [3072 -> 768] layer). The forward of a weight of up to 2^21
+// elements runs on the primitive instead, in 512-row blocks with the bias in its epilogue (see
+// forward), and the weight gradient in 512-row slices (weight_gradient_sgemm). bf16 is one oneDNN
 // matmul primitive per product, dst[M,N] = alpha * A[M,K] · B[K,N] (+ bias)
 // (+ beta * dst), on AMX (brg:avx512_core_amx_bf16) with fp32 accumulation and fp32 output.
 // Operands are described by element strides, so the transposes the Linear layer needs (weight^T in
