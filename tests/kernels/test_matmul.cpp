@@ -156,10 +156,14 @@ void check_backward_against_reference(Precision precision,
   MatmulEngine engine(fallback);
   // {290, 64, 320}'s input gradient runs on Lattice's AMX kernel where the CPU has AMX (as in
   // forward, with the reduction over N = 320: two K blocks of the kernel). {1100, 24, 40}'s fp32
-  // weight gradient is summed in slices of kWeightGradientRows rows, the last one partial.
+  // weight gradient is summed in slices of kWeightGradientRows rows, the last one partial;
+  // {40, 24, 4096}'s as its transpose (rows 16 KiB apart), kTransposedGradientRows rows at a time.
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{33, 7, 64}, Shape{130, 257, 70},
-                  Shape{200, 96, 300}, Shape{290, 64, 320}, Shape{1100, 24, 40}}) {
+                  Shape{200, 96, 300}, Shape{290, 64, 320}, Shape{1100, 24, 40},
+                  Shape{40, 24, 4096}}) {
     static_assert(1100 > 2 * kWeightGradientRows && 1100 % kWeightGradientRows != 0);
+    static_assert(4096 > kTransposedGradientRows);
+    EXPECT_EQ(transposed_weight_gradient(s.N), s.N == 4096);
     auto in = random_vector(s.M * s.K, 7);
     auto weight = random_vector(s.N * s.K, 8);
     auto d_out = random_vector(s.M * s.N, 9);

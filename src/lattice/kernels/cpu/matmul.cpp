@@ -66,6 +66,36 @@ void accumulate_column_sums(float* d_bias, const float* d_out, int64_t M, int64_
   }
 }
 
+// In slices of kWeightGradientRows rows added in order: oneDNN 2.6's sgemm ran the whole
+// transposed reduction of a wide, shallow weight slower (on the AMX host, 2 threads: GPT-2 small's
+// c_fc 2048 x 256 x 1024 at 224-303 GFLOP/s, 283-314 in 512-row slices; the other shapes of bench
+// train's models even within 3%). The slicing depends on M alone, so a column or row slice of the
+// weight (tensor parallelism) is summed in the same order. Where d_out's rows alias in the cache
+// (transposed_weight_gradient), kTransposedGradientRows weight rows at a time as their transpose,
+// in^T · d_out (d_out read along its rows), added to d_weight transposed: 135 -> 260 GFLOP/s for
+// the small model's LM head.
+void weight_gradient_sgemm(int64_t N, int64_t K, int64_t M, const float* d_out, const float* in,
+                           float* d_weight, float* scratch) {
+  if (!transposed_weight_gradient(N)) {
+    for (int64_t first = 0; first < M; first += kWeightGradientRows)
+      sgemm(true, false, N, K, std::min(kWeightGradientRows, M - first), 1.0f, d_out + first * N, N,
+            in + first * K, K, 1.0f, d_weight, K);
+    return;
+  }
+  for (int64_t n0 = 0; n0 < N; n0 += kTransposedGradientRows) {
+    const int64_t rows = std::min(kTransposedGradientRows, N - n0);
+    // scratch[k, n] = sum over the M rows of in[m, k] · d_out[m, n0 + n]
+    sgemm(true, false, K, rows, M, 1.0f, in, K, d_out + n0, N, 0.0f, scratch, rows);
+    float* block = d_weight + n0 * K;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < rows; n += 16)
+      for (int64_t k0 = 0; k0 < K; k0 += 16)
+        for (int64_t i = n; i < std::min(n + 16, rows); ++i)
+          for (int64_t k = k0; k < std::min(k0 + 16, K); ++k)
+            block[i * K + k] += scratch[k * rows + i];
+  }
+}
+
 }  // namespace matmul_detail
 
 MatmulEngine::MatmulEngine(const MatmulOptions& options) : impl_(std::make_unique<Impl>(options)) {}
@@ -83,6 +113,7 @@ int64_t MatmulEngine::scratch_bytes() const {
   for (const auto& buffer : impl_->widened) total += buffer.capacity();
   for (const auto& buffer : impl_->bf16_operands) total += buffer.capacity();
   for (const auto& buffer : impl_->packed_weights) total += buffer.capacity();
+  total += impl_->transposed_gradient.capacity();
   for (const auto& buffer : impl_->thread_chunks) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_gradient_chunks) total += buffer.capacity();
   for (const auto& buffer : impl_->thread_scratchpads) total += buffer.capacity();
@@ -164,7 +195,8 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
   if (!want_d_in && !want_d_weight) return;
   if (precision == Precision::fp32) {
     if (want_d_in) sgemm(false, false, M, K, N, 1.0f, d_out, N, weight, K, 0.0f, d_in, K);
-    if (want_d_weight) weight_gradient_sgemm(N, K, M, d_out, in, d_weight);
+    if (want_d_weight)
+      weight_gradient_sgemm(N, K, M, d_out, in, d_weight, impl_->transposed_gradient_scratch(N, K));
     return;
   }
   // bf16: d_out is rounded once (or was, by the caller) and read in both layouts.
@@ -195,7 +227,8 @@ void MatmulEngine::backward(float* d_in, float* d_weight, float* d_bias, const f
     if (amx_gradient) {
       impl_->amx_weight_gradient(d_weight, d_out16, in16, M, N, K, /*accumulate=*/true);
     } else if (widened_gradient) {
-      weight_gradient_sgemm(N, K, M, d_out32, impl_->widen(1, in16, M * K), d_weight);
+      weight_gradient_sgemm(N, K, M, d_out32, impl_->widen(1, in16, M * K), d_weight,
+                            impl_->transposed_gradient_scratch(N, K));
     } else {  // d_out^T a strided view
       GemmShape s = Impl::shape(N, K, M, /*use_bf16=*/true);
       s.a_stride_m = 1, s.a_stride_k = N;

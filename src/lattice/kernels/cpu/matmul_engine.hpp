@@ -130,21 +130,28 @@ inline void sgemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int6
                 std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
 }
 
-// Rows of the reduction per weight_gradient_sgemm call.
+// Rows of the reduction per weight_gradient_sgemm product, and weight rows per product in its
+// transposed form.
 inline constexpr int64_t kWeightGradientRows = 512;
+inline constexpr int64_t kTransposedGradientRows = 1024;
 
-// d_weight[N,K] += d_out^T · in over M rows (d_out [M,N], in [M,K], both row-major), in slices of
-// kWeightGradientRows rows added in order. oneDNN 2.6's sgemm runs the whole transposed reduction
-// of a wide, shallow weight at about 3/4 of its rate (on the AMX host, 2 threads: the LM head's
-// 2048 x 256 x 8192 at 211 GFLOP/s, 266 in 512-row slices; GPT-2 small's c_fc 224 against 283;
-// the other shapes of bench train's models even within 3%). The slicing depends on M alone, so a
-// column or row slice of the weight (tensor parallelism) is summed in the same order.
-inline void weight_gradient_sgemm(int64_t N, int64_t K, int64_t M, const float* d_out,
-                                  const float* in, float* d_weight) {
-  for (int64_t first = 0; first < M; first += kWeightGradientRows)
-    sgemm(true, false, N, K, std::min(kWeightGradientRows, M - first), 1.0f, d_out + first * N, N,
-          in + first * K, K, 1.0f, d_weight, K);
+// Whether weight_gradient_sgemm takes its transposed form: d_out's rows (N floats) a multiple of
+// 16 KiB apart. oneDNN's sgemm reads d_out^T down such rows a few cache sets at a time: on 2 MiB
+// pages (Lattice's large tensors) the LM head of bench train's small model (2048 x 256 x 8192,
+// rows 32 KiB apart) ran at 135 GFLOP/s against 260-310 for every other shape measured.
+inline bool transposed_weight_gradient(int64_t N) {
+  return N % 4096 == 0;
 }
+
+// The scratch weight_gradient_sgemm needs (floats).
+inline int64_t weight_gradient_scratch_floats(int64_t N, int64_t K) {
+  return transposed_weight_gradient(N) ? K * kTransposedGradientRows : 0;
+}
+
+// d_weight[N,K] += d_out^T · in over M rows (d_out [M,N], in [M,K], both row-major) with `scratch`
+// of weight_gradient_scratch_floats(N, K) (matmul.cpp).
+void weight_gradient_sgemm(int64_t N, int64_t K, int64_t M, const float* d_out, const float* in,
+                           float* d_weight, float* scratch);
 
 // Rows per oneDNN matmul primitive in an fp32 Linear forward, and the largest weight (elements)
 // it runs there (MatmulEngine::forward).
@@ -287,12 +294,22 @@ struct MatmulEngine::Impl {
   // A row-chunk call's weight packed for the AMX kernel (amx_packed_gemm.hpp): [0] as the forward
   // reads it (weight^T), [1] as the input gradient does.
   std::array<AlignedBuffer, 2> packed_weights;
+  // weight_gradient_sgemm's transposed products.
+  AlignedBuffer transposed_gradient;
   // Row-chunk GEMMs: single-thread primitives keyed by (rows, N, K, kind) (references stay valid
   // until the map is cleared) and each thread's output chunk, gradient chunk and scratchpad.
   std::map<std::array<int64_t, 4>, ChunkGemm> chunk_cache;
   std::vector<AlignedBuffer> thread_chunks, thread_gradient_chunks, thread_scratchpads;
   // Each thread's scratch for the AMX weight gradient (amx_weight_gradient.hpp).
   std::vector<AlignedBuffer> thread_weight_gradient_scratch;
+
+  // weight_gradient_sgemm's scratch for an [N, K] weight (null where it needs none).
+  float* transposed_gradient_scratch(int64_t N, int64_t K) {
+    const int64_t floats = weight_gradient_scratch_floats(N, K);
+    if (floats == 0) return nullptr;
+    return static_cast<float*>(
+        transposed_gradient.reserve(static_cast<size_t>(floats) * sizeof(float)));
+  }
 
   // The chunk and tail GEMMs of C[M, N] = A[M, K] · B[K, N] over chunks of `chunk_rows` rows, B
   // (bf16) [N, K] row-major when b_transposed, else [K, N].
