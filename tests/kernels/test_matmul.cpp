@@ -2,6 +2,7 @@
 // double-precision references and finite differences, in fp32 and bf16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -157,12 +158,12 @@ void check_backward_against_reference(Precision precision,
   // {290, 64, 320}'s input gradient runs on Lattice's AMX kernel where the CPU has AMX (as in
   // forward, with the reduction over N = 320: two K blocks of the kernel). {1100, 24, 40}'s fp32
   // weight gradient is summed in slices of kWeightGradientRows rows, the last one partial;
-  // {40, 24, 4096}'s as its transpose (rows 16 KiB apart), kTransposedGradientRows rows at a time.
-  for (Shape s : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{33, 7, 64}, Shape{130, 257, 70},
-                  Shape{200, 96, 300}, Shape{290, 64, 320}, Shape{1100, 24, 40},
-                  Shape{40, 24, 4096}}) {
+  // {40, 24, 4096}'s as its transpose (rows 16 KiB apart), 1024 weight rows at a time;
+  // {8, 2560, 4096}'s likewise in blocks of 816 rows (its scratch capped), the last one partial.
+  for (Shape s :
+       {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{33, 7, 64}, Shape{130, 257, 70}, Shape{200, 96, 300},
+        Shape{290, 64, 320}, Shape{1100, 24, 40}, Shape{40, 24, 4096}, Shape{8, 2560, 4096}}) {
     static_assert(1100 > 2 * kWeightGradientRows && 1100 % kWeightGradientRows != 0);
-    static_assert(4096 > kTransposedGradientRows);
     EXPECT_EQ(transposed_weight_gradient(s.N), s.N == 4096);
     auto in = random_vector(s.M * s.K, 7);
     auto weight = random_vector(s.N * s.K, 8);
@@ -184,6 +185,17 @@ void check_backward_against_reference(Precision precision,
     // A column sum in double rounded once to fp32: within one fp32 rounding of the reference.
     EXPECT_LT(max_relative_error(d_bias, bias_ref), 1e-7);
   }
+}
+
+TEST(Matmul, TransposedWeightGradientBlocksKeepTheirScratchBounded) {
+  EXPECT_EQ(transposed_gradient_rows(24), kTransposedGradientRows);
+  EXPECT_EQ(transposed_gradient_rows(256), kTransposedGradientRows);
+  EXPECT_EQ(transposed_gradient_rows(2560), 816);
+  EXPECT_EQ(transposed_gradient_rows(int64_t{1} << 20), 16);
+  for (int64_t K : {1, 24, 256, 2560, 4096, 100000})
+    EXPECT_LE(weight_gradient_scratch_floats(4096, K),
+              std::max(kTransposedGradientScratchFloats, 16 * K));
+  EXPECT_EQ(weight_gradient_scratch_floats(4095, 256), 0);
 }
 
 TEST(Matmul, BackwardFp32MatchesDoubleReference) {

@@ -130,10 +130,11 @@ inline void sgemm(bool transpose_a, bool transpose_b, int64_t M, int64_t N, int6
                 std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K));
 }
 
-// Rows of the reduction per weight_gradient_sgemm product, and weight rows per product in its
-// transposed form.
+// Rows of the reduction per weight_gradient_sgemm product; in its transposed form, weight rows per
+// product, fewer where the scratch (K floats a row) would pass kTransposedGradientScratchFloats.
 inline constexpr int64_t kWeightGradientRows = 512;
 inline constexpr int64_t kTransposedGradientRows = 1024;
+inline constexpr int64_t kTransposedGradientScratchFloats = int64_t{1} << 21;  // 8 MiB
 
 // Whether weight_gradient_sgemm takes its transposed form: d_out's rows (N floats) a multiple of
 // 16 KiB apart. oneDNN's sgemm reads d_out^T down such rows a few cache sets at a time: on 2 MiB
@@ -143,9 +144,15 @@ inline bool transposed_weight_gradient(int64_t N) {
   return N % 4096 == 0;
 }
 
+// Weight rows per product of weight_gradient_sgemm's transposed form (a multiple of 16).
+inline int64_t transposed_gradient_rows(int64_t K) {
+  return std::clamp<int64_t>(kTransposedGradientScratchFloats / std::max<int64_t>(K, 1) / 16 * 16,
+                             16, kTransposedGradientRows);
+}
+
 // The scratch weight_gradient_sgemm needs (floats).
 inline int64_t weight_gradient_scratch_floats(int64_t N, int64_t K) {
-  return transposed_weight_gradient(N) ? K * kTransposedGradientRows : 0;
+  return transposed_weight_gradient(N) ? K * transposed_gradient_rows(K) : 0;
 }
 
 // d_weight[N,K] += d_out^T · in over M rows (d_out [M,N], in [M,K], both row-major) with `scratch`
