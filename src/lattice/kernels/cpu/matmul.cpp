@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstring>
 #include <string>
 
 #include "lattice/core/error.hpp"
@@ -127,14 +126,9 @@ void MatmulEngine::forward(float* out, const float* in, const float* weight, con
                            const Bf16Operands& keep) {
   check_dims("forward", M, K, N);
   if (M == 0 || N == 0) return;
-  if (K == 0) {
-    for (int64_t i = 0; i < M; ++i) {
-      if (bias != nullptr)
-        std::memcpy(out + i * N, bias, static_cast<size_t>(N) * sizeof(float));
-      else
-        std::fill(out + i * N, out + (i + 1) * N, 0.0f);
-    }
-    return;
+  if (K == 0) {  // no products: the bias alone, or zeros
+    if (bias != nullptr) return broadcast_rows(out, bias, M, N);
+    return std::fill(out, out + M * N, 0.0f);
   }
   // out[rows, N] = in[rows, K] · weight[N, K]^T (+ bias), weight read as its transpose [K, N].
   const auto linear_shape = [&](int64_t rows, bool use_bf16) {
