@@ -93,7 +93,11 @@ class AmxTileScope {
     } config;
     for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
 #if !defined(LATTICE_AMX_EMULATED)
-    _tile_loadconfig(&config);
+    // Not _tile_loadconfig: GCC 12's declares its operand as the 8 bytes of a pointer, so the
+    // compiler may drop the stores to the rest of the configuration as dead. It did, once the
+    // vocabulary-blocked head's code changed around it: colsb stayed zero and ldtilecfg faulted.
+    // Here the operand is the whole 64-byte configuration.
+    asm volatile("ldtilecfg %0" : : "m"(config));
 #endif
   }
 #if defined(LATTICE_AMX_EMULATED)
