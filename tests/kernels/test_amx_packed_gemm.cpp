@@ -1,7 +1,8 @@
 // Tests of the packed AMX row-chunk GEMM: both packings of a Linear's weight against a double
 // reference on the same bf16 values, row tails (M not a multiple of 32), strided A and C, K longer
-// than one K block, bit-equality with oneDNN's GEMM where both sweep K in order, and bad shapes.
-// Skipped where the CPU or kernel grants no AMX tile state (the kernel is then never used).
+// than one K block, bit-equality with oneDNN's GEMM where both sweep K in order, bad shapes, and
+// the tile configuration AmxTileScope loads (read back from the CPU). Skipped where the CPU or
+// kernel grants no AMX tile state (the kernel is then never used).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
+#include "lattice/kernels/cpu/amx_tiles.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
 
 namespace lattice::kernels {
@@ -137,6 +139,31 @@ TEST(AmxPackedGemm, RejectsShapesItCannotTake) {
   // Row strides must reach K and N rounded up to 32.
   EXPECT_THROW(amx_packed_gemm(out.data(), 64, weight.data(), 48, packed.data(), 1, 64, 48), Error);
   EXPECT_THROW(amx_packed_gemm(out.data(), 40, weight.data(), 64, packed.data(), 1, 40, 64), Error);
+}
+
+// The configuration the CPU holds inside an AmxTileScope, read back with sttilecfg: palette 1 and
+// eight tiles of 16 rows by 64 bytes. (GCC 12's _tile_loadconfig gives the compiler an 8-byte
+// operand, and a build once dropped the column-width stores: ldtilecfg then faulted.)
+TEST(AmxTileScope, LoadsEightTilesOf16RowsBy64Bytes) {
+#if defined(LATTICE_HAS_AMX) && !defined(LATTICE_AMX_EMULATED)
+  if (!amx_tile_state_granted()) GTEST_SKIP() << "no AMX tile state on this machine";
+  struct alignas(64) Config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+  } held{};
+  {
+    const AmxTileScope tiles;
+    asm volatile("sttilecfg %0" : "=m"(held));
+  }
+  EXPECT_EQ(held.palette, 1);
+  for (int t = 0; t < 16; ++t) {
+    EXPECT_EQ(held.colsb[t], t < 8 ? 64 : 0) << "tile " << t;
+    EXPECT_EQ(held.rows[t], t < 8 ? 16 : 0) << "tile " << t;
+  }
+#else
+  GTEST_SKIP() << "this test file is not compiled for AMX (or runs on the emulation)";
+#endif
 }
 
 }  // namespace

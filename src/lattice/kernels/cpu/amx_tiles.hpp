@@ -94,9 +94,9 @@ class AmxTileScope {
     for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
 #if !defined(LATTICE_AMX_EMULATED)
     // Not _tile_loadconfig: GCC 12's declares its operand as the 8 bytes of a pointer, so the
-    // compiler may drop the stores to the rest of the configuration as dead. It did, once the
-    // vocabulary-blocked head's code changed around it: colsb stayed zero and ldtilecfg faulted.
-    // Here the operand is the whole 64-byte configuration.
+    // compiler may drop the stores to the rest of the configuration as dead. It did in an
+    // experimental change to the vocabulary-blocked head (colsb stayed zero and ldtilecfg
+    // faulted). Here the operand is the whole 64-byte configuration.
     asm volatile("ldtilecfg %0" : : "m"(config));
 #endif
   }
