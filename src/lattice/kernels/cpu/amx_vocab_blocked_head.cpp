@@ -1,17 +1,21 @@
-// The vocabulary-blocked LM head: see amx_vocab_blocked_head.hpp. Per pass of R rows (padded to
-// Rp, a multiple of 32) the thread's scratch holds the rows as A tiles ([Rp][K] bf16), their
-// transpose ([K][Rp], the A operand of the weight gradient), the fp32 input gradient [Rp][K], the
-// rows' softmax statistics, and per vocabulary block the logits of a group of kGroupRows rows
-// [kGroupRows][kVocabBlock] (fp32), their gradient as rows ([kGroupRows][kVocabBlock] bf16, the A
-// operand of the input gradient) and as token pairs for all Rp rows ([Rp/2][kVocabBlock][2], the B
-// operand of the weight gradient). All products are the 2 x 2-tile micro-GEMM of amx_tiles.hpp:
-//   logits      [group, block] = rows · forward panels           (K swept in order)
-//   d_in        [group, K]    += d rows · backward block panels   (the block's columns in order)
-//   weight grad [K, block]     = in^T · d pairs                   (the pass's rows in order)
-// and the weight gradient's 32 x 32 blocks are transposed into the [V, K] rows on the way out.
+// The vocabulary-blocked LM head: see amx_vocab_blocked_head.hpp. Everything runs transposed, with
+// the vocabulary down the rows: per pass of R tokens (padded to Rp, a multiple of 32) the thread's
+// scratch holds the tokens in two B layouts (their bf16 pairs along K as words, per 32 tokens; and
+// pairs of tokens side by side, per 32 columns), the input gradient transposed [K][Rp] (fp32), the
+// rows' softmax statistics, and per vocabulary block the logits of a group of kGroupRows tokens
+// [kVocabBlock][kGroupRows] (fp32), the block's gradient transposed [kVocabBlock][Rp] (bf16) and a
+// group's gradient in pairs of vocabulary rows. All products are the 2 x 2-tile micro-GEMM of
+// amx_tiles.hpp:
+//   logits^T    [block, group] = weight rows · token words        (K swept in order)
+//   d_in^T      [K, group]    += weight^T block · d pairs          (the block's rows in order)
+//   weight grad [block, K]     = d^T · token pairs                 (the pass's tokens in order)
+// so the weight gradient's blocks land in the [V, K] rows as they are, and the softmax statistics
+// run down the columns of 16 tokens (a vector per vocabulary row, no reductions across lanes). The
+// input gradient is transposed back into rows once per pass.
 #include "lattice/kernels/cpu/amx_vocab_blocked_head.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -21,7 +25,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 #include "lattice/kernels/cpu/amx_tiles.hpp"
-#include "lattice/kernels/cpu/convert.hpp"
+#include "lattice/kernels/cpu/bf16_vector.hpp"
 #include "lattice/kernels/cpu/fast_exp.hpp"
 #include "lattice/kernels/cpu/register_transpose.hpp"
 
@@ -29,7 +33,7 @@ namespace lattice::kernels {
 
 namespace {
 
-// Rows whose logits for one vocabulary block are formed and consumed together (128 KiB of fp32).
+// Tokens whose logits for one vocabulary block are formed and consumed together (128 KiB of fp32).
 constexpr int64_t kGroupRows = 128;
 constexpr int64_t kMaxPassRows = 512;
 // Fewer rows per pass re-read the head weight more often than the row-chunk head writes logits.
@@ -45,18 +49,19 @@ int64_t round32(int64_t n) {
   return (n + 31) / 32 * 32;
 }
 
-// The scratch of a pass of up to `rows` rows, carved in order.
+// The scratch of a pass of up to `rows` rows (Rp = rows rounded up to 32), carved in order.
 struct PassScratch {
-  uint16_t* rows16;     // [Rp][K]
-  uint16_t* columns16;  // [K][Rp]
-  float* d_in;          // [Rp][K]
-  float* row_max;       // [Rp]
-  double* row_sum;      // [Rp]
-  float* target_logit;  // [Rp]
-  float* logits;        // [kGroupRows][kVocabBlock]
-  uint16_t* d_rows;     // [kGroupRows][kVocabBlock]
-  uint16_t* d_pairs;    // [Rp/2][kVocabBlock][2]
-  float* staging;       // [32][32]
+  uint32_t* token_words;  // [Rp/32][K/2][32]: per 32 tokens, their bf16 pairs (k, k+1) as words
+  uint16_t* token_pairs;  // [K/32][Rp/2][32][2]: per 32 columns, pairs of tokens side by side
+  float* d_in_t;          // [K][Rp]: the input gradient, transposed
+  float* row_max;         // [Rp]
+  double* row_sum;        // [Rp]
+  float* target_logit;    // [Rp]
+  float* scale;           // [Rp]: each row's gradient scale (0 for ignored and padding rows)
+  float* logits;          // [kVocabBlock][kGroupRows]: a group's logits, transposed
+  uint16_t* d_t;          // [kVocabBlock][Rp]: the block's logits gradient, transposed
+  uint16_t* d_pairs;      // [kVocabBlock/2][kGroupRows][2]: a group's, in pairs of vocabulary rows
+  float* staging;         // [32][32]
 
   static size_t bytes(int64_t Rp, int64_t K, PassScratch* carve, void* base) {
     size_t offset = 0;
@@ -68,15 +73,16 @@ struct PassScratch {
     };
     PassScratch unused{};
     PassScratch& s = carve != nullptr ? *carve : unused;
-    take(s.rows16, static_cast<size_t>(Rp * K) * 2);
-    take(s.columns16, static_cast<size_t>(Rp * K) * 2);
-    take(s.d_in, static_cast<size_t>(Rp * K) * 4);
+    take(s.token_words, static_cast<size_t>(Rp * K) * 2);
+    take(s.token_pairs, static_cast<size_t>(Rp * K) * 2);
+    take(s.d_in_t, static_cast<size_t>(Rp * K) * 4);
     take(s.row_max, static_cast<size_t>(Rp) * 4);
     take(s.row_sum, static_cast<size_t>(Rp) * 8);
     take(s.target_logit, static_cast<size_t>(Rp) * 4);
-    take(s.logits, static_cast<size_t>(kGroupRows * kVocabBlock) * 4);
-    take(s.d_rows, static_cast<size_t>(kGroupRows * kVocabBlock) * 2);
-    take(s.d_pairs, static_cast<size_t>(Rp * kVocabBlock) * 2);
+    take(s.scale, static_cast<size_t>(Rp) * 4);
+    take(s.logits, static_cast<size_t>(kVocabBlock * kGroupRows) * 4);
+    take(s.d_t, static_cast<size_t>(kVocabBlock * Rp) * 2);
+    take(s.d_pairs, static_cast<size_t>(kVocabBlock * kGroupRows) * 2);
     take(s.staging, 32 * 32 * 4);
     return offset;
   }
@@ -85,11 +91,6 @@ struct PassScratch {
 #if defined(LATTICE_HAS_AMX)
 
 constexpr __mmask16 kAllLanes = 0xffff;
-
-// Lanes [0, n) of 16 (n clamped to [0, 16]).
-inline __mmask16 first_lanes(int64_t n) {
-  return n >= 16 ? kAllLanes : static_cast<__mmask16>(n > 0 ? (1u << n) - 1u : 0u);
-}
 
 // e^x for 16 lanes with fast_exp's reduction and polynomial (Cody-Waite, the same coefficients), n
 // rounded by vroundscaleps and 2^n applied by vscalefps: within about an ulp of fast_exp, not bit
@@ -107,94 +108,80 @@ inline f32x16 exp16(f32x16 x) {
   return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~underflows), fast_exp_of_reduced(r), n);
 }
 
-// The largest of a row's first `valid` values.
-inline float row_max(const float* x, int64_t valid) {
-  const f32x16 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  f32x16 m = lowest;
-  for (int64_t v = 0; v < valid; v += 16) {
-    const f32x16 values = _mm512_mask_loadu_ps(lowest, first_lanes(valid - v), x + v);
-    m = values > m ? values : m;
-  }
-  return horizontal_max(m);
+inline f32x16 load16(const float* p) {
+  return _mm512_loadu_ps(p);
 }
 
-// The sum of e^(x - max) over a row's first `valid` values, in fp32.
-inline float row_exp_sum(const float* x, float max, int64_t valid) {
-  f32x16 sum{};
-  for (int64_t v = 0; v < valid; v += 16)
-    sum += _mm512_maskz_mov_ps(first_lanes(valid - v), exp16(_mm512_loadu_ps(x + v) - max));
-  return horizontal_sum(sum);
-}
-
-// x[v] = e^(x[v] - max) for v < valid, 0 for v in [valid, columns) (columns a multiple of 16).
-inline void row_exp(float* x, float max, int64_t valid, int64_t columns) {
-  for (int64_t v = 0; v < columns; v += 16)
-    _mm512_storeu_ps(
-        x + v, _mm512_maskz_mov_ps(first_lanes(valid - v), exp16(_mm512_loadu_ps(x + v) - max)));
-}
-
-// logits[rows, columns] (row stride kVocabBlock) = A[rows, K] · the block's forward panels.
-void block_logits(float* logits, const uint16_t* a, int64_t rows, const uint16_t* panels,
-                  int64_t columns, int64_t K) {
-  for (int64_t n0 = 0; n0 < columns; n0 += 32) {
-    const uint16_t* panel = panels + n0 * K;
-    for (int64_t m0 = 0; m0 < rows; m0 += 32) {
+// logits_t[v, t] (row stride kGroupRows) = weight row v · token t, for the block's `columns`
+// vocabulary rows (weight_rows: [columns][K]) and the group's `group` tokens (words: their
+// token_words panels): A = the weight's rows, B = the tokens' pairs, so the logits come out
+// transposed.
+void block_logits_t(float* logits_t, const uint16_t* weight_rows, int64_t columns,
+                    const uint32_t* words, int64_t group, int64_t K) {
+  for (int64_t n0 = 0; n0 < group; n0 += 32) {
+    const uint32_t* panel = words + n0 * K / 2;  // [K/2][32] words
+    for (int64_t m0 = 0; m0 < columns; m0 += 32) {
       amx_block_zero();
-      const uint16_t* a_rows = a + m0 * K;
+      const uint16_t* a_rows = weight_rows + m0 * K;
       for (int64_t k0 = 0; k0 < K; k0 += 32)
-        amx_block_multiply(a_rows + k0, K * 2, panel + k0 * 32, panel + k0 * 32 + 32, 128);
-      amx_block_store(logits + m0 * kVocabBlock + n0, kVocabBlock * 4);
+        amx_block_multiply(a_rows + k0, K * 2, panel + k0 / 2 * 32, panel + k0 / 2 * 32 + 16, 128);
+      amx_block_store(logits_t + m0 * kGroupRows + n0, kGroupRows * 4);
     }
   }
 }
 
-// d_in[rows, K] (row stride K) (+)= d_rows[rows, columns] · the block's backward panels.
-void block_input_gradient(float* d_in, const uint16_t* d_rows, int64_t rows, const uint16_t* panels,
-                          int64_t columns, int64_t K, bool first) {
-  for (int64_t n0 = 0; n0 < K; n0 += 32) {
-    const uint16_t* panel = panels + n0 * columns;
-    for (int64_t m0 = 0; m0 < rows; m0 += 32) {
-      float* c = d_in + m0 * K + n0;
+// d_in_t[K, group tokens] (row stride Rp) (+)= the block's weight transposed [K][columns] ·
+// d_pairs (the group's gradient in pairs of vocabulary rows).
+void block_input_gradient_t(float* d_in_t, int64_t Rp, const uint16_t* weight_t, int64_t columns,
+                            const uint16_t* d_pairs, int64_t group, int64_t K, bool first) {
+  for (int64_t m0 = 0; m0 < K; m0 += 32) {
+    const uint16_t* a_rows = weight_t + m0 * columns;
+    for (int64_t n0 = 0; n0 < group; n0 += 32) {
+      float* c = d_in_t + m0 * Rp + n0;
       if (first)
         amx_block_zero();
       else
-        amx_block_load(c, K * 4);
-      const uint16_t* a_rows = d_rows + m0 * kVocabBlock;
-      for (int64_t k0 = 0; k0 < columns; k0 += 32)
-        amx_block_multiply(a_rows + k0, kVocabBlock * 2, panel + k0 * 32, panel + k0 * 32 + 32,
-                           128);
-      amx_block_store(c, K * 4);
+        amx_block_load(c, Rp * 4);
+      for (int64_t v0 = 0; v0 < columns; v0 += 32) {
+        const uint16_t* b = d_pairs + (v0 / 2 * kGroupRows + n0) * 2;
+        amx_block_multiply(a_rows + v0, columns * 2, b, b + 32, kGroupRows * 4);
+      }
+      amx_block_store(c, Rp * 4);
     }
   }
 }
 
-// weight_grad[v0 + v, :] (= or +=) sum over the Rp rows of d[r, v] · in[r, :] for v < valid, from
-// the transposed rows [K][Rp] and the gradient's token pairs [Rp/2][kVocabBlock][2].
-void block_weight_gradient(float* weight_grad, bool overwrite, const uint16_t* columns16,
-                           int64_t Rp, const uint16_t* d_pairs, int64_t columns, int64_t valid,
-                           int64_t K, float* staging) {
+// weight_grad[v0 + v, :] (= or +=) sum over the Rp tokens of d_t[v, t] · in[t, :] for v < valid:
+// A = the gradient's transposed rows, B = the tokens in pairs; each 32 x 32 block lands in the
+// [V, K] rows as it is (staged where the block passes `valid`).
+void block_weight_gradient_t(float* weight_grad, bool overwrite, const uint16_t* d_t, int64_t Rp,
+                             const uint16_t* token_pairs, int64_t columns, int64_t valid, int64_t K,
+                             float* staging) {
   for (int64_t n0 = 0; n0 < columns; n0 += 32) {
+    const int64_t rows = std::min<int64_t>(32, valid - n0);
     for (int64_t m0 = 0; m0 < K; m0 += 32) {
-      amx_block_zero();
-      const uint16_t* a_rows = columns16 + m0 * Rp;
-      for (int64_t k0 = 0; k0 < Rp; k0 += 32) {
-        const uint16_t* b = d_pairs + (k0 / 2) * 2 * kVocabBlock + n0 * 2;
-        amx_block_multiply(a_rows + k0, Rp * 2, b, b + 32, kVocabBlock * 4);
+      float* out = weight_grad + n0 * K + m0;
+      float* c = rows == 32 ? out : staging;
+      const int64_t c_stride = rows == 32 ? K * 4 : 32 * 4;
+      if (rows < 32) {
+        for (int64_t v = 0; v < 32; ++v)
+          for (int64_t j = 0; j < 32; ++j)
+            staging[v * 32 + j] = v < rows && !overwrite ? out[v * K + j] : 0.0f;
       }
-      amx_block_store(staging, 32 * 4);
-      // staging[c][v] for c, v < 32: rows v of the weight gradient, columns m0 + c.
-      for (int64_t v_half = 0; v_half < 32; v_half += 16) {
-        for (int64_t c_half = 0; c_half < 32; c_half += 16) {
-          f32x16 r[16];
-          for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(staging + (c_half + i) * 32 + v_half);
-          transpose_16x16(r);
-          for (int i = 0; i < 16; ++i) {
-            const int64_t v = n0 + v_half + i;
-            if (v >= valid) break;
-            float* out = weight_grad + v * K + m0 + c_half;
-            _mm512_storeu_ps(out, overwrite ? r[i] : r[i] + _mm512_loadu_ps(out));
-          }
-        }
+      if (overwrite && rows == 32)
+        amx_block_zero();
+      else
+        amx_block_load(c, c_stride);
+      const uint16_t* a_rows = d_t + n0 * Rp;
+      const uint16_t* panel = token_pairs + m0 * Rp;  // [Rp/2][32][2]
+      for (int64_t t0 = 0; t0 < Rp; t0 += 32) {
+        const uint16_t* b = panel + t0 / 2 * 64;
+        amx_block_multiply(a_rows + t0, Rp * 2, b, b + 32, 128);
+      }
+      amx_block_store(c, c_stride);
+      if (rows < 32) {
+        for (int64_t v = 0; v < rows; ++v)
+          std::memcpy(out + v * K, staging + v * 32, 32 * sizeof(float));
       }
     }
   }
@@ -219,10 +206,23 @@ void pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward, const lattic
   check(V > 0 && K > 0 && K % 32 == 0,
         "pack_vocab_blocked_head: needs V > 0 and K a positive multiple of 32, got V=" +
             std::to_string(V) + " K=" + std::to_string(K));
-  pack_b_panels(forward, weight16, /*weight_transposed=*/true, K, V);
-  for (int64_t v0 = 0; v0 < V; v0 += kVocabBlock)
-    pack_b_panels(backward + v0 * K, weight16 + v0 * K, /*weight_transposed=*/false,
-                  std::min(kVocabBlock, V - v0), K);
+  const auto* bits = reinterpret_cast<const uint16_t*>(weight16);
+  const int64_t Vp = amx_padded(V);
+  // forward: the weight's rows, zero rows past V; backward: per block of kVocabBlock rows (the
+  // last one's rounded up to 32), the block transposed, [K][columns].
+#pragma omp parallel for schedule(static)
+  for (int64_t v0 = 0; v0 < Vp; v0 += 32) {
+    for (int64_t v = v0; v < v0 + 32; ++v) {
+      if (v < V)
+        std::memcpy(forward + v * K, bits + v * K, static_cast<size_t>(K) * 2);
+      else
+        std::fill(forward + v * K, forward + (v + 1) * K, uint16_t{0});
+    }
+    // The 32 padded rows just written, transposed into their block's columns.
+    const int64_t block = v0 / kVocabBlock * kVocabBlock;
+    const int64_t columns = std::min(kVocabBlock, Vp - block);
+    transpose_bf16(backward + block * K + (v0 - block), columns, forward + v0 * K, K, 32, K);
+  }
 }
 
 size_t vocab_blocked_head_scratch_bytes(int64_t rows, int64_t K) {
@@ -247,94 +247,141 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
   PassScratch s{};
   PassScratch::bytes(Rp, K, &s, scratch);
   const auto* in_bits = reinterpret_cast<const uint16_t*>(in16);
-  // The rows (zero past `rows`) and their transpose.
-  std::memcpy(s.rows16, in_bits, static_cast<size_t>(rows * K) * 2);
-  std::fill(s.rows16 + rows * K, s.rows16 + Rp * K, uint16_t{0});
-  transpose_bf16(s.columns16, Rp, s.rows16, K, Rp, K);
+  const auto live = [&](int64_t r) { return r < rows && targets[r] >= 0; };
+  const auto token_row = [&](int64_t r, int64_t k0) {  // 32 bf16 of row r from k0, zero past rows
+    u16x32 v{};
+    if (r < rows) std::memcpy(&v, in_bits + r * K + k0, sizeof v);
+    return v;
+  };
+  // The tokens in both B layouts: words (k pairs) per 32 tokens, and token pairs per 32 columns.
+  for (int64_t t0 = 0; t0 < Rp; t0 += 16) {
+    for (int64_t w0 = 0; w0 < K / 2; w0 += 16) {
+      u32x16 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = std::bit_cast<u32x16>(token_row(t0 + i, 2 * w0));
+      transpose_16x16(r);
+      uint32_t* panel = s.token_words + t0 / 32 * 32 * (K / 2);
+      for (int i = 0; i < 16; ++i) std::memcpy(panel + (w0 + i) * 32 + t0 % 32, &r[i], sizeof r[i]);
+    }
+  }
+  for (int64_t t = 0; t < Rp; t += 2) {
+    for (int64_t k0 = 0; k0 < K; k0 += 32) {
+      const u16x32 even = token_row(t, k0), odd = token_row(t + 1, k0);
+      uint16_t* out = s.token_pairs + k0 * Rp + t / 2 * 64;
+      const u16x32 low = interleave_pairs(
+          __builtin_shufflevector(even, even, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+          __builtin_shufflevector(odd, odd, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+      const u16x32 high =
+          interleave_pairs(__builtin_shufflevector(even, even, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+                                                   25, 26, 27, 28, 29, 30, 31),
+                           __builtin_shufflevector(odd, odd, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25,
+                                                   26, 27, 28, 29, 30, 31));
+      std::memcpy(out, &low, sizeof low);
+      std::memcpy(out + 32, &high, sizeof high);
+    }
+  }
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::fill(s.row_max, s.row_max + Rp, neg_inf);
   std::fill(s.row_sum, s.row_sum + Rp, 0.0);
   std::fill(s.target_logit, s.target_logit + Rp, 0.0f);
-  const auto live = [&](int64_t r) { return r < rows && targets[r] >= 0; };
 
   const AmxTileScope tiles;
-  // Sweep 1: each row's max and sum of e^(logit - max), block by block.
+  // Sweep 1: each row's max and sum of e^(logit - max), block by block, 16 tokens at a time down
+  // the transposed logits (fp32 sums over the block's vocabulary rows in order).
   for (int64_t v0 = 0; v0 < V; v0 += kVocabBlock) {
     const int64_t valid = std::min(kVocabBlock, V - v0), columns = round32(valid);
     for (int64_t g0 = 0; g0 < Rp; g0 += kGroupRows) {
       const int64_t group = std::min(kGroupRows, Rp - g0);
-      block_logits(s.logits, s.rows16 + g0 * K, group, forward + v0 * K, columns, K);
-      for (int64_t i = 0; i < group; ++i) {
-        const int64_t r = g0 + i;
-        if (!live(r)) continue;
-        const float* x = s.logits + i * kVocabBlock;
-        const float block_max = row_max(x, valid);
-        if (block_max > s.row_max[r]) {
-          if (s.row_sum[r] != 0.0)
-            s.row_sum[r] *= std::exp(static_cast<double>(s.row_max[r]) - block_max);
-          s.row_max[r] = block_max;
+      block_logits_t(s.logits, forward + v0 * K, columns, s.token_words + g0 * K / 2, group, K);
+      for (int64_t l0 = 0; l0 < group; l0 += 16) {
+        const float* x = s.logits + l0;
+        f32x16 block_max = load16(x);
+        for (int64_t v = 1; v < valid; ++v) {
+          const f32x16 value = load16(x + v * kGroupRows);
+          block_max = value > block_max ? value : block_max;
         }
-        s.row_sum[r] += static_cast<double>(row_exp_sum(x, s.row_max[r], valid));
-        const int64_t t = targets[r] - v0;
-        if (t >= 0 && t < valid) s.target_logit[r] = x[t];
+        float* running_max = s.row_max + g0 + l0;
+        const f32x16 previous = load16(running_max);
+        const f32x16 max = block_max > previous ? block_max : previous;
+        f32x16 sum{};
+        for (int64_t v = 0; v < valid; ++v) sum += exp16(load16(x + v * kGroupRows) - max);
+        for (int i = 0; i < 16; ++i) {
+          const int64_t r = g0 + l0 + i;
+          if (!live(r)) continue;
+          if (max[i] > previous[i] && s.row_sum[r] != 0.0)
+            s.row_sum[r] *= std::exp(static_cast<double>(previous[i]) - max[i]);
+          running_max[i] = max[i];
+          s.row_sum[r] += static_cast<double>(sum[i]);
+          const int64_t t = targets[r] - v0;
+          if (t >= 0 && t < valid) s.target_logit[r] = x[t * kGroupRows + i];
+        }
       }
     }
   }
-  // The losses, and each row's gradient scale (kept in row_sum's place as a float factor).
-  for (int64_t r = 0; r < rows; ++r) {
+  // The losses, and each row's gradient scale (0, with a max of 0, for ignored and padding rows).
+  for (int64_t r = 0; r < Rp; ++r) {
     if (!live(r)) {
-      row_losses[r] = 0.0;
+      if (r < rows) row_losses[r] = 0.0;
+      s.row_max[r] = 0.0f;
+      s.scale[r] = 0.0f;
       continue;
     }
     const double total = s.row_sum[r];
     row_losses[r] = static_cast<double>(s.row_max[r]) + std::log(total) -
                     static_cast<double>(s.target_logit[r]);
-    s.row_sum[r] = static_cast<double>(static_cast<float>(static_cast<double>(grad_scale) / total));
+    s.scale[r] = static_cast<float>(static_cast<double>(grad_scale) / total);
   }
-  // Sweep 2: the gradient of each block, its input- and weight-gradient products.
+  // Sweep 2: the gradient of each block, transposed, its input- and weight-gradient products.
   for (int64_t v0 = 0; v0 < V; v0 += kVocabBlock) {
     const int64_t valid = std::min(kVocabBlock, V - v0), columns = round32(valid);
+    const uint16_t* weight_t = backward + v0 * K;
     for (int64_t g0 = 0; g0 < Rp; g0 += kGroupRows) {
       const int64_t group = std::min(kGroupRows, Rp - g0);
-      block_logits(s.logits, s.rows16 + g0 * K, group, forward + v0 * K, columns, K);
-      for (int64_t i = 0; i < group; ++i) {
-        const int64_t r = g0 + i;
-        auto* d = reinterpret_cast<lattice::bf16*>(s.d_rows + i * kVocabBlock);
-        if (!live(r)) {
-          std::fill(d, d + columns, lattice::bf16{0});
-          continue;
+      block_logits_t(s.logits, forward + v0 * K, columns, s.token_words + g0 * K / 2, group, K);
+      // Each vocabulary row's gradient for 16 tokens at a time, rounded: into the block's
+      // transposed gradient (the weight gradient's A) and, two rows interleaved, into the group's
+      // pairs (the input gradient's B).
+      for (int64_t l0 = 0; l0 < group; l0 += 16) {
+        const f32x16 max = load16(s.row_max + g0 + l0), scale = load16(s.scale + g0 + l0);
+        const auto gradient = [&](int64_t v) {
+          const f32x16 d =
+              v < valid ? exp16(load16(s.logits + v * kGroupRows + l0) - max) * scale : f32x16{};
+          const __m256i bits = to_bf16_bits(d);
+          std::memcpy(s.d_t + v * Rp + g0 + l0, &bits, sizeof bits);
+          return std::bit_cast<u16x16>(bits);
+        };
+        for (int64_t v = 0; v < columns; v += 2) {
+          const u16x16 even = gradient(v), odd = gradient(v + 1);
+          const u16x32 mixed = interleave_pairs(even, odd);
+          std::memcpy(s.d_pairs + (v / 2 * kGroupRows + l0) * 2, &mixed, sizeof mixed);
         }
-        float* x = s.logits + i * kVocabBlock;
-        row_exp(x, s.row_max[r], valid, columns);
-        const auto scale = static_cast<float>(s.row_sum[r]);
-        convert_scaled_to_bf16_on_this_thread(d, x, scale, columns);
-        const int64_t t = targets[r] - v0;
-        if (t >= 0 && t < valid) {
-          // volatile: the product is rounded to fp32 before the subtraction (as the row kernel).
-          const volatile float scaled = x[t] * scale;
-          d[t] = lattice::to_bf16(scaled - grad_scale);
+        for (int i = 0; i < 16; ++i) {
+          const int64_t r = g0 + l0 + i;
+          const int64_t t = live(r) ? targets[r] - v0 : -1;
+          if (t < 0 || t >= valid) continue;
+          // The target's e^(logit - max) as its lane computed it, times the scale, rounded to
+          // fp32 before the subtraction (volatile), as the row kernel does.
+          const f32x16 e = exp16(_mm512_set1_ps(s.logits[t * kGroupRows + l0 + i] - max[i]));
+          const volatile float scaled = e[0] * scale[i];
+          const auto bits = std::bit_cast<uint16_t>(lattice::to_bf16(scaled - grad_scale));
+          s.d_t[t * Rp + r] = bits;
+          s.d_pairs[(t / 2 * kGroupRows + l0 + i) * 2 + t % 2] = bits;
         }
       }
-      // The group's gradient rows as token pairs for the weight gradient.
-      for (int64_t i = 0; i < group; i += 2) {
-        const uint16_t* even = s.d_rows + i * kVocabBlock;
-        const uint16_t* odd = even + kVocabBlock;
-        uint16_t* pairs = s.d_pairs + (g0 + i) / 2 * 2 * kVocabBlock;
-        for (int64_t v = 0; v < columns; v += 16) {
-          u16x16 a, b;
-          std::memcpy(&a, even + v, sizeof a);
-          std::memcpy(&b, odd + v, sizeof b);
-          const u16x32 mixed = interleave_pairs(a, b);
-          std::memcpy(pairs + 2 * v, &mixed, sizeof mixed);
-        }
-      }
-      block_input_gradient(s.d_in + g0 * K, s.d_rows, group, backward + v0 * K, columns, K,
-                           v0 == 0);
+      block_input_gradient_t(s.d_in_t + g0, Rp, weight_t, columns, s.d_pairs, group, K, v0 == 0);
     }
-    block_weight_gradient(weight_grad + v0 * K, overwrite, s.columns16, Rp, s.d_pairs, columns,
-                          valid, K, s.staging);
+    block_weight_gradient_t(weight_grad + v0 * K, overwrite, s.d_t, Rp, s.token_pairs, columns,
+                            valid, K, s.staging);
   }
-  std::memcpy(d_in, s.d_in, static_cast<size_t>(rows * K) * 4);
+  // The input gradient back in rows.
+  for (int64_t t0 = 0; t0 < Rp; t0 += 16) {
+    for (int64_t k0 = 0; k0 < K; k0 += 16) {
+      f32x16 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = load16(s.d_in_t + (k0 + i) * Rp + t0);
+      transpose_16x16(r);
+      for (int i = 0; i < 16 && t0 + i < rows; ++i)
+        std::memcpy(d_in + (t0 + i) * K + k0, &r[i], sizeof r[i]);
+    }
+  }
 #else
   (void)row_losses, (void)d_in, (void)weight_grad, (void)overwrite, (void)in16, (void)targets;
   (void)grad_scale, (void)forward, (void)backward, (void)scratch;

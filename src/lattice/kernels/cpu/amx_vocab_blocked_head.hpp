@@ -1,15 +1,16 @@
 // The LM head and its cross-entropy, forward and backward, on AMX in blocks of the vocabulary, for
-// narrow models (d_model up to a few hundred). A thread takes a pass of rows whose bf16 input, its
-// transpose and the fp32 input gradient stay in L2, and sweeps the vocabulary twice in blocks of
-// kVocabBlock columns: the first sweep computes each block's logits and folds them into every
-// row's running max and sum of exponentials (online softmax); the second computes them again and
-// turns them into the logits' gradient, which feeds the input gradient and the block's weight
-// gradient at once. Neither the logits nor their gradient ever leave L2, and per pass the head
-// weight is read three times (its forward layout twice, its backward layout once), where the
-// row-chunk head (MatmulEngine::forward_backward_in_row_chunks) writes and reads its logits and
-// accumulates a whole-vocabulary weight-gradient partial through memory for every chunk: one extra
-// forward product buys that traffic back (the idea of Apple's Cut Cross-Entropy: recompute the
-// logits rather than store them).
+// narrow models (d_model up to a few hundred). A thread takes a pass of rows whose bf16 input (in
+// two tile layouts) and fp32 input gradient stay in L2, and sweeps the vocabulary twice in blocks
+// of kVocabBlock rows: the first sweep computes each block's logits and folds them into every row's
+// running max and sum of exponentials (online softmax); the second computes them again and turns
+// them into the logits' gradient, which feeds the input gradient and the block's weight gradient at
+// once. The logits are computed transposed (vocabulary down the rows), so the weight gradient comes
+// out in the weight's own [V, K] layout. Neither the logits nor their gradient ever leave L2, and
+// per pass the head weight is read three times (its row layout twice, its transposed blocks once),
+// where the row-chunk head (MatmulEngine::forward_backward_in_row_chunks) writes and reads its
+// logits and accumulates a whole-vocabulary weight-gradient partial through memory for every chunk:
+// one extra forward product buys that traffic back (the idea of Apple's Cut Cross-Entropy:
+// recompute the logits rather than store them).
 #pragma once
 
 #include <cstddef>
@@ -19,22 +20,23 @@
 
 namespace lattice::kernels {
 
-// Vocabulary columns per block: the block's packed weight (both layouts) and its logits for a
-// group of rows stay in L2 next to the pass's rows.
+// Vocabulary rows per block: the block's packed weight (both layouts) and its logits for a group of
+// rows stay in L2 next to the pass's rows.
 constexpr int64_t kVocabBlock = 256;
 
 // Rows per pass for a head of input width K: the most (a multiple of 32, at most 512) whose bf16
-// input, its transpose and fp32 input gradient take at most 1 MiB; 0 when K is not a multiple of
-// 32 or fewer than 256 rows fit (the kernel does not apply: use the row-chunk head).
+// input (in its two tile layouts) and fp32 input gradient take at most 1 MiB; 0 when K is not a
+// multiple of 32 or fewer than 256 rows fit (the kernel does not apply: use the row-chunk head).
 int64_t vocab_blocked_head_rows_per_pass(int64_t K);
 
 // Elements of each of the two packed weights for a vocabulary of V and width K.
 int64_t vocab_blocked_head_packed_elements(int64_t V, int64_t K);
 
-// The head weight [V, K] (bf16, row-major) packed for the kernel: `forward` as pack_b_panels packs
-// B = weight^T (vocabulary block j's panels start at element j·kVocabBlock·K), `backward` per
-// vocabulary block as pack_b_panels packs B = the block's weight rows [rows, K] (block j at
-// element j·kVocabBlock·K, its rows padded to 32). Multi-threaded: call outside parallel regions.
+// The head weight [V, K] (bf16, row-major) packed for the kernel: `forward` its rows with zero rows
+// up to V rounded to 32 ([Vp][K], the logits' A operand), `backward` per vocabulary block the
+// block transposed, [K][columns] (block j at element j·kVocabBlock·K; columns kVocabBlock, the last
+// block's its rows rounded up to 32; the input gradient's A operand). Multi-threaded: call outside
+// parallel regions.
 void pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward, const lattice::bf16* weight16,
                              int64_t V, int64_t K);
 
