@@ -59,14 +59,15 @@ Result run_pass(const Head& h, float grad_scale, bool overwrite,
                 const std::vector<float>& weight_grad_before) {
   std::vector<uint16_t> forward(vocab_blocked_head_packed_elements(h.V, h.K));
   std::vector<uint16_t> backward(forward.size());
-  pack_vocab_blocked_head(forward.data(), backward.data(), h.weight16.data(), h.V, h.K);
+  const uint16_t* rows =
+      pack_vocab_blocked_head(forward.data(), backward.data(), h.weight16.data(), h.V, h.K);
   std::vector<char> scratch(vocab_blocked_head_scratch_bytes(h.rows, h.K) + 64);
   void* aligned = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
   Result out{std::vector<double>(h.rows, -1.0), std::vector<float>(h.rows * h.K, 7.0f),
              weight_grad_before};
   vocab_blocked_head_pass(out.losses.data(), out.d_in.data(), out.weight_grad.data(), overwrite,
-                          h.in16.data(), h.targets.data(), h.rows, h.K, h.V, grad_scale,
-                          forward.data(), backward.data(), aligned);
+                          h.in16.data(), h.targets.data(), h.rows, h.K, h.V, grad_scale, rows,
+                          backward.data(), aligned);
   return out;
 }
 

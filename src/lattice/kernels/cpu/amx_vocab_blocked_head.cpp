@@ -201,28 +201,35 @@ int64_t vocab_blocked_head_packed_elements(int64_t V, int64_t K) {
   return amx_padded(V) * amx_padded(K);
 }
 
-void pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward, const lattice::bf16* weight16,
-                             int64_t V, int64_t K) {
+const uint16_t* pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward,
+                                        const lattice::bf16* weight16, int64_t V, int64_t K) {
   check(V > 0 && K > 0 && K % 32 == 0,
         "pack_vocab_blocked_head: needs V > 0 and K a positive multiple of 32, got V=" +
             std::to_string(V) + " K=" + std::to_string(K));
   const auto* bits = reinterpret_cast<const uint16_t*>(weight16);
   const int64_t Vp = amx_padded(V);
-  // forward: the weight's rows, zero rows past V; backward: per block of kVocabBlock rows (the
-  // last one's rounded up to 32), the block transposed, [K][columns].
+  // The rows the logits read: the weight's own where V is a multiple of 32, else a copy with zero
+  // rows past V. backward: per block of kVocabBlock rows (the last one's rounded up to 32), the
+  // block transposed, [K][columns].
+  const uint16_t* rows = V == Vp ? bits : forward;
+  check(rows != nullptr, "pack_vocab_blocked_head: V=" + std::to_string(V) +
+                             " is not a multiple of 32: pass a forward buffer of "
+                             "vocab_blocked_head_packed_elements(V, K) elements");
 #pragma omp parallel for schedule(static)
   for (int64_t v0 = 0; v0 < Vp; v0 += 32) {
-    for (int64_t v = v0; v < v0 + 32; ++v) {
-      if (v < V)
-        std::memcpy(forward + v * K, bits + v * K, static_cast<size_t>(K) * 2);
-      else
-        std::fill(forward + v * K, forward + (v + 1) * K, uint16_t{0});
+    if (rows == forward) {
+      for (int64_t v = v0; v < v0 + 32; ++v) {
+        if (v < V)
+          std::memcpy(forward + v * K, bits + v * K, static_cast<size_t>(K) * 2);
+        else
+          std::fill(forward + v * K, forward + (v + 1) * K, uint16_t{0});
+      }
     }
-    // The 32 padded rows just written, transposed into their block's columns.
     const int64_t block = v0 / kVocabBlock * kVocabBlock;
     const int64_t columns = std::min(kVocabBlock, Vp - block);
-    transpose_bf16(backward + block * K + (v0 - block), columns, forward + v0 * K, K, 32, K);
+    transpose_bf16(backward + block * K + (v0 - block), columns, rows + v0 * K, K, 32, K);
   }
+  return rows;
 }
 
 size_t vocab_blocked_head_scratch_bytes(int64_t rows, int64_t K) {

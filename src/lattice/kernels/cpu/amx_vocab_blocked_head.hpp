@@ -32,13 +32,16 @@ int64_t vocab_blocked_head_rows_per_pass(int64_t K);
 // Elements of each of the two packed weights for a vocabulary of V and width K.
 int64_t vocab_blocked_head_packed_elements(int64_t V, int64_t K);
 
-// The head weight [V, K] (bf16, row-major) packed for the kernel: `forward` its rows with zero rows
-// up to V rounded to 32 ([Vp][K], the logits' A operand), `backward` per vocabulary block the
-// block transposed, [K][columns] (block j at element j·kVocabBlock·K; columns kVocabBlock, the last
-// block's its rows rounded up to 32; the input gradient's A operand). Multi-threaded: call outside
-// parallel regions.
-void pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward, const lattice::bf16* weight16,
-                             int64_t V, int64_t K);
+// The head weight [V, K] (bf16, row-major) laid out for the kernel. Returns the rows its logits
+// read (vocab_blocked_head_pass's `forward`, [Vp][K] with Vp = V rounded up to 32): weight16 itself
+// where V is a multiple of 32 (`forward` untouched, and it may be null), else `forward` (Vp·K
+// elements), filled with the weight's rows and zero rows past V. `backward` receives, per
+// vocabulary block, the block transposed, [K][columns] (block j at element j·kVocabBlock·K;
+// columns kVocabBlock, the last block's its rows rounded up to 32; the input gradient's A
+// operand). Multi-threaded: call outside parallel regions.
+[[nodiscard]] const uint16_t* pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward,
+                                                      const lattice::bf16* weight16, int64_t V,
+                                                      int64_t K);
 
 // Bytes of 64-byte aligned scratch one thread needs for passes of up to `rows` rows.
 size_t vocab_blocked_head_scratch_bytes(int64_t rows, int64_t K);

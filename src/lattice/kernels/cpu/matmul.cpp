@@ -68,11 +68,12 @@ void accumulate_column_sums(float* d_bias, const float* d_out, int64_t M, int64_
 // In slices of kWeightGradientRows rows added in order: oneDNN 2.6's sgemm ran the whole
 // transposed reduction of a wide, shallow weight slower (on the AMX host, 2 threads: the small
 // bench model's c_fc 2048 x 256 x 1024 at 224-303 GFLOP/s, 283-314 in 512-row slices; the other
-// shapes of bench train's models even within 3%). The slicing depends on M alone, so a column or
-// row slice of the weight (tensor parallelism) is summed in the same order. Where d_out's rows
-// alias in the cache (transposed_weight_gradient), up to kTransposedGradientRows weight rows at a
-// time as their transpose, in^T · d_out (d_out read along its rows), added to d_weight transposed:
-// 135 -> 260 GFLOP/s for the small model's LM head.
+// shapes of bench train's models even within 3%). The slicing depends on M alone, so a row slice
+// of the weight (tensor parallelism) is summed in the same order. Where d_out's rows alias in the
+// cache (transposed_weight_gradient), up to kTransposedGradientRows weight rows at a time as their
+// transpose, in^T · d_out (d_out read along its rows), added to d_weight transposed: 135 -> 260
+// GFLOP/s for the small model's LM head. That form depends on N, so a column slice of such a
+// weight may take the other one: the same sums in another order (fp32 rounding).
 void weight_gradient_sgemm(int64_t N, int64_t K, int64_t M, const float* d_out, const float* in,
                            float* d_weight, float* scratch) {
   if (!transposed_weight_gradient(N)) {

@@ -42,9 +42,12 @@ void MatmulEngine::head_cross_entropy_vocab_blocked(const lattice::bf16* in16, W
   const lattice::bf16* weight16 = impl_->rounded_weight(weight, V, K);  // rounded once
   const auto packed_bytes =
       static_cast<size_t>(vocab_blocked_head_packed_elements(V, K)) * sizeof(uint16_t);
-  auto* forward = static_cast<uint16_t*>(impl_->packed_weights[0].reserve(packed_bytes));
+  // The weight's rows are read in place where V is a multiple of 32 (no forward copy).
+  auto* forward_copy = V % 32 != 0
+                           ? static_cast<uint16_t*>(impl_->packed_weights[0].reserve(packed_bytes))
+                           : nullptr;
   auto* backward = static_cast<uint16_t*>(impl_->packed_weights[1].reserve(packed_bytes));
-  pack_vocab_blocked_head(forward, backward, weight16, V, K);
+  const uint16_t* forward = pack_vocab_blocked_head(forward_copy, backward, weight16, V, K);
   const int64_t pass_rows = vocab_blocked_head_rows_per_pass(K);
   impl_->reserve_thread_buffers(lanes, 0, 0, vocab_blocked_head_scratch_bytes(pass_rows, K));
   ChunkFailure failure;
