@@ -61,7 +61,7 @@ Result run_pass(const Head& h, float grad_scale, bool overwrite,
   std::vector<uint16_t> backward(forward.size());
   const uint16_t* rows =
       pack_vocab_blocked_head(forward.data(), backward.data(), h.weight16.data(), h.V, h.K);
-  std::vector<char> scratch(vocab_blocked_head_scratch_bytes(h.rows, h.K) + 64);
+  std::vector<char> scratch(vocab_blocked_head_scratch_bytes(h.rows, h.K, h.V) + 64);
   void* aligned = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
   Result out{std::vector<double>(h.rows, -1.0), std::vector<float>(h.rows * h.K, 7.0f),
              weight_grad_before};

@@ -2,9 +2,11 @@
 // the vocabulary down the rows: per pass of R tokens (padded to Rp, a multiple of 32) the thread's
 // scratch holds the tokens in two B layouts (their bf16 pairs along K as words, per 32 tokens; and
 // pairs of tokens side by side, per 32 columns), the input gradient transposed [K][Rp] (fp32), the
-// rows' softmax statistics, and per vocabulary block the logits of a group of kGroupRows tokens
+// rows' softmax statistics, per vocabulary block the logits of a group of kGroupRows tokens
 // [kVocabBlock][kGroupRows] (fp32), the block's gradient transposed [kVocabBlock][Rp] (bf16) and a
-// group's gradient in pairs of vocabulary rows. All products are the 2 x 2-tile micro-GEMM of
+// group's gradient in pairs of vocabulary rows, and the first sweep's exponentials of every logit
+// of the pass (fp32, with the running max each was taken against), which the second sweep turns
+// into the gradient. All products are the 2 x 2-tile micro-GEMM of
 // amx_tiles.hpp:
 //   logits^T    [block, group] = weight rows · token words        (K swept in order)
 //   d_in^T      [K, group]    += weight^T block · d pairs          (the block's rows in order)
@@ -59,11 +61,14 @@ struct PassScratch {
   float* target_logit;    // [Rp]
   float* scale;           // [Rp]: each row's gradient scale (0 for ignored and padding rows)
   float* logits;          // [kVocabBlock][kGroupRows]: a group's logits, transposed
+  float* exps;            // [blocks][Rp/16][kVocabBlock][16]: e^(logit - used_max)
+  float* used_max;        // [blocks][Rp]: the running max each block's exps are taken against
   uint16_t* d_t;          // [kVocabBlock][Rp]: the block's logits gradient, transposed
   uint16_t* d_pairs;      // [kVocabBlock/2][kGroupRows][2]: a group's, in pairs of vocabulary rows
   float* staging;         // [32][32]
 
-  static size_t bytes(int64_t Rp, int64_t K, PassScratch* carve, void* base) {
+  static size_t bytes(int64_t Rp, int64_t K, int64_t V, PassScratch* carve, void* base) {
+    const int64_t blocks = (V + kVocabBlock - 1) / kVocabBlock;
     size_t offset = 0;
     auto* p = static_cast<char*>(base);
     const auto take = [&](auto*& field, size_t size) {
@@ -81,6 +86,8 @@ struct PassScratch {
     take(s.target_logit, static_cast<size_t>(Rp) * 4);
     take(s.scale, static_cast<size_t>(Rp) * 4);
     take(s.logits, static_cast<size_t>(kVocabBlock * kGroupRows) * 4);
+    take(s.exps, static_cast<size_t>(blocks * kVocabBlock * Rp) * 4);
+    take(s.used_max, static_cast<size_t>(blocks * Rp) * 4);
     take(s.d_t, static_cast<size_t>(kVocabBlock * Rp) * 2);
     take(s.d_pairs, static_cast<size_t>(kVocabBlock * kGroupRows) * 2);
     take(s.staging, 32 * 32 * 4);
@@ -110,6 +117,16 @@ inline f32x16 exp16(f32x16 x) {
 
 inline f32x16 load16(const float* p) {
   return _mm512_loadu_ps(p);
+}
+
+// The kept exponentials of block `block_index` for the 16 tokens from `token` (a multiple of 16):
+// [kVocabBlock][16], a vocabulary row's 16 lanes per cache line, written and read in order.
+inline float* exp_chunk(const PassScratch& s, int64_t block_index, int64_t token, int64_t Rp) {
+  return s.exps + (block_index * (Rp / 16) + token / 16) * kVocabBlock * 16;
+}
+
+inline f32x16 kept_exp(const float* p) {
+  return _mm512_load_ps(p);
 }
 
 // logits_t[v, t] (row stride kGroupRows) = weight row v · token t, for the block's `columns`
@@ -232,8 +249,9 @@ const uint16_t* pack_vocab_blocked_head(uint16_t* forward, uint16_t* backward,
   return rows;
 }
 
-size_t vocab_blocked_head_scratch_bytes(int64_t rows, int64_t K) {
-  return PassScratch::bytes(round32(std::max<int64_t>(rows, 1)), K, nullptr, nullptr);
+size_t vocab_blocked_head_scratch_bytes(int64_t rows, int64_t K, int64_t V) {
+  return PassScratch::bytes(round32(std::max<int64_t>(rows, 1)), K, std::max<int64_t>(V, 1),
+                            nullptr, nullptr);
 }
 
 void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad, bool overwrite,
@@ -252,7 +270,7 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
         "amx_packed_gemm_enabled first)");
   const int64_t Rp = round32(rows);
   PassScratch s{};
-  PassScratch::bytes(Rp, K, &s, scratch);
+  PassScratch::bytes(Rp, K, V, &s, scratch);
   const auto* in_bits = reinterpret_cast<const uint16_t*>(in16);
   const auto live = [&](int64_t r) { return r < rows && targets[r] >= 0; };
   const auto token_row = [&](int64_t r, int64_t k0) {  // 32 bf16 of row r from k0, zero past rows
@@ -293,8 +311,12 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
 
   const AmxTileScope tiles;
   // Sweep 1: each row's max and sum of e^(logit - max), block by block, 16 tokens at a time down
-  // the transposed logits (fp32 sums over the block's vocabulary rows in order).
+  // the transposed logits (fp32 sums over the block's vocabulary rows in order). The exponentials
+  // are kept, with the max they were taken against, in place of computing the logits again in
+  // sweep 2: streamed to memory past the caches (non-temporal stores, no reads for ownership) and
+  // read back once.
   for (int64_t v0 = 0; v0 < V; v0 += kVocabBlock) {
+    const int64_t block_index = v0 / kVocabBlock;
     const int64_t valid = std::min(kVocabBlock, V - v0), columns = round32(valid);
     for (int64_t g0 = 0; g0 < Rp; g0 += kGroupRows) {
       const int64_t group = std::min(kGroupRows, Rp - g0);
@@ -310,7 +332,13 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
         const f32x16 previous = load16(running_max);
         const f32x16 max = block_max > previous ? block_max : previous;
         f32x16 sum{};
-        for (int64_t v = 0; v < valid; ++v) sum += exp16(load16(x + v * kGroupRows) - max);
+        float* exps = exp_chunk(s, block_index, g0 + l0, Rp);
+        for (int64_t v = 0; v < valid; ++v) {
+          const f32x16 e = exp16(load16(x + v * kGroupRows) - max);
+          sum += e;
+          _mm512_stream_ps(exps + v * 16, e);
+        }
+        std::memcpy(s.used_max + block_index * Rp + g0 + l0, &max, sizeof max);
         for (int i = 0; i < 16; ++i) {
           const int64_t r = g0 + l0 + i;
           if (!live(r)) continue;
@@ -324,6 +352,7 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
       }
     }
   }
+  _mm_sfence();
   // The losses, and each row's gradient scale (0, with a max of 0, for ignored and padding rows).
   for (int64_t r = 0; r < Rp; ++r) {
     if (!live(r)) {
@@ -340,18 +369,20 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
   // Sweep 2: the gradient of each block, transposed, its input- and weight-gradient products.
   for (int64_t v0 = 0; v0 < V; v0 += kVocabBlock) {
     const int64_t valid = std::min(kVocabBlock, V - v0), columns = round32(valid);
+    const int64_t block_index = v0 / kVocabBlock;
     const uint16_t* weight_t = backward + v0 * K;
     for (int64_t g0 = 0; g0 < Rp; g0 += kGroupRows) {
       const int64_t group = std::min(kGroupRows, Rp - g0);
-      block_logits_t(s.logits, forward + v0 * K, columns, s.token_words + g0 * K / 2, group, K);
       // Each vocabulary row's gradient for 16 tokens at a time, rounded: into the block's
       // transposed gradient (the weight gradient's A) and, two rows interleaved, into the group's
-      // pairs (the input gradient's B).
+      // pairs (the input gradient's B). A kept exponential times e^(its max - the row's max) and
+      // the scale (0, with a max of 0, for ignored and padding rows: at most e^88 times 0).
       for (int64_t l0 = 0; l0 < group; l0 += 16) {
         const f32x16 max = load16(s.row_max + g0 + l0), scale = load16(s.scale + g0 + l0);
+        const f32x16 factor = exp16(load16(s.used_max + block_index * Rp + g0 + l0) - max) * scale;
+        const float* exps = exp_chunk(s, block_index, g0 + l0, Rp);
         const auto gradient = [&](int64_t v) {
-          const f32x16 d =
-              v < valid ? exp16(load16(s.logits + v * kGroupRows + l0) - max) * scale : f32x16{};
+          const f32x16 d = v < valid ? kept_exp(exps + v * 16) * factor : f32x16{};
           const __m256i bits = to_bf16_bits(d);
           std::memcpy(s.d_t + v * Rp + g0 + l0, &bits, sizeof bits);
           return std::bit_cast<u16x16>(bits);
@@ -365,9 +396,9 @@ void vocab_blocked_head_pass(double* row_losses, float* d_in, float* weight_grad
           const int64_t r = g0 + l0 + i;
           const int64_t t = live(r) ? targets[r] - v0 : -1;
           if (t < 0 || t >= valid) continue;
-          // The target's e^(logit - max) as its lane computed it, times the scale, rounded to
-          // fp32 before the subtraction (volatile), as the row kernel does.
-          const f32x16 e = exp16(_mm512_set1_ps(s.logits[t * kGroupRows + l0 + i] - max[i]));
+          // The target's e^(logit - max) from its fp32 logit, times the scale, rounded to fp32
+          // before the subtraction (volatile), as the row kernel does.
+          const f32x16 e = exp16(_mm512_set1_ps(s.target_logit[r] - max[i]));
           const volatile float scaled = e[0] * scale[i];
           const auto bits = std::bit_cast<uint16_t>(lattice::to_bf16(scaled - grad_scale));
           s.d_t[t * Rp + r] = bits;

@@ -49,7 +49,7 @@ void MatmulEngine::head_cross_entropy_vocab_blocked(const lattice::bf16* in16, W
   auto* backward = static_cast<uint16_t*>(impl_->packed_weights[1].reserve(packed_bytes));
   const uint16_t* forward = pack_vocab_blocked_head(forward_copy, backward, weight16, V, K);
   const int64_t pass_rows = vocab_blocked_head_rows_per_pass(K);
-  impl_->reserve_thread_buffers(lanes, 0, 0, vocab_blocked_head_scratch_bytes(pass_rows, K));
+  impl_->reserve_thread_buffers(lanes, 0, 0, vocab_blocked_head_scratch_bytes(pass_rows, K, V));
   ChunkFailure failure;
 #pragma omp parallel num_threads(lanes)
   {
