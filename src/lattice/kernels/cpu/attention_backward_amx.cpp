@@ -34,11 +34,14 @@ struct LaneSums {
     std::memcpy(sums, &low, sizeof low);
     std::memcpy(sums + 8, &high, sizeof high);
   }
+  // (The zero-masked forms with every lane selected: GCC 12 warns, falsely, on the unmasked
+  // forms' undefined pass-through operand.)
   void add(f32x16 row) {
-    low +=
-        __builtin_convertvector(__builtin_shufflevector(row, row, 0, 1, 2, 3, 4, 5, 6, 7), f64x8);
-    high += __builtin_convertvector(__builtin_shufflevector(row, row, 8, 9, 10, 11, 12, 13, 14, 15),
-                                    f64x8);
+    const __m512 lanes = std::bit_cast<__m512>(row);
+    low += std::bit_cast<f64x8>(
+        _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, lanes, 0)));
+    high += std::bit_cast<f64x8>(
+        _mm512_maskz_cvtps_pd(0xff, _mm512_maskz_extractf32x8_ps(0xff, lanes, 1)));
   }
 };
 
@@ -70,27 +73,29 @@ constexpr int64_t kMaxSumChunks = 16;
 // rows[c * row_stride + d] = transposed[d * kBlockK + c] for c < cols, d < D: a key block's dK or
 // dV rows from their transposed accumulator ([Dp][kBlockK], Dp a multiple of 32), 16 x 16 at a
 // time transposed in registers; with bf16 rows, sums[d] (Dp doubles) += each row in row order.
+// Rows from `prefetched` on are taken for writing first (the caller took the others earlier).
 template <class Out>
 void write_transposed(Out* rows, int64_t row_stride, const float* transposed, int64_t cols,
-                      int64_t D, double* sums) {
-  prefetch_rows_for_writing(rows, row_stride, cols, D);
+                      int64_t D, double* sums, int64_t prefetched) {
+  if (prefetched < cols)
+    prefetch_rows_for_writing(rows + prefetched * row_stride, row_stride, cols - prefetched, D);
   const int64_t chunks = (D + kLanes - 1) / kLanes;
   if (sums != nullptr && chunks <= kMaxSumChunks) {
     // Rows outer, head chunks inner: every chunk's sums advance a row at a time, in row order,
-    // with the chunks' chains of adds interleaved.
+    // with the chunks' chains of adds interleaved (each 16 rows' chunks transposed first).
     LaneSums lane_sums[kMaxSumChunks];
     for (int64_t i = 0; i < chunks; ++i) lane_sums[i].load_from(sums + i * kLanes);
+    f32x16 r[kMaxSumChunks][16];
     for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
       const int64_t n = std::min<int64_t>(kLanes, cols - c0);
       for (int64_t i = 0; i < chunks; ++i) {
-        const int64_t d0 = i * kLanes;
-        f32x16 r[16];
-        for (int j = 0; j < 16; ++j) r[j] = load(transposed + (d0 + j) * kBlockK + c0);
-        transpose_16x16(r);
-        const __mmask16 lanes = head_lanes(D, d0);
-        for (int64_t j = 0; j < n; ++j)
-          store_gradient_row(rows + (c0 + j) * row_stride + d0, r[j], lanes, &lane_sums[i]);
+        for (int j = 0; j < 16; ++j) r[i][j] = load(transposed + (i * kLanes + j) * kBlockK + c0);
+        transpose_16x16(r[i]);
       }
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t i = 0; i < chunks; ++i)
+          store_gradient_row(rows + (c0 + j) * row_stride + i * kLanes, r[i][j],
+                             head_lanes(D, i * kLanes), &lane_sums[i]);
     }
     for (int64_t i = 0; i < chunks; ++i) lane_sums[i].store_to(sums + i * kLanes);
     return;
@@ -237,6 +242,11 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
         pack_rows_interleaved(k_vnni, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride, cols,
                               D);
         std::fill(dkt_acc, dkt_acc + 2 * block, 0.0f);
+        const int64_t key_row = b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
+        // The block's dK and dV rows are taken for writing during its first query block's
+        // softmax, a key row per query row: all at once, just before they are written, their
+        // lines stalled the core (a tenth of this kernel's time).
+        int64_t prefetched = 0;
 
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
@@ -249,7 +259,16 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
                      2 * kBlockK, dp_buf, kBlockK, false);
             // Row pairs: P = exp(S * scale - lse), dS = P * (dP - D_i) * scale, zero where masked
             // and on padding rows; dS as bf16 rows, P and dS as interleaved row pairs.
+            const bool first_pass = g == 0 && i0 == first_query / kBlockQ * kBlockQ;
             for (int64_t r = 0; r < rows_p; r += 2) {
+              if (first_pass) {
+                for (int64_t key = r; key < std::min(r + 2, cols); ++key) {
+                  prefetch_rows_for_writing(grads.dk + key_row + key * shape.k_row_stride,
+                                            shape.k_row_stride, 1, D);
+                  prefetch_rows_for_writing(grads.dv + key_row + key * shape.v_row_stride,
+                                            shape.v_row_stride, 1, D);
+                }
+              }
               f32x16 p[2][kBlockK / kLanes] = {}, ds[2][kBlockK / kLanes] = {};
               for (int e = 0; e < 2; ++e) {
                 const int64_t row = r + e;
@@ -285,6 +304,7 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
                 std::memcpy(ds_vnni + r / 2 * 2 * kBlockK + 2 * c, &ds_pair, sizeof ds_pair);
               }
             }
+            if (first_pass) prefetched = std::min(cols, rows_p);
             // dQ_i += dS K_j; dV_j^T += dO_i^T P; dK_j^T += Q_i^T dS.
             amx_gemm(rows_p, Dp, cols_p, ds_b, kBlockK, k_vnni, 2 * Dp,
                      dq_acc + g * head_panel + i0 * Dp, Dp, true);
@@ -294,11 +314,10 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
                      dkt_acc, kBlockK, true);
           }
         }
-        const int64_t key_row = b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
         write_transposed(grads.dk + key_row, shape.k_row_stride, dkt_acc, cols, D,
-                         sums_wanted ? dk_sums : nullptr);
+                         sums_wanted ? dk_sums : nullptr, prefetched);
         write_transposed(grads.dv + key_row, shape.v_row_stride, dvt_acc, cols, D,
-                         sums_wanted ? dv_sums : nullptr);
+                         sums_wanted ? dv_sums : nullptr, prefetched);
       }
       if (sums_wanted) {
         store_column_sums(grads.dk_sums + b * grads.sums_batch_stride + kvh * D, dk_sums, D);
