@@ -6,8 +6,7 @@
 // [kVocabBlock][kGroupRows] (fp32), the block's gradient transposed [kVocabBlock][Rp] (bf16) and a
 // group's gradient in pairs of vocabulary rows, and the first sweep's exponentials of every logit
 // of the pass (fp32, with the running max each was taken against), which the second sweep turns
-// into the gradient. All products are the 2 x 2-tile micro-GEMM of
-// amx_tiles.hpp:
+// into the gradient. All products are the 2 x 2-tile micro-GEMM of amx_tiles.hpp:
 //   logits^T    [block, group] = weight rows · token words        (K swept in order)
 //   d_in^T      [K, group]    += weight^T block · d pairs          (the block's rows in order)
 //   weight grad [block, K]     = d^T · token pairs                 (the pass's tokens in order)
