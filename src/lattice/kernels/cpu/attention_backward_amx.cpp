@@ -261,13 +261,12 @@ void backward_amx(const Grads& grads, const float* d_out, const Src* q, const Sr
             // and on padding rows; dS as bf16 rows, P and dS as interleaved row pairs.
             const bool first_pass = g == 0 && i0 == first_query / kBlockQ * kBlockQ;
             for (int64_t r = 0; r < rows_p; r += 2) {
-              if (first_pass) {
-                for (int64_t key = r; key < std::min(r + 2, cols); ++key) {
-                  prefetch_rows_for_writing(grads.dk + key_row + key * shape.k_row_stride,
-                                            shape.k_row_stride, 1, D);
-                  prefetch_rows_for_writing(grads.dv + key_row + key * shape.v_row_stride,
-                                            shape.v_row_stride, 1, D);
-                }
+              if (first_pass && r < cols) {
+                const int64_t keys = std::min<int64_t>(2, cols - r);
+                prefetch_rows_for_writing(grads.dk + key_row + r * shape.k_row_stride,
+                                          shape.k_row_stride, keys, D);
+                prefetch_rows_for_writing(grads.dv + key_row + r * shape.v_row_stride,
+                                          shape.v_row_stride, keys, D);
               }
               f32x16 p[2][kBlockK / kLanes] = {}, ds[2][kBlockK / kLanes] = {};
               for (int e = 0; e < 2; ++e) {
