@@ -116,10 +116,10 @@ TEST(LinearBf16, ABackwardOnAnotherInputRoundsThatInput) {
 // B then W equals the whole backward bit for bit, fp32 and bf16 (with and without a bias, the
 // input kept by forward or written by a producer), on shapes that take the engine's oneDNN paths
 // and, where the CPU has AMX, its AMX kernels (multiples of 32, at least 256 rows).
-class LinearSplit : public ::testing::TestWithParam<std::tuple<kernels::Precision, bool, int64_t>> {
+class LinearHalves : public ::testing::TestWithParam<std::tuple<kernels::Precision, bool, int64_t>> {
 };
 
-TEST_P(LinearSplit, InputThenWeightHalvesEqualTheWholeBackward) {
+TEST_P(LinearHalves, InputThenWeightHalvesEqualTheWholeBackward) {
   const auto [precision, with_bias, rows] = GetParam();
   const int64_t in = 64, out = 96;
   ParameterStore store;
@@ -171,6 +171,6 @@ TEST_P(LinearSplit, InputThenWeightHalvesEqualTheWholeBackward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    PrecisionBiasRows, LinearSplit,
+    PrecisionBiasRows, LinearHalves,
     ::testing::Combine(::testing::Values(kernels::Precision::fp32, kernels::Precision::bf16),
                        ::testing::Bool(), ::testing::Values<int64_t>(37, 512)));

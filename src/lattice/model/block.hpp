@@ -1,6 +1,6 @@
-// Block: the interface of one transformer block (GPT-2 or Llama) with a hand-written forward and
-// backward (whole, or split into input and weight halves) over caller-owned saved activations, and
-// the scratch arena that backward passes share.
+// Block: the interface of one transformer block (TransformerBlock, the one type) with a
+// hand-written forward and backward (whole, or split into input and weight halves) over
+// caller-owned saved activations, and the scratch arena that backward passes share.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "lattice/core/tensor.hpp"
 #include "lattice/model/layer_context.hpp"
 #include "lattice/model/moe_statistics.hpp"
-#include "lattice/model/tensor_parallel_comm.hpp"
+#include "lattice/parallel/tensor/sequence_layout.hpp"
 
 namespace lattice::model {
 

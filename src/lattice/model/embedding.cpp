@@ -5,13 +5,13 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/model/context_parallel.hpp"
-#include "lattice/model/tensor_parallel_comm.hpp"
+#include "lattice/parallel/tensor/sequence_layout.hpp"
 
 namespace lattice::model {
 
 Embedding::Embedding(ParameterStore& store, const ModelConfig& config,
                      const TensorParallelGroup& tp)
-    : store_(store), tp_(tp), vocab_(config.vocab_size), d_model_(config.d_model) {
+    : store_(store), tp_(tp), layout_(tp), vocab_(config.vocab_size), d_model_(config.d_model) {
   const bool gpt2 = config.family == Family::gpt2;
   const std::string name = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
   if (tp.size == 1) {
@@ -62,7 +62,7 @@ void Embedding::forward(const LayerContext& ctx, float* x, const int32_t* tokens
                                   run.position, slice_);
       }
   }
-  reduce_over_tp(tp_, x, lookup, rows, d_model_);
+  layout_.reduce(x, lookup, rows, d_model_);
 }
 
 void Embedding::backward(const LayerContext& ctx, const float* d_x, const int32_t* tokens,
@@ -73,7 +73,7 @@ void Embedding::backward(const LayerContext& ctx, const float* d_x, const int32_
   Tensor gathered;
   if (tp_.sequence_parallel) {
     gathered = Tensor({B * T, d_model_}, DType::f32, ctx.tracker, MemoryCategory::activations);
-    gather_sequence(tp_, gathered.f32(), d_x, B * T, d_model_);
+    layout_.gather(gathered.f32(), d_x, B * T, d_model_);
     d_x = gathered.f32();
   }
   if (ctx.context == nullptr) {

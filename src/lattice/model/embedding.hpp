@@ -13,6 +13,7 @@
 #include "lattice/model/layer_context.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
+#include "lattice/parallel/tensor/sequence_layout.hpp"
 
 namespace lattice::model {
 
@@ -22,7 +23,7 @@ class Embedding {
 
   // x[B·T, d_model] = wte[tokens] (+ wpe[start + t]) for tokens [B, T] at positions start + t.
   // Token ids must be in [0, vocab) (check_tokens). Under sequence parallelism x (and backward's
-  // d_x) holds this rank's sequence rows only (tensor_parallel_comm.hpp).
+  // d_x) holds this rank's sequence rows only (parallel/tensor/sequence_layout.hpp).
   void forward(const LayerContext& ctx, float* x, const int32_t* tokens, int64_t B, int64_t T,
                int64_t start = 0) const;
   // Accumulates the gradients of wte (and wpe) from d_x [B·T, d_model].
@@ -37,6 +38,7 @@ class Embedding {
  private:
   ParameterStore& store_;
   TensorParallelGroup tp_;
+  parallel::SequenceLayout layout_;  // the residual rows over tp_ and its collectives
   int64_t vocab_, d_model_;
   kernels::VocabRange slice_;  // the vocabulary rows this rank's table holds (all at tp = 1)
   int token_weight_ = -1, position_weight_ = -1;

@@ -1,10 +1,8 @@
 // What every layer's forward and backward receives: the kernel backend (kernels/ops.hpp: every op a
 // layer computes goes through it), the compute precision, the memory tracker for activations and
-// optional hooks around each parameter unit (data parallelism and ZeRO-3); and the tensor-parallel
-// group the layers are built with (size 1 without tensor parallelism: the layers are the same code
-// handed a larger group and their shards); and, under context parallelism, the attention that
-// spans the ranks holding the rest of each sequence; for MoE layers, the group the load-balancing
-// loss spans.
+// optional hooks around each parameter unit (data parallelism and ZeRO-3); under context
+// parallelism, the attention that spans the ranks holding the rest of each sequence; for MoE
+// layers, the group the load-balancing loss spans.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +10,7 @@
 #include "lattice/core/memory.hpp"
 #include "lattice/kernels/ops.hpp"
 #include "lattice/kernels/precision.hpp"
+#include "lattice/parallel/tensor/tensor_parallel_group.hpp"
 
 namespace lattice::comm {
 class Communicator;
@@ -21,27 +20,8 @@ namespace lattice::model {
 
 class ContextAttention;
 
-struct TensorParallelGroup {
-  comm::Communicator* comm = nullptr;  // null means size 1
-  int rank = 0;
-  int size = 1;
-  // When set, every all_reduce_over_tp adds its wall time (seconds) here: the training line's
-  // "tp comm" (blocking, so all of it exposed). Owned by the caller, one per rank.
-  double* comm_seconds = nullptr;
-  // Overlap a column-parallel layer's input-gradient all-reduce with its weight-gradient GEMMs
-  // (started asynchronously after the input half, waited for after the weight half; Megatron's
-  // asynchronous tensor-parallel all-reduce). The same arithmetic either way: false is for
-  // measuring what the overlap hides.
-  bool overlap = true;
-  // Sequence parallelism (Korthikanti et al.): the residual stream, the norms and the residual adds
-  // run on this rank's rows / size of the rows (tensor_parallel_comm.hpp's sequence rows); the
-  // column-parallel layers' inputs are all-gathered and the row-parallel layers' outputs
-  // reduce-scattered instead of all-reduced. Requires size > 1 and rows divisible by size.
-  bool sequence_parallel = false;
-
-  // The rows of the residual stream this rank holds out of `rows`.
-  int64_t local_rows(int64_t rows) const { return sequence_parallel ? rows / size : rows; }
-};
+// The tensor-parallel group a stage is built with (parallel/tensor/tensor_parallel_group.hpp).
+using parallel::TensorParallelGroup;
 
 // Called by the Transformer around the forward and backward of each parameter unit (see
 // Transformer::units(): the embedding, each block, the head), in execution order. Data parallelism

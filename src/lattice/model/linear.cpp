@@ -26,12 +26,11 @@ void ensure_bf16(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
 }  // namespace
 
 Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_features,
-               int64_t out_features, bool bias, InitKind init, const TensorParallelGroup& tp,
-               TensorSplit split, int blocks)
+               int64_t out_features, bool bias, InitKind init, const LinearSplit& split)
     : store_(&store), in_(in_features), out_(out_features) {
-  check(blocks == 1 || split == TensorSplit::column,
+  check(split.blocks == 1 || split.kind == TensorSplit::column,
         "Linear " + prefix + ": output blocks apply to a column split only (internal error)");
-  if (tp.size == 1 || split == TensorSplit::none) {
+  if (!split.splits()) {
     weight_ = store.declare(prefix + ".weight", {out_features, in_features}, init, true);
     if (bias) bias_ = store.declare(prefix + ".bias", {out_features}, InitKind::zeros, false);
     return;
@@ -39,8 +38,8 @@ Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_feat
   // This rank's slice of the logical weight [out, in]: rows (column split) or columns (row split),
   // replicated over every axis but tp.
   const mesh::AxisSet not_tp = mesh::AxisSet::all().without(mesh::Axis::tp);
-  const bool column = split == TensorSplit::column;
-  const TensorShard shard{column ? 0 : 1, tp.rank, tp.size, column ? blocks : 1};
+  const bool column = split.kind == TensorSplit::column;
+  const TensorShard shard{column ? 0 : 1, split.rank, split.size, column ? split.blocks : 1};
   weight_ = store.declare_shard(prefix + ".weight", {out_features, in_features}, shard, not_tp,
                                 init, true);
   const Shape& local = store.info(weight_).shape;
@@ -49,11 +48,11 @@ Linear::Linear(ParameterStore& store, const std::string& prefix, int64_t in_feat
   if (!bias) return;
   if (column) {
     bias_ = store.declare_shard(prefix + ".bias", {out_features},
-                                TensorShard{0, tp.rank, tp.size, blocks}, not_tp, InitKind::zeros,
-                                false);
+                                TensorShard{0, split.rank, split.size, split.blocks}, not_tp,
+                                InitKind::zeros, false);
   } else {
     bias_ = store.declare(prefix + ".bias", {out_features}, InitKind::zeros, false);
-    adds_bias_ = tp.rank == 0;
+    adds_bias_ = split.rank == 0;
   }
 }
 

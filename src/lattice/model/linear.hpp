@@ -14,6 +14,7 @@
 #include "lattice/core/tensor.hpp"
 #include "lattice/model/layer_context.hpp"
 #include "lattice/model/parameter_store.hpp"
+#include "lattice/parallel/tensor/linear_split.hpp"
 
 namespace lattice::model {
 
@@ -28,25 +29,18 @@ struct LinearActivations {
   void release();
 };
 
-// How a Linear's weight is split over the tensor-parallel group (Shoeybi et al., Megatron-LM):
-//   none:   whole on every rank.
-//   column: each rank holds out_features / tp of the output rows (and their bias): its output is
-//           this rank's columns of the whole output, from the whole input, and its input gradient
-//           is this rank's partial sum, which the caller all-reduces over tp once per sub-layer.
-//   row:    each rank holds in_features / tp of the input columns: its input is this rank's
-//           columns of the whole input, its output a partial sum the caller all-reduces over tp;
-//           the bias is whole and added by tp rank 0 only, so the all-reduced sum holds it once.
-// The layer computes on its local shapes with the same code as tp = 1.
-enum class TensorSplit { none, column, row };
+// How the weight is split over a tensor-parallel group: parallel/tensor/linear_split.hpp (a
+// column- or row-split layer computes on its local shapes with the same code as one rank).
+using parallel::LinearSplit;
+using parallel::TensorSplit;
 
 class Linear {
  public:
   Linear() = default;
-  // `blocks` > 1 (column only): the output rows are that many equal blocks (q | k | v), each
-  // split over tp (TensorShard::blocks).
+  // Declares this rank's slice of the [out_features, in_features] weight (and bias) as `split`
+  // says (whole by default).
   Linear(ParameterStore& store, const std::string& prefix, int64_t in_features,
-         int64_t out_features, bool bias, InitKind init, const TensorParallelGroup& tp = {},
-         TensorSplit split = TensorSplit::none, int blocks = 1);
+         int64_t out_features, bool bias, InitKind init, const LinearSplit& split = {});
 
   void forward(const LayerContext& ctx, LinearActivations& saved, float* out, const float* in,
                int64_t rows);
@@ -133,7 +127,7 @@ class Linear {
   ParameterStore* store_ = nullptr;
   int weight_ = -1, bias_ = -1;
   int64_t in_ = 0, out_ = 0;
-  bool adds_bias_ = true;  // false on the tp ranks but 0 of a row-split layer
+  bool adds_bias_ = true;  // false on the ranks but 0 of a row-split layer
   // The bias the forward adds (null when none, or not on this rank).
   const float* forward_bias() const;
   // The kept bf16 input sized for `rows` rows, as the backend's operand from row `first` on.

@@ -3,7 +3,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/model/block.hpp"
-#include "lattice/model/tensor_parallel_comm.hpp"
+#include "lattice/parallel/tensor/sequence_layout.hpp"
 
 namespace lattice::model {
 
@@ -13,6 +13,7 @@ LmHead::LmHead(ParameterStore& store, const ModelConfig& config, int tied_weight
                const std::string& untied_copy_of, const TensorParallelGroup& tp)
     : store_(store),
       tp_(tp),
+      layout_(tp),
       family_(config.family),
       C_(config.d_model),
       V_(config.vocab_size),
@@ -99,7 +100,7 @@ void LmHead::norm_forward(const LayerContext& ctx, HeadActivations& h, const flo
   }
   if (!sp) return;
   ensure_activation(h.normed, {rows, C}, tracker);
-  gather_sequence(tp_, h.normed.f32(), out.f32(), rows, C);
+  layout_.gather(h.normed.f32(), out.f32(), rows, C);
 }
 
 double LmHead::loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, const float* x,
@@ -191,10 +192,10 @@ double LmHead::vocab_parallel_loss(const LayerContext& ctx, HeadActivations& h, 
   float* row_max = stats.f32();
   float* sums = row_max + rows;  // [row_sum | target_logit]
   ctx.ops.vocab_slice_row_max(row_max, h.logits.f32(), rows, V_, valid);
-  all_reduce_over_tp(tp_, row_max, rows, comm::ReduceOp::max);
+  layout_.all_reduce(row_max, rows, comm::ReduceOp::max);
   ctx.ops.vocab_slice_row_sums(sums, sums + rows, h.logits.f32(), row_max, targets, rows, V_, valid,
                                slice_);
-  all_reduce_over_tp(tp_, sums, 2 * rows);
+  layout_.all_reduce(sums, 2 * rows);
   return ctx.ops.vocab_slice_loss(grad_scale != 0.0f ? h.logits.f32() : nullptr, h.logits.f32(),
                                   row_max, sums, sums + rows, targets, rows, V_, valid, slice_,
                                   grad_scale);
@@ -222,7 +223,7 @@ void LmHead::backward_gemm(const LayerContext& ctx, HeadActivations& h, int64_t 
   if (d_in == nullptr) return;
   if (tp_.sequence_parallel)
     ensure_activation(h.d_normed_local, {tp_.local_rows(rows), C}, tracker);
-  reduce_over_tp(tp_, tp_.sequence_parallel ? h.d_normed_local.f32() : d_in, d_in, rows, C);
+  layout_.reduce(tp_.sequence_parallel ? h.d_normed_local.f32() : d_in, d_in, rows, C);
 }
 
 void LmHead::norm_backward(const LayerContext& ctx, HeadActivations& h, float* d_x, const float* x,
@@ -233,8 +234,8 @@ void LmHead::norm_backward(const LayerContext& ctx, HeadActivations& h, float* d
   const float* d_out = tp_.sequence_parallel ? h.d_normed_local.f32() : h.d_normed.f32();
   Tensor partial;
   if (tp_.sequence_parallel) partial = Tensor({2 * C}, DType::f32);
-  ReplicatedGradients grads(
-      tp_, ctx.ops,
+  parallel::ReplicatedGradients grads(
+      layout_, ctx.ops,
       {store_.grad(norm_weight_), norm_bias_ >= 0 ? store_.grad(norm_bias_) : nullptr}, C,
       partial.empty() ? nullptr : partial.f32());
   if (family_ == Family::gpt2) {

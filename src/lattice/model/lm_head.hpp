@@ -12,6 +12,7 @@
 #include "lattice/model/model_config.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/model/stage_activations.hpp"
+#include "lattice/parallel/tensor/sequence_layout.hpp"
 
 namespace lattice::model {
 
@@ -74,6 +75,7 @@ class LmHead {
 
   ParameterStore& store_;
   TensorParallelGroup tp_;
+  parallel::SequenceLayout layout_;  // the residual rows over tp_ and its collectives
   Family family_;
   int64_t C_, V_;              // V_: the rows of this rank's head weight (the whole vocab at tp 1)
   kernels::VocabRange slice_;  // the vocabulary rows those are (all at tp = 1)

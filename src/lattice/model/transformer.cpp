@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
-#include "lattice/model/gpt2_block.hpp"
-#include "lattice/model/llama_block.hpp"
+#include "lattice/model/block_description.hpp"
+#include "lattice/model/transformer_block.hpp"
 
 namespace lattice::model {
 
@@ -68,11 +68,11 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
         "stage block range [" + std::to_string(range_.first_block) + ", " +
             std::to_string(range_.last_block) + ") does not fit a model of " +
             std::to_string(config_.n_layers) + " layers");
+  // Each block as its family describes it (block_description.hpp).
+  std::vector<BlockDescription> descriptions;
+  for (int64_t i = range_.first_block; i < range_.last_block; ++i)
+    descriptions.push_back(describe_block(config_, i));
   const bool gpt2 = config_.family == Family::gpt2;
-  check(!gpt2 || !config_.is_moe(),
-        "model.n_experts = " + std::to_string(config_.n_experts) +
-            ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a "
-            "MoE preset: mixtral-tiny, deepseek-moe-tiny)");
   if (has_embedding()) embedding_.emplace(params_, config_, tp);
   // Units are contiguous ranges of the flat buffer: parameters are laid out in declaration order
   // (expert-parallel experts excepted, below). unit_params: each unit's first parameter index.
@@ -86,13 +86,14 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
     return static_cast<int>(units_.size()) - 1;
   };
   if (has_embedding()) embedding_unit_ = close_unit(true);
-  if (!gpt2) rope_.emplace(config_.max_seq_len, config_.head_dim(), config_.rope_theta);
+  if (descriptions.front().attention.rope)
+    rope_.emplace(config_.max_seq_len, config_.head_dim(), config_.rope_theta);
   first_block_unit_ = static_cast<int>(units_.size());
+  const parallel::SequenceLayout layout(tp);
   for (int64_t i = range_.first_block; i < range_.last_block; ++i) {
-    if (gpt2)
-      blocks_.push_back(std::make_unique<Gpt2Block>(params_, config_, i, tp));
-    else
-      blocks_.push_back(std::make_unique<LlamaBlock>(params_, config_, i, tp, *rope_, ep));
+    const BlockDescription& d = descriptions[static_cast<size_t>(i - range_.first_block)];
+    blocks_.push_back(
+        std::make_unique<TransformerBlock>(params_, d, i, layout, rope_ ? &*rope_ : nullptr, ep));
     close_unit(false);
   }
   if (has_head()) {

@@ -1,0 +1,364 @@
+// The attention sub-layer: see attention.hpp.
+#include "lattice/model/components/attention.hpp"
+
+#include "lattice/core/error.hpp"
+#include "lattice/model/components/backward_slots.hpp"
+
+namespace lattice::model {
+
+namespace k = lattice::kernels;
+
+void AttentionActivations::release() {
+  norm.release();
+  for (Tensor* t : {&qkv, &qkv16, &q, &k, &v, &att, &lse, &d_out}) t->reset();
+  for (LinearActivations& l : input) l.release();
+  output.release();
+  for (Tensor& t : d_input) t.reset();
+}
+
+Attention::Attention(ParameterStore& store, const std::string& prefix,
+                     const AttentionDescription& d, int64_t d_model, float norm_eps,
+                     const parallel::SequenceLayout& layout, parallel::TensorSplit input_split,
+                     parallel::TensorSplit output_split, const k::RopeTable* rope)
+    : layout_(layout), rope_(rope), C_(d_model), head_dim_(d.head_dim) {
+  check(!d.rope || rope != nullptr, "rotary attention built without a RoPE table (internal error)");
+  check(d.heads % layout.ranks() == 0 && d.kv_heads % layout.ranks() == 0,
+        "parallelism.tp = " + std::to_string(layout.ranks()) + " must divide the " +
+            std::to_string(d.heads) + " attention heads and the " + std::to_string(d.kv_heads) +
+            " key/value heads: pick a tp that divides both");
+  heads_ = d.heads / layout.ranks();
+  kv_heads_ = d.kv_heads / layout.ranks();
+  A_ = heads_ * head_dim_;
+  KV_ = kv_heads_ * head_dim_;
+  norm_ = Norm(store, prefix + d.norm, d.norm_kind, C_, norm_eps);
+  const int64_t q_width = d.heads * head_dim_, kv_width = d.kv_heads * head_dim_;
+  // q, k, v column-split by heads (a packed projection: each rank its heads of each of the three
+  // blocks; grouped-query attention splits the key/value heads too), the output row-split.
+  if (!d.packed.empty()) {
+    check(d.heads == d.kv_heads,
+          "a packed q | k | v projection has as many key/value heads as "
+          "query heads (internal error)");
+    input_.emplace_back(store, prefix + d.packed, C_, 3 * q_width, d.input_bias, InitKind::normal,
+                        layout.split(input_split, 3));
+  } else {
+    for (const auto& [name, width] : {std::pair{d.q, q_width}, {d.k, kv_width}, {d.v, kv_width}})
+      input_.emplace_back(store, prefix + name, C_, width, d.input_bias, InitKind::normal,
+                          layout.split(input_split));
+  }
+  output_ = Linear(store, prefix + d.out, q_width, C_, d.output_bias, InitKind::normal_residual,
+                   layout.split(output_split));
+  fusable_ = packed() && !d.rope && norm_.writes_bf16();
+}
+
+k::AttentionShape Attention::shape(int64_t B, int64_t T) const {
+  if (!packed()) return k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
+  // q, k, v of `heads` heads packed per token as [q | k | v] (the projection's output here).
+  k::AttentionShape s = k::AttentionShape::contiguous(B, T, heads_, heads_, head_dim_);
+  s.q_row_stride = s.k_row_stride = s.v_row_stride = A_ + 2 * KV_;
+  s.q_batch_stride = s.kv_batch_stride = T * (A_ + 2 * KV_);
+  return s;
+}
+
+void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T,
+                        bool cached) const {
+  const int64_t rows = B * T, local = layout_.local_rows(rows);
+  auto* tr = ctx.tracker;
+  a.input.resize(input_.size());
+  a.d_input.resize(input_.size());
+  // Fused bf16: the norm's output exists only as the projection's bf16 input (on a sharded layout
+  // this rank's rows of it, gathered), and in training q, k, v only in bf16.
+  const bool fused = this->fused(ctx.precision);
+  norm_.prepare(ctx, a.norm, local, !fused, fused && layout_.sharded());
+  if (packed()) {
+    if (fused && !cached) {
+      a.qkv.reset();
+      ensure_bf16_activation(a.qkv16, {rows, A_ + 2 * KV_}, tr);
+    } else {
+      a.qkv16.reset();
+      ensure_activation(a.qkv, {rows, A_ + 2 * KV_}, tr);
+    }
+  } else {
+    ensure_activation(a.q, {rows, A_}, tr);
+    ensure_activation(a.k, {rows, KV_}, tr);
+    ensure_activation(a.v, {rows, KV_}, tr);
+  }
+  ensure_activation(a.att, {rows, A_}, tr);
+  ensure_activation(a.lse, {B, heads_, T}, tr);
+}
+
+float* Attention::projection_output(AttentionActivations& a, size_t i) const {
+  if (packed()) return a.qkv.f32();
+  return (i == 0 ? a.q : i == 1 ? a.k : a.v).f32();
+}
+
+void Attention::project(const LayerContext& ctx, AttentionActivations& a, NormedRows& in,
+                        int64_t rows, bool cached) {
+  if (fused(ctx.precision)) {
+    Linear& qkv = input_[0];
+    if (cached) {  // one rank: fp32 q, k, v for the KV cache
+      in.gather.wait();
+      qkv.forward_prepared(ctx, a.input[0], a.qkv.f32(), rows);
+      return;
+    }
+    // The projection's output (bias included) rounded to bf16 as it is produced: the same values
+    // attention would round from an fp32 qkv, which is never stored.
+    layout_.forward_gathered(
+        in.gather,
+        [&](int64_t first, int64_t count, bool own) {
+          qkv.forward_prepared_to_bf16_rows(ctx, a.input[0], a.qkv16.data<lattice::bf16>(), rows,
+                                            first, count, own ? in.own16 : nullptr);
+        },
+        rows);
+    // A sharded layout keeps this rank's rows (the norm's out16), not the gathered input.
+    if (layout_.sharded()) Linear::release_prepared_input(a.input[0]);
+    return;
+  }
+  layout_.forward_gathered(
+      in.gather,
+      [&](int64_t first, int64_t count, bool own) {
+        for (size_t i = 0; i < input_.size(); ++i) {
+          Linear& l = input_[i];
+          float* out = projection_output(a, i);
+          if (own)
+            l.forward_piece(ctx, a.input[i], out + first * l.out_features(), in.own, rows, first,
+                            count);
+          else
+            l.forward_rows(ctx, a.input[i], out, in.all, rows, first, count);
+        }
+      },
+      rows);
+  // A sharded layout keeps this rank's rows (the norm's output), not the gathered input or its
+  // bf16 rounding: backward gathers and rounds it again (the same bits).
+  if (layout_.sharded())
+    for (LinearActivations& l : a.input) l.release();
+}
+
+void Attention::attend(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T) {
+  const k::AttentionShape s = shape(B, T);
+  ContextAttention& attention = core(ctx);
+  if (!packed()) {
+    attention.forward(ctx.ops, a.att.f32(), a.lse.f32(), a.q.f32(), a.k.f32(), a.v.f32(), s,
+                      ctx.precision);
+    return;
+  }
+  if (fused(ctx.precision)) {
+    attention.forward_packed_bf16(ctx.ops, ctx.tracker, a.att.f32(), a.lse.f32(),
+                                  a.qkv16.data<lattice::bf16>(), A_ + 2 * KV_, A_, A_ + KV_, s);
+    return;
+  }
+  const float* qkv = a.qkv.f32();
+  attention.forward(ctx.ops, a.att.f32(), a.lse.f32(), qkv, qkv + A_, qkv + A_ + KV_, s,
+                    ctx.precision);
+}
+
+void Attention::project_out(const LayerContext& ctx, AttentionActivations& a, float* x_out,
+                            const float* x, int64_t rows, Tensor& partial) {
+  // The row-split projection's partial sums over all rows, reduced over the group: all-reduced in
+  // place, or reduce-scattered onto this rank's rows from `partial` on a sharded layout.
+  if (layout_.sharded()) ensure_activation(partial, {rows, C_}, ctx.tracker);
+  float* out = layout_.sharded() ? partial.f32() : x_out;
+  layout_.forward_reduced(
+      [&](int64_t first, int64_t count) {
+        output_.forward_rows(ctx, a.output, out, a.att.f32(), rows, first, count);
+      },
+      x_out, out, rows, C_);
+  ctx.ops.add_inplace(x_out, x, layout_.local_rows(rows) * C_);
+}
+
+void Attention::forward(const LayerContext& ctx, AttentionActivations& a, float* x_out,
+                        const float* x, int64_t B, int64_t T, Tensor& partial) {
+  const int64_t rows = B * T;
+  {
+    Tensor gathered;  // fp32 sharded layouts: the norm's output over all rows, for the GEMMs
+    NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
+                              fused(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
+    project(ctx, a, in, rows, /*cached=*/false);
+  }
+  if (rope_ != nullptr) {
+    ContextAttention& attention = core(ctx);
+    rope_at_runs(ctx.ops, &attention, *rope_, a.q.f32(), B, T, heads_, A_, T * A_, false);
+    rope_at_runs(ctx.ops, &attention, *rope_, a.k.f32(), B, T, kv_heads_, KV_, T * KV_, false);
+  }
+  attend(ctx, a, B, T);
+  project_out(ctx, a, x_out, x, rows, partial);
+}
+
+void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a, float* x_out,
+                               const float* x, int64_t B, int64_t n, KvCache& cache,
+                               int64_t cache_layer, Tensor& partial) {
+  check(layout_.ranks() == 1,
+        "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
+  const int64_t rows = B * n, start = cache.length();
+  {
+    Tensor gathered;
+    NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
+                              fused(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
+    project(ctx, a, in, rows, /*cached=*/true);
+  }
+  const float *q = a.q.f32(), *keys = a.k.f32(), *values = a.v.f32();
+  int64_t stride = KV_;
+  if (packed()) {
+    q = a.qkv.f32();
+    keys = q + A_;
+    values = q + A_ + KV_;
+    stride = A_ + 2 * KV_;
+  }
+  if (rope_ != nullptr) {  // RoPE at the absolute positions; cached keys are stored rotated
+    ctx.ops.rope(*rope_, a.q.f32(), B, n, heads_, A_, n * A_, start, false);
+    ctx.ops.rope(*rope_, a.k.f32(), B, n, kv_heads_, KV_, n * KV_, start, false);
+  }
+  cache.write(cache_layer, keys, values, stride, n);
+  // The new queries sit at the end of the cached keys: positions [start, start + n).
+  k::AttentionShape s = shape(B, n);
+  s.kv_len = start + n;
+  s.k_row_stride = s.v_row_stride = cache.row_stride();
+  s.kv_batch_stride = cache.batch_stride();
+  ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), q, cache.keys(cache_layer),
+                            cache.values(cache_layer), s, ctx.precision, {});
+  project_out(ctx, a, x_out, x, rows, partial);
+}
+
+void Attention::recompute(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T) {
+  if (!a.att.empty()) return;
+  ensure_activation(a.att, {B * T, A_}, ctx.tracker);
+  ensure_activation(a.lse, {B, heads_, T}, ctx.tracker);
+  attend(ctx, a, B, T);
+  // The output projection's bf16 input was rounded from these same values: it stays valid.
+  if (!a.output.prepared && a.output.rounded_from != nullptr) a.output.rounded_from = a.att.f32();
+}
+
+float* Attention::output_gradient_buffer(const SublayerBackward& g, AttentionActivations& a) const {
+  if (layout_.sharded()) return g.get(slot::residual_gradient, g.local * C_);
+  return g.kept(a.d_out, slot::residual_gradient, g.rows * C_);
+}
+
+void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
+                         const SublayerBackward& g, float* d_x, const float* d_x_out,
+                         const float* x) {
+  const int64_t rows = g.rows;
+  const bool fused = this->fused(ctx.precision);
+  // The output projection's d_out over all rows.
+  const float* d_out = d_x_out;
+  if (layout_.sharded()) {
+    float* all = g.kept(a.d_out, slot::output_gradient_rows, rows * C_);
+    layout_.gather(all, d_x_out, rows, C_);
+    d_out = all;
+  }
+  const float* in = nullptr;  // the input projections' fp32 input over all rows
+  parallel::GroupCollective in_gather;
+  if (!g.defer)
+    in_gather = regather(ctx, layout_, a.norm, g.regathered, rows, &in,
+                         fused ? &input_[0] : nullptr, &a.input[0]);
+  float* d_att = g.get(slot::attention_output_gradient, rows * A_);
+  output_projection_backward(ctx, g, output_, a.output, d_att, d_out, a.att.f32());
+  const k::AttentionShape s = shape(g.B, g.T);
+  ContextAttention& attention = core(ctx);
+  std::function<void()> weight_halves;
+  if (fused) {
+    // The projection's bias gradient comes out of the attention backward (the column sums of the
+    // unrounded d q, k, v, in an order fixed by the shape).
+    auto* d_qkv16 = reinterpret_cast<lattice::bf16*>(
+        g.kept(a.d_input[0], slot::qkv_gradient, rows * (A_ + 2 * KV_)));
+    Linear& qkv = input_[0];
+    attention.backward_packed_bf16(ctx.ops, ctx.tracker, d_qkv16, qkv.bias_grad(), d_att,
+                                   a.qkv16.data<lattice::bf16>(), A_ + 2 * KV_, A_, A_ + KV_,
+                                   a.att.f32(), a.lse.f32(), s);
+    if (g.split)
+      qkv.backward_input_rounded(ctx, g.d_rows, d_qkv16, rows);
+    else
+      qkv.backward_rounded(ctx, a.input[0], g.d_rows, d_qkv16, nullptr, rows);
+    weight_halves = [&] { qkv.backward_rounded(ctx, a.input[0], nullptr, d_qkv16, nullptr, rows); };
+  } else {
+    std::vector<float*> d(input_.size());
+    for (size_t i = 0; i < input_.size(); ++i)
+      d[i] = g.kept(a.d_input[i], slot::qkv_gradient + static_cast<int>(i),
+                    rows * input_[i].out_features());
+    if (packed()) {
+      const float* qkv = a.qkv.f32();
+      attention.backward(ctx.ops, d[0], d[0] + A_, d[0] + A_ + KV_, d_att, qkv, qkv + A_,
+                         qkv + A_ + KV_, a.att.f32(), a.lse.f32(), s, ctx.precision);
+    } else {
+      attention.backward(ctx.ops, d[0], d[1], d[2], d_att, a.q.f32(), a.k.f32(), a.v.f32(),
+                         a.att.f32(), a.lse.f32(), s, ctx.precision);
+    }
+    if (rope_ != nullptr) {
+      rope_at_runs(ctx.ops, &attention, *rope_, d[0], s.batch, g.T, heads_, A_, g.T * A_, true);
+      rope_at_runs(ctx.ops, &attention, *rope_, d[1], s.batch, g.T, kv_heads_, KV_, g.T * KV_,
+                   true);
+    }
+    // The input gradients summed in projection order: q's, then k's, then v's added.
+    float* d_part = input_.size() > 1 ? g.get(slot::projection_gradient, rows * C_) : nullptr;
+    for (size_t i = 0; i < input_.size(); ++i) {
+      input_projection_backward(ctx, g, input_[i], a.input[i], i == 0 ? g.d_rows : d_part, d[i],
+                                in);
+      if (i > 0) ctx.ops.add_inplace(g.d_rows, d_part, rows * C_);
+    }
+    weight_halves = [&, d] {
+      for (size_t i = 0; i < input_.size(); ++i)
+        input_[i].backward_weight(ctx, a.input[i], d[i], in, rows);
+    };
+  }
+  finish_input_projections(layout_, g, C_, in_gather, weight_halves);
+  if (layout_.sharded() && fused && !g.defer) Linear::release_prepared_input(a.input[0]);
+  norm_.backward(ctx, layout_, a.norm, d_x, g.d_norm, x, g.local, d_x_out, g.norm_partials);
+}
+
+void Attention::weight_pass(const LayerContext& ctx, AttentionActivations& a, int64_t rows,
+                            float* gathered) {
+  const bool fused = this->fused(ctx.precision);
+  const float* in = nullptr;
+  regather(ctx, layout_, a.norm, gathered, rows, &in, fused ? &input_[0] : nullptr, &a.input[0])
+      .wait();
+  output_.backward_weight(ctx, a.output, a.d_out.f32(), a.att.f32(), rows);
+  if (fused) {
+    input_[0].backward_rounded(ctx, a.input[0], nullptr,
+                               reinterpret_cast<const lattice::bf16*>(a.d_input[0].f32()), nullptr,
+                               rows);
+    if (layout_.sharded()) Linear::release_prepared_input(a.input[0]);
+  } else {
+    for (size_t i = 0; i < input_.size(); ++i)
+      input_[i].backward_weight(ctx, a.input[i], a.d_input[i].f32(), in, rows);
+  }
+  a.d_out.reset();
+  for (Tensor& t : a.d_input) t.reset();
+}
+
+int64_t Attention::attention_output_bytes(int64_t B, int64_t T) const {
+  return B * T * A_ * 4 + B * heads_ * T * 4;  // att [rows, A] and lse [B, H, T], fp32
+}
+
+int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) const {
+  // The norm's output and statistics on this rank's rows (local); q, k, v on all rows; the
+  // attention output and log-sum-exp; in bf16 the Linears' kept bf16 inputs.
+  const int64_t rows = B * T, local = layout_.local_rows(rows);
+  const int64_t qkv = A_ + 2 * KV_, stats = norm_.stats_bytes_per_row();
+  if (fused(precision))  // the norm's bf16 output, bf16 q, k, v, the output projection's bf16 input
+    return local * (2 * C_ + stats) + rows * (2 * qkv + 2 * A_) + attention_output_bytes(B, T);
+  int64_t bytes = local * (4 * C_ + stats) + rows * 4 * qkv + attention_output_bytes(B, T);
+  // bf16 without the fused paths: the output projection's rounding of att, and each input
+  // projection's rounding of the norm output (not kept on a sharded layout: gathered again).
+  if (precision == k::Precision::bf16)
+    bytes += rows * 2 * A_ +
+             (layout_.sharded() ? 0 : rows * 2 * C_ * static_cast<int64_t>(input_.size()));
+  return bytes;
+}
+
+int64_t Attention::scratch_floats(int64_t rows) const {
+  return rows * A_ + rows * (A_ + 2 * KV_);  // d_att; d q, k, v
+}
+
+int64_t Attention::pending_weight_floats(int64_t rows) const {
+  return rows * C_ + rows * (A_ + 2 * KV_);  // the output projection's d_out; d q, k, v
+}
+
+int64_t Attention::entry_transient_bytes(k::Precision precision, int64_t rows) const {
+  // Sharded layouts: the norm output gathered for the input projections (fp32, or bf16 in the
+  // fused projection's prepared input, freed after the GEMM), and without the fused paths in bf16
+  // each projection's rounding of it.
+  if (!layout_.sharded()) return 0;
+  if (fused(precision)) return rows * C_ * 2;
+  return rows * C_ *
+         (4 + (precision == k::Precision::bf16 ? 2 * static_cast<int64_t>(input_.size()) : 0));
+}
+
+}  // namespace lattice::model

@@ -1,0 +1,147 @@
+// The attention sub-layer of a transformer block, x_out = x + out(attention(qkv(norm(x)))), with
+// its pre-norm: multi-head attention with q, k and v from one packed projection (GPT-2's c_attn,
+// [q | k | v] per token) or from three (Llama's q_proj, k_proj, v_proj: grouped-query attention,
+// key/value heads shared by groups of query heads), rotary positions on q and k or none, biases on
+// the input or output projections or none. The attention itself is the ContextAttention the
+// context hands it (one rank: LocalAttention; ring or Ulysses under context parallelism), and the
+// projections' split and the residual rows' layout come from the SequenceLayout it is built with:
+// the code is the one-rank code either way. In bf16 a packed projection behind a LayerNorm takes
+// the fused paths: the norm writes the projection's bf16 input, the projection writes bf16 q, k, v
+// and their gradient comes back rounded, with the projection's bias gradient from the attention
+// backward's own pass.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lattice/core/tensor.hpp"
+#include "lattice/kernels/rope_table.hpp"
+#include "lattice/model/components/normed_input.hpp"
+#include "lattice/model/kv_cache.hpp"
+#include "lattice/model/local_attention.hpp"
+#include "lattice/parallel/tensor/sequence_layout.hpp"
+
+namespace lattice::model {
+
+// What an attention sub-layer is: its names (Hugging Face's, relative to the block's prefix), its
+// heads and its options.
+struct AttentionDescription {
+  std::string norm;  // the pre-norm ("ln_1", "input_layernorm")
+  NormKind norm_kind = NormKind::layer_norm;
+  std::string packed;   // one q | k | v projection ("attn.c_attn"), or empty ...
+  std::string q, k, v;  // ... q, k, v apart ("self_attn.q_proj", ...)
+  std::string out;      // the output projection ("attn.c_proj", "self_attn.o_proj")
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // the whole model's
+  bool input_bias = false;   // q, k, v projections with a bias (GPT-2; Qwen 2.5)
+  bool output_bias = false;  // the output projection with a bias (GPT-2)
+  bool rope = false;         // rotary positions on q and k (the Transformer's table)
+};
+
+// What its forward saves (rows = B·T; A = heads · head_dim and kv = kv_heads · head_dim on this
+// rank; local = the layout's own rows).
+struct AttentionActivations {
+  NormActivations norm;  // the pre-norm's output and statistics ([local, C])
+  Tensor qkv;            // packed: [rows, A + 2kv] fp32 q | k | v (fp32 training, cached inference)
+  Tensor qkv16;          // packed: [rows, A + 2kv] bf16 (fused bf16 training; qkv not kept)
+  Tensor q, k, v;        // apart: [rows, A], [rows, kv], [rows, kv] fp32, q and k after RoPE
+  Tensor att, lse;       // [rows, A], [B, heads, T]: dropped by selective checkpointing
+  std::vector<LinearActivations> input;  // the input projections' (one packed, or q, k, v)
+  LinearActivations output;
+  // Between backward_input and backward_weight: the input projections' output gradients (packed:
+  // [0] only; fused bf16: rounded, in the first half of its floats) and the output projection's
+  // (over all rows).
+  std::vector<Tensor> d_input;
+  Tensor d_out;
+  void release();
+};
+
+class Attention {
+ public:
+  Attention() = default;
+  // Declares its parameters under `prefix` + the description's names, split as `input_split` and
+  // `output_split` say (the layout's group), in the order of Hugging Face's modules.
+  Attention(ParameterStore& store, const std::string& prefix, const AttentionDescription& d,
+            int64_t d_model, float norm_eps, const parallel::SequenceLayout& layout,
+            parallel::TensorSplit input_split, parallel::TensorSplit output_split,
+            const kernels::RopeTable* rope);
+
+  // This rank's heads and widths.
+  int64_t heads() const { return heads_; }
+  int64_t width() const { return A_; }
+  // Whether `precision` takes the fused bf16 paths (a packed projection behind a LayerNorm).
+  bool fused(kernels::Precision precision) const {
+    return precision == kernels::Precision::bf16 && fusable_;
+  }
+
+  // Sizes the saved tensors for B·T rows (`cached`: for forward_cached, whose q, k, v go to the KV
+  // cache in fp32 whatever the precision).
+  void prepare(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T,
+               bool cached) const;
+  // x_out = x + attention(norm(x)) on the layout's own rows of B sequences of T tokens. `partial`:
+  // the output projection's partial sums over all rows on a sharded layout (allocated here, kept
+  // by the caller for the next sub-layer).
+  void forward(const LayerContext& ctx, AttentionActivations& a, float* x_out, const float* x,
+               int64_t B, int64_t T, Tensor& partial);
+  // Incremental inference: the same for n new tokens of each sequence at positions
+  // [cache.length(), cache.length() + n), their keys and values written into the cache's layer.
+  void forward_cached(const LayerContext& ctx, AttentionActivations& a, float* x_out,
+                      const float* x, int64_t B, int64_t n, KvCache& cache, int64_t cache_layer,
+                      Tensor& partial);
+  // Selective checkpointing: recomputes the attention output and log-sum-exp a forward dropped.
+  void recompute(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T);
+
+  // Where the block puts the gradient at this sub-layer's output (the residual gradient between
+  // the sub-layers, [local, C]): on a whole layout it is also the output projection's d_out, kept
+  // for a deferred weight half.
+  float* output_gradient_buffer(const SublayerBackward& g, AttentionActivations& a) const;
+  // d_x = ∂loss/∂x given d_x_out (this rank's rows; d_x may alias d_x_out only when not deferred),
+  // the input projections run as `g` says; gradients accumulate.
+  void backward(const LayerContext& ctx, AttentionActivations& a, const SublayerBackward& g,
+                float* d_x, const float* d_x_out, const float* x);
+  // The deferred weight halves (backward_weight), from the output gradients backward kept;
+  // `gathered` ([rows, C] fp32, sharded unfused layouts) for the norm output gathered again.
+  void weight_pass(const LayerContext& ctx, AttentionActivations& a, int64_t rows, float* gathered);
+
+  // The activation-memory terms (see Block).
+  int64_t saved_bytes(kernels::Precision precision, int64_t B, int64_t T) const;
+  int64_t attention_output_bytes(int64_t B, int64_t T) const;
+  int64_t scratch_floats(int64_t rows) const;  // its own slots (the shared ones: the block's)
+  int64_t pending_weight_floats(int64_t rows) const;
+  int64_t entry_transient_bytes(kernels::Precision precision, int64_t rows) const;
+  bool uses_projection_gradient() const { return !packed(); }
+  bool regathers_fp32(kernels::Precision precision) const { return !fused(precision); }
+  int64_t norm_partial_floats() const {
+    return (norm_.kind() == NormKind::layer_norm ? 2 : 1) * C_;
+  }
+
+ private:
+  bool packed() const { return input_.size() == 1; }
+  // The attention call's shape for B sequences of T tokens (q, k, v in the packed buffer or apart).
+  kernels::AttentionShape shape(int64_t B, int64_t T) const;
+  // The attention this context computes with (its context-parallel one, or this rank's own).
+  ContextAttention& core(const LayerContext& ctx) { return ctx.context ? *ctx.context : local_; }
+  // The input projections' forward over all rows from the normed rows.
+  void project(const LayerContext& ctx, AttentionActivations& a, NormedRows& in, int64_t rows,
+               bool cached);
+  // The attention core on the saved q, k, v into att and lse.
+  void attend(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T);
+  // The output projection with its reduction onto the layout's rows, then the residual.
+  void project_out(const LayerContext& ctx, AttentionActivations& a, float* x_out, const float* x,
+                   int64_t rows, Tensor& partial);
+  // The fp32 output of input projection i ([rows, out_features]).
+  float* projection_output(AttentionActivations& a, size_t i) const;
+
+  parallel::SequenceLayout layout_;
+  const kernels::RopeTable* rope_ = nullptr;
+  Norm norm_;
+  std::vector<Linear> input_;  // one packed, or q, k, v
+  Linear output_;
+  LocalAttention local_;
+  // C: the model width; on this rank heads_ query and kv_heads_ key/value heads of head_dim_,
+  // A_ = heads_ · head_dim_ and KV_ = kv_heads_ · head_dim_ channels.
+  int64_t C_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, A_ = 0, KV_ = 0;
+  bool fusable_ = false;
+};
+
+}  // namespace lattice::model
