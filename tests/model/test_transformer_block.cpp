@@ -1,0 +1,187 @@
+// Tests of the one block type composed from descriptions: the families' descriptions name their
+// parameters as Hugging Face does, a composition no family uses yet (rotary grouped-query attention
+// with q/k/v biases beside a GELU MLP) gets finite-difference gradients, its input and weight
+// halves equal its whole backward bit for bit, and selective recomputation equals keeping the
+// attention output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "lattice/core/rng.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/model/block_description.hpp"
+#include "lattice/model/transformer_block.hpp"
+
+using namespace lattice;
+using namespace lattice::model;
+
+namespace {
+
+constexpr int64_t kWidth = 32, kHeads = 4, kKvHeads = 2, kHidden = 48;
+
+// Llama's attention with biases on q, k and v (as Qwen 2.5 has them) and GPT-2's GELU MLP behind
+// an RMSNorm: a block no preset builds, assembled from the components' options alone.
+BlockDescription composed_block() {
+  BlockDescription d;
+  d.prefix = "model.layers.0.";
+  d.d_model = kWidth;
+  AttentionDescription& a = d.attention;
+  a.norm = "input_layernorm";
+  a.norm_kind = NormKind::rms_norm;
+  a.q = "self_attn.q_proj";
+  a.k = "self_attn.k_proj";
+  a.v = "self_attn.v_proj";
+  a.out = "self_attn.o_proj";
+  a.heads = kHeads;
+  a.kv_heads = kKvHeads;
+  a.head_dim = kWidth / kHeads;
+  a.input_bias = true;
+  a.rope = true;
+  d.mlp = GeluMlpDescription{"post_attention_layernorm", "mlp.fc", "mlp.proj",
+                             NormKind::rms_norm,         kHidden,  true};
+  return d;
+}
+
+// A block of `d` on its own store with random weights (biases and norm weights too, so that every
+// gradient term is visible).
+struct BlockUnderTest {
+  ParameterStore store;
+  kernels::RopeTable rope{64, kWidth / kHeads, 10000.0f};
+  std::unique_ptr<TransformerBlock> block;
+
+  explicit BlockUnderTest(const BlockDescription& d) {
+    block = std::make_unique<TransformerBlock>(store, d, 0, parallel::SequenceLayout{}, &rope);
+    store.allocate(nullptr);
+    Rng rng(5);
+    for (int64_t i = 0; i < store.size(); ++i)
+      store.mutable_values()[i] = 0.3f * static_cast<float>(rng.uniform() * 2 - 1);
+    store.zero_grads();
+  }
+};
+
+std::vector<float> random_values(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = static_cast<float>(rng.uniform() * 2 - 1);
+  return v;
+}
+
+// loss = Σ out · weights: its gradient at the output is `weights`.
+double weighted_output(TransformerBlock& block, const LayerContext& ctx, const float* x,
+                       const std::vector<float>& weights, int64_t B, int64_t T) {
+  auto saved = block.make_activations();
+  std::vector<float> out(weights.size());
+  block.forward(ctx, *saved, out.data(), x, B, T);
+  double loss = 0;
+  for (size_t i = 0; i < out.size(); ++i) loss += static_cast<double>(out[i]) * weights[i];
+  return loss;
+}
+
+}  // namespace
+
+TEST(BlockDescription, FamiliesNameTheirParametersAsHuggingFace) {
+  ParameterStore gpt2;
+  TransformerBlock(gpt2, describe_block(model_preset("gpt2-tiny"), 1), 1, {}, nullptr);
+  std::set<std::string> names;
+  for (const auto& p : gpt2.parameters()) names.insert(p.name);
+  const std::set<std::string> expected = {
+      "transformer.h.1.ln_1.weight",        "transformer.h.1.ln_1.bias",
+      "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_attn.bias",
+      "transformer.h.1.attn.c_proj.weight", "transformer.h.1.attn.c_proj.bias",
+      "transformer.h.1.ln_2.weight",        "transformer.h.1.ln_2.bias",
+      "transformer.h.1.mlp.c_fc.weight",    "transformer.h.1.mlp.c_fc.bias",
+      "transformer.h.1.mlp.c_proj.weight",  "transformer.h.1.mlp.c_proj.bias"};
+  EXPECT_EQ(names, expected);
+  // A DeepSeek-style MoE layer: the router and experts under "mlp.", the shared experts beside.
+  const ModelConfig deepseek = model_preset("deepseek-moe-tiny");
+  const kernels::RopeTable rope(deepseek.max_seq_len, deepseek.head_dim(), deepseek.rope_theta);
+  ParameterStore moe;
+  TransformerBlock(moe, describe_block(deepseek, 1), 1, {}, &rope);
+  EXPECT_NO_THROW(moe.index_of("model.layers.1.mlp.gate.weight"));
+  EXPECT_NO_THROW(moe.index_of("model.layers.1.mlp.experts.7.down_proj.weight"));
+  EXPECT_NO_THROW(moe.index_of("model.layers.1.mlp.shared_experts.up_proj.weight"));
+  EXPECT_NO_THROW(moe.index_of("model.layers.1.post_attention_layernorm.weight"));
+}
+
+TEST(TransformerBlock, ComposedBlockMatchesFiniteDifferences) {
+  BlockUnderTest t(composed_block());
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
+  const int64_t B = 2, T = 7, n = B * T * kWidth;
+  std::vector<float> x = random_values(n, 1), weights = random_values(n, 2);
+  auto saved = t.block->make_activations();
+  std::vector<float> out(static_cast<size_t>(n)), d_x(static_cast<size_t>(n));
+  t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
+  BackwardScratch scratch;
+  t.block->backward(ctx, *saved, d_x.data(), weights.data(), x.data(), B, T, scratch);
+  const std::vector<float> analytic(t.store.grads(), t.store.grads() + t.store.size());
+
+  // fp32 evaluation noise (~1e-6 of a loss of order 1) over 2·step = 0.02 gives ~5e-5, the
+  // truncation term is of the same order: 3e-4 absolute + 2% relative.
+  const float step = 1e-2f;
+  Rng pick(3);
+  int checked = 0;
+  for (const auto& p : t.store.parameters()) {
+    for (int probe = 0; probe < 3; ++probe) {
+      const int64_t index =
+          p.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.numel)));
+      auto value = [&]() -> float& { return t.store.mutable_values()[index]; };
+      const float kept = value();
+      value() = kept + step;
+      const double plus = weighted_output(*t.block, ctx, x.data(), weights, B, T);
+      value() = kept - step;
+      const double minus = weighted_output(*t.block, ctx, x.data(), weights, B, T);
+      value() = kept;
+      const double numeric = (plus - minus) / (2.0 * step);
+      EXPECT_NEAR(analytic[static_cast<size_t>(index)], numeric, 3e-4 + 0.02 * std::fabs(numeric))
+          << p.name << " element " << index - p.offset;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * static_cast<int>(t.store.parameters().size()));
+  for (int64_t i : {int64_t{0}, n / 3, n - 1}) {  // the input gradient too
+    std::vector<float> probe = x;
+    probe[static_cast<size_t>(i)] += step;
+    const double plus = weighted_output(*t.block, ctx, probe.data(), weights, B, T);
+    probe[static_cast<size_t>(i)] -= 2 * step;
+    const double minus = weighted_output(*t.block, ctx, probe.data(), weights, B, T);
+    const double numeric = (plus - minus) / (2.0 * step);
+    EXPECT_NEAR(d_x[static_cast<size_t>(i)], numeric, 3e-4 + 0.02 * std::fabs(numeric)) << i;
+  }
+}
+
+TEST(TransformerBlock, HalvesAndRecomputationEqualTheWholeBackwardBitForBit) {
+  for (kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
+    SCOPED_TRACE(kernels::precision_name(precision));
+    kernels::CpuOps ops;
+    LayerContext ctx{ops, precision, nullptr};
+    const int64_t B = 2, T = 8, n = B * T * kWidth;
+    const std::vector<float> x = random_values(n, 4), d_out = random_values(n, 6);
+    // run(mode): 0 the whole backward, 1 input then weight halves, 2 with selective recompute.
+    auto run = [&](int mode, std::vector<float>& d_x) {
+      BlockUnderTest t(composed_block());
+      auto saved = t.block->make_activations();
+      saved->recompute_attention = mode == 2;
+      std::vector<float> out(static_cast<size_t>(n));
+      t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
+      BackwardScratch scratch;
+      d_x.assign(static_cast<size_t>(n), 0.0f);
+      if (mode == 1) {
+        t.block->backward_input(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
+        t.block->backward_weight(ctx, *saved, x.data(), B, T);
+      } else {
+        t.block->backward(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
+      }
+      return std::vector<float>(t.store.grads(), t.store.grads() + t.store.size());
+    };
+    std::vector<float> d_whole, d_halves, d_recomputed;
+    const std::vector<float> whole = run(0, d_whole);
+    EXPECT_EQ(run(1, d_halves), whole);
+    EXPECT_EQ(d_halves, d_whole);
+    EXPECT_EQ(run(2, d_recomputed), whole);
+    EXPECT_EQ(d_recomputed, d_whole);
+  }
+}
