@@ -41,6 +41,8 @@ constexpr double kBf16Tolerance = 1.5e-2;
 // per token row, [k heads | v heads | pad], in a cache of kv_capacity rows per batch).
 struct Case {
   int64_t B = 1, Tq = 1, Tk = 1, Hq = 1, Hkv = 1, D = 16;
+  int64_t Dv = 0;      // value head width (0: D)
+  int64_t window = 0;  // sliding window (0: none)
   std::optional<int64_t> q_offset;
   int64_t k_offset = 0;
   AttentionMask mask = AttentionMask::causal;
@@ -49,9 +51,11 @@ struct Case {
   AttentionShape shape() const {
     AttentionShape s;
     s.batch = B, s.q_len = Tq, s.kv_len = Tk, s.q_heads = Hq, s.kv_heads = Hkv, s.head_dim = D;
+    s.v_head_dim = Dv;
+    s.window = window;
     s.q_row_stride = Hq * D + row_pad;
     s.q_batch_stride = Tq * s.q_row_stride;
-    s.k_row_stride = s.v_row_stride = 2 * Hkv * D + row_pad;
+    s.k_row_stride = s.v_row_stride = Hkv * (D + s.value_dim()) + row_pad;
     s.kv_batch_stride = std::max(kv_capacity, Tk) * s.k_row_stride;
     s.q_offset = q_offset;
     s.k_offset = k_offset;
@@ -61,6 +65,8 @@ struct Case {
   std::string name() const {
     return "B=" + std::to_string(B) + " Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk) +
            " Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + " D=" + std::to_string(D) +
+           (Dv > 0 ? " Dv=" + std::to_string(Dv) : "") +
+           (window > 0 ? " window=" + std::to_string(window) : "") +
            " q_offset=" + (q_offset ? std::to_string(*q_offset) : "default") +
            " k_offset=" + std::to_string(k_offset) +
            (mask == AttentionMask::causal ? " causal" : " none");
@@ -74,7 +80,7 @@ struct Inputs {
   const float* q() const { return q_buf.data(); }
   const float* k() const { return kv_buf.data(); }
   const float* v() const { return kv_buf.data() + s.kv_heads * s.head_dim; }
-  int64_t out_size() const { return s.batch * s.q_len * s.q_heads * s.head_dim; }
+  int64_t out_size() const { return s.batch * s.q_len * s.q_heads * s.value_dim(); }
   int64_t lse_size() const { return s.batch * s.q_heads * s.q_len; }
 };
 
@@ -99,14 +105,23 @@ inline std::vector<double> gather(const float* base, int64_t B, int64_t T, int64
   return out;
 }
 
-// Keys query i sees: j < visible_keys(s, i) (the mask and positions, written out independently of
-// the kernel's own rule).
+// Keys query i sees: first_visible_key(s, i) <= j < visible_keys(s, i) (the mask, positions and
+// window, written out independently of the kernel's own rule).
 inline int64_t visible_keys(const AttentionShape& s, int64_t i) {
   if (s.mask == AttentionMask::none) return s.kv_len;
   const int64_t q_position =
       (s.q_offset ? *s.q_offset : s.k_offset + s.kv_len - s.q_len) + i;  // absolute
   // Key j at absolute position k_offset + j is seen when k_offset + j <= q_position.
   return std::clamp<int64_t>(q_position - s.k_offset + 1, 0, s.kv_len);
+}
+inline int64_t first_visible_key(const AttentionShape& s, int64_t i) {
+  if (s.window == 0) return 0;
+  const int64_t q_position = (s.q_offset ? *s.q_offset : s.k_offset + s.kv_len - s.q_len) + i;
+  // Key j is inside the window when q_position - (k_offset + j) < window.
+  return std::clamp<int64_t>(q_position - s.window + 1 - s.k_offset, 0, s.kv_len);
+}
+inline int64_t keys_seen(const AttentionShape& s, int64_t i) {
+  return std::max<int64_t>(visible_keys(s, i) - first_visible_key(s, i), 0);
 }
 
 struct Reference {
@@ -120,51 +135,53 @@ inline Reference naive_attention(const std::vector<double>& q, const std::vector
                                  const std::vector<double>& v, const AttentionShape& s,
                                  const std::vector<float>* d_out) {
   const int64_t B = s.batch, Tq = s.q_len, Tk = s.kv_len, Hq = s.q_heads, Hkv = s.kv_heads,
-                D = s.head_dim, group = Hq / Hkv;
+                D = s.head_dim, Dv = s.value_dim(), group = Hq / Hkv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   Reference r;
-  r.out.assign(static_cast<size_t>(B * Tq * Hq * D), 0.0);
+  r.out.assign(static_cast<size_t>(B * Tq * Hq * Dv), 0.0);
   r.lse.assign(static_cast<size_t>(B * Hq * Tq), kNegInf);
-  r.dq.assign(r.out.size(), 0.0);
+  r.dq.assign(static_cast<size_t>(B * Tq * Hq * D), 0.0);
   r.dk.assign(static_cast<size_t>(B * Tk * Hkv * D), 0.0);
-  r.dv.assign(r.dk.size(), 0.0);
+  r.dv.assign(static_cast<size_t>(B * Tk * Hkv * Dv), 0.0);
   auto qi = [&](int64_t b, int64_t t, int64_t h) { return ((b * Tq + t) * Hq + h) * D; };
   auto ki = [&](int64_t b, int64_t t, int64_t h) { return ((b * Tk + t) * Hkv + h) * D; };
+  auto oi = [&](int64_t b, int64_t t, int64_t h) { return ((b * Tq + t) * Hq + h) * Dv; };
+  auto vi = [&](int64_t b, int64_t t, int64_t h) { return ((b * Tk + t) * Hkv + h) * Dv; };
   std::vector<double> p(static_cast<size_t>(Tk)), dp(static_cast<size_t>(Tk));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t i = 0; i < Tq; ++i) {
-        const int64_t kvh = h / group, seen = visible_keys(s, i);
-        if (seen == 0) continue;
+        const int64_t kvh = h / group, seen = visible_keys(s, i), first = first_visible_key(s, i);
+        if (seen <= first) continue;
         double max_score = kNegInf;
-        for (int64_t j = 0; j < seen; ++j) {
+        for (int64_t j = first; j < seen; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += q[qi(b, i, h) + d] * k[ki(b, j, kvh) + d];
           p[j] = dot * scale;
           max_score = std::max(max_score, p[j]);
         }
         double sum = 0;
-        for (int64_t j = 0; j < seen; ++j) sum += (p[j] = std::exp(p[j] - max_score));
-        for (int64_t j = 0; j < seen; ++j) p[j] /= sum;
+        for (int64_t j = first; j < seen; ++j) sum += (p[j] = std::exp(p[j] - max_score));
+        for (int64_t j = first; j < seen; ++j) p[j] /= sum;
         r.lse[(b * Hq + h) * Tq + i] = max_score + std::log(sum);
-        for (int64_t j = 0; j < seen; ++j)
-          for (int64_t d = 0; d < D; ++d) r.out[qi(b, i, h) + d] += p[j] * v[ki(b, j, kvh) + d];
+        for (int64_t j = first; j < seen; ++j)
+          for (int64_t d = 0; d < Dv; ++d) r.out[oi(b, i, h) + d] += p[j] * v[vi(b, j, kvh) + d];
         if (d_out == nullptr) continue;
-        const float* g = d_out->data() + qi(b, i, h);
+        const float* g = d_out->data() + oi(b, i, h);
         double delta = 0;
-        for (int64_t j = 0; j < seen; ++j) {
+        for (int64_t j = first; j < seen; ++j) {
           double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += g[d] * v[ki(b, j, kvh) + d];
+          for (int64_t d = 0; d < Dv; ++d) dot += g[d] * v[vi(b, j, kvh) + d];
           dp[j] = dot;
           delta += p[j] * dot;
         }
-        for (int64_t j = 0; j < seen; ++j) {
+        for (int64_t j = first; j < seen; ++j) {
           const double ds = p[j] * (dp[j] - delta) * scale;
           for (int64_t d = 0; d < D; ++d) {
             r.dq[qi(b, i, h) + d] += ds * k[ki(b, j, kvh) + d];
             r.dk[ki(b, j, kvh) + d] += ds * q[qi(b, i, h) + d];
-            r.dv[ki(b, j, kvh) + d] += p[j] * g[d];
           }
+          for (int64_t d = 0; d < Dv; ++d) r.dv[vi(b, j, kvh) + d] += p[j] * g[d];
         }
       }
   return r;
@@ -174,9 +191,10 @@ inline Reference naive_attention(const Inputs& in, bool with_backward) {
   const AttentionShape& s = in.s;
   const int64_t B = s.batch, Tq = s.q_len, Tk = s.kv_len;
   const int64_t q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  const int64_t v_width = s.kv_heads * s.value_dim();
   return naive_attention(gather(in.q(), B, Tq, q_width, s.q_row_stride, s.q_batch_stride),
                          gather(in.k(), B, Tk, kv_width, s.k_row_stride, s.kv_batch_stride),
-                         gather(in.v(), B, Tk, kv_width, s.v_row_stride, s.kv_batch_stride), s,
+                         gather(in.v(), B, Tk, v_width, s.v_row_stride, s.kv_batch_stride), s,
                          with_backward ? &in.d_out : nullptr);
 }
 
@@ -211,7 +229,7 @@ struct Backward {
   }
   std::vector<double> dense_dv(const AttentionShape& s) const {
     return gather(dkv_buf.data() + s.kv_heads * s.head_dim, s.batch, s.kv_len,
-                  s.kv_heads * s.head_dim, s.v_row_stride, s.kv_batch_stride);
+                  s.kv_heads * s.value_dim(), s.v_row_stride, s.kv_batch_stride);
   }
 };
 
@@ -263,10 +281,10 @@ inline void expect_lse_matches(const std::vector<float>& got, const std::vector<
 inline int64_t nonzero_outputs_of_blind_queries(const std::vector<float>& out,
                                                 const AttentionShape& s) {
   int64_t nonzero = 0;
-  const int64_t width = s.q_heads * s.head_dim;
+  const int64_t width = s.q_heads * s.value_dim();
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t i = 0; i < s.q_len; ++i)
-      if (visible_keys(s, i) == 0)
+      if (keys_seen(s, i) == 0)
         for (int64_t x = 0; x < width; ++x) nonzero += out[(b * s.q_len + i) * width + x] != 0.0f;
   return nonzero;
 }
@@ -304,7 +322,8 @@ inline void expect_gradients_match(const Backward& g, const Reference& ref, cons
   int64_t written = 0;
   for (float x : g.dq_buf) written += !std::isnan(x);
   for (float x : g.dkv_buf) written += !std::isnan(x);
-  EXPECT_EQ(written, s.batch * (s.q_len * s.q_heads + 2 * s.kv_len * s.kv_heads) * s.head_dim);
+  EXPECT_EQ(written, s.batch * (s.q_len * s.q_heads * s.head_dim +
+                                s.kv_len * s.kv_heads * (s.head_dim + s.value_dim())));
 }
 
 }  // namespace lattice::kernels::attention_testing

@@ -63,13 +63,13 @@ Forward merged_forward(const Inputs& in, const std::vector<KeyBlock>& blocks, Pr
     attention_forward(part.out.data(), part.lse.data(), in.q(), in.k() + row, in.v() + row, s,
                       precision, engine, options);
     attention_merge_partial(merged.out.data(), merged.lse.data(), part.out.data(), part.lse.data(),
-                            s.batch, s.q_len, s.q_heads, s.head_dim);
+                            s.batch, s.q_len, s.q_heads, s.value_dim());
   }
   return merged;
 }
 
 // Cases split into key blocks: aligned and unaligned to the 64/128-key tiles, a block no query
-// sees at all, a block some queries do not see; causal and no mask.
+// sees at all, a block some queries do not see; causal and no mask; a sliding window.
 struct BlockCase {
   Case c;
   std::vector<int64_t> bounds;
@@ -87,6 +87,11 @@ std::vector<BlockCase> block_cases() {
   Case unmasked = training;
   unmasked.mask = AttentionMask::none, unmasked.Tq = 70, unmasked.row_pad = 3;
   cases.push_back({unmasked, {0, 77, 100, 200}});
+  // Ring steps under a sliding window with narrower value heads: the first block lies wholly
+  // before some queries' windows, the last is partly in the future.
+  Case windowed = ring;
+  windowed.window = 150, windowed.Dv = 16;
+  cases.push_back({windowed, {0, 64, 190, 260}});
   return cases;
 }
 

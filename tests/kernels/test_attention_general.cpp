@@ -1,8 +1,9 @@
 // Tests of general attention: query and key lengths that differ, explicit query and key positions,
 // the causal and unmasked masks, in fp32 and both bf16 paths (AMX where the CPU has it, and
 // portable), against the naive double-precision reference of attention_reference.hpp and against
-// finite differences; the default positions against the explicit old rule; thread-count
-// independence; and clear errors for impossible shapes.
+// finite differences; value heads of their own width and sliding windows; the default positions
+// against the explicit old rule; thread-count independence; and clear errors for impossible
+// shapes.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -52,6 +53,22 @@ std::vector<Case> general_cases() {
   add(1, 1, 200, 4, 2, 64, 500, 128, causal, 0, 256);   // one query after every key
   add(1, 129, 129, 2, 1, 24, 64, 0, causal);            // equal lengths, shifted 64
   add(2, 80, 100, 2, 2, 16, std::nullopt, 40, causal);  // the default rule with a key offset
+  // Value heads narrower and wider than the query-key heads (DeepSeek's MLA: 192 / 128; here
+  // scaled down), with GQA and padded rows.
+  add(2, 70, 70, 4, 2, 48, std::nullopt, 0, causal, 3);
+  cases.back().Dv = 32;
+  add(1, 40, 90, 2, 1, 16, 60, 0, none);
+  cases.back().Dv = 40;
+  // Sliding windows (Mistral's): narrower than a tile, wider than one, at a shifted block of keys
+  // (one ring step), and with a narrower value head too.
+  add(2, 150, 150, 4, 2, 32, std::nullopt, 0, causal);
+  cases.back().window = 17;
+  add(1, 200, 200, 2, 1, 24, std::nullopt, 0, causal, 2);
+  cases.back().window = 90;
+  add(1, 100, 80, 4, 2, 16, 150, 40, causal);  // keys 40..119, queries 150..249
+  cases.back().window = 64;
+  add(2, 130, 130, 4, 4, 32, std::nullopt, 0, causal);
+  cases.back().window = 40, cases.back().Dv = 16;
   return cases;
 }
 
@@ -86,6 +103,12 @@ TEST(AttentionGeneralForward, Bf16WithinToleranceAndBf16InputsAgreeBitForBit) {
       g.lse.assign(f.lse.size(), -1.0f);
       attention_forward_bf16(g.out.data(), g.lse.data(), q16.data(), kv16.data(),
                              kv16.data() + in.s.kv_heads * in.s.head_dim, in.s, options);
+      if (c.window > 0 || c.Dv > 0) {
+        // These shapes run on the portable path whatever the options: the same bits either way.
+        AttentionOptions portable = options;
+        portable.allow_amx = false;
+        EXPECT_EQ(run_forward(in, Precision::bf16, portable).out, f.out);
+      }
       EXPECT_EQ(g.out, f.out);
       EXPECT_EQ(g.lse, f.lse);
     }
@@ -96,18 +119,19 @@ TEST(AttentionGeneralForward, Bf16WithinToleranceAndBf16InputsAgreeBitForBit) {
 void expect_blind_rows_zero(const Backward& g, const AttentionShape& s) {
   const std::vector<double> dq = g.dense_dq(s), dk = g.dense_dk(s), dv = g.dense_dv(s);
   const int64_t q_width = s.q_heads * s.head_dim, kv_width = s.kv_heads * s.head_dim;
+  const int64_t v_width = s.kv_heads * s.value_dim();
   int64_t nonzero = 0;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t i = 0; i < s.q_len; ++i)
-      if (visible_keys(s, i) == 0)
+      if (keys_seen(s, i) == 0)
         for (int64_t x = 0; x < q_width; ++x) nonzero += dq[(b * s.q_len + i) * q_width + x] != 0;
     for (int64_t j = 0; j < s.kv_len; ++j) {
       bool seen = false;
-      for (int64_t i = 0; i < s.q_len; ++i) seen = seen || j < visible_keys(s, i);
+      for (int64_t i = 0; i < s.q_len; ++i)
+        seen = seen || (j >= first_visible_key(s, i) && j < visible_keys(s, i));
       if (seen) continue;
-      for (int64_t x = 0; x < kv_width; ++x)
-        nonzero += (dk[(b * s.kv_len + j) * kv_width + x] != 0) +
-                   (dv[(b * s.kv_len + j) * kv_width + x] != 0);
+      for (int64_t x = 0; x < kv_width; ++x) nonzero += dk[(b * s.kv_len + j) * kv_width + x] != 0;
+      for (int64_t x = 0; x < v_width; ++x) nonzero += dv[(b * s.kv_len + j) * v_width + x] != 0;
     }
   }
   EXPECT_EQ(nonzero, 0);
@@ -170,10 +194,12 @@ TEST(AttentionGeneralBackward, MatchesFiniteDifferences) {
   causal.q_offset = 0, causal.k_offset = 2, causal.row_pad = 1;
   Case unmasked = causal;
   unmasked.mask = AttentionMask::none, unmasked.Tq = 5;
+  Case windowed = causal;  // a window of 3 keys and value heads 6 wide
+  windowed.window = 3, windowed.Dv = 6;
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(1);  // ~2000 tiny calls
   uint64_t seed = 7000;
-  for (const Case& c : {causal, unmasked}) {
+  for (const Case& c : {causal, unmasked, windowed}) {
     SCOPED_TRACE(c.name());
     Inputs in = make_inputs(c, seed += 10);
     const Forward f = run_forward(in, Precision::fp32);
@@ -325,6 +351,19 @@ TEST(AttentionGeneral, RejectsImpossibleShapesWithClearErrors) {
   s = good;
   s.q_row_stride = 3;
   expect_error(forward(s), {"q_row_stride"});
+  s = good;
+  s.v_head_dim = -4;
+  expect_error(forward(s), {"v_head_dim (-4)"});
+  s = good;
+  s.v_head_dim = 16;  // wider values than the rows hold
+  expect_error(backward(s), {"v_row_stride", "value_dim()"});
+  s = good;
+  s.window = -1;
+  expect_error(forward(s), {"window (-1)"});
+  s = good;
+  s.window = 3;
+  s.mask = AttentionMask::none;
+  expect_error(forward(s), {"sliding window needs the causal mask"});
   // accumulate_dq needs fp32 dq.
   std::vector<lattice::bf16> b16(1 << 12);
   AttentionGradientsBf16 grads{b16.data(), b16.data(), b16.data()};

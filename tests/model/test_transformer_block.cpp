@@ -5,6 +5,7 @@
 // attention output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -106,8 +107,9 @@ TEST(BlockDescription, FamiliesNameTheirParametersAsHuggingFace) {
   EXPECT_NO_THROW(moe.index_of("model.layers.1.post_attention_layernorm.weight"));
 }
 
-TEST(TransformerBlock, ComposedBlockMatchesFiniteDifferences) {
-  BlockUnderTest t(composed_block());
+// The block's parameter and input gradients against central differences of its forward.
+void expect_gradients_match_finite_differences(const BlockDescription& d) {
+  BlockUnderTest t(d);
   kernels::CpuOps ops;
   LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   const int64_t B = 2, T = 7, n = B * T * kWidth;
@@ -151,6 +153,36 @@ TEST(TransformerBlock, ComposedBlockMatchesFiniteDifferences) {
     const double numeric = (plus - minus) / (2.0 * step);
     EXPECT_NEAR(d_x[static_cast<size_t>(i)], numeric, 3e-4 + 0.02 * std::fabs(numeric)) << i;
   }
+}
+
+TEST(TransformerBlock, ComposedBlockMatchesFiniteDifferences) {
+  expect_gradients_match_finite_differences(composed_block());
+}
+
+TEST(TransformerBlock, SlidingWindowHidesOlderPositionsAndItsGradientsMatchFiniteDifferences) {
+  // A window of 3 on 7 positions: positions 0-2 see every earlier key either way (their outputs
+  // are the unwindowed block's, bit for bit: same weights, same per-row arithmetic), later ones
+  // lose the oldest keys (their outputs change); the gradients stay exact.
+  BlockDescription windowed = composed_block();
+  windowed.attention.sliding_window = 3;
+  BlockUnderTest plain(composed_block()), with_window(windowed);
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
+  const int64_t B = 2, T = 7;
+  const std::vector<float> x = random_values(B * T * kWidth, 1);
+  std::vector<float> out_plain(x.size()), out_window(x.size());
+  auto saved = plain.block->make_activations();
+  plain.block->forward(ctx, *saved, out_plain.data(), x.data(), B, T);
+  saved = with_window.block->make_activations();
+  with_window.block->forward(ctx, *saved, out_window.data(), x.data(), B, T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const auto row = static_cast<size_t>((b * T + t) * kWidth);
+      const bool same = std::equal(out_plain.begin() + row, out_plain.begin() + row + kWidth,
+                                   out_window.begin() + row);
+      EXPECT_EQ(same, t < 3) << "batch " << b << " position " << t;
+    }
+  expect_gradients_match_finite_differences(windowed);
 }
 
 TEST(TransformerBlock, HalvesAndRecomputationEqualTheWholeBackwardBitForBit) {

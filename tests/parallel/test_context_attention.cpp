@@ -32,7 +32,8 @@ struct Case {
   int cp;
   int64_t q_heads, kv_heads;
   k::Precision precision;
-  bool packed;  // q, k, v as one [q | k | v] projection per token (GPT-2's layout)
+  bool packed;         // q, k, v as one [q | k | v] projection per token (GPT-2's layout)
+  int64_t window = 0;  // sliding window (0: none)
 };
 
 // Rows [positions of rank r] of x [B, T, width] (row stride `stride`) into [B, T / cp, width].
@@ -77,6 +78,7 @@ void check_case(const Case& c) {
   full.k_row_stride = full.v_row_stride = kv_stride;
   full.q_batch_stride = T * q_stride;
   full.kv_batch_stride = T * kv_stride;
+  full.window = c.window;
   const std::vector<float> d_out = random_values(B * T * A, 11);
   k::CpuOps ops;
   std::vector<float> out(B * T * A), lse(B * Hq * T);
@@ -146,6 +148,17 @@ TEST(ContextAttention, UlyssesMatchesOneCallOnTwoAndFourRanks) {
   for (int cp : {2, 4})
     for (bool packed : {true, false})
       check_case({ContextParallelMode::ulysses, cp, 8, packed ? 8 : 4, k::Precision::fp32, packed});
+}
+
+TEST(ContextAttention, SlidingWindowMatchesOneCall) {
+  // A window of 12 positions on 64: on 4 ranks of 16 positions (two runs of 8 each), ring skips
+  // the key runs wholly before a query run's window, and Ulysses passes the window to its
+  // whole-sequence call; the tolerances are check_case's.
+  for (int cp : {2, 4}) {
+    check_case({ContextParallelMode::ring, cp, 4, 2, k::Precision::fp32, false, 12});
+    check_case({ContextParallelMode::ulysses, cp, 8, 8, k::Precision::fp32, true, 12});
+  }
+  check_case({ContextParallelMode::ring, 4, 4, 4, k::Precision::bf16, true, 12});
 }
 
 TEST(ContextAttention, Bf16WithinTheRoundingOfTheProbabilities) {

@@ -11,9 +11,16 @@ namespace lattice::kernels {
 // Which keys a query attends: causal (keys at positions <= the query's own) or none (every key).
 enum class AttentionMask { causal, none };
 
-// Layout of q, k, v: token rows of [heads, head_dim]; `*_row_stride` elements between consecutive
-// tokens and `*_batch_stride` between batches, so q/k/v may be slices of one packed qkv buffer or a
-// KV cache. Query head h uses kv head h / (q_heads / kv_heads). Scale is 1/sqrt(head_dim).
+// Layout of q, k, v: token rows of [heads, head_dim] for q and k and [heads, value_dim()] for v
+// (v_head_dim 0: the value heads are head_dim wide, as in GPT-2 and Llama; a different width as in
+// DeepSeek's multi-head latent attention, whose values are narrower than its query-key heads);
+// `*_row_stride` elements between consecutive tokens and `*_batch_stride` between batches, so
+// q/k/v may be slices of one packed qkv buffer or a KV cache. Query head h uses kv head
+// h / (q_heads / kv_heads). Scale is 1/sqrt(head_dim). The output and its gradient are
+// [batch, q_len, q_heads * value_dim()].
+//
+// Sliding window (causal only; Mistral's): with window W > 0 the query at position p sees the keys
+// at positions p - W + 1 ... p (itself and the W - 1 before it); 0 means no window.
 //
 // Positions: query i (0 <= i < q_len) sits at absolute position q_offset + i and key j
 // (0 <= j < kv_len) at k_offset + j. Without q_offset the queries are the last q_len positions of
@@ -26,6 +33,8 @@ enum class AttentionMask { causal, none };
 // its rows contribute nothing to dq, dk, dv (dq rows 0); a key no query sees gets dk = dv = 0.
 struct AttentionShape {
   int64_t batch = 0, q_len = 0, kv_len = 0, q_heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t v_head_dim = 0;  // 0: head_dim
+  int64_t window = 0;      // 0: no sliding window
   int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0;
   int64_t q_batch_stride = 0, kv_batch_stride = 0;
   std::optional<int64_t> q_offset;  // unset: k_offset + kv_len - q_len
@@ -34,6 +43,8 @@ struct AttentionShape {
 
   // q_offset, or the default rule above.
   int64_t query_offset() const { return q_offset.value_or(k_offset + kv_len - q_len); }
+  // The width of one value head (and of one output head).
+  int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
 
   // Training layout: separate contiguous q [B,T,Hq*D], k and v [B,T,Hkv*D].
   static AttentionShape contiguous(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads,

@@ -12,8 +12,9 @@ namespace lattice::kernels {
 
 namespace attention_detail {
 
-bool use_amx(const AttentionOptions& options) {
-  return options.allow_amx && amx_tile_state_granted();
+bool use_amx(const AttentionOptions& options, const AttentionShape& shape) {
+  return options.allow_amx && shape.window == 0 && shape.value_dim() == shape.head_dim &&
+         amx_tile_state_granted();
 }
 
 }  // namespace attention_detail
@@ -22,7 +23,7 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/,
                        const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_forward");
-  if (precision == Precision::bf16 && attention_detail::use_amx(options)) {
+  if (precision == Precision::bf16 && attention_detail::use_amx(options, shape)) {
     attention_detail::attention_forward_amx(out, lse, q, k, v, shape);
     return;
   }
@@ -34,7 +35,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* d_out, con
                         const AttentionShape& shape, Precision precision, MatmulEngine& /*matmul*/,
                         const AttentionOptions& options) {
   attention_detail::validate(shape, "attention_backward");
-  if (precision == Precision::bf16 && attention_detail::use_amx(options)) {
+  if (precision == Precision::bf16 && attention_detail::use_amx(options, shape)) {
     attention_detail::attention_backward_amx(
         attention_detail::Fp32GradientRows{
             .dq = dq, .dk = dk, .dv = dv, .accumulate_dq = options.accumulate_dq},

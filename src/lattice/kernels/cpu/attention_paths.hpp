@@ -32,9 +32,16 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
                                  const float* lse, const AttentionShape& shape, Precision precision,
                                  bool accumulate_dq);
 
-// Whether Precision::bf16 runs on the AMX tiles: the options allow it and Linux granted the tile
-// state.
-bool use_amx(const AttentionOptions& options);
+// The first key (0-based, may be negative) that query i sees under the sliding window, relative
+// to the call's keys: causal_offset + i - window + 1; below 0 (every earlier key) without a window.
+inline int64_t window_start(const AttentionShape& s, int64_t causal_offset, int64_t i) {
+  return s.window > 0 ? causal_offset + i - s.window + 1 : int64_t{-1} << 62;
+}
+
+// Whether Precision::bf16 runs on the AMX tiles: the options allow it, Linux granted the tile
+// state, and the shape is one the tile kernels take (value heads as wide as the query-key heads,
+// no sliding window; the others run on the portable path with the same rounding).
+bool use_amx(const AttentionOptions& options, const AttentionShape& shape);
 
 // Where the backward puts dQ, dK and dV: fp32 rows (the strides of q, k, v), or bf16 rows plus
 // each batch's column sums of the unrounded values (AttentionGradientsBf16).

@@ -3,6 +3,10 @@
 // fp32; Precision::bf16 rounds q, k, v, d_out, P and dS to bf16 before the products they feed and
 // keeps fp32 accumulation and softmax statistics (the AMX path's arithmetic, on fp32 units).
 //
+// Every path takes value heads of their own width (AttentionShape::value_dim) and the sliding
+// window: a row's visible columns are [window start, causal end), and key blocks (forward) or query
+// blocks (backward) wholly outside every row's window are skipped.
+//
 // Threading: forward tasks are (batch, kv head, chunk of query blocks); backward tasks are (batch,
 // kv head), each owning the dk/dv of its kv head and the dq of its query-head group, so nothing
 // races and the result does not depend on the thread count (bitwise).
@@ -23,6 +27,7 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
                                 const float* v, const AttentionShape& shape, Precision precision) {
   const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
   const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, kLanes);
+  const int64_t Dv = shape.value_dim(), Dvp = round_up(Dv, kLanes);
   const int64_t group = Hq / Hkv;
   const int64_t causal_offset = attention_detail::causal_offset(shape);  // sees keys <= it + i
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -42,11 +47,11 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
 
 #pragma omp parallel
   {
-    // Per thread: K^T panel [key block][Dp][kForwardBlockK], V panel [key][Dp], Q tile, S/P tile,
+    // Per thread: K^T panel [key block][Dp][kForwardBlockK], V panel [key][Dvp], Q tile, S/P tile,
     // output accumulator, row max and row sum.
     const int64_t kt_panel_size = key_blocks * Dp * kForwardBlockK,
-                  v_panel_size = key_blocks * kForwardBlockK * Dp;
-    const int64_t q_tile = kBlockQ * Dp, s_tile = kBlockQ * kForwardBlockK, o_tile = kBlockQ * Dp;
+                  v_panel_size = key_blocks * kForwardBlockK * Dvp;
+    const int64_t q_tile = kBlockQ * Dp, s_tile = kBlockQ * kForwardBlockK, o_tile = kBlockQ * Dvp;
     Scratch<float> scratch(kt_panel_size + v_panel_size + q_tile + s_tile + o_tile + 2 * kBlockQ);
     float* kt_panel = scratch.get();
     float* v_panel = kt_panel + kt_panel_size;
@@ -64,54 +69,68 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
       const int64_t keys =
           std::clamp<int64_t>(causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ), 0, Tk);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
-      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+      const float* v_src = v + b * shape.kv_batch_stride + kvh * Dv;
       for (int64_t j0 = 0; j0 < keys; j0 += kForwardBlockK)
         pack_transposed(kt_panel + j0 * Dp, kForwardBlockK, Dp, k_src + j0 * shape.k_row_stride,
                         shape.k_row_stride, std::min(kForwardBlockK, keys - j0), D, to_bf16);
-      pack_rows(v_panel, Dp, v_src, shape.v_row_stride, keys, D, to_bf16);
-      std::fill(v_panel + keys * Dp, v_panel + round_up(keys, kLanes) * Dp, 0.0f);
+      pack_rows(v_panel, Dvp, v_src, shape.v_row_stride, keys, Dv, to_bf16);
+      std::fill(v_panel + keys * Dvp, v_panel + round_up(keys, kLanes) * Dvp, 0.0f);
 
       for (int64_t qb = last_qb; qb >= 0; qb -= chunks) {
         const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, Tq - i0);
         // Keys [0, key_end) are seen by some row of the block.
         const int64_t key_end = std::clamp<int64_t>(causal_offset + i0 + rows, 0, Tk);
+        // Under a sliding window the block's first row sees nothing before key_begin: the key
+        // blocks wholly before it are skipped.
+        const int64_t key_begin =
+            std::clamp<int64_t>(window_start(shape, causal_offset, i0), 0, key_end) /
+            kForwardBlockK * kForwardBlockK;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
-          float* out_rows = out + (b * Tq + i0) * Hq * D + h * D;
-          prefetch_rows_for_writing(out_rows, Hq * D, rows, D);  // arrive while the block computes
+          float* out_rows = out + (b * Tq + i0) * Hq * Dv + h * Dv;
+          prefetch_rows_for_writing(out_rows, Hq * Dv, rows,
+                                    Dv);  // arrive while the block computes
           pack_rows(q_pack, Dp, q + b * shape.q_batch_stride + i0 * shape.q_row_stride + h * D,
                     shape.q_row_stride, rows, D, to_bf16);
-          std::fill(o_acc, o_acc + rows * Dp, 0.0f);
+          std::fill(o_acc, o_acc + rows * Dvp, 0.0f);
           std::fill(row_max, row_max + rows, neg_inf);
           std::fill(row_sum, row_sum + rows, 0.0f);
 
-          for (int64_t j0 = 0; j0 < key_end; j0 += kForwardBlockK) {
+          for (int64_t j0 = key_begin; j0 < key_end; j0 += kForwardBlockK) {
             const int64_t cols = std::min(kForwardBlockK, key_end - j0);
             const float* kt_block = kt_panel + j0 * Dp;
-            const float* v_block = v_panel + j0 * Dp;
+            const float* v_block = v_panel + j0 * Dvp;
             // One register-block of rows at a time: S = Q K^T, online softmax, O += P V. On the
             // diagonal the group's last row sees the most keys; columns no row sees are skipped.
             for (int64_t m0 = 0; m0 < rows; m0 += kMicroRows) {
               const int64_t group_rows = std::min<int64_t>(kMicroRows, rows - m0);
               const int64_t group_visible =
                   std::min(cols, causal_offset + i0 + m0 + group_rows - j0);
-              if (group_visible <= 0) continue;
+              // The group's first row's window starts first: when it starts past the block, no
+              // row of the group sees the block.
+              if (group_visible <= 0 || window_start(shape, causal_offset, i0 + m0) - j0 >= cols)
+                continue;
               const int64_t n_eff = round_up(group_visible, kLanes);
               float* s_rows = s_buf + m0 * kForwardBlockK;
               gemm_rows(group_rows, n_eff, Dp, q_pack + m0 * Dp, Dp, 1, kt_block, kForwardBlockK,
                         s_rows, kForwardBlockK, false);
               for (int64_t r = m0; r < m0 + group_rows; ++r) {
                 float* s_row = s_buf + r * kForwardBlockK;
+                // The row sees the block's columns [first_visible, visible).
                 const int64_t visible = std::min(cols, causal_offset + i0 + r - j0 + 1);
-                if (visible <= 0) {
+                const int64_t first_visible =
+                    std::max<int64_t>(window_start(shape, causal_offset, i0 + r) - j0, 0);
+                if (visible <= first_visible) {
                   std::fill(s_row, s_row + n_eff, 0.0f);
                   continue;
                 }
                 const f32x16 visible_v = splat(static_cast<float>(visible));
+                const f32x16 first_v = splat(static_cast<float>(first_visible));
                 f32x16 max_v = splat(neg_inf);
                 for (int64_t c = 0; c < n_eff; c += kLanes) {
                   f32x16 sv = load(s_row + c) * scale;
-                  sv = (lane_index + static_cast<float>(c)) < visible_v ? sv : splat(neg_inf);
+                  const f32x16 column = lane_index + static_cast<float>(c);
+                  sv = column < visible_v && column >= first_v ? sv : splat(neg_inf);
                   store(s_row + c, sv);
                   max_v = sv > max_v ? sv : max_v;
                 }
@@ -126,25 +145,26 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
                 row_sum[r] = row_sum[r] * alpha + horizontal_sum(sum_v);
                 row_max[r] = new_max;
                 if (alpha != 1.0f) {
-                  float* o_row = o_acc + r * Dp;
-                  for (int64_t d = 0; d < Dp; d += kLanes)
+                  float* o_row = o_acc + r * Dvp;
+                  for (int64_t d = 0; d < Dvp; d += kLanes)
                     store(o_row + d, load(o_row + d) * alpha);
                 }
               }
-              gemm_rows(group_rows, Dp, group_visible, s_rows, kForwardBlockK, 1, v_block, Dp,
-                        o_acc + m0 * Dp, Dp, true);
+              gemm_rows(group_rows, Dvp, group_visible, s_rows, kForwardBlockK, 1, v_block, Dvp,
+                        o_acc + m0 * Dvp, Dvp, true);
             }
           }
 
           float* lse_rows = lse + (b * Hq + h) * Tq + i0;
           for (int64_t r = 0; r < rows; ++r) {
             if (row_sum[r] == 0.0f) {  // the row saw no key (row_sum >= 1 once it sees one)
-              std::fill(out_rows + r * Hq * D, out_rows + r * Hq * D + D, 0.0f);
+              std::fill(out_rows + r * Hq * Dv, out_rows + r * Hq * Dv + Dv, 0.0f);
               lse_rows[r] = neg_inf;
               continue;
             }
             const float inv_sum = 1.0f / row_sum[r];
-            for (int64_t d = 0; d < D; ++d) out_rows[r * Hq * D + d] = o_acc[r * Dp + d] * inv_sum;
+            for (int64_t d = 0; d < Dv; ++d)
+              out_rows[r * Hq * Dv + d] = o_acc[r * Dvp + d] * inv_sum;
             lse_rows[r] = row_max[r] + std::log(row_sum[r]);
           }
         }
@@ -159,12 +179,13 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
                                  bool accumulate_dq) {
   const int64_t B = shape.batch, Tq = shape.q_len, Tk = shape.kv_len, Hq = shape.q_heads;
   const int64_t Hkv = shape.kv_heads, D = shape.head_dim, Dp = round_up(D, kLanes);
+  const int64_t Dv = shape.value_dim(), Dvp = round_up(Dv, kLanes);
   const int64_t group = Hq / Hkv;
   const int64_t causal_offset = attention_detail::causal_offset(shape);  // sees keys <= it + i
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const bool to_bf16 = precision == Precision::bf16;
   const int64_t tasks = B * Hkv;
-  const int64_t out_row = Hq * D;  // out and d_out are [B, Tq, Hq*D] contiguous
+  const int64_t out_row = Hq * Dv;  // out and d_out are [B, Tq, Hq*Dv] contiguous
   const f32x16 lane_index = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 #pragma omp parallel
@@ -172,19 +193,20 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
     // Per thread, for one (batch, kv head): packed Q, dO and dQ accumulator of the whole query-head
     // group, D_i = rowsum(dO * O) per query, packed K block (rows and transposed), V^T block, dK
     // and dV block accumulators, and the P and dS tiles.
-    const int64_t group_panel = group * Tq * Dp;
-    const int64_t block_rows = kBlockK * Dp, tile = kBlockQ * kBlockK;
-    Scratch<float> scratch(3 * group_panel + group * Tq + 5 * block_rows + 2 * tile);
+    const int64_t group_panel = group * Tq * Dp, value_panel = group * Tq * Dvp;
+    const int64_t block_rows = kBlockK * Dp, value_rows = kBlockK * Dvp, tile = kBlockQ * kBlockK;
+    Scratch<float> scratch(2 * group_panel + value_panel + group * Tq + 3 * block_rows +
+                           2 * value_rows + 2 * tile);
     float* q_pack = scratch.get();
     float* do_pack = q_pack + group_panel;
-    float* dq_acc = do_pack + group_panel;
+    float* dq_acc = do_pack + value_panel;
     float* delta = dq_acc + group_panel;
     float* k_pack = delta + group * Tq;
     float* kt_pack = k_pack + block_rows;
     float* vt_pack = kt_pack + block_rows;
-    float* dk_acc = vt_pack + block_rows;
+    float* dk_acc = vt_pack + value_rows;
     float* dv_acc = dk_acc + block_rows;
-    float* p_buf = dv_acc + block_rows;
+    float* p_buf = dv_acc + value_rows;
     float* ds_buf = p_buf + tile;
 
 #pragma omp for schedule(dynamic, 1)
@@ -194,44 +216,49 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
         const int64_t h = kvh * group + g;
         pack_rows(q_pack + g * Tq * Dp, Dp, q + b * shape.q_batch_stride + h * D,
                   shape.q_row_stride, Tq, D, to_bf16);
-        pack_rows(do_pack + g * Tq * Dp, Dp, d_out + b * Tq * out_row + h * D, out_row, Tq, D,
+        pack_rows(do_pack + g * Tq * Dvp, Dvp, d_out + b * Tq * out_row + h * Dv, out_row, Tq, Dv,
                   to_bf16);
         for (int64_t t = 0; t < Tq; ++t) {
-          const float* o_row = out + (b * Tq + t) * out_row + h * D;
-          const float* do_row = d_out + (b * Tq + t) * out_row + h * D;
-          delta[g * Tq + t] = dot_product(do_row, o_row, D);
+          const float* o_row = out + (b * Tq + t) * out_row + h * Dv;
+          const float* do_row = d_out + (b * Tq + t) * out_row + h * Dv;
+          delta[g * Tq + t] = dot_product(do_row, o_row, Dv);
         }
       }
       std::fill(dq_acc, dq_acc + group_panel, 0.0f);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
-      const float* v_src = v + b * shape.kv_batch_stride + kvh * D;
+      const float* v_src = v + b * shape.kv_batch_stride + kvh * Dv;
 
       for (int64_t j0 = 0; j0 < Tk; j0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, Tk - j0), cols_p = round_up(cols, kLanes);
         // Query rows from first_query on see key j0 or later ones of the block.
         const int64_t first_query = std::clamp<int64_t>(j0 - causal_offset, 0, Tq);
+        // Under a sliding window, rows from end_query on see only keys after the block.
+        const int64_t end_query =
+            shape.window > 0
+                ? std::clamp<int64_t>(j0 + cols - 1 - causal_offset + shape.window, 0, Tq)
+                : Tq;
         pack_rows(k_pack, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride, cols, D,
                   to_bf16);
         pack_transposed(kt_pack, kBlockK, Dp, k_src + j0 * shape.k_row_stride, shape.k_row_stride,
                         cols, D, to_bf16);
-        pack_transposed(vt_pack, kBlockK, Dp, v_src + j0 * shape.v_row_stride, shape.v_row_stride,
-                        cols, D, to_bf16);
+        pack_transposed(vt_pack, kBlockK, Dvp, v_src + j0 * shape.v_row_stride, shape.v_row_stride,
+                        cols, Dv, to_bf16);
         std::fill(dk_acc, dk_acc + cols * Dp, 0.0f);
-        std::fill(dv_acc, dv_acc + cols * Dp, 0.0f);
+        std::fill(dv_acc, dv_acc + cols * Dvp, 0.0f);
         float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
-        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * D;
+        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * Dv;
         // The rows' lines arrive while the block computes.
         prefetch_rows_for_writing(dk_rows, shape.k_row_stride, cols, D);
-        prefetch_rows_for_writing(dv_rows, shape.v_row_stride, cols, D);
+        prefetch_rows_for_writing(dv_rows, shape.v_row_stride, cols, Dv);
 
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = kvh * group + g;
           const float* lse_head = lse + (b * Hq + h) * Tq;
           // Query blocks that see some key of the block: those ending after first_query.
-          for (int64_t i0 = first_query / kBlockQ * kBlockQ; i0 < Tq; i0 += kBlockQ) {
+          for (int64_t i0 = first_query / kBlockQ * kBlockQ; i0 < end_query; i0 += kBlockQ) {
             const int64_t rows = std::min(kBlockQ, Tq - i0);
             const float* q_rows = q_pack + (g * Tq + i0) * Dp;
-            const float* do_rows = do_pack + (g * Tq + i0) * Dp;
+            const float* do_rows = do_pack + (g * Tq + i0) * Dvp;
             // Row groups: S = Q K^T and dP = dO V^T on the columns the group sees, then
             // P = exp(S * scale - lse) and dS = P * (dP - D_i) * scale (zero where masked), then
             // dQ_i += dS K_j.
@@ -243,17 +270,22 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
               const int64_t n_eff = round_up(group_visible, kLanes);
               gemm_rows(group_rows, n_eff, Dp, q_rows + m0 * Dp, Dp, 1, kt_pack, kBlockK,
                         p_buf + m0 * kBlockK, kBlockK, false);
-              gemm_rows(group_rows, n_eff, Dp, do_rows + m0 * Dp, Dp, 1, vt_pack, kBlockK,
+              gemm_rows(group_rows, n_eff, Dvp, do_rows + m0 * Dvp, Dvp, 1, vt_pack, kBlockK,
                         ds_buf + m0 * kBlockK, kBlockK, false);
               for (int64_t r = m0; r < m0 + group_rows; ++r) {
+                // The row sees the block's columns [first_visible, visible).
                 const int64_t visible =
                     std::clamp<int64_t>(causal_offset + i0 + r - j0 + 1, 0, cols);
+                const int64_t first_visible =
+                    std::max<int64_t>(window_start(shape, causal_offset, i0 + r) - j0, 0);
                 float* p_row = p_buf + r * kBlockK;
                 float* ds_row = ds_buf + r * kBlockK;
                 const float row_lse = lse_head[i0 + r], row_delta = delta[g * Tq + i0 + r];
                 const f32x16 visible_v = splat(static_cast<float>(visible));
+                const f32x16 first_v = splat(static_cast<float>(first_visible));
                 for (int64_t c = 0; c < n_eff; c += kLanes) {
-                  const i32x16 keep = (lane_index + static_cast<float>(c)) < visible_v;
+                  const f32x16 column = lane_index + static_cast<float>(c);
+                  const i32x16 keep = column < visible_v && column >= first_v;
                   f32x16 p = vexp(load(p_row + c) * scale - row_lse);
                   p = std::bit_cast<f32x16>(std::bit_cast<i32x16>(p) & keep);
                   f32x16 ds = p * (load(ds_row + c) - row_delta) * scale;
@@ -275,8 +307,8 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
               const int64_t group_cols = std::min<int64_t>(kMicroRows, cols - c0);
               const int64_t first_row = std::clamp<int64_t>(j0 + c0 - causal_offset - i0, 0, rows);
               if (first_row >= rows) continue;
-              gemm_rows(group_cols, Dp, rows - first_row, p_buf + first_row * kBlockK + c0, 1,
-                        kBlockK, do_rows + first_row * Dp, Dp, dv_acc + c0 * Dp, Dp, true);
+              gemm_rows(group_cols, Dvp, rows - first_row, p_buf + first_row * kBlockK + c0, 1,
+                        kBlockK, do_rows + first_row * Dvp, Dvp, dv_acc + c0 * Dvp, Dvp, true);
               gemm_rows(group_cols, Dp, rows - first_row, ds_buf + first_row * kBlockK + c0, 1,
                         kBlockK, q_rows + first_row * Dp, Dp, dk_acc + c0 * Dp, Dp, true);
             }
@@ -285,8 +317,8 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
         for (int64_t c = 0; c < cols; ++c) {
           std::memcpy(dk_rows + c * shape.k_row_stride, dk_acc + c * Dp,
                       static_cast<size_t>(D) * sizeof(float));
-          std::memcpy(dv_rows + c * shape.v_row_stride, dv_acc + c * Dp,
-                      static_cast<size_t>(D) * sizeof(float));
+          std::memcpy(dv_rows + c * shape.v_row_stride, dv_acc + c * Dvp,
+                      static_cast<size_t>(Dv) * sizeof(float));
         }
       }
       for (int64_t g = 0; g < group; ++g) {

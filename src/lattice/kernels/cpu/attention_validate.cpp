@@ -23,8 +23,18 @@ void validate(const AttentionShape& s, const char* who) {
                                          ")");
   check(s.q_row_stride >= s.q_heads * s.head_dim,
         name + ": q_row_stride must be at least q_heads * head_dim");
-  check(s.k_row_stride >= s.kv_heads * s.head_dim && s.v_row_stride >= s.kv_heads * s.head_dim,
-        name + ": k_row_stride and v_row_stride must be at least kv_heads * head_dim");
+  check(s.v_head_dim >= 0, name + ": v_head_dim (" + text(s.v_head_dim) +
+                               ") must be 0 (the value heads are head_dim wide) or positive");
+  check(s.k_row_stride >= s.kv_heads * s.head_dim,
+        name + ": k_row_stride must be at least kv_heads * head_dim");
+  check(s.v_row_stride >= s.kv_heads * s.value_dim(),
+        name + ": v_row_stride must be at least kv_heads * value_dim()");
+  check(s.window >= 0, name + ": window (" + text(s.window) +
+                           ") must be 0 (no sliding window) or a positive number of keys");
+  check(s.window == 0 || s.mask == AttentionMask::causal,
+        name +
+            ": a sliding window needs the causal mask (set mask = AttentionMask::causal or "
+            "window = 0)");
   check(s.mask == AttentionMask::causal || s.mask == AttentionMask::none,
         name + ": mask must be AttentionMask::causal or AttentionMask::none");
   // Positions stay far from int64 overflow however the kernels add lengths to them.

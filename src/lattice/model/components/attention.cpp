@@ -20,8 +20,11 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
                      const AttentionDescription& d, int64_t d_model, float norm_eps,
                      const parallel::SequenceLayout& layout, parallel::TensorSplit input_split,
                      parallel::TensorSplit output_split, const k::RopeTable* rope)
-    : layout_(layout), rope_(rope), C_(d_model), head_dim_(d.head_dim) {
+    : layout_(layout), rope_(rope), C_(d_model), head_dim_(d.head_dim), window_(d.sliding_window) {
   check(!d.rope || rope != nullptr, "rotary attention built without a RoPE table (internal error)");
+  check(d.sliding_window >= 0, "the attention's sliding window (" +
+                                   std::to_string(d.sliding_window) +
+                                   ") must be 0 (none) or a positive number of positions");
   check(d.heads % layout.ranks() == 0 && d.kv_heads % layout.ranks() == 0,
         "parallelism.tp = " + std::to_string(layout.ranks()) + " must divide the " +
             std::to_string(d.heads) + " attention heads and the " + std::to_string(d.kv_heads) +
@@ -51,9 +54,10 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
 }
 
 k::AttentionShape Attention::shape(int64_t B, int64_t T) const {
-  if (!packed()) return k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
+  k::AttentionShape s = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
+  s.window = window_;
+  if (!packed()) return s;
   // q, k, v of `heads` heads packed per token as [q | k | v] (the projection's output here).
-  k::AttentionShape s = k::AttentionShape::contiguous(B, T, heads_, heads_, head_dim_);
   s.q_row_stride = s.k_row_stride = s.v_row_stride = A_ + 2 * KV_;
   s.q_batch_stride = s.kv_batch_stride = T * (A_ + 2 * KV_);
   return s;

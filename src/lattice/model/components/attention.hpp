@@ -2,13 +2,13 @@
 // its pre-norm: multi-head attention with q, k and v from one packed projection (GPT-2's c_attn,
 // [q | k | v] per token) or from three (Llama's q_proj, k_proj, v_proj: grouped-query attention,
 // key/value heads shared by groups of query heads), rotary positions on q and k or none, biases on
-// the input or output projections or none. The attention itself is the ContextAttention the
-// context hands it (one rank: LocalAttention; ring or Ulysses under context parallelism), and the
-// projections' split and the residual rows' layout come from the SequenceLayout it is built with:
-// the code is the one-rank code either way. In bf16 a packed projection behind a LayerNorm takes
-// the fused paths: the norm writes the projection's bf16 input, the projection writes bf16 q, k, v
-// and their gradient comes back rounded, with the projection's bias gradient from the attention
-// backward's own pass.
+// the input or output projections or none, a sliding window (Mistral's) or none. The attention
+// itself is the ContextAttention the context hands it (one rank: LocalAttention; ring or Ulysses
+// under context parallelism), and the projections' split and the residual rows' layout come from
+// the SequenceLayout it is built with: the code is the one-rank code either way. In bf16 a packed
+// projection behind a LayerNorm takes the fused paths: the norm writes the projection's bf16 input,
+// the projection writes bf16 q, k, v and their gradient comes back rounded, with the projection's
+// bias gradient from the attention backward's own pass.
 #pragma once
 
 #include <cstdint>
@@ -33,9 +33,10 @@ struct AttentionDescription {
   std::string q, k, v;  // ... q, k, v apart ("self_attn.q_proj", ...)
   std::string out;      // the output projection ("attn.c_proj", "self_attn.o_proj")
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // the whole model's
-  bool input_bias = false;   // q, k, v projections with a bias (GPT-2; Qwen 2.5)
-  bool output_bias = false;  // the output projection with a bias (GPT-2)
-  bool rope = false;         // rotary positions on q and k (the Transformer's table)
+  bool input_bias = false;     // q, k, v projections with a bias (GPT-2; Qwen 2.5)
+  bool output_bias = false;    // the output projection with a bias (GPT-2)
+  bool rope = false;           // rotary positions on q and k (the Transformer's table)
+  int64_t sliding_window = 0;  // each query sees itself and the window - 1 keys before (0: all)
 };
 
 // What its forward saves (rows = B·T; A = heads · head_dim and kv = kv_heads · head_dim on this
@@ -141,6 +142,7 @@ class Attention {
   // C: the model width; on this rank heads_ query and kv_heads_ key/value heads of head_dim_,
   // A_ = heads_ · head_dim_ and KV_ = kv_heads_ · head_dim_ channels.
   int64_t C_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, A_ = 0, KV_ = 0;
+  int64_t window_ = 0;  // the sliding window (AttentionShape::window)
   bool fusable_ = false;
 };
 

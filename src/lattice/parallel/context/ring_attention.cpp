@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <string>
 
+#include "lattice/core/error.hpp"
 #include "lattice/parallel/context/row_copies.hpp"
 #include "lattice/parallel/context/sequence_split.hpp"
 
@@ -20,10 +22,14 @@ constexpr int kGradientTag = 2302;  // a block's key/value gradient summed so fa
 
 // The call over query run `q` and key run `kv` of a block laid out [batch, n, width] (k and v
 // contiguous per token), with the local shape's query strides; nullopt when the mask hides every
-// key of the run from every query (all its keys after the last query).
+// key of the run from every query (all its keys after the last query, or before the first query's
+// sliding window).
 std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, const PositionRun& q,
                                             const PositionRun& kv) {
   if (kv.position > q.position + q.length - 1) return std::nullopt;
+  // Under a sliding window, keys wholly before the first query's window are seen by none.
+  if (local.window > 0 && kv.position + kv.length - 1 < q.position - local.window + 1)
+    return std::nullopt;
   k::AttentionShape s = local;
   const int64_t width = local.kv_heads * local.head_dim;
   s.q_len = q.length;
@@ -32,9 +38,11 @@ std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, cons
   s.kv_batch_stride = local.kv_len * width;
   s.q_offset = q.position;
   s.k_offset = kv.position;
-  // Keys wholly before every query need no mask (the same result, less work).
-  s.mask =
-      kv.position + kv.length - 1 <= q.position ? k::AttentionMask::none : k::AttentionMask::causal;
+  // Keys wholly before every query need no mask (the same result, less work) unless a sliding
+  // window hides the older ones.
+  s.mask = local.window == 0 && kv.position + kv.length - 1 <= q.position
+               ? k::AttentionMask::none
+               : k::AttentionMask::causal;
   return s;
 }
 
@@ -43,6 +51,10 @@ std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, cons
 RingAttention::Blocks RingAttention::own_blocks(k::Ops& ops, const float* k, const float* v,
                                                 const k::AttentionShape& local,
                                                 k::Precision precision) {
+  check(local.value_dim() == local.head_dim,
+        "context_parallel.mode = ring does not take value heads of their own width (v_head_dim " +
+            std::to_string(local.value_dim()) + " beside head_dim " +
+            std::to_string(local.head_dim) + ") yet: use parallelism.cp = 1");
   const int64_t B = local.batch, n = local.q_len, width = local.kv_heads * local.head_dim;
   const int64_t half = B * n * width;
   if (precision != k::Precision::bf16) {

@@ -28,7 +28,25 @@ void UlyssesAttention::check_heads(const k::AttentionShape& local) const {
             std::to_string(P) + " ranks, but this rank has " + std::to_string(local.q_heads) +
             " query and " + std::to_string(local.kv_heads) +
             " key/value heads: use context_parallel.mode = ring, or a cp dividing both");
+  check(
+      local.value_dim() == local.head_dim,
+      "context_parallel.mode = ulysses does not take value heads of their own width (v_head_dim " +
+          std::to_string(local.value_dim()) + " beside head_dim " + std::to_string(local.head_dim) +
+          ") yet: use parallelism.cp = 1");
 }
+
+namespace {
+
+// The whole-sequence call over this rank's heads: the local call's positions rule, mask and window.
+k::AttentionShape full_sequence_shape(const k::AttentionShape& local, int64_t T, int64_t hq,
+                                      int64_t hkv) {
+  k::AttentionShape s = k::AttentionShape::contiguous(local.batch, T, hq, hkv, local.head_dim);
+  s.mask = local.mask;
+  s.window = local.window;
+  return s;
+}
+
+}  // namespace
 
 void UlyssesAttention::exchange(const float* send, float* receive, int64_t block) {
   waited([&] { cp_.all_to_all(send, receive, block, DType::f32); });
@@ -112,8 +130,7 @@ void UlyssesAttention::forward(k::Ops& ops, float* out, float* lse, const float*
   to_heads(fq, q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   to_heads(fk, k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
   to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
-  ops.attention_forward(fo, fl, fq, fk, fv, k::AttentionShape::contiguous(B, T, hq, hkv, D),
-                        precision, {});
+  ops.attention_forward(fo, fl, fq, fk, fv, full_sequence_shape(local, T, hq, hkv), precision, {});
   const int64_t width = local.q_heads * D;
   from_heads(out, fo, B, n, local.q_heads, D, width, n * width);
   lse_from_heads(lse, fl, B, n, local.q_heads);
@@ -145,7 +162,7 @@ void UlyssesAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, co
   float* fdk = workspace_.slot(7, kv_size);
   float* fdv = workspace_.slot(8, kv_size);
   ops.attention_backward(fdq, fdk, fdv, fdo, fq, fk, fv, fo, fl,
-                         k::AttentionShape::contiguous(B, T, hq, hkv, D), precision, {});
+                         full_sequence_shape(local, T, hq, hkv), precision, {});
   from_heads(dq, fdq, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   from_heads(dk, fdk, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
   from_heads(dv, fdv, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
