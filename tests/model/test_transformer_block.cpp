@@ -46,6 +46,14 @@ BlockDescription composed_block() {
   return d;
 }
 
+// The composed block with Qwen 3's per-head q/k RMSNorm before RoPE.
+BlockDescription qk_norm_block() {
+  BlockDescription d = composed_block();
+  d.attention.q_norm = "self_attn.q_norm";
+  d.attention.k_norm = "self_attn.k_norm";
+  return d;
+}
+
 // A block of `d` on its own store with random weights (biases and norm weights too, so that every
 // gradient term is visible).
 struct BlockUnderTest {
@@ -185,35 +193,48 @@ TEST(TransformerBlock, SlidingWindowHidesOlderPositionsAndItsGradientsMatchFinit
   expect_gradients_match_finite_differences(windowed);
 }
 
+TEST(TransformerBlock, QkNormBlockMatchesFiniteDifferencesAndNamesItsNorms) {
+  expect_gradients_match_finite_differences(qk_norm_block());
+  ParameterStore store;
+  kernels::RopeTable rope{64, kWidth / kHeads, 10000.0f};
+  TransformerBlock(store, qk_norm_block(), 0, parallel::SequenceLayout{}, &rope);
+  std::set<std::string> names;
+  for (const auto& p : store.parameters()) names.insert(p.name);
+  EXPECT_TRUE(names.count("model.layers.0.self_attn.q_norm.weight"));
+  EXPECT_TRUE(names.count("model.layers.0.self_attn.k_norm.weight"));
+}
+
 TEST(TransformerBlock, HalvesAndRecomputationEqualTheWholeBackwardBitForBit) {
-  for (kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
-    SCOPED_TRACE(kernels::precision_name(precision));
-    kernels::CpuOps ops;
-    LayerContext ctx{ops, precision, nullptr};
-    const int64_t B = 2, T = 8, n = B * T * kWidth;
-    const std::vector<float> x = random_values(n, 4), d_out = random_values(n, 6);
-    // run(mode): 0 the whole backward, 1 input then weight halves, 2 with selective recompute.
-    auto run = [&](int mode, std::vector<float>& d_x) {
-      BlockUnderTest t(composed_block());
-      auto saved = t.block->make_activations();
-      saved->recompute_attention = mode == 2;
-      std::vector<float> out(static_cast<size_t>(n));
-      t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
-      BackwardScratch scratch;
-      d_x.assign(static_cast<size_t>(n), 0.0f);
-      if (mode == 1) {
-        t.block->backward_input(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
-        t.block->backward_weight(ctx, *saved, x.data(), B, T);
-      } else {
-        t.block->backward(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
-      }
-      return std::vector<float>(t.store.grads(), t.store.grads() + t.store.size());
-    };
-    std::vector<float> d_whole, d_halves, d_recomputed;
-    const std::vector<float> whole = run(0, d_whole);
-    EXPECT_EQ(run(1, d_halves), whole);
-    EXPECT_EQ(d_halves, d_whole);
-    EXPECT_EQ(run(2, d_recomputed), whole);
-    EXPECT_EQ(d_recomputed, d_whole);
-  }
+  for (const bool qk_norm : {false, true})
+    for (kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << kernels::precision_name(precision) << " qk_norm " << qk_norm);
+      kernels::CpuOps ops;
+      LayerContext ctx{ops, precision, nullptr};
+      const int64_t B = 2, T = 8, n = B * T * kWidth;
+      const std::vector<float> x = random_values(n, 4), d_out = random_values(n, 6);
+      // run(mode): 0 the whole backward, 1 input then weight halves, 2 with selective recompute.
+      auto run = [&](int mode, std::vector<float>& d_x) {
+        BlockUnderTest t(qk_norm ? qk_norm_block() : composed_block());
+        auto saved = t.block->make_activations();
+        saved->recompute_attention = mode == 2;
+        std::vector<float> out(static_cast<size_t>(n));
+        t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
+        BackwardScratch scratch;
+        d_x.assign(static_cast<size_t>(n), 0.0f);
+        if (mode == 1) {
+          t.block->backward_input(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
+          t.block->backward_weight(ctx, *saved, x.data(), B, T);
+        } else {
+          t.block->backward(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
+        }
+        return std::vector<float>(t.store.grads(), t.store.grads() + t.store.size());
+      };
+      std::vector<float> d_whole, d_halves, d_recomputed;
+      const std::vector<float> whole = run(0, d_whole);
+      EXPECT_EQ(run(1, d_halves), whole);
+      EXPECT_EQ(d_halves, d_whole);
+      EXPECT_EQ(run(2, d_recomputed), whole);
+      EXPECT_EQ(d_recomputed, d_whole);
+    }
 }

@@ -10,7 +10,9 @@ namespace k = lattice::kernels;
 
 void AttentionActivations::release() {
   norm.release();
-  for (Tensor* t : {&qkv, &qkv16, &q, &k, &v, &att, &lse, &d_out}) t->reset();
+  for (Tensor* t : {&qkv, &qkv16, &q, &k, &v, &q_raw, &k_raw, &att, &lse, &d_out}) t->reset();
+  q_norm.release();
+  k_norm.release();
   for (LinearActivations& l : input) l.release();
   output.release();
   for (Tensor& t : d_input) t.reset();
@@ -50,6 +52,18 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
   }
   output_ = Linear(store, prefix + d.out, q_width, C_, d.output_bias, InitKind::normal_residual,
                    layout.split(output_split));
+  qk_norm_ = !d.q_norm.empty();
+  check(qk_norm_ == !d.k_norm.empty(), "a q/k norm names both norms (internal error)");
+  if (qk_norm_) {
+    check(!packed(), "a q/k norm needs q, k and v from separate projections (internal error)");
+    // The norm weights are whole on every rank while the heads they scale are split: their
+    // gradients would be partial sums over the tensor-parallel group, not yet reduced.
+    check(layout.ranks() == 1,
+          "a per-head q/k norm under parallelism.tp = " + std::to_string(layout.ranks()) +
+              " is not supported yet: use parallelism.tp = 1 (dp, pp, cp and ep are fine)");
+    q_norm_ = Norm(store, prefix + d.q_norm, NormKind::rms_norm, head_dim_, norm_eps);
+    k_norm_ = Norm(store, prefix + d.k_norm, NormKind::rms_norm, head_dim_, norm_eps);
+  }
   fusable_ = packed() && !d.rope && norm_.writes_bf16();
 }
 
@@ -85,6 +99,12 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
     ensure_activation(a.q, {rows, A_}, tr);
     ensure_activation(a.k, {rows, KV_}, tr);
     ensure_activation(a.v, {rows, KV_}, tr);
+    if (qk_norm_) {
+      ensure_activation(a.q_raw, {rows, A_}, tr);
+      ensure_activation(a.k_raw, {rows, KV_}, tr);
+      q_norm_.prepare(ctx, a.q_norm, rows * heads_, false, false);
+      k_norm_.prepare(ctx, a.k_norm, rows * kv_heads_, false, false);
+    }
   }
   ensure_activation(a.att, {rows, A_}, tr);
   ensure_activation(a.lse, {B, heads_, T}, tr);
@@ -92,7 +112,16 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
 
 float* Attention::projection_output(AttentionActivations& a, size_t i) const {
   if (packed()) return a.qkv.f32();
+  if (qk_norm_ && i < 2) return (i == 0 ? a.q_raw : a.k_raw).f32();
   return (i == 0 ? a.q : i == 1 ? a.k : a.v).f32();
+}
+
+void Attention::normalize_q_and_k(const LayerContext& ctx, AttentionActivations& a,
+                                  int64_t rows) const {
+  if (!qk_norm_) return;
+  // [rows, heads · head_dim] is [rows · heads, head_dim]: one norm row per head of each token.
+  q_norm_.forward(ctx, a.q_norm, a.q.f32(), a.q_raw.f32(), rows * heads_);
+  k_norm_.forward(ctx, a.k_norm, a.k.f32(), a.k_raw.f32(), rows * kv_heads_);
 }
 
 void Attention::project(const LayerContext& ctx, AttentionActivations& a, NormedRows& in,
@@ -178,6 +207,7 @@ void Attention::forward(const LayerContext& ctx, AttentionActivations& a, float*
                               fused(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
     project(ctx, a, in, rows, /*cached=*/false);
   }
+  normalize_q_and_k(ctx, a, rows);
   if (rope_ != nullptr) {
     ContextAttention& attention = core(ctx);
     rope_at_runs(ctx.ops, &attention, *rope_, a.q.f32(), B, T, heads_, A_, T * A_, false);
@@ -199,6 +229,7 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
                               fused(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
     project(ctx, a, in, rows, /*cached=*/true);
   }
+  normalize_q_and_k(ctx, a, rows);
   const float *q = a.q.f32(), *keys = a.k.f32(), *values = a.v.f32();
   int64_t stride = KV_;
   if (packed()) {
@@ -282,13 +313,23 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
       attention.backward(ctx.ops, d[0], d[0] + A_, d[0] + A_ + KV_, d_att, qkv, qkv + A_,
                          qkv + A_ + KV_, a.att.f32(), a.lse.f32(), s, ctx.precision);
     } else {
-      attention.backward(ctx.ops, d[0], d[1], d[2], d_att, a.q.f32(), a.k.f32(), a.v.f32(),
-                         a.att.f32(), a.lse.f32(), s, ctx.precision);
-    }
-    if (rope_ != nullptr) {
-      rope_at_runs(ctx.ops, &attention, *rope_, d[0], s.batch, g.T, heads_, A_, g.T * A_, true);
-      rope_at_runs(ctx.ops, &attention, *rope_, d[1], s.batch, g.T, kv_heads_, KV_, g.T * KV_,
-                   true);
+      // Behind a q/k norm the attention's d q and d k are the normed ones': they go through
+      // RoPE's backward and the norms' into the projections' d q and d k.
+      float* dq = qk_norm_ ? g.get(slot::normed_q_gradient, rows * A_) : d[0];
+      float* dk = qk_norm_ ? g.get(slot::normed_k_gradient, rows * KV_) : d[1];
+      attention.backward(ctx.ops, dq, dk, d[2], d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
+                         a.lse.f32(), s, ctx.precision);
+      if (rope_ != nullptr) {
+        rope_at_runs(ctx.ops, &attention, *rope_, dq, s.batch, g.T, heads_, A_, g.T * A_, true);
+        rope_at_runs(ctx.ops, &attention, *rope_, dk, s.batch, g.T, kv_heads_, KV_, g.T * KV_,
+                     true);
+      }
+      if (qk_norm_) {
+        q_norm_.backward(ctx, layout_, a.q_norm, d[0], dq, a.q_raw.f32(), rows * heads_, nullptr,
+                         g.norm_partials);
+        k_norm_.backward(ctx, layout_, a.k_norm, d[1], dk, a.k_raw.f32(), rows * kv_heads_, nullptr,
+                         g.norm_partials);
+      }
     }
     // The input gradients summed in projection order: q's, then k's, then v's added.
     float* d_part = input_.size() > 1 ? g.get(slot::projection_gradient, rows * C_) : nullptr;
@@ -339,6 +380,8 @@ int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) con
   if (fused(precision))  // the norm's bf16 output, bf16 q, k, v, the output projection's bf16 input
     return local * (2 * C_ + stats) + rows * (2 * qkv + 2 * A_) + attention_output_bytes(B, T);
   int64_t bytes = local * (4 * C_ + stats) + rows * 4 * qkv + attention_output_bytes(B, T);
+  // A q/k norm's raw q and k and its statistics per head.
+  if (qk_norm_) bytes += rows * 4 * (A_ + KV_) + rows * 4 * (heads_ + kv_heads_);
   // bf16 without the fused paths: the output projection's rounding of att, and each input
   // projection's rounding of the norm output (not kept on a sharded layout: gathered again).
   if (precision == k::Precision::bf16)
@@ -348,7 +391,8 @@ int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) con
 }
 
 int64_t Attention::scratch_floats(int64_t rows) const {
-  return rows * A_ + rows * (A_ + 2 * KV_);  // d_att; d q, k, v
+  // d_att; d q, k, v; behind a q/k norm the normed d q and d k
+  return rows * A_ + rows * (A_ + 2 * KV_) + (qk_norm_ ? rows * (A_ + KV_) : 0);
 }
 
 int64_t Attention::pending_weight_floats(int64_t rows) const {

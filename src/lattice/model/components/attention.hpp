@@ -2,7 +2,8 @@
 // its pre-norm: multi-head attention with q, k and v from one packed projection (GPT-2's c_attn,
 // [q | k | v] per token) or from three (Llama's q_proj, k_proj, v_proj: grouped-query attention,
 // key/value heads shared by groups of query heads), rotary positions on q and k or none, biases on
-// the input or output projections or none, a sliding window (Mistral's) or none. The attention
+// the input or output projections or none, a sliding window (Mistral's) or none, a per-head q/k
+// RMSNorm (Qwen 3's) or none. The attention
 // itself is the ContextAttention the context hands it (one rank: LocalAttention; ring or Ulysses
 // under context parallelism), and the projections' split and the residual rows' layout come from
 // the SequenceLayout it is built with: the code is the one-rank code either way. In bf16 a packed
@@ -37,6 +38,9 @@ struct AttentionDescription {
   bool output_bias = false;    // the output projection with a bias (GPT-2)
   bool rope = false;           // rotary positions on q and k (the Transformer's table)
   int64_t sliding_window = 0;  // each query sees itself and the window - 1 keys before (0: all)
+  // A per-head RMSNorm of q and of k over head_dim, before RoPE (Qwen 3's "self_attn.q_norm",
+  // "self_attn.k_norm"), or none (empty). q, k, v apart only.
+  std::string q_norm, k_norm;
 };
 
 // What its forward saves (rows = B·T; A = heads · head_dim and kv = kv_heads · head_dim on this
@@ -46,7 +50,9 @@ struct AttentionActivations {
   Tensor qkv;            // packed: [rows, A + 2kv] fp32 q | k | v (fp32 training, cached inference)
   Tensor qkv16;          // packed: [rows, A + 2kv] bf16 (fused bf16 training; qkv not kept)
   Tensor q, k, v;        // apart: [rows, A], [rows, kv], [rows, kv] fp32, q and k after RoPE
-  Tensor att, lse;       // [rows, A], [B, heads, T]: dropped by selective checkpointing
+  Tensor q_raw, k_raw;   // behind a q/k norm: the projections' q and k, before it
+  NormActivations q_norm, k_norm;  // the q/k norm's statistics ([rows · heads], [rows · kv_heads])
+  Tensor att, lse;                 // [rows, A], [B, heads, T]: dropped by selective checkpointing
   std::vector<LinearActivations> input;  // the input projections' (one packed, or q, k, v)
   LinearActivations output;
   // Between backward_input and backward_weight: the input projections' output gradients (packed:
@@ -132,6 +138,8 @@ class Attention {
                    int64_t rows, Tensor& partial);
   // The fp32 output of input projection i ([rows, out_features]).
   float* projection_output(AttentionActivations& a, size_t i) const;
+  // Behind a q/k norm: q and k normalized per head from the projections' raw q and k.
+  void normalize_q_and_k(const LayerContext& ctx, AttentionActivations& a, int64_t rows) const;
 
   parallel::SequenceLayout layout_;
   const kernels::RopeTable* rope_ = nullptr;
@@ -143,6 +151,8 @@ class Attention {
   // A_ = heads_ · head_dim_ and KV_ = kv_heads_ · head_dim_ channels.
   int64_t C_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, A_ = 0, KV_ = 0;
   int64_t window_ = 0;  // the sliding window (AttentionShape::window)
+  bool qk_norm_ = false;
+  Norm q_norm_, k_norm_;  // per head, over head_dim
   bool fusable_ = false;
 };
 
