@@ -322,10 +322,11 @@ TEST_F(PpCli, StalledStageIsNamedByItsPeersWatchdog) {
   // it waited for and from which rank, and the run ends (no hang) with an error.
   // The trainer runs under the fault runner, which installs the stall.
   setenv("LATTICE_COMM_TIMEOUT_MS", "1500", 1);
-  CliResult r = run_program(LATTICE_FAULT_RUNNER,
-                            "--stall-rank=0 --stall-before-step=2 --stall-seconds=4 train" +
-                                tiny_flags(dir_, "llama-tiny") + " --pp 2 --checkpoint.enable=false",
-                            dir_);
+  CliResult r =
+      run_program(LATTICE_FAULT_RUNNER,
+                  "--stall-rank=0 --stall-before-step=2 --stall-seconds=4 train" +
+                      tiny_flags(dir_, "llama-tiny") + " --pp 2 --checkpoint.enable=false",
+                  dir_);
   unsetenv("LATTICE_COMM_TIMEOUT_MS");
   EXPECT_NE(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("pipeline rank 1 waited in vain for RECV_F(stage 1, mb 0 <- rank 0)"),
