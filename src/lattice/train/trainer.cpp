@@ -101,6 +101,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     pipeline_ = std::make_unique<PipelineRank>(
         config_, *mesh_, *ops_, &tracker_, tp_group, settings,
         model::ExpertParallelGroup{&ep, ep.rank(), ep.size(), &clocks_.ep_seconds});
+    runner_ = std::make_unique<PipelinedStepRunner>(*pipeline_, clocks_);
   } else {
     // Expert parallelism: each rank of the ep group holds its slice of every MoE layer's experts.
     comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
@@ -115,11 +116,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
     if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
       model_->parameters().keep_bf16_copies(&tracker_);
-  }
-  if (pipeline_)
-    runner_ = std::make_unique<PipelinedStepRunner>(*pipeline_, clocks_);
-  else
     runner_ = std::make_unique<PlainStepRunner>(*model_, *dp_, clocks_);
+  }
   resume();
 }
 
