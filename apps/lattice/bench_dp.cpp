@@ -99,7 +99,8 @@ void run_bench(const Options& o) {
     std::printf("2 ranks ZeRO-%d: %.0f tokens/s (%.2f of plain DP)\n", zero,
                 z[0].result.tokens_per_second, z[0].result.tokens_per_second / tps2);
   }
-  const double exposed = two[0].result.exposed_comm_seconds, total = two[0].result.comm_seconds;
+  const train::CommunicationTimes& comm = two[0].result.communication;
+  const double exposed = comm.dp_exposed_seconds, total = comm.dp_seconds;
   std::printf(
       "\ncommunication on 2 ranks (rank 0, %lld steps): %.1f ms ran, %.1f ms exposed -> "
       "%.0f%% hidden (target >= 80%%)\n",

@@ -84,7 +84,7 @@ ScheduleResult run_schedule(const Options& o, const std::string& schedule_name) 
     for (int64_t step = 1; step <= o.warmup + o.steps; ++step) {
       const train::StepOutcome outcome = pipe.step(ctx, step_shape, source, 1e-4f, step);
       if (step > o.warmup) {
-        mine.push_back(outcome.pp_bubble);
+        mine.push_back(outcome.pp_bubble.value_or(0.0));
         seconds.push_back(outcome.seconds);
       }
     }

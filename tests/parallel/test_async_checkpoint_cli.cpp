@@ -45,17 +45,14 @@ std::vector<double> losses(const fs::path& run) {
 
 class AsyncCheckpointCli : public CorpusDirectoryTest {
  protected:
-  // With `kill_rank_at_step_4`, that rank dies halfway through writing step 4's files.
+  // With `kill_rank_1_at_step_4`, the trainer runs under the fault runner, and rank 1 dies
+  // halfway through writing step 4's files.
   CliResult train(const std::string& run, const std::string& extra,
                   bool kill_rank_1_at_step_4 = false) {
-    if (kill_rank_1_at_step_4) {
-      ::setenv("LATTICE_FAULT_KILL_DURING_SAVE_RANK", "1", 1);
-      ::setenv("LATTICE_FAULT_KILL_DURING_SAVE_STEP", "4", 1);
-    }
-    CliResult r = run_lattice("train" + tiny_flags(dir_, run) + " --dp 2" + extra, dir_);
-    ::unsetenv("LATTICE_FAULT_KILL_DURING_SAVE_RANK");
-    ::unsetenv("LATTICE_FAULT_KILL_DURING_SAVE_STEP");
-    return r;
+    const std::string args = "train" + tiny_flags(dir_, run) + " --dp 2" + extra;
+    if (!kill_rank_1_at_step_4) return run_lattice(args, dir_);
+    return run_program(LATTICE_FAULT_RUNNER,
+                       "--kill-during-save-rank=1 --kill-during-save-step=4 " + args, dir_);
   }
 };
 
@@ -117,9 +114,9 @@ TEST_F(AsyncCheckpointCli, AnMpiProcessKilledDuringABackgroundSave) {
   // One of 2 processes dies while writing step 4's files in the background; the other cannot
   // publish without it and is ended (the watchdog or mpirun), never hangs; step 2 stays the latest.
   const std::string flags = tiny_flags(dir_, "mpi") + " --dp -1 --checkpoint.async=true";
-  const CliResult killed = run_mpi(2, "train" + flags, dir_, "",
-                                   "LATTICE_FAULT_KILL_DURING_SAVE_RANK=1 "
-                                   "LATTICE_FAULT_KILL_DURING_SAVE_STEP=4");
+  const CliResult killed =
+      run_mpi_program(LATTICE_FAULT_RUNNER, 2,
+                      "--kill-during-save-rank=1 --kill-during-save-step=4 train" + flags, dir_);
   EXPECT_NE(killed.status, 0) << killed.out << killed.err;
   EXPECT_EQ(lattice::train::latest_checkpoint((dir_ / "mpi").string()),
             (dir_ / "mpi/checkpoints/step_00000002").string());

@@ -111,10 +111,12 @@ TEST_F(DpCli, ALayoutThatIsNotTheLaunchersWorldIsOneErrorLine) {
 }
 
 TEST_F(DpCli, KilledRankEndsTheJobAndTheLastCheckpointResumes) {
-  CliResult r = run_mpi(
-      2, "train --dp 2 --zero 2 --training.steps=6 --checkpoint.interval=2" + tiny_flags(dir_),
-      dir_, "",
-      "LATTICE_COMM_TIMEOUT_MS=20000 LATTICE_FAULT_KILL_RANK=1 LATTICE_FAULT_KILL_AFTER_STEP=3");
+  // The trainer under the fault runner, which kills rank 1 (SIGKILL) after step 3.
+  CliResult r = run_mpi_program(LATTICE_FAULT_RUNNER, 2,
+                                "--kill-rank=1 --kill-after-step=3 train --dp 2 --zero 2 "
+                                "--training.steps=6 --checkpoint.interval=2" +
+                                    tiny_flags(dir_),
+                                dir_, "", "LATTICE_COMM_TIMEOUT_MS=20000");
   EXPECT_NE(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.status, 124) << "the job hung until the outer timeout";
   const std::string all = r.out + r.err;

@@ -320,15 +320,14 @@ TEST_F(PpCli, StalledStageIsNamedByItsPeersWatchdog) {
   // Rank 0 (the first stage) stalls for 4 s before step 2; the watchdog gives up on a wait after
   // 1.5 s. The last stage, waiting for step 2's first activation, stops with one line naming what
   // it waited for and from which rank, and the run ends (no hang) with an error.
-  const std::pair<const char*, const char*> environment[] = {
-      {"LATTICE_COMM_TIMEOUT_MS", "1500"},
-      {"LATTICE_FAULT_STALL_RANK", "0"},
-      {"LATTICE_FAULT_STALL_BEFORE_STEP", "2"},
-      {"LATTICE_FAULT_STALL_SECONDS", "4"}};
-  for (const auto& [name, value] : environment) setenv(name, value, 1);
-  CliResult r = run_lattice(
-      "train" + tiny_flags(dir_, "llama-tiny") + " --pp 2 --checkpoint.enable=false", dir_);
-  for (const auto& [name, value] : environment) unsetenv(name);
+  // The trainer runs under the fault runner, which installs the stall.
+  setenv("LATTICE_COMM_TIMEOUT_MS", "1500", 1);
+  CliResult r =
+      run_program(LATTICE_FAULT_RUNNER,
+                  "--stall-rank=0 --stall-before-step=2 --stall-seconds=4 train" +
+                      tiny_flags(dir_, "llama-tiny") + " --pp 2 --checkpoint.enable=false",
+                  dir_);
+  unsetenv("LATTICE_COMM_TIMEOUT_MS");
   EXPECT_NE(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.err.find("pipeline rank 1 waited in vain for RECV_F(stage 1, mb 0 <- rank 0)"),
             std::string::npos)

@@ -1,4 +1,5 @@
-// Test helpers for the `lattice` CLI: run the binary with arguments (exit status, stdout, stderr),
+// Test helpers for the `lattice` CLI: run the binary (or another program, such as the fault tests'
+// runner) with arguments (exit status, stdout, stderr),
 // read a metrics JSONL file, and expect the one-line error that bad input must produce.
 #pragma once
 
@@ -29,20 +30,27 @@ inline std::string slurp(const std::filesystem::path& path) {
   return s.str();
 }
 
-// Runs LATTICE_BINARY with `args` (a shell-quoted string) inside `workdir`, with stdin read from
+// Runs `program` with `args` (a shell-quoted string) inside `workdir`, with stdin read from
 // `stdin_file` (a path relative to workdir).
-inline CliResult run_lattice(const std::string& args, const std::filesystem::path& workdir,
+inline CliResult run_program(const std::string& program, const std::string& args,
+                             const std::filesystem::path& workdir,
                              const std::string& stdin_file = "/dev/null") {
   const auto out = workdir / "cli.out", err = workdir / "cli.err";
-  const std::string command = "cd '" + workdir.string() + "' && '" + std::string(LATTICE_BINARY) +
-                              "' " + args + " > '" + out.string() + "' 2> '" + err.string() +
-                              "' < '" + stdin_file + "'";
+  const std::string command = "cd '" + workdir.string() + "' && '" + program + "' " + args +
+                              " > '" + out.string() + "' 2> '" + err.string() + "' < '" +
+                              stdin_file + "'";
   int raw = std::system(command.c_str());
   CliResult r;
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+// run_program of LATTICE_BINARY, the `lattice` CLI.
+inline CliResult run_lattice(const std::string& args, const std::filesystem::path& workdir,
+                             const std::string& stdin_file = "/dev/null") {
+  return run_program(LATTICE_BINARY, args, workdir, stdin_file);
 }
 
 // The records of a JSONL file (the run directory's metrics.jsonl).

@@ -176,8 +176,8 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::checkpoint_ranges() const
   return ranges;
 }
 
-CommunicationTimes DataParallel::take_communication_times() {
-  CommunicationTimes times;
+DataParallelTimes DataParallel::take_communication_times() {
+  DataParallelTimes times;
   times.exposed_seconds = clock_.take();
   for (size_t g = 0; g < traced_groups_.size(); ++g) {
     uint64_t newest = traced_seq_[g];

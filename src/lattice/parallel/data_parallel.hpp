@@ -56,7 +56,7 @@ void validate(const DataParallelSettings& settings);
 
 // Seconds of communication since the last take: exposed = time the training thread waited for it;
 // total = time the collectives ran (from the communicator's trace).
-struct CommunicationTimes {
+struct DataParallelTimes {
   double exposed_seconds = 0;
   double total_seconds = 0;
 };
@@ -109,7 +109,7 @@ class DataParallel final : public model::ModelHooks {
     optimizer_.read_moments(begin, end, exp_avg, exp_avg_sq);
   }
 
-  CommunicationTimes take_communication_times();
+  DataParallelTimes take_communication_times();
 
   // Hooks (called by the Transformer through LayerContext::hooks).
   void before_forward(int unit) override;

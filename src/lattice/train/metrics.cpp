@@ -102,15 +102,16 @@ void MetricsLogger::log_step(const StepMetrics& m) {
       static_cast<long long>(m.step), static_cast<long long>(m.total_steps), m.loss, m.grad_norm,
       m.lr, m.tokens_per_second, m.tflops, 100.0 * m.mfu, format_bytes(m.tracked_bytes).c_str(),
       format_bytes(m.peak_tracked_bytes).c_str(), format_bytes(m.rss_bytes).c_str());
-  if (m.exposed_comm_seconds && m.comm_seconds)
-    std::printf(" | comm %.1f ms exposed of %.1f ms", 1e3 * *m.exposed_comm_seconds,
-                1e3 * *m.comm_seconds);
-  if (m.tp_comm_seconds) std::printf(" | tp comm %.1f ms", 1e3 * *m.tp_comm_seconds);
-  if (m.cp_comm_seconds) std::printf(" | cp comm %.1f ms exposed", 1e3 * *m.cp_comm_seconds);
-  if (m.ep_comm_seconds) std::printf(" | ep comm %.1f ms", 1e3 * *m.ep_comm_seconds);
-  if (m.pp_bubble && m.pp_wait_seconds)
-    std::printf(" | bubble %.1f%% | p2p wait %.1f ms", 100.0 * *m.pp_bubble,
-                1e3 * *m.pp_wait_seconds);
+  const CommunicationTimes& c = m.communication;
+  if (m.families.dp)
+    std::printf(" | comm %.1f ms exposed of %.1f ms", 1e3 * c.dp_exposed_seconds,
+                1e3 * c.dp_seconds);
+  if (m.families.tp) std::printf(" | tp comm %.1f ms", 1e3 * c.tp_seconds);
+  if (m.families.cp) std::printf(" | cp comm %.1f ms exposed", 1e3 * c.cp_seconds);
+  if (m.families.ep) std::printf(" | ep comm %.1f ms", 1e3 * c.ep_seconds);
+  if (m.families.pp)
+    std::printf(" | bubble %.1f%% | p2p wait %.1f ms", 100.0 * m.pp_bubble,
+                1e3 * c.pp_wait_seconds);
   if (m.scaling_efficiency) std::printf(" | DP efficiency %.1f%%", 100.0 * *m.scaling_efficiency);
   if (m.moe) {
     std::printf(" | moe load %.2f max/mean", m.moe->max_mean_load);
@@ -143,13 +144,18 @@ void MetricsLogger::record(const StepMetrics& m) {
                         {"tracked", m.tracked_bytes},
                         {"peak_tracked", m.peak_tracked_bytes},
                         {"rss", m.rss_bytes}}}};
-  if (m.exposed_comm_seconds) j["exposed_comm_seconds"] = *m.exposed_comm_seconds;
-  if (m.comm_seconds) j["comm_seconds"] = *m.comm_seconds;
-  if (m.tp_comm_seconds) j["tp_comm_seconds"] = *m.tp_comm_seconds;
-  if (m.cp_comm_seconds) j["cp_comm_seconds"] = *m.cp_comm_seconds;
-  if (m.ep_comm_seconds) j["ep_comm_seconds"] = *m.ep_comm_seconds;
-  if (m.pp_bubble) j["pp_bubble"] = *m.pp_bubble;
-  if (m.pp_wait_seconds) j["pp_wait_seconds"] = *m.pp_wait_seconds;
+  const CommunicationTimes& c = m.communication;
+  if (m.families.dp) {
+    j["exposed_comm_seconds"] = c.dp_exposed_seconds;
+    j["comm_seconds"] = c.dp_seconds;
+  }
+  if (m.families.tp) j["tp_comm_seconds"] = c.tp_seconds;
+  if (m.families.cp) j["cp_comm_seconds"] = c.cp_seconds;
+  if (m.families.ep) j["ep_comm_seconds"] = c.ep_seconds;
+  if (m.families.pp) {
+    j["pp_bubble"] = m.pp_bubble;
+    j["pp_wait_seconds"] = c.pp_wait_seconds;
+  }
   if (m.scaling_efficiency) j["scaling_efficiency"] = *m.scaling_efficiency;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.moe) {

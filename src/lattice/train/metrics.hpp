@@ -1,7 +1,8 @@
 // Training metrics: the per-step line (step, loss, grad norm, lr, tokens/s, TFLOP/s, MFU, memory,
-// data-, tensor- and pipeline-parallel communication, the pipeline bubble, a MoE model's routing),
-// the JSONL record of the same (per MoE layer), a progress bar with ETA on terminals, and the GEMM
-// calibration that measures the peak FLOP/s MFU is taken against when the config gives none.
+// the communication of every family the layout has (communication_times.hpp), the pipeline
+// bubble, a MoE model's routing), the JSONL record of the same (per MoE layer), a progress bar
+// with ETA on terminals, and the GEMM calibration that measures the peak FLOP/s MFU is taken
+// against when the config gives none.
 #pragma once
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include "lattice/core/memory.hpp"
 #include "lattice/io/tensorboard_events.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/train/communication_times.hpp"
 #include "lattice/train/moe_metrics.hpp"
 
 namespace lattice::train {
@@ -29,21 +31,15 @@ struct StepMetrics {
   int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
   int64_t peak_activation_bytes = 0;  // the activations' peak since the run started
   std::optional<double> val_loss;
-  // Data parallelism: communication the step waited for (exposed) and ran in total, and tokens/s
-  // against the configured single-rank rate.
-  std::optional<double> exposed_comm_seconds, comm_seconds, scaling_efficiency;
-  // Tensor parallelism: the wall time of this rank's tp all-reduces in the step (blocking, so all
-  // of it exposed).
-  std::optional<double> tp_comm_seconds;
-  // Context parallelism: the time this rank waited on its cp group in the step (ring transfers
-  // not hidden behind attention compute, or Ulysses' all-to-alls).
-  std::optional<double> cp_comm_seconds;
-  // Expert parallelism: the wall time of this rank's MoE token exchanges (all-to-alls) in the
-  // step (blocking, so all of it exposed).
-  std::optional<double> ep_comm_seconds;
+  // The step's communication (on the printed line, the mean step's since the last line): only
+  // the families the layout has are printed and recorded.
+  CommunicationTimes communication;
+  CommunicationFamilies families;
   // Pipeline parallelism: the measured bubble (the pipeline ranks' idle share of the step:
-  // 1 - mean busy / longest step) and this rank's exposed point-to-point wait in the step.
-  std::optional<double> pp_bubble, pp_wait_seconds;
+  // 1 - mean busy / longest step), shown with families.pp.
+  double pp_bubble = 0;
+  // Data parallelism: tokens/s against the configured single-rank rate.
+  std::optional<double> scaling_efficiency;
   // A mixture-of-experts model: the step's routing and balancing losses (the line summarises
   // them, the JSONL record has every layer).
   std::optional<MoeStepMetrics> moe;

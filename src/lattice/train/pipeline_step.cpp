@@ -78,12 +78,12 @@ StepOutcome pipeline_training_step(PipelineStep& pipeline, const model::LayerCon
   }
   busy /= static_cast<double>(pp.size());
   out.pp_bubble = longest > 0 ? std::max(0.0, 1.0 - busy / longest) : 0.0;
-  out.pp_wait_seconds = timeline.wait_seconds + timeline.send_wait_seconds;
+  out.communication.pp_wait_seconds = timeline.wait_seconds + timeline.send_wait_seconds;
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (auto& [stage, dp] : pipeline.data_parallel) {
-    const parallel::CommunicationTimes times = dp->take_communication_times();
-    out.communication.exposed_seconds += times.exposed_seconds;
-    out.communication.total_seconds += times.total_seconds;
+    const parallel::DataParallelTimes times = dp->take_communication_times();
+    out.communication.dp_exposed_seconds += times.exposed_seconds;
+    out.communication.dp_seconds += times.total_seconds;
   }
   return out;
 }

@@ -4,14 +4,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <optional>
-#include <thread>
+#include <vector>
 
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/comm/backends/mpi.hpp"
@@ -22,9 +19,12 @@
 #include "lattice/parallel/context/sequence_split.hpp"
 #include "lattice/train/activation_estimate.hpp"
 #include "lattice/train/checkpoint.hpp"
-#include "lattice/train/metrics.hpp"
+#include "lattice/train/moe_bias_update.hpp"
+#include "lattice/train/moe_metrics.hpp"
+#include "lattice/train/pipelined_step_runner.hpp"
+#include "lattice/train/plain_step_runner.hpp"
+#include "lattice/train/run_banner.hpp"
 #include "lattice/train/run_trace.hpp"
-#include "lattice/train/training_step.hpp"
 
 namespace lattice::train {
 
@@ -47,7 +47,8 @@ std::string world_text(const mesh::MeshShape& shape) {
 
 }  // namespace
 
-Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::move(config)) {
+Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection faults)
+    : config_(std::move(config)), faults_(faults) {
   const mesh::MeshShape shape = layout_of(config_);
   check_activation_memory_limit(config_);  // before anything is allocated
   if (!world) {
@@ -71,24 +72,6 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   // of a checkpoint (one tp group, which gathers them to the logical tensors).
   printing_ = mesh_->world().rank() == 0;
   writer_ = group_->rank() == 0;
-  // Fault injection for the fault-tolerance tests: this rank dies (SIGKILL) after the given step.
-  if (const char* rank = std::getenv("LATTICE_FAULT_KILL_RANK"))
-    if (const char* step = std::getenv("LATTICE_FAULT_KILL_AFTER_STEP"))
-      if (std::atoi(rank) == group_->rank()) fault_kill_after_step_ = std::atoll(step);
-  // ... or world rank LATTICE_FAULT_STALL_RANK stalls for LATTICE_FAULT_STALL_SECONDS before step
-  // LATTICE_FAULT_STALL_BEFORE_STEP (a hung stage: its peers' watchdogs must name it).
-  if (const char* rank = std::getenv("LATTICE_FAULT_STALL_RANK"))
-    if (const char* step = std::getenv("LATTICE_FAULT_STALL_BEFORE_STEP"))
-      if (std::atoi(rank) == mesh_->world().rank()) {
-        fault_stall_before_step_ = std::atoll(step);
-        const char* seconds = std::getenv("LATTICE_FAULT_STALL_SECONDS");
-        fault_stall_seconds_ = seconds ? std::atof(seconds) : 5.0;
-      }
-  // ... or world rank LATTICE_FAULT_KILL_DURING_SAVE_RANK dies while writing its files of the
-  // checkpoint of step LATTICE_FAULT_KILL_DURING_SAVE_STEP.
-  if (const char* rank = std::getenv("LATTICE_FAULT_KILL_DURING_SAVE_RANK"))
-    if (const char* step = std::getenv("LATTICE_FAULT_KILL_DURING_SAVE_STEP"))
-      if (std::atoi(rank) == mesh_->world().rank()) fault_kill_during_save_ = std::atoll(step);
   checkpoints_ = std::make_unique<ShardedCheckpointWriter>(mesh_->world());
   // The data loader splits each global batch over the dp ranks; the cp ranks of one dp index read
   // the same sequences and keep their load-balanced share of each (sequence_split.hpp).
@@ -97,12 +80,13 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
   if (shape.cp > 1)
     context_ =
         parallel::make_context_attention(config_.cp_mode, mesh_->group(mesh::Axis::cp), &tracker_);
+  clocks_.context = context_.get();
   // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
   // here, by the caller: the engine itself reads no environment.
   ops_ = std::make_unique<kernels::CpuOps>(kernels::MatmulOptions::from_environment());
   // Tensor parallelism: the blocks' matrices split over the tp ranks (placements in the store).
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
-  model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &tp_comm_seconds_};
+  model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &clocks_.tp_seconds};
   tp_group.sequence_parallel = config_.sequence_parallel;
   parallel::DataParallelSettings settings;
   settings.zero_stage = static_cast<int>(config_.zero);
@@ -116,11 +100,12 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
     comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
     pipeline_ = std::make_unique<PipelineRank>(
         config_, *mesh_, *ops_, &tracker_, tp_group, settings,
-        model::ExpertParallelGroup{&ep, ep.rank(), ep.size(), &ep_comm_seconds_});
+        model::ExpertParallelGroup{&ep, ep.rank(), ep.size(), &clocks_.ep_seconds});
+    runner_ = std::make_unique<PipelinedStepRunner>(*pipeline_, clocks_);
   } else {
     // Expert parallelism: each rank of the ep group holds its slice of every MoE layer's experts.
     comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
-    const model::ExpertParallelGroup ep_group{&ep, ep.rank(), ep.size(), &ep_comm_seconds_};
+    const model::ExpertParallelGroup ep_group{&ep, ep.rank(), ep.size(), &clocks_.ep_seconds};
     model_ = std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{},
                                                   tp_group, ep_group);
     model_->set_activation_checkpointing(config_.activation_checkpoint);
@@ -131,6 +116,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world) : config_(std::m
     // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
     if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
       model_->parameters().keep_bf16_copies(&tracker_);
+    runner_ = std::make_unique<PlainStepRunner>(*model_, *dp_, clocks_);
   }
   resume();
 }
@@ -163,11 +149,11 @@ RunTrace Trainer::make_trace() {
 }
 
 model::Transformer& Trainer::model() {
-  return pipeline_ ? pipeline_->model(0) : *model_;
+  return runner_->stage(0);
 }
 
 parallel::DataParallel& Trainer::data_parallel() {
-  return pipeline_ ? pipeline_->data_parallel(0) : *dp_;
+  return runner_->data_parallel(0);
 }
 
 double Trainer::validation_loss() {
@@ -188,9 +174,7 @@ double Trainer::validation_loss() {
     const size_t slice = static_cast<size_t>(rank * B * T);
     take_sequence_share(local_inputs.data(), inputs.data() + slice, B);
     take_sequence_share(local_targets.data(), targets.data() + slice, B);
-    sum += pipeline_
-               ? pipeline_->evaluate(ctx, local_inputs.data(), local_targets.data(), B, local_T)
-               : model_->evaluate(ctx, local_inputs.data(), local_targets.data(), B, local_T);
+    sum += runner_->evaluate(ctx, local_inputs.data(), local_targets.data(), B, local_T);
   }
   return data_parallel().average(sum / static_cast<double>(config_.val_batches));
 }
@@ -203,296 +187,114 @@ void Trainer::take_sequence_share(int32_t* local, const int32_t* full, int64_t b
     parallel::take_context_rows(local, full, batch, T, context_->size(), context_->rank());
 }
 
+void TrainResult::add_step(const StepOutcome& step) {
+  losses.push_back(step.loss);
+  grad_norms.push_back(step.grad_norm);
+  communication += step.communication;
+  if (step.pp_bubble) pp_bubbles.push_back(*step.pp_bubble);
+}
+
+MicroBatchSource Trainer::micro_batch_source() {
+  const int64_t B = config_.micro_batch_size;
+  if (!context_)
+    return [this, B](int32_t* inputs, int32_t* targets) { batches_->next(inputs, targets, B); };
+  // Context parallelism: the whole sequences read, this rank's share of each kept.
+  auto full = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(2 * B * config_.seq_len));
+  return [this, B, full](int32_t* inputs, int32_t* targets) {
+    int32_t* full_inputs = full->data();
+    int32_t* full_targets = full_inputs + B * config_.seq_len;
+    batches_->next(full_inputs, full_targets, B);
+    take_sequence_share(inputs, full_inputs, B);
+    take_sequence_share(targets, full_targets, B);
+  };
+}
+
 TrainResult Trainer::run() {
   const std::string config_toml = config_.to_toml();
   if (printing_) {
     fs::create_directories(config_.run_dir);
     write_text_atomic((fs::path(config_.run_dir) / "config.toml").string(), config_toml);
   }
-  const int ranks = group_->size();         // the batch group: dp x cp ranks
-  const int world = mesh_->world().size();  // every rank, tensor-parallel ones included
-  const int tp_size = mesh_->size(mesh::Axis::tp), cp_size = mesh_->size(mesh::Axis::cp);
-  const int ep_size = mesh_->size(mesh::Axis::ep);
-  const int64_t B = config_.micro_batch_size, T = config_.seq_len;
-  const int64_t accumulation = config_.gradient_accumulation_steps;
-  // The global batch: B sequences of T tokens per dp rank (each split over its cp ranks).
-  const int64_t tokens_per_step = B * T * accumulation * (ranks / cp_size);
-  const double flops_per_token = config_.model.flops_per_token(T);
-  double peak = config_.peak_tflops * 1e12;
-  const char* peak_source = "from metrics.peak_tflops";
-  if (peak <= 0 && printing_) {
-    // Each rank has the same kernel threads: the run's peak is rank 0's measured peak × ranks.
-    peak = calibrate_peak_flops(ops_->engine(), config_.precision) * world;
-    peak_source = world > 1 ? "measured by a 1024^3 GEMM calibration, x ranks"
-                            : "measured by a 1024^3 GEMM calibration";
-  }
-  if (printing_) {
-    std::printf(
-        "model %s: %lld parameters (%s), %lld layers, d_model %lld | %s | batch %lld x %lld "
-        "tokens x %lld accumulation x %d ranks | %d threads per rank\n",
-        config_.model.name.c_str(), static_cast<long long>(config_.model.parameter_count()),
-        model::family_name(config_.model.family).c_str(),
-        static_cast<long long>(config_.model.n_layers),
-        static_cast<long long>(config_.model.d_model),
-        std::string(kernels::precision_name(config_.precision)).c_str(), static_cast<long long>(B),
-        static_cast<long long>(T), static_cast<long long>(accumulation), ranks / cp_size,
-        omp_get_max_threads());
-    // Under context parallelism the gradients and the loss are reduced over dp x cp.
-    const std::string batch_ranks = cp_size > 1 ? "dp x cp = " + std::to_string(ranks / cp_size) +
-                                                      " x " + std::to_string(cp_size) + " ranks"
-                                                : std::to_string(ranks) + " ranks";
-    if (ranks > 1)
-      std::printf(
-          "data parallel: %s (%s backend), ZeRO stage %lld%s, %zu gradient buckets%s\n",
-          batch_ranks.c_str(), std::string(group_->backend()).c_str(),
-          static_cast<long long>(config_.zero),
-          config_.hsdp_shard_size > 0
-              ? (", HSDP shard groups of " + std::to_string(config_.hsdp_shard_size)).c_str()
-              : "",
-          data_parallel().layout().buckets().size(),
-          config_.offload_dir.empty() ? "" : ", AdamW state offloaded to files");
-    if (cp_size > 1)
-      std::printf(
-          "context parallel: %d ranks per sequence (%s; each holds 2 of %d chunks, %lld tokens, "
-          "load-balanced for the causal mask)\n",
-          cp_size,
-          config_.cp_mode == parallel::ContextParallelMode::ring
-              ? "ring attention: key/value blocks passed around the ranks"
-              : "Ulysses: all-to-all to head shards around attention",
-          2 * cp_size, static_cast<long long>(T / cp_size));
-    if (tp_size > 1)
-      std::printf(
-          "tensor parallel: %d ranks per replica (attention heads, key/value heads and MLP split; "
-          "embedding, head and loss split by vocabulary), %s\n",
-          tp_size,
-          config_.sequence_parallel
-              ? "sequence parallel (norms and residuals on 1/tp of the rows each; an all-gather "
-                "and a reduce-scatter per sub-layer each way)"
-              : "one all-reduce per sub-layer each way");
-    if (pipeline_) {
-      const pipeline::Schedule& s = pipeline_->schedule();
-      std::string blocks;
-      for (int stage = 0; stage < pipeline_->partition().stages(); ++stage)
-        blocks += (stage ? "," : "") + std::to_string(pipeline_->partition().layers(stage));
-      std::printf(
-          "pipeline parallel: %d ranks, %s schedule%s, %d microbatches, %d virtual stages of "
-          "[%s] blocks%s\n",
-          s.num_ranks,
-          config_.pipeline_schedule_file.empty() ? pipeline::schedule_kind_name(s.kind).c_str()
-                                                 : config_.pipeline_schedule_file.c_str(),
-          s.splits_weight_gradient ? " (B and W split)" : "", s.num_microbatches, s.num_stages(),
-          blocks.c_str(),
-          config_.model.tied_embeddings ? ", tied embedding summed between first and last stage"
-                                        : "");
-    }
-    std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n", flops_per_token,
-                peak / 1e12, peak_source);
-    if (config_.precision == kernels::Precision::bf16)
-      std::printf("%s\n", ops_->engine().bf16_gemms().c_str());
-  }
-
-  MetricsLogger logger(
-      printing_ && config_.jsonl ? (fs::path(config_.run_dir) / "metrics.jsonl").string() : "",
-      printing_ && config_.tensorboard ? config_.run_dir : "");
+  const mesh::MeshShape shape = layout_of(config_);
+  const RunRates rates = run_rates(config_, shape, ops_->engine(), printing_);
+  if (printing_)
+    print_run_banner(config_, *mesh_, rates, data_parallel(), pipeline_.get(), ops_->engine());
+  StepReporter reporter(config_, shape, rates, start_step_ + 1, tracker_, printing_);
   model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get(), context_.get()};
   if (config_.model.is_moe()) ctx.balancing = group_;  // the batch group dp x cp
   const auto schedule = config_.lr_schedule();
-  double window_bubble = 0, window_pp_wait = 0;
   std::optional<RunTrace> trace;
   if (!config_.trace.empty()) trace.emplace(make_trace());
   TrainResult result;
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
-  double window_seconds = 0, window_exposed = 0, window_comm = 0, window_tp_comm = 0;
-  double window_cp_comm = 0, window_ep_comm = 0;
-  int64_t window_steps = 0;
-  double total_seconds = 0;
-  auto set_rates = [&](StepMetrics& m, double tokens, double seconds) {
-    m.tokens_per_second = tokens / seconds;
-    m.tflops = m.tokens_per_second * flops_per_token / 1e12;
-    m.mfu = peak > 0 ? m.tflops * 1e12 / peak : 0;
-    if (ranks > 1 && config_.baseline_tokens_per_second > 0)
-      m.scaling_efficiency = m.tokens_per_second / config_.baseline_tokens_per_second;
-  };
-
   // Under context parallelism each rank runs its T / cp rows of every sequence.
-  const StepShape shape{B, T / cp_size, accumulation};
-  std::vector<int32_t> full_inputs, full_targets;
-  if (context_) {
-    full_inputs.resize(static_cast<size_t>(B * T));
-    full_targets.resize(full_inputs.size());
-  }
-  const MicroBatchSource next_micro_batch = [&](int32_t* inputs, int32_t* targets) {
-    if (!context_) {
-      batches_->next(inputs, targets, B);
-      return;
-    }
-    batches_->next(full_inputs.data(), full_targets.data(), B);
-    take_sequence_share(inputs, full_inputs.data(), B);
-    take_sequence_share(targets, full_targets.data(), B);
-  };
+  const StepShape step_shape{config_.micro_batch_size, config_.seq_len / shape.cp,
+                             config_.gradient_accumulation_steps};
+  const MicroBatchSource next_micro_batch = micro_batch_source();
+  double total_seconds = 0;
   for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
     const float lr = schedule.at(step);
-    tp_comm_seconds_ = 0;  // the step's own tp all-reduces (not validation's or a checkpoint's)
-    ep_comm_seconds_ = 0;  // likewise the MoE layers' expert-parallel exchanges
-    if (context_) context_->take_wait_seconds();  // likewise the step's own cp waits
-    if (fault_stall_before_step_ == step)
-      std::this_thread::sleep_for(std::chrono::duration<double>(fault_stall_seconds_));
+    faults_.before_step(result.rank, step);
     const int64_t step_start_ns = steady_clock_ns();
-    const StepOutcome outcome =
-        pipeline_ ? pipeline_->step(ctx, shape, next_micro_batch, lr, step)
-                  : training_step(*model_, *dp_, ctx, shape, next_micro_batch, lr, step);
+    const StepOutcome outcome = runner_->run(ctx, step_shape, next_micro_batch, lr, step);
     if (trace && step >= config_.trace_first && step <= config_.trace_last)
-      trace->add_step(step, step_start_ns, steady_clock_ns(),
-                      pipeline_ ? &pipeline_->executor().timeline() : nullptr);
+      trace->add_step(step, step_start_ns, steady_clock_ns(), runner_->timeline());
     else if (trace)
       trace->skip_step();
-    if (pipeline_) {
-      result.pp_bubbles.push_back(outcome.pp_bubble);
-      result.pp_wait_seconds += outcome.pp_wait_seconds;
-      window_bubble += outcome.pp_bubble;
-      window_pp_wait += outcome.pp_wait_seconds;
-    }
-    const double tp_comm = tp_comm_seconds_, ep_comm = ep_comm_seconds_;
-    const double cp_comm = context_ ? context_->take_wait_seconds() : 0.0;
     std::optional<MoeStepMetrics> moe;
     if (config_.model.is_moe()) {  // collective: every rank's routing of the step
-      // This rank's stage models (one without a pipeline).
-      auto for_each_stage = [&](const auto& visit) {
-        if (pipeline_)
-          for (int i = 0; i < pipeline_->stage_count(); ++i) visit(pipeline_->model(i));
-        else
-          visit(*model_);
-      };
-      std::vector<model::MoeLayerStatistics> local;
-      for_each_stage([&](model::Transformer& stage) {
-        for (model::MoeLayerStatistics& s : stage.take_moe_statistics()) local.push_back(s);
-      });
-      moe = reduce_moe_metrics(local, config_.model, mesh_->world(), tp_size);
-      // Auxiliary-loss-free balancing: every rank moves its copy of each layer's bias alike,
-      // once ZeRO-1/2's gathers of the updated shards (still in flight) have landed.
-      if (const double rate = config_.model.moe_bias_update_rate; rate > 0) {
-        if (pipeline_)
-          pipeline_->settle_parameters();
-        else
-          dp_->settle_parameters();
-        for (const MoeLayerMetrics& layer : moe->layers)
-          for_each_stage([&](model::Transformer& stage) {
-            stage.update_choice_bias(layer.layer, layer.tokens_per_expert, rate);
-          });
-      }
+      moe = reduce_moe_metrics(runner_->take_moe_statistics(), config_.model, mesh_->world(),
+                               shape.tp);
+      update_moe_bias(*runner_, *moe, config_.model.moe_bias_update_rate);
     }
-    if (fault_kill_after_step_ == step) {
-      std::fflush(stdout);
-      std::raise(SIGKILL);
+    faults_.after_step(result.rank, step);
+    result.add_step(outcome);
+    total_seconds += outcome.seconds;
+    std::optional<double> val_loss;  // on every rank (ZeRO-3's gathers are collective)
+    if (batches_->has_validation() && config_.val_freq > 0 &&
+        (step % config_.val_freq == 0 || step == config_.steps)) {
+      val_loss = validation_loss();
+      result.final_val_loss = *val_loss;
     }
-    const double loss = outcome.loss, norm = outcome.grad_norm, seconds = outcome.seconds;
-    const parallel::CommunicationTimes& comm_times = outcome.communication;
-    result.losses.push_back(loss);
-    result.grad_norms.push_back(norm);
-    window_seconds += seconds;
-    window_exposed += comm_times.exposed_seconds;
-    result.exposed_comm_seconds += comm_times.exposed_seconds;
-    result.comm_seconds += comm_times.total_seconds;
-    window_comm += comm_times.total_seconds;
-    window_tp_comm += tp_comm;
-    window_ep_comm += ep_comm;
-    result.tp_comm_seconds += tp_comm;
-    window_cp_comm += cp_comm;
-    result.cp_comm_seconds += cp_comm;
-    ++window_steps;
-    total_seconds += seconds;
-
-    const bool validate = batches_->has_validation() && config_.val_freq > 0 &&
-                          (step % config_.val_freq == 0 || step == config_.steps);
-    StepMetrics m;
-    if (validate) m.val_loss = validation_loss();  // every rank (ZeRO-3 gathers are collective)
-    if (printing_) {
-      m.step = step;
-      m.total_steps = config_.steps;
-      m.loss = loss;
-      m.grad_norm = norm;
-      m.lr = lr;
-      m.step_seconds = seconds;
-      set_rates(m, static_cast<double>(tokens_per_step), seconds);
-      m.tracked_bytes = tracker_.current_total();
-      m.peak_tracked_bytes = tracker_.peak_total();
-      m.rss_bytes = process_rss_bytes();
-      m.parameter_bytes = tracker_.current(MemoryCategory::parameters);
-      m.gradient_bytes = tracker_.current(MemoryCategory::gradients);
-      m.optimizer_bytes = tracker_.current(MemoryCategory::optimizer_state);
-      m.activation_bytes = tracker_.current(MemoryCategory::activations);
-      m.peak_activation_bytes = tracker_.peak(MemoryCategory::activations);
-      if (ranks > 1) {
-        m.exposed_comm_seconds = comm_times.exposed_seconds;
-        m.comm_seconds = comm_times.total_seconds;
-      }
-      if (tp_size > 1) m.tp_comm_seconds = tp_comm;
-      if (cp_size > 1) m.cp_comm_seconds = cp_comm;
-      if (ep_size > 1) m.ep_comm_seconds = ep_comm;
-      if (pipeline_) {
-        m.pp_bubble = outcome.pp_bubble;
-        m.pp_wait_seconds = outcome.pp_wait_seconds;
-      }
-      m.moe = moe;
-      logger.record(m);
-      if (step % config_.log_freq == 0 || step == result.first_step || step == config_.steps ||
-          validate) {
-        // The printed rates and communication times average the steps since the last line.
-        StepMetrics line = m;
-        set_rates(line, static_cast<double>(tokens_per_step * window_steps), window_seconds);
-        if (ranks > 1) {
-          line.exposed_comm_seconds = window_exposed / static_cast<double>(window_steps);
-          line.comm_seconds = window_comm / static_cast<double>(window_steps);
-        }
-        if (tp_size > 1) line.tp_comm_seconds = window_tp_comm / static_cast<double>(window_steps);
-        if (cp_size > 1) line.cp_comm_seconds = window_cp_comm / static_cast<double>(window_steps);
-        if (ep_size > 1) line.ep_comm_seconds = window_ep_comm / static_cast<double>(window_steps);
-        if (pipeline_) {
-          line.pp_bubble = window_bubble / static_cast<double>(window_steps);
-          line.pp_wait_seconds = window_pp_wait / static_cast<double>(window_steps);
-        }
-        logger.log_step(line);
-        window_seconds = window_exposed = window_comm = window_tp_comm = window_cp_comm = 0;
-        window_ep_comm = 0;
-        window_bubble = window_pp_wait = 0;
-        window_steps = 0;
-      } else {
-        logger.progress(step, config_.steps, seconds);
-      }
-    }
-    if (validate) result.final_val_loss = *m.val_loss;
-    const int64_t checkpoint_start_ns = steady_clock_ns();
-    if (checkpoints_->pending()) publish_checkpoint(false);  // a background save done?
-    if (config_.checkpoint_enable && config_.checkpoint_interval > 0 &&
-        step % config_.checkpoint_interval == 0 && step != config_.steps) {
-      logger.finish_progress();
-      save(step, config_toml, false);
-      ++result.checkpoints;
-    }
-    result.checkpoint_seconds +=
-        static_cast<double>(steady_clock_ns() - checkpoint_start_ns) * 1e-9;
+    reporter.report(step, lr, outcome, val_loss, moe);
+    checkpoint_after_step(step, config_toml, reporter, result);
   }
-  logger.finish_progress();
+  reporter.finish_progress();
+  finish_run(config_toml, trace ? &*trace : nullptr, result);
+  const int64_t steps_run = config_.steps - start_step_;
+  if (steps_run > 0)
+    result.tokens_per_second =
+        static_cast<double>(rates.tokens_per_step * steps_run) / total_seconds;
+  return result;
+}
+
+void Trainer::checkpoint_after_step(int64_t step, const std::string& config_toml,
+                                    StepReporter& reporter, TrainResult& result) {
+  const int64_t start_ns = steady_clock_ns();
+  if (checkpoints_->pending()) publish_checkpoint(false);  // a background save done?
+  if (config_.checkpoint_enable && config_.checkpoint_interval > 0 &&
+      step % config_.checkpoint_interval == 0 && step != config_.steps) {
+    reporter.finish_progress();
+    save(step, config_toml, false);
+    ++result.checkpoints;
+  }
+  result.checkpoint_seconds += static_cast<double>(steady_clock_ns() - start_ns) * 1e-9;
+}
+
+void Trainer::finish_run(const std::string& config_toml, RunTrace* trace, TrainResult& result) {
   if (trace) {
     trace->write(config_.trace, mesh_->world());
     if (printing_) std::printf("trace %s\n", config_.trace.c_str());
   }
-  const int64_t final_start_ns = steady_clock_ns();
+  const int64_t start_ns = steady_clock_ns();
   if (config_.checkpoint_enable && config_.steps > start_step_) {
     save(config_.steps, config_toml, true);
     ++result.checkpoints;
   }
   publish_checkpoint(true);  // (nothing when no save is pending)
-  result.final_checkpoint_seconds = static_cast<double>(steady_clock_ns() - final_start_ns) * 1e-9;
-  if (pipeline_)
-    pipeline_->settle_parameters();
-  else
-    dp_->settle_parameters();
-  const int64_t steps_run = config_.steps - start_step_;
-  if (steps_run > 0)
-    result.tokens_per_second = static_cast<double>(tokens_per_step * steps_run) / total_seconds;
-  return result;
+  result.final_checkpoint_seconds = static_cast<double>(steady_clock_ns() - start_ns) * 1e-9;
+  runner_->settle_parameters();
 }
 
 int threads_per_rank(const TrainConfig& config, int ranks_in_process) {
@@ -500,7 +302,7 @@ int threads_per_rank(const TrainConfig& config, int ranks_in_process) {
   return std::max(1, total / std::max(1, ranks_in_process));
 }
 
-TrainResult train_on_ranks(const TrainConfig& config) {
+TrainResult train_on_ranks(const TrainConfig& config, const FaultInjection& faults) {
   const comm::LaunchInfo launch = comm::detect_launch();
   const bool use_mpi = config.backend == "mpi" ||
                        (config.backend == "auto" && launch.launched() && launch.world_size > 1);
@@ -520,7 +322,7 @@ TrainResult train_on_ranks(const TrainConfig& config) {
                                            : threads_per_rank(config, launch.local_size));
     TrainResult result;
     {
-      Trainer trainer(config, world.get());
+      Trainer trainer(config, world.get(), faults);
       result = trainer.run();
     }
     world.reset();  // before the session finalizes MPI
@@ -531,7 +333,7 @@ TrainResult train_on_ranks(const TrainConfig& config) {
   TrainResult result;
   comm::run_local_ranks_or_inline(ranks, [&](comm::Communicator* group) {
     omp_set_num_threads(threads);
-    Trainer trainer(config, group);
+    Trainer trainer(config, group, faults);
     TrainResult mine = trainer.run();
     if (group == nullptr || group->rank() == 0) result = std::move(mine);
   });

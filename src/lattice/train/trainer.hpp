@@ -1,12 +1,12 @@
-// Trainer: the training loop of one rank — this rank's share of each global batch, the training
-// step of training_step.hpp (or, under pipeline parallelism, of pipeline_step.hpp on this rank's
-// stages, train/pipeline_rank.hpp) (forward and backward over the micro-batches of a step
-// with gradient buckets reduced during the last backward, the global gradient norm and clipping,
-// AdamW on this rank's part of the state: plain DP or ZeRO-1/2/3, see parallel/data_parallel.hpp),
-// periodic validation, metrics and checkpoints (sharded: every rank writes its own part; any
-// layout resumes them), and bit-identical resumption. train_on_ranks() runs it on every rank:
-// threads of this process
-// (`local` backend) or one process per rank under mpirun (`mpi` backend).
+// Trainer: the training loop of one rank — this rank's share of each global batch through a
+// StepRunner (step_runner.hpp: training_step.hpp's step, or under pipeline parallelism
+// pipeline_step.hpp's on this rank's stages, train/pipeline_rank.hpp: forward and backward over the
+// micro-batches of a step with gradient buckets reduced during the last backward, the global
+// gradient norm and clipping, AdamW on this rank's part of the state: plain DP or ZeRO-1/2/3, see
+// parallel/data_parallel.hpp), the MoE bias update (moe_bias_update.hpp), periodic validation,
+// metrics (step_reporter.hpp) and checkpoints (sharded: every rank writes its own part; any layout
+// resumes them), and bit-identical resumption. train_on_ranks() runs it on every rank: threads of
+// this process (`local` backend) or one process per rank under mpirun (`mpi` backend).
 #pragma once
 
 #include <cstdint>
@@ -21,9 +21,13 @@
 #include "lattice/model/transformer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
 #include "lattice/train/batch_source.hpp"
+#include "lattice/train/communication_times.hpp"
+#include "lattice/train/fault_injection.hpp"
 #include "lattice/train/pipeline_rank.hpp"
 #include "lattice/train/run_trace.hpp"
 #include "lattice/train/sharded_checkpoint.hpp"
+#include "lattice/train/step_reporter.hpp"
+#include "lattice/train/step_runner.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::comm {
@@ -38,23 +42,19 @@ struct TrainResult {
   double final_val_loss = 0;
   int64_t first_step = 1;  // 1 + the step resumed from
   double tokens_per_second = 0;
-  // Data parallelism, summed over the steps run: communication the training thread waited for,
-  // and the time the collectives ran.
-  double exposed_comm_seconds = 0, comm_seconds = 0;
-  // Tensor parallelism, summed over the steps run: this rank's blocking tp all-reduces.
-  double tp_comm_seconds = 0;
-  // Context parallelism, summed over the steps run: this rank's waits on its cp group.
-  double cp_comm_seconds = 0;
-  // Pipeline parallelism: the measured bubble of each step run, and this rank's exposed
-  // point-to-point waits summed over them.
+  // This rank's communication of every family, summed over the steps run.
+  CommunicationTimes communication;
+  // Pipeline parallelism: the measured bubble of each step run (empty without).
   std::vector<double> pp_bubbles;
-  double pp_wait_seconds = 0;
   // Checkpoints: how many were started, the training thread's time in the interval ones (their
   // snapshot and, when synchronous, their writing; publishing included), and in the final one
   // (always waited for, with a background save still pending).
   int64_t checkpoints = 0;
   double checkpoint_seconds = 0, final_checkpoint_seconds = 0;
   int rank = 0;  // the world rank that ran it (rank 0 reports)
+
+  // Adds a step's loss, gradient norm, communication and bubble.
+  void add_step(const StepOutcome& step);
 };
 
 class Trainer {
@@ -63,7 +63,9 @@ class Trainer {
   // [parallelism] layout (pp, dp, cp, tp, ep; dp split for HSDP) and trains data-parallel over its
   // dp x cp group. Null runs one rank on a private
   // one-rank world.
-  explicit Trainer(TrainConfig config, comm::Communicator* world = nullptr);
+  // `faults`: what a test injects (fault_injection.hpp); nothing by default.
+  explicit Trainer(TrainConfig config, comm::Communicator* world = nullptr,
+                   FaultInjection faults = {});
   ~Trainer();
   // Runs steps until training.steps; rank 0 prints the metric lines and writes JSONL and
   // checkpoints. Collective over the data-parallel group.
@@ -117,25 +119,31 @@ class Trainer {
   std::unique_ptr<PipelineRank> pipeline_;  // pp > 1: the stages, their DP and the executor
   int64_t start_step_ = 0;
   std::unique_ptr<ShardedCheckpointWriter> checkpoints_;
-  bool background_save_ = false;          // the pending (or last) save writes in the background
-  int64_t fault_kill_during_save_ = -1;   // LATTICE_FAULT_KILL_DURING_SAVE_* (tests only)
-  int64_t fault_kill_after_step_ = -1;    // LATTICE_FAULT_KILL_* (tests only)
-  int64_t fault_stall_before_step_ = -1;  // LATTICE_FAULT_STALL_* (tests only)
-  double fault_stall_seconds_ = 0;
-  double tp_comm_seconds_ = 0;  // the model's tp all-reduces add their time here (per step)
-  double ep_comm_seconds_ = 0;  // the MoE layers' expert-parallel exchanges (per step)
+  bool background_save_ = false;  // the pending (or last) save writes in the background
+  FaultInjection faults_;
+  CommunicationClocks clocks_;  // the model's tp and ep groups add their time here
   // cp > 1: the attention spanning this rank's cp group (ring or Ulysses); null otherwise.
   std::unique_ptr<model::ContextAttention> context_;
+  // The steps' runner over model_ and dp_, or over pipeline_.
+  std::unique_ptr<StepRunner> runner_;
   // This rank's rows of full [batch, seq_len] tokens (all of them without context parallelism).
   void take_sequence_share(int32_t* local, const int32_t* full, int64_t batch) const;
+  // This rank's micro-batches of the training data: its dp slice, its cp share of each sequence.
+  MicroBatchSource micro_batch_source();
+  // After step `step`: publishes a finished background save, saves at checkpoint.interval (the
+  // last step's save is the final one).
+  void checkpoint_after_step(int64_t step, const std::string& config_toml, StepReporter& reporter,
+                             TrainResult& result);
+  // After the last step: writes the trace, saves the final checkpoint, settles the parameters.
+  void finish_run(const std::string& config_toml, RunTrace* trace, TrainResult& result);
 };
 
 // Runs training on the layout's pp x dp x cp x tp ranks: under a launcher (mpirun, srun,
 // torchrun variables) one process per rank on the mpi backend, else that many threads of this
 // process on the local backend, each with training.threads / ranks kernel threads (every core /
-// ranks when 0). Returns rank
-// 0's result (or this process's rank's under MPI). parallelism.backend forces a backend.
-TrainResult train_on_ranks(const TrainConfig& config);
+// ranks when 0). Returns rank 0's result (or this process's rank's under MPI).
+// parallelism.backend forces a backend. `faults`: what a test injects, on every rank.
+TrainResult train_on_ranks(const TrainConfig& config, const FaultInjection& faults = {});
 
 // Kernel threads per rank: training.threads, or every core, shared among this process's ranks (as
 // train_on_ranks gives them; the activation estimate counts the fused head's per-thread partials

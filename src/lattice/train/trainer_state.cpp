@@ -74,12 +74,8 @@ void Trainer::save(int64_t step, const std::string& config_toml, bool final) {
     source.tp_rank = tp_rank;
     sources.push_back(std::move(source));
   };
-  if (pipeline_) {
-    for (int i = 0; i < pipeline_->stage_count(); ++i)
-      add(pipeline_->model(i), pipeline_->data_parallel(i));
-  } else {
-    add(*model_, *dp_);
-  }
+  for (int i = 0; i < runner_->stage_count(); ++i)
+    add(runner_->stage(i), runner_->data_parallel(i));
   const mesh::MeshShape shape = config_.layout().mesh_shape();
   CheckpointContents contents;
   contents.run_dir = config_.run_dir;
@@ -91,7 +87,8 @@ void Trainer::save(int64_t step, const std::string& config_toml, bool final) {
   contents.layout = "pp" + std::to_string(shape.pp) + " dp" + std::to_string(shape.dp) + " cp" +
                     std::to_string(shape.cp) + " tp" + std::to_string(shape.tp) + " ep" +
                     std::to_string(shape.ep) + " zero" + std::to_string(config_.zero);
-  if (step == fault_kill_during_save_) checkpoints_->kill_while_writing();
+  if (faults_.kill_during_save.hits(mesh_->world().rank(), step))
+    checkpoints_->kill_while_writing();
   background_save_ = config_.checkpoint_async && !final;
   checkpoints_->start(contents, sources, background_save_);
   if (!background_save_) publish_checkpoint(true);

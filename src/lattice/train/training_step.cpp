@@ -32,7 +32,9 @@ StepOutcome training_step(model::Transformer& model, parallel::DataParallel& dat
                                      ": lower optimizer.lr or raise lr_scheduler.warmup_steps");
   data_parallel.update(lr, out.grad_norm);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  out.communication = data_parallel.take_communication_times();
+  const parallel::DataParallelTimes times = data_parallel.take_communication_times();
+  out.communication.dp_exposed_seconds = times.exposed_seconds;
+  out.communication.dp_seconds = times.total_seconds;
   return out;
 }
 

@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "lattice/model/layer_context.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
+#include "lattice/train/communication_times.hpp"
 
 namespace lattice::train {
 
@@ -28,10 +30,12 @@ struct StepOutcome {
   double loss = 0;       // mean training loss over the global batch (the same on every rank)
   double grad_norm = 0;  // global gradient norm before clipping (the same on every rank)
   double seconds = 0;    // wall time of the step on this rank
-  parallel::CommunicationTimes communication;  // since the last step's
-  // Pipeline parallelism (pipeline_step.hpp): the measured bubble (the pipeline ranks' idle share
-  // of the pipeline's part of the step) and this rank's exposed point-to-point waits.
-  double pp_bubble = 0, pp_wait_seconds = 0;
+  // Since the last step's: data parallelism's (training_step) and the pipeline's point-to-point
+  // waits (pipeline_step.hpp); the model's tp, cp and ep time where a StepRunner ran the step.
+  CommunicationTimes communication;
+  // Pipeline parallelism (pipeline_step.hpp): the measured bubble, the pipeline ranks' idle share
+  // of the pipeline's part of the step (none without a pipeline).
+  std::optional<double> pp_bubble;
 };
 
 // Runs step `step` (1-based; it names the step when the loss is not finite) at learning rate lr.
