@@ -45,18 +45,27 @@ TEST(ModelConfig, ParameterCountsMatchPublishedModels) {
   EXPECT_EQ(model_preset("gpt2-124m").parameter_count(), 124439808);
   // GPT-2 medium: 354,823,168.
   EXPECT_EQ(model_preset("gpt2-350m").parameter_count(), 354823168);
+  // Qwen 2.5 0.5B: 494,032,768 (tied head; the q/k/v biases counted); 7B: "7.61B" (model cards).
+  EXPECT_EQ(model_preset("qwen2.5-0.5b").parameter_count(), 494032768);
+  EXPECT_NEAR(static_cast<double>(model_preset("qwen2.5-7b").parameter_count()) / 7.61e9, 1.0,
+              1e-3);
   // The store of a built model holds exactly that many values (padding aside).
   MemoryTracker tracker;
   Transformer llama(model_preset("llama-tiny"), &tracker);
   int64_t total = 0;
   for (const auto& p : llama.parameters().parameters()) total += p.numel;
   EXPECT_EQ(total, model_preset("llama-tiny").parameter_count());
+  // Qwen 2's closed form counts its q/k/v biases.
+  Transformer qwen(model_preset("qwen2-tiny"), &tracker);
+  total = 0;
+  for (const auto& p : qwen.parameters().parameters()) total += p.numel;
+  EXPECT_EQ(total, model_preset("qwen2-tiny").parameter_count());
 }
 
 TEST(Transformer, ParameterCountDeclaresWithoutAllocating) {
   // The declare-only count equals the built store's elements, for both families, tied and untied,
   // and for stages (an untied copy of a tied head on the last stage counts on that stage).
-  for (const char* name : {"gpt2-tiny", "llama-tiny"}) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
     for (bool tied : {true, false}) {
       ModelConfig c = model_preset(name);
       c.tied_embeddings = tied;
@@ -93,6 +102,16 @@ TEST(Transformer, UsesHuggingFaceParameterNames) {
   EXPECT_NO_THROW(llama.parameters().index_of("model.layers.0.self_attn.k_proj.weight"));
   EXPECT_NO_THROW(llama.parameters().index_of("model.layers.1.mlp.gate_proj.weight"));
   EXPECT_NO_THROW(llama.parameters().index_of("lm_head.weight"));
+  EXPECT_THROW(llama.parameters().index_of("model.layers.0.self_attn.q_proj.bias"), Error);
+  // Qwen 2: Llama's names, biases on q, k and v only, the tiny preset's head tied.
+  Transformer qwen(model_preset("qwen2-tiny"), nullptr);
+  for (const char* name :
+       {"model.layers.0.self_attn.q_proj.bias", "model.layers.1.self_attn.k_proj.bias",
+        "model.layers.1.self_attn.v_proj.bias"})
+    EXPECT_NO_THROW(qwen.parameters().index_of(name)) << name;
+  for (const char* name : {"model.layers.0.self_attn.o_proj.bias",
+                           "model.layers.0.mlp.gate_proj.bias", "lm_head.weight"})
+    EXPECT_THROW(qwen.parameters().index_of(name), Error) << name;
 }
 
 class WholeModelGradient : public ::testing::TestWithParam<Family> {};

@@ -69,7 +69,7 @@ TEST_F(CpCli, ParityOfRingAndUlyssesAt2048TokensOnLocalThreads) {
   // over the ranks; every mode sums the weight gradients of each rank's rows and reduces them over
   // the cp ranks: the fp32 sum order changes, as between dp counts. Relative 1e-4 against one rank
   // (measured at most 4e-6 in the parameters, 3e-7 in the gradient norms, 9e-8 in the losses).
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
     SCOPED_TRACE(preset);
     const CliResult r =
         run_lattice("parity --layouts dp1,dp1c2,dp1c2u,dp1c4,dp1c4u --tolerance 1e-4" +

@@ -48,7 +48,7 @@ TEST_F(TpCli, ParityOfTensorParallelLayoutsOnLocalThreads) {
   // rows; dp the gradients'), so relative 1e-4 against one rank (measured at most 3e-6 in the
   // parameters, 4e-7 in the gradient norms); ZeRO on the same dp x tp (and sp) changes only where
   // state lives: bit for bit.
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
     SCOPED_TRACE(preset);
     CliResult r = run_lattice(
         "parity --layouts "

@@ -8,7 +8,7 @@
   hf_interop.py tokenize EXPORT_DIR TEXT
       Loads the exported tokenizer files with AutoTokenizer and prints the ids of TEXT, one line.
   hf_interop.py make KIND OUT_DIR TOKENS...
-      Builds a small randomly initialised transformers model of KIND (gpt2, llama, mixtral; fixed
+      Builds a small randomly initialised transformers model of KIND (gpt2, llama, qwen2, mixtral; fixed
       seed), saves it with save_pretrained (sharded into small files, so the index is read too) and
       writes OUT_DIR/reference_logits.safetensors with its logits on TOKENS.
 
@@ -72,13 +72,18 @@ def make(kind, out_dir, tokens):
                      rms_norm_eps=1e-5, rope_theta=10000.0, **common)
         if kind == "llama":
             model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama))
+        elif kind == "qwen2":  # tied, as Qwen 2.5's small models are; q/k/v biases
+            llama["tie_word_embeddings"] = True
+            model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+                use_sliding_window=False, **llama))
         else:
             model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
                 num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **llama))
     # Larger than the default init, so that the logits are far from uniform.
+    # Biases too (transformers starts them at zero), so that importing them is checked.
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
+        for name, p in model.named_parameters():
+            if p.dim() > 1 or name.endswith(".bias"):
                 p.normal_(0.0, 0.1)
     model.eval()
     model.save_pretrained(out_dir, max_shard_size="40KB", safe_serialization=True)

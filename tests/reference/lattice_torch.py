@@ -2,7 +2,7 @@
 
 The models (GPT-2 family: learned positions, LayerNorm, GELU (tanh), biases, tied head; Llama family:
 RMSNorm as Hugging Face's LlamaRMSNorm, RoPE with Hugging Face's half rotation, SwiGLU, grouped-query
-attention, no biases, untied head) have state_dict keys and shapes exactly equal to Lattice's parameter
+attention, no biases, untied head; Qwen 2: Llama's with q/k/v biases) have state_dict keys and shapes exactly equal to Lattice's parameter
 names and shapes: every Linear weight is [out, in] (also GPT-2's c_attn/c_proj/c_fc, which Hugging Face
 stores transposed as Conv1D). They are built from a dict with the keys of the "lattice.model" JSON that
 Lattice writes into model.safetensors (family, vocab_size, max_seq_len, d_model, n_layers, n_heads,
@@ -328,9 +328,10 @@ class LlamaAttention(nn.Module):
         self.ops = ops
         self.head_dim = C // self.n_heads
         kv = self.n_kv_heads * self.head_dim
-        self.q_proj = Linear(C, C, False, ops)
-        self.k_proj = Linear(C, kv, False, ops)
-        self.v_proj = Linear(C, kv, False, ops)
+        qkv_bias = config["family"] == "qwen2"  # Qwen 2: biases on q, k and v only
+        self.q_proj = Linear(C, C, qkv_bias, ops)
+        self.k_proj = Linear(C, kv, qkv_bias, ops)
+        self.v_proj = Linear(C, kv, qkv_bias, ops)
         self.o_proj = Linear(C, C, False, ops)
 
     def forward(self, x, cos, sin):
@@ -457,9 +458,9 @@ def build_model(config, ops=TORCH_OPS):
     family = config["family"]
     if family == "gpt2":
         return Gpt2Model(config, ops)
-    if family == "llama":
+    if family in ("llama", "qwen2"):  # Qwen 2: the Llama model with q/k/v biases
         return LlamaModel(config, ops)
-    raise ValueError(f"unknown model family {family!r}: use 'gpt2' or 'llama'")
+    raise ValueError(f"unknown model family {family!r}: use 'gpt2', 'llama' or 'qwen2'")
 
 
 def init_like_lattice(model, seed=0):

@@ -103,7 +103,7 @@ std::vector<char> bytes(const fs::path& path) {
 
 TEST_F(HfCli, ExportsLoadInTransformersWithLatticesLogits) {
   if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
-  for (const char* preset : {"gpt2-tiny", "llama-tiny", "mixtral-tiny"}) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny"}) {
     SCOPED_TRACE(preset);
     const std::string run = std::string("run-") + preset;
     const CliResult r = train(preset, run, "");
@@ -155,7 +155,7 @@ TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
   if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
   std::string tokens;
   for (const char* c = kPrompt; *c; ++c) tokens += " " + std::to_string(static_cast<int>(*c));
-  for (const char* kind : {"gpt2", "llama", "mixtral"}) {
+  for (const char* kind : {"gpt2", "llama", "qwen2", "mixtral"}) {
     SCOPED_TRACE(kind);
     const std::string hf = std::string("saved-") + kind, run = std::string("imported-") + kind;
     std::string report;

@@ -467,7 +467,8 @@ TEST_P(PytorchParity, RegenerateCommittedData) {
 
 INSTANTIATE_TEST_SUITE_P(Families, PytorchParity,
                          ::testing::Values(std::string("gpt2"), std::string("llama"),
-                                           std::string("mixtral"), std::string("deepseek_moe"),
+                                           std::string("qwen2"), std::string("mixtral"),
+                                           std::string("deepseek_moe"),
                                            std::string("mixtral_capacity"),
                                            std::string("mixtral_gelu")),
                          [](const auto& info) { return info.param; });

@@ -15,6 +15,11 @@ BlockDescription describe_block(const ModelConfig& config, int64_t layer) {
       return gpt2_block(config, layer);
     case Family::llama:
       return llama_block(config, layer);
+    case Family::qwen2:
+      check(!config.is_moe(), "model.n_experts = " + std::to_string(config.n_experts) +
+                                  ": Qwen 2 MoE layers are not built yet; use model.family = "
+                                  "\"llama\" for a MoE model");
+      return qwen2_block(config, layer);
   }
   throw Error("unknown model family (internal error)");
 }

@@ -33,6 +33,7 @@ struct BlockDescription {
 // The families' blocks (families/gpt2.cpp, families/llama.cpp).
 BlockDescription gpt2_block(const ModelConfig& config, int64_t layer);
 BlockDescription llama_block(const ModelConfig& config, int64_t layer);
+BlockDescription qwen2_block(const ModelConfig& config, int64_t layer);
 
 // Block `layer` of a model of `config`, as its family describes it.
 BlockDescription describe_block(const ModelConfig& config, int64_t layer);

@@ -6,13 +6,22 @@
 namespace lattice::model {
 
 std::string family_name(Family family) {
-  return family == Family::gpt2 ? "gpt2" : "llama";
+  switch (family) {
+    case Family::gpt2:
+      return "gpt2";
+    case Family::llama:
+      return "llama";
+    case Family::qwen2:
+      return "qwen2";
+  }
+  return "unknown";
 }
 
 Family parse_family(const std::string& name) {
   if (name == "gpt2") return Family::gpt2;
   if (name == "llama") return Family::llama;
-  throw Error("unknown model family '" + name + "': use \"gpt2\" or \"llama\"");
+  if (name == "qwen2") return Family::qwen2;
+  throw Error("unknown model family '" + name + "': use \"gpt2\", \"llama\" or \"qwen2\"");
 }
 
 std::string moe_names_name(MoeNames names) {
@@ -69,7 +78,8 @@ void ModelConfig::validate() const {
           "equal to model.n_heads (" +
               std::to_string(n_heads) + ")");
   } else {
-    check(head_dim() % 2 == 0, "llama models need an even head dimension for RoPE, got " +
+    check(head_dim() % 2 == 0, family_name(family) +
+                                   " models need an even head dimension for RoPE, got " +
                                    std::to_string(head_dim()) + ": change d_model or n_heads");
   }
   check(n_experts >= 1 && top_k >= 1 && top_k <= n_experts,
@@ -117,10 +127,11 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
     int64_t positions = with_position_embedding ? max_seq_len * C : 0;
     return embed + positions + n_layers * per_layer + final_norm + head;
   }
-  per_layer = C                     // input_layernorm
-              + C * C + 2 * kv * C  // q, k, v
-              + C * C               // o_proj
-              + C;                  // post_attention_layernorm
+  per_layer = C                                // input_layernorm
+              + C * C + 2 * kv * C             // q, k, v
+              + (qkv_bias() ? C + 2 * kv : 0)  // their biases (Qwen)
+              + C * C                          // o_proj
+              + C;                             // post_attention_layernorm
   const int64_t dense_mlp = 3 * ffn_hidden * C;
   const int64_t expert = expert_matrices() * expert_ffn_hidden() * C;
   const int64_t shared = 3 * expert_ffn_hidden() * C;  // shared experts are SwiGLU
@@ -176,6 +187,16 @@ ModelConfig llama_config(const std::string& name, int64_t layers, int64_t d, int
   return c;
 }
 
+ModelConfig qwen2_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
+                         int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t seq, bool tied) {
+  ModelConfig c = llama_config(name, layers, d, heads, kv_heads, ffn, vocab, seq);
+  c.family = Family::qwen2;
+  c.norm_eps = 1e-6f;
+  c.rope_theta = 1000000.0f;
+  c.tied_embeddings = tied;
+  return c;
+}
+
 namespace {
 
 // The GPT models of the published Megatron-LM and Korthikanti tables: V = 51200, s = 2048, and
@@ -200,6 +221,7 @@ std::vector<ModelConfig> build_presets() {
   p.push_back(gpt2_config("gpt2-demo", 4, 192, 6, 256, 128));
   p.push_back(llama_config("llama-tiny", 2, 32, 4, 2, 64, 64, 32));
   p.push_back(llama_config("llama-small-test", 4, 256, 8, 4, 688, 8192, 256));
+  p.push_back(qwen2_config("qwen2-tiny", 2, 32, 4, 2, 64, 64, 32, true));
   // Mixture-of-experts test models on llama-tiny's trunk: Mixtral-style (4 experts of the dense
   // width, top-2, softmax, every layer) and DeepSeek/Qwen-MoE-style (8 fine-grained experts of a
   // quarter width, top-2, one shared expert, sigmoid scores, MoE in the second layer only).
@@ -239,6 +261,10 @@ std::vector<ModelConfig> build_presets() {
       with_rope_theta(llama_config("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192), 500000.0f));
   p.push_back(with_rope_theta(llama_config("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
                               500000.0f));
+  // Qwen 2.5 (Qwen team 2024, the models' config.json): V = 151936 (0.5B) / 152064 (7B), RoPE
+  // base 10^6, s = 32768; 0.5B ties its head to the embedding.
+  p.push_back(qwen2_config("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, true));
+  p.push_back(qwen2_config("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, false));
   // Mixtral 8x7B (Jiang et al. 2024): Mistral-7B blocks with 8 experts, top-2 routing.
   ModelConfig mixtral = with_rope_theta(
       llama_config("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096), 1000000.0f);

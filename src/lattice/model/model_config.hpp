@@ -1,7 +1,7 @@
-// Model configuration: the architecture family (GPT-2 or Llama), its dimensions, the named presets
-// and the checks that refuse a model whose dimensions do not fit together. This is the one model
-// description of Lattice: the trainer builds it, the planner (`lattice estimate/simulate/plan`)
-// estimates it, and both read the same preset table.
+// Model configuration: the architecture family (GPT-2, Llama or Qwen 2), its dimensions, the named
+// presets and the checks that refuse a model whose dimensions do not fit together. This is the one
+// model description of Lattice: the trainer builds it, the planner (`lattice
+// estimate/simulate/plan`) estimates it, and both read the same preset table.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +17,8 @@ namespace lattice::model {
 
 // gpt2: learned positions, LayerNorm with bias, biased projections, GELU MLP (2 matrices).
 // llama: RoPE, RMSNorm, no biases, SwiGLU MLP (3 matrices).
-enum class Family { gpt2, llama };
+// qwen2: Llama's block with biases on the q, k and v projections (Qwen 2 and 2.5).
+enum class Family { gpt2, llama, qwen2 };
 
 // How a MoE layer's parameters are named (Hugging Face): mixtral —
 // "block_sparse_moe.gate.weight", "block_sparse_moe.experts.<j>.w1/w3/w2.weight"; deepseek (also
@@ -98,10 +99,11 @@ struct ModelConfig {
   int64_t expert_ffn_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
   bool has_dropout() const { return dropout > 0; }
   // What the family implies for parameter and activation counts.
-  bool gated_mlp() const { return family == Family::llama; }         // SwiGLU: 3 MLP matrices
+  bool gated_mlp() const { return family != Family::gpt2; }          // SwiGLU: 3 MLP matrices
   bool learned_positions() const { return family == Family::gpt2; }  // a wpe table
   bool norm_has_bias() const { return family == Family::gpt2; }      // LayerNorm vs RMSNorm
-  bool linear_bias() const { return family == Family::gpt2; }        // biased projections
+  bool linear_bias() const { return family == Family::gpt2; }        // every projection biased
+  bool qkv_bias() const { return family != Family::llama; }          // q, k, v biased (GPT-2, Qwen)
   // Throws lattice::Error naming the first inconsistency and how to fix it.
   void validate() const;
   // Number of parameters (the trainer's closed form, every expert counted);
@@ -125,18 +127,22 @@ std::string moe_activation_name(MoeActivation activation);
 MoeActivation parse_moe_activation(const std::string& name);
 kernels::RouterScore parse_router_score(const std::string& name);
 
-// A GPT-2-family model (learned positions, tied embeddings, 4·d MLP) and a Llama-family model
-// (untied head) from their dimensions.
+// A GPT-2-family model (learned positions, tied embeddings, 4·d MLP), a Llama-family model
+// (untied head) and a Qwen 2 model (Llama's with q/k/v biases, RoPE base 10^6, RMSNorm eps 10^-6,
+// the head tied as given) from their dimensions.
 ModelConfig gpt2_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
                         int64_t vocab, int64_t max_seq_len);
 ModelConfig llama_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
                          int64_t kv_heads, int64_t ffn_hidden, int64_t vocab, int64_t max_seq_len);
+ModelConfig qwen2_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
+                         int64_t kv_heads, int64_t ffn_hidden, int64_t vocab, int64_t max_seq_len,
+                         bool tied_embeddings);
 
 // The presets, in table order: the trainer's small models (gpt2-tiny, gpt2-small-test, gpt2-demo,
-// llama-tiny, llama-small-test, mixtral-tiny, deepseek-moe-tiny, llama-60m, llama-1b), GPT-2
-// 124M-1.5B, GPT-3 175B, Llama 2 and 3 (7B-405B), Mixtral 8x7B, the Megatron-LM weak-scaling models
-// (Narayanan et al. 2021, Table 1) and the Korthikanti et al. (2023, Table 3) models. Throws
-// lattice::Error listing the names for an unknown one.
+// llama-tiny, llama-small-test, qwen2-tiny, mixtral-tiny, deepseek-moe-tiny, llama-60m, llama-1b),
+// GPT-2 124M-1.5B, GPT-3 175B, Llama 2 and 3 (7B-405B), Qwen 2.5 (0.5B, 7B), Mixtral 8x7B, the
+// Megatron-LM weak-scaling models (Narayanan et al. 2021, Table 1) and the Korthikanti et al.
+// (2023, Table 3) models. Throws lattice::Error listing the names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 const std::vector<ModelConfig>& model_presets();
 std::vector<std::string> model_preset_names();

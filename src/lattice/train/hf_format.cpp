@@ -36,7 +36,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 void check_exportable(const model::ModelConfig& c) {
   auto refuse = [](const std::string& what) {
     throw Error("Hugging Face export: " + what +
-                " has no transformers equivalent among gpt2, llama and mixtral; train with "
+                " has no transformers equivalent among gpt2, llama, qwen2 and mixtral; train with "
                 "settings that do, or export the Lattice checkpoint as it is");
   };
   if (c.family == model::Family::gpt2 && c.n_kv_heads != c.n_heads)
@@ -100,6 +100,19 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
               "tokenizer files");
 }
 
+// RoPE's base: transformers 4.x writes rope_theta at the top level, 5.x inside rope_parameters
+// (with its rope_type, which must be the plain one).
+float hf_rope_theta(const json& j, const std::string& source) {
+  if (j.contains("rope_parameters") && j.at("rope_parameters").is_object()) {
+    const json& rope = j.at("rope_parameters");
+    const std::string type = rope.value("rope_type", std::string("default"));
+    check(type == "default", source + ": rope_parameters.rope_type \"" + type +
+                                 "\" scales RoPE; Lattice's RoPE has no scaling");
+    if (rope.contains("rope_theta")) return rope.at("rope_theta").get<float>();
+  }
+  return j.value("rope_theta", 10000.0f);
+}
+
 int64_t get_int(const json& j, const char* key, const std::string& source) {
   check(j.contains(key) && j.at(key).is_number_integer(),
         source + " has no integer \"" + std::string(key) + "\": it is not a complete config.json");
@@ -137,8 +150,14 @@ std::string hf_config_json(const model::ModelConfig& c) {
          {"initializer_range", float_json(c.init_std)},
          {"tie_word_embeddings", c.tied_embeddings}};
   } else {
-    j = {{"architectures", {c.is_moe() ? "MixtralForCausalLM" : "LlamaForCausalLM"}},
-         {"model_type", c.is_moe() ? "mixtral" : "llama"},
+    const bool qwen2 = c.family == model::Family::qwen2;
+    const char* architecture = c.is_moe() ? "MixtralForCausalLM"
+                               : qwen2    ? "Qwen2ForCausalLM"
+                                          : "LlamaForCausalLM";
+    j = {{"architectures", {architecture}},
+         {"model_type", c.is_moe() ? "mixtral"
+                        : qwen2    ? "qwen2"
+                                   : "llama"},
          {"vocab_size", c.vocab_size},
          {"hidden_size", c.d_model},
          {"intermediate_size", c.is_moe() ? c.expert_ffn_hidden() : c.ffn_hidden},
@@ -158,6 +177,10 @@ std::string hf_config_json(const model::ModelConfig& c) {
       j["router_aux_loss_coef"] = c.moe_aux_loss_coef;
       j["output_router_logits"] = false;
       j["sliding_window"] = nullptr;
+    } else if (qwen2) {  // its q, k, v biases are implied by the model type
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = c.n_layers;
     } else {
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
@@ -195,8 +218,8 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
       check(act == "gelu_new" || act == "gelu_pytorch_tanh",
             source + ": activation_function \"" + act +
                 "\" is not GPT-2's tanh GELU (gelu_new), the one Lattice's GPT-2 blocks compute");
-    } else if (type == "llama" || type == "mixtral") {
-      c.family = model::Family::llama;
+    } else if (type == "llama" || type == "mixtral" || type == "qwen2") {
+      c.family = type == "qwen2" ? model::Family::qwen2 : model::Family::llama;
       c.vocab_size = get_int(j, "vocab_size", source);
       c.d_model = get_int(j, "hidden_size", source);
       c.ffn_hidden = get_int(j, "intermediate_size", source);
@@ -207,15 +230,26 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
                          : c.n_heads;
       c.max_seq_len = get_int(j, "max_position_embeddings", source);
       c.norm_eps = j.value("rms_norm_eps", 1e-6f);
-      c.rope_theta = j.value("rope_theta", 10000.0f);
+      c.rope_theta = hf_rope_theta(j, source);
       c.tied_embeddings = j.value("tie_word_embeddings", false);
       const std::string act = j.value("hidden_act", std::string("silu"));
       check(act == "silu",
             source + ": hidden_act \"" + act + "\" is not SiLU, the gate of Lattice's SwiGLU MLPs");
       check(!j.contains("rope_scaling") || j.at("rope_scaling").is_null(),
             source + ": rope_scaling is set; Lattice's RoPE has no scaling");
-      check(!j.value("attention_bias", false) && !j.value("mlp_bias", false),
-            source + ": attention_bias or mlp_bias is set; Lattice's Llama blocks have no biases");
+      if (type == "qwen2") {
+        const json window = j.value("sliding_window", json());
+        check(!j.value("use_sliding_window", false) || window.is_null() ||
+                  window.get<int64_t>() >= c.max_seq_len,
+              source +
+                  ": use_sliding_window is set; Lattice's Qwen 2 blocks attend to every earlier "
+                  "position (set it to false to train the model without its window)");
+      } else {
+        check(!j.value("attention_bias", false) && !j.value("mlp_bias", false),
+              source +
+                  ": attention_bias or mlp_bias is set; Lattice's Llama blocks have no biases "
+                  "(a Llama with q/k/v biases is model_type \"qwen2\")");
+      }
       if (j.contains("head_dim") && !j.at("head_dim").is_null())
         check(j.at("head_dim").get<int64_t>() == c.d_model / c.n_heads,
               source +
@@ -234,7 +268,7 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
       }
     } else {
       throw Error(source + ": model_type \"" + type +
-                  "\" cannot be imported; Lattice reads gpt2, llama and mixtral models");
+                  "\" cannot be imported; Lattice reads gpt2, llama, qwen2 and mixtral models");
     }
   } catch (const json::exception& e) {
     throw Error(source + " has a field of the wrong type (" + std::string(e.what()) +
