@@ -1,9 +1,11 @@
-// The `lattice train` verb: `lattice train [config.toml] [--section.key=value ...] [--dp N ...]`.
+// The `lattice train` verb: `lattice train [config.toml] [--section.key=value ...] [--dp N ...]`,
+// and `lattice train --help-config[=markdown]`: every config key with its type, default and help.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/train/config_help.hpp"
 #include "lattice/train/trainer.hpp"
 #include "verbs.hpp"
 
@@ -16,6 +18,13 @@ void register_train_verb(CLI::App& app) {
   auto config_path = std::make_shared<std::string>();
   verb->add_option("config", *config_path, "TOML configuration file");
   verb->allow_extras();
+  auto help_config = std::make_shared<std::string>();
+  verb->add_flag("--help-config{text}", *help_config,
+                 "print every config key by section with its type, default and meaning, and exit "
+                 "(--help-config=markdown: as the markdown table of docs/training.md)");
+  verb->footer(
+      "Config sections (TOML [section]s; `lattice train --help-config` lists their keys):\n" +
+      train::config_sections_text());
   // Short flags for the layout: --dp N means --parallelism.dp=N (and likewise tp, pp, cp, ep,
   // zero).
   auto layout = std::make_shared<std::vector<std::pair<std::string, int64_t>>>();
@@ -25,7 +34,17 @@ void register_train_verb(CLI::App& app) {
         [layout, axis](const int64_t& value) { layout->emplace_back(axis, value); },
         std::string("shorthand for --parallelism.") + axis + "=N");
   }
-  verb->callback([verb, config_path, layout] {
+  verb->callback([verb, config_path, layout, help_config] {
+    if (!help_config->empty()) {
+      check(*help_config == "text" || *help_config == "markdown",
+            "--help-config=" + *help_config +
+                " is not a format: use --help-config (text) or "
+                "--help-config=markdown");
+      std::fputs(*help_config == "markdown" ? train::config_help_markdown().c_str()
+                                            : train::config_help_text().c_str(),
+                 stdout);
+      return;
+    }
     std::vector<std::string> overrides;
     for (const std::string& arg : verb->remaining()) {
       check(arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos,

@@ -127,10 +127,16 @@ TEST_F(TrainCli, GenerateSamplesDeterministicallyFromTheCheckpoint) {
   EXPECT_EQ(greedy.status, 0);
 }
 
-TEST_F(TrainCli, UnknownKeyIsNamedWithTheValidKeys) {
-  expect_error(tiny_run("r") + " --training.stepz=3", "unknown config key training.stepz");
+TEST_F(TrainCli, UnknownKeyIsNamedWithTheClosestKeyAndHowToListThem) {
+  expect_error(tiny_run("r") + " --training.stepz=3",
+               "unknown config key training.stepz (command-line override): did you mean "
+               "training.steps? `lattice train --help-config` lists every key");
   std::ofstream(dir_ / "bad.toml") << "[trainign]\nsteps = 3\n";
-  expect_error("train bad.toml", "unknown config section [trainign] in bad.toml");
+  expect_error("train bad.toml",
+               "unknown config section [trainign] in bad.toml: did you mean [training]?");
+  std::ofstream(dir_ / "misplaced.toml") << "[training]\nlr = 0.1\n";
+  expect_error("train misplaced.toml",
+               "unknown config key training.lr in misplaced.toml: did you mean optimizer.lr?");
 }
 
 TEST_F(TrainCli, AnUnknownBf16FallbackIsNamedAndNothingIsWritten) {
