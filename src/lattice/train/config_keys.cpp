@@ -83,8 +83,8 @@ std::vector<ConfigKey> build_keys() {
   add("model", "preset", preset_codec(), preset_help());
   add("model", "family",
       enum_key(model_field(&ModelConfig::family), model::parse_family, model::family_name),
-      "gpt2 (learned positions, LayerNorm, GELU, biases) or llama (RMSNorm, RoPE, SwiGLU, GQA, "
-      "no biases); from the preset");
+      "gpt2 (learned positions, LayerNorm, GELU, biases), llama (RMSNorm, RoPE, SwiGLU, GQA, "
+      "no biases) or qwen2 (llama with q/k/v biases); from the preset");
   add("model", "vocab_size", int_key(model_field(&ModelConfig::vocab_size)),
       "vocabulary (>= 256 with the byte tokenizer); from the preset");
   add("model", "max_seq_len", int_key(model_field(&ModelConfig::max_seq_len)),
