@@ -1,7 +1,9 @@
-// TrainConfig: everything a training run is told, read from TOML in torchtitan's sections ([job]
-// [model] [training] [parallelism] [optimizer] [lr_scheduler] [activation_checkpoint] [checkpoint]
-// [metrics] [data] [validation]) with `--section.key=value` overrides. Unknown keys, wrong types
-// and inconsistent values are refused with one line that names the key and the fix.
+// TrainConfig: everything a training run is told, read from TOML in sections after torchtitan's
+// ([job] [model] [training] [optimizer] [lr_scheduler] [parallelism] [context_parallel]
+// [activation_checkpoint] [checkpoint] [metrics] [data] [validation]) with `--section.key=value`
+// overrides. The keys, their types and help are one table (config_schema.hpp, config_keys.cpp;
+// `lattice train --help-config`); the defaults are the members' initialisers below. Unknown keys,
+// wrong types and inconsistent values are refused with one line that names the key and the fix.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +49,9 @@ struct TrainConfig {
   optim::DecayKind decay = optim::DecayKind::cosine;
   float min_lr_ratio = 0.1f;
   // [parallelism] The world is dp x tp x pp x cp ranks (dp = -1: the rest of the launcher's world
-  // size), with ZeRO stage `zero` (0-3). ep is refused above 1 until its issue lands.
+  // size), with ZeRO stage `zero` (0-3); ep expert-parallel ranks are carved out of dp x cp (a
+  // MoE model's experts split over them; parallel::validate_layout checks that ep divides dp x cp
+  // and the experts).
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
   // [context_parallel] mode = ring | ulysses: how attention reaches the other cp ranks' keys.
   parallel::ContextParallelMode cp_mode = parallel::ContextParallelMode::ring;
@@ -85,7 +89,8 @@ struct TrainConfig {
   bool jsonl = true;
   bool tensorboard = true;  // TensorBoard event files in run_dir, the JSONL's numbers as scalars
   double peak_tflops = 0;   // 0 = measure with a short GEMM calibration at start
-  std::string trace;        // a Chrome trace of steps trace_first..trace_last; empty: none
+  std::string trace;        // a Chrome trace of steps trace_first..trace_last; empty: none (unless
+                            // trace_steps is set: finalize() then names <run_dir>/trace.json)
   std::string trace_steps;  // "a:b": trace steps a to b (default trace <run_dir>/trace.json)
   int64_t trace_first = 1, trace_last = 50;  // resolved by finalize()
   // [data]
