@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
@@ -90,4 +91,91 @@ TEST(Tensor, CudaIsReservedUntilItsBackendAllocates) {
   Tensor empty({0}, DType::f32, nullptr, MemoryCategory::other, Device::cuda);
   EXPECT_EQ(empty.device(), Device::cuda);
   EXPECT_THROW(empty.check_on(Device::cpu), Error);
+}
+
+TEST(Tensor, ACudaTensorWithoutABackendIsOneLineNamingTheFix) {
+  try {
+    Tensor t({2, 3}, DType::bf16, nullptr, MemoryCategory::parameters, Device::cuda);
+    FAIL() << "a cuda tensor was allocated";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("[2, 3] on cuda: no CUDA backend is built; run on the cpu"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
+namespace {
+
+// A device's memory as a backend would hand it out (here host blocks under a cuda name), counting
+// what the tensor asks of it.
+class CountingMemory final : public DeviceMemory {
+ public:
+  Device device() const override { return Device::cuda; }
+  void* allocate(size_t bytes) override {
+    ++allocations;
+    return host_memory().allocate(bytes);
+  }
+  void free(void* block) noexcept override {
+    ++frees;
+    host_memory().free(block);
+  }
+  void zero(void* data, size_t bytes) override {
+    ++zeros;
+    host_memory().zero(data, bytes);
+  }
+  void copy(void* destination, const void* source, size_t bytes, CopyKind kind) override {
+    copies.push_back(kind);
+    host_memory().copy(destination, source, bytes, kind);
+  }
+  int allocations = 0, frees = 0, zeros = 0;
+  std::vector<CopyKind> copies;
+};
+
+}  // namespace
+
+TEST(Tensor, StorageFromABackendsMemoryLivesOnItsDeviceAndGoesBackThroughIt) {
+  CountingMemory memory;
+  MemoryTracker tracker;
+  {
+    Tensor t({4, 8}, DType::f32, memory, &tracker, MemoryCategory::gradients);
+    EXPECT_EQ(t.device(), Device::cuda);
+    EXPECT_EQ(&t.memory(), &memory);
+    EXPECT_EQ(memory.allocations, 1);
+    EXPECT_EQ(tracker.current(MemoryCategory::gradients), 4 * 8 * 4);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.raw()) % 64, 0u);
+    // Its pointer is the device's: typed host access is refused with both devices named.
+    EXPECT_THROW(t.f32(), Error);
+    t.zero();
+    EXPECT_EQ(memory.zeros, 1);
+    Tensor copy = t.clone();
+    EXPECT_EQ(copy.device(), Device::cuda);
+    ASSERT_EQ(memory.copies.size(), 1u);
+    EXPECT_EQ(memory.copies[0], CopyKind::device_to_device);
+    Tensor moved = std::move(copy);
+    EXPECT_EQ(&moved.memory(), &memory);
+  }
+  EXPECT_EQ(memory.frees, 2);
+  EXPECT_EQ(tracker.current(MemoryCategory::gradients), 0);
+}
+
+TEST(HostMemory, AllocatesZeroedAlignedBlocksAndCopies) {
+  HostMemory& host = host_memory();
+  EXPECT_EQ(host.device(), Device::cpu);
+  EXPECT_EQ(host.allocate(0), nullptr);
+  auto* a = static_cast<float*>(host.allocate(100 * sizeof(float)));
+  auto* b = static_cast<float*>(host.allocate(100 * sizeof(float)));
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(a[i], 0.0f);
+  for (int i = 0; i < 100; ++i) a[i] = static_cast<float>(i);
+  host.copy(b, a, 100 * sizeof(float), CopyKind::host_to_device);
+  EXPECT_EQ(b[99], 99.0f);
+  host.zero(b, 50 * sizeof(float));
+  EXPECT_EQ(b[49], 0.0f);
+  EXPECT_EQ(b[50], 50.0f);
+  host.free(a);
+  host.free(b);
+  host.free(nullptr);
 }

@@ -26,16 +26,6 @@ std::string shape_string(const Shape& shape) {
   return s + "]";
 }
 
-std::string_view device_name(Device device) {
-  switch (device) {
-    case Device::cpu:
-      return "cpu";
-    case Device::cuda:
-      return "cuda";
-  }
-  return "?";
-}
-
 Tensor::Tensor(Shape shape, DType dtype, MemoryTracker* tracker, MemoryCategory category,
                Device device)
     : shape_(std::move(shape)),
@@ -44,16 +34,27 @@ Tensor::Tensor(Shape shape, DType dtype, MemoryTracker* tracker, MemoryCategory 
       category_(category),
       device_(device) {
   numel_ = shape_numel(shape_);
-  size_t bytes = nbytes();
-  if (bytes == 0) return;
-  check(device_ == Device::cpu, "tensor: cannot allocate " + shape_string(shape_) + " on " +
-                                    std::string(device_name(device_)) +
-                                    ": this build has no backend for that device; allocate on cpu");
-  size_t padded = (bytes + 63) / 64 * 64;
-  data_ = allocate_aligned(padded);
-  if (!data_) throw std::bad_alloc();
-  std::memset(data_, 0, padded);
-  if (tracker_) tracker_->add(category_, static_cast<int64_t>(bytes));
+  if (nbytes() == 0) return;
+  if (device_ != Device::cpu)
+    throw Error(no_backend_message(device_, "tensor: cannot allocate " + shape_string(shape_)));
+  allocate();
+}
+
+Tensor::Tensor(Shape shape, DType dtype, DeviceMemory& memory, MemoryTracker* tracker,
+               MemoryCategory category)
+    : shape_(std::move(shape)),
+      dtype_(dtype),
+      tracker_(tracker),
+      category_(category),
+      device_(memory.device()),
+      memory_(&memory) {
+  numel_ = shape_numel(shape_);
+  if (nbytes() > 0) allocate();
+}
+
+void Tensor::allocate() {
+  data_ = memory_->allocate(nbytes());
+  if (tracker_) tracker_->add(category_, static_cast<int64_t>(nbytes()));
 }
 
 Tensor::~Tensor() {
@@ -74,20 +75,21 @@ Tensor& Tensor::operator=(Tensor&& other) noexcept {
     tracker_ = std::exchange(other.tracker_, nullptr);
     category_ = other.category_;
     device_ = other.device_;
+    memory_ = other.memory_;
   }
   return *this;
 }
 
 Tensor Tensor::clone() const {
-  Tensor copy(shape_, dtype_, tracker_, category_, device_);
-  if (nbytes()) std::memcpy(copy.data_, data_, nbytes());
+  Tensor copy(shape_, dtype_, *memory_, tracker_, category_);
+  if (nbytes()) memory_->copy(copy.data_, data_, nbytes(), CopyKind::device_to_device);
   return copy;
 }
 
 void Tensor::reset() {
   if (data_) {
     if (tracker_) tracker_->remove(category_, static_cast<int64_t>(nbytes()));
-    free_aligned(data_);
+    memory_->free(data_);
   }
   data_ = nullptr;
   numel_ = 0;
@@ -95,7 +97,7 @@ void Tensor::reset() {
 }
 
 void Tensor::zero() {
-  if (data_) std::memset(data_, 0, nbytes());
+  if (data_) memory_->zero(data_, nbytes());
 }
 
 void Tensor::check_type(DType expected) const {

@@ -1,6 +1,6 @@
 // Tensor: an owned, 64-byte-aligned, contiguous n-d buffer with a dtype, a shape, the device its
-// storage lives on and an optional memory-accounting category. Kernels take raw pointers from it;
-// it does no arithmetic itself.
+// storage lives on (allocated, zeroed, copied and freed through that device's DeviceMemory) and an
+// optional memory-accounting category. Kernels take raw pointers from it; it does no arithmetic.
 #pragma once
 
 #include <cstdint>
@@ -9,17 +9,14 @@
 #include <string_view>
 #include <vector>
 
+#include "lattice/core/device.hpp"
+#include "lattice/core/device_memory.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/memory.hpp"
 
 namespace lattice {
 
 using Shape = std::vector<int64_t>;
-
-// Where a tensor's storage lives. Every tensor is on the cpu today; cuda is reserved for the CUDA
-// backend (kernels/cuda), and a tensor with storage there is refused until that backend allocates.
-enum class Device : uint8_t { cpu, cuda };
-std::string_view device_name(Device device);
 
 int64_t shape_numel(const Shape& shape);
 std::string shape_string(const Shape& shape);
@@ -28,17 +25,21 @@ class Tensor {
  public:
   Tensor() = default;
   // Allocates zero-filled storage on `device`. With a tracker, the bytes are counted under
-  // `category` until the tensor is destroyed or reset. Throws Error for storage on Device::cuda
-  // (no backend allocates there yet; an empty tensor may name it).
+  // `category` until the tensor is destroyed or reset. Device::cpu allocates host memory; any
+  // other device needs its backend's memory (the constructor below): throws Error naming the fix
+  // for storage on Device::cuda ("no CUDA backend is built"; an empty tensor may name it).
   Tensor(Shape shape, DType dtype, MemoryTracker* tracker = nullptr,
          MemoryCategory category = MemoryCategory::other, Device device = Device::cpu);
+  // Zero-filled storage from `memory` (a backend's, kernels::Ops::memory()), on its device.
+  Tensor(Shape shape, DType dtype, DeviceMemory& memory, MemoryTracker* tracker = nullptr,
+         MemoryCategory category = MemoryCategory::other);
   ~Tensor();
   Tensor(Tensor&& other) noexcept;
   Tensor& operator=(Tensor&& other) noexcept;
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
 
-  // A deep copy (same tracker and category).
+  // A deep copy (same memory, tracker and category).
   Tensor clone() const;
   // Frees the storage (and its accounting); the tensor becomes empty.
   void reset();
@@ -53,6 +54,8 @@ class Tensor {
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
   MemoryCategory category() const { return category_; }
   Device device() const { return device_; }
+  // The memory the storage came from (host_memory() for cpu tensors).
+  DeviceMemory& memory() const { return *memory_; }
   // Throws Error naming both devices unless the tensor is on `expected`: for a kernel of one
   // device that is handed a tensor.
   void check_on(Device expected) const;
@@ -70,6 +73,7 @@ class Tensor {
 
  private:
   void check_type(DType expected) const;
+  void allocate();
 
   Shape shape_;
   DType dtype_ = DType::f32;
@@ -78,6 +82,7 @@ class Tensor {
   MemoryTracker* tracker_ = nullptr;
   MemoryCategory category_ = MemoryCategory::other;
   Device device_ = Device::cpu;
+  DeviceMemory* memory_ = &host_memory();
 };
 
 template <class T>
