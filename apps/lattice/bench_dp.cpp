@@ -55,7 +55,7 @@ train::TrainConfig bench_config(const Options& o, const std::filesystem::path& d
 
 // Runs on config.dp local rank threads; returns every rank's report.
 std::vector<RankReport> run_ranks(const train::TrainConfig& config, int threads_per_rank) {
-  std::vector<RankReport> reports(static_cast<size_t>(config.dp));
+  std::vector<RankReport> reports(static_cast<size_t>(config.parallelism.dp));
   auto body = [&](comm::Communicator* group) {
     omp_set_num_threads(threads_per_rank);
     train::Trainer trainer(config, group);
@@ -67,7 +67,7 @@ std::vector<RankReport> run_ranks(const train::TrainConfig& config, int threads_
     r.optimizer = m.current(MemoryCategory::optimizer_state);
     r.peak = m.peak_total();
   };
-  comm::run_local_ranks_or_inline(static_cast<int>(config.dp), body);
+  comm::run_local_ranks_or_inline(static_cast<int>(config.parallelism.dp), body);
   return reports;
 }
 

@@ -45,18 +45,18 @@ ScheduleResult run_schedule(const Options& o, const std::string& schedule_name) 
   train::TrainConfig config;
   config.model = model::model_preset(o.model);
   config.model.n_layers = o.layers;
-  config.seq_len = o.seq_len;
-  config.micro_batch_size = o.micro_batch;
-  config.gradient_accumulation_steps = o.microbatches;
-  config.pp = o.pp;
-  config.pipeline_schedule = schedule_name;
+  config.training.seq_len = o.seq_len;
+  config.training.micro_batch_size = o.micro_batch;
+  config.training.gradient_accumulation_steps = o.microbatches;
+  config.parallelism.pp = o.pp;
+  config.parallelism.pipeline_schedule = schedule_name;
   const auto kind = pipeline::parse_schedule_kind(schedule_name);
-  config.virtual_stages =
+  config.parallelism.virtual_stages =
       kind == pipeline::ScheduleKind::kInterleaved || kind == pipeline::ScheduleKind::kZeroBubbleV
           ? 2
           : 1;
-  config.global_batch_size = o.micro_batch * o.microbatches;
-  parallel::validate_layout(config.model, config.seq_len, config.layout());
+  config.training.global_batch_size = o.micro_batch * o.microbatches;
+  parallel::validate_layout(config.model, config.training.seq_len, config.layout());
   ScheduleResult result;
   std::mutex lock;
   std::vector<double> bubbles;
@@ -70,7 +70,7 @@ ScheduleResult run_schedule(const Options& o, const std::string& schedule_name) 
     kernels::CpuOps ops;
     parallel::DataParallelSettings settings;
     train::PipelineRank pipe(config, mesh, ops, &tracker, {}, settings);
-    const model::LayerContext ctx{ops, config.precision, &tracker, nullptr};
+    const model::LayerContext ctx{ops, config.training.precision, &tracker, nullptr};
     Rng rng(7);  // the same tokens on every rank
     const auto vocab = static_cast<uint64_t>(config.model.vocab_size);
     const train::MicroBatchSource source = [&](int32_t* inputs, int32_t* targets) {

@@ -63,7 +63,7 @@ train::TrainConfig resolve_from_train_config(const CLI::App& verb, const Estimat
     overrides.push_back(arg);
   }
   const train::TrainConfig config = train::load_train_config(o.train_config, overrides);
-  model = plan::planning_model(config.model, config.seq_len);
+  model = plan::planning_model(config.model, config.training.seq_len);
   layout = config.layout();
   return config;
 }
@@ -89,8 +89,8 @@ std::vector<pipeline::PipelineActivationMemory> pipeline_activations(
   omp_set_num_threads(train::threads_per_rank(config, static_cast<int>(config.world_size())));
   const pipeline::Schedule schedule = train::pipeline_schedule_of(config);
   const pipeline::StagePartition partition = train::pipeline_partition_of(config);
-  model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.tp)};
-  tp.sequence_parallel = config.sequence_parallel;
+  model::TensorParallelGroup tp{nullptr, 0, static_cast<int>(config.parallelism.tp)};
+  tp.sequence_parallel = config.parallelism.sequence_parallel;
   const kernels::CpuOps ops(kernels::MatmulOptions::from_environment());
   std::vector<pipeline::PipelineActivationMemory> ranks;
   for (int rank = 0; rank < schedule.num_ranks; ++rank) {
@@ -107,15 +107,17 @@ std::vector<pipeline::PipelineActivationMemory> pipeline_activations(
     }
     // Under context parallelism each rank holds seq_len / cp tokens of every sequence, and one
     // context-parallel attention's workspace (kept from call to call) serves all its stages.
-    const int64_t local_len = config.seq_len / config.cp;
-    ranks.push_back(pipeline::estimate_pipeline_activations(
-        schedule, rank, stages, config.precision, config.micro_batch_size, local_len, ops));
-    if (config.cp > 1)
+    const int64_t local_len = config.training.seq_len / config.parallelism.cp;
+    ranks.push_back(
+        pipeline::estimate_pipeline_activations(schedule, rank, stages, config.training.precision,
+                                                config.training.micro_batch_size, local_len, ops));
+    if (config.parallelism.cp > 1)
       ranks.back().running += parallel::context_attention_transient_bytes(
-          config.cp_mode, config.micro_batch_size, local_len, config.model.n_heads / config.tp,
-          config.model.n_kv_heads / config.tp, config.model.head_dim(),
+          config.context_parallel.mode, config.training.micro_batch_size, local_len,
+          config.model.n_heads / config.parallelism.tp,
+          config.model.n_kv_heads / config.parallelism.tp, config.model.head_dim(),
           config.model.family == model::Family::gpt2 &&
-              config.precision == kernels::Precision::bf16);
+              config.training.precision == kernels::Precision::bf16);
   }
   return ranks;
 }
@@ -153,18 +155,18 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
     nlohmann::json out = plan::memory_json(model, layout, memory, hw);
     if (trainer)
       out["trainer_activations"] = {
-          {"precision", config->precision == kernels::Precision::bf16 ? "bf16" : "fp32"},
-          {"tp", config->tp},
-          {"sequence_parallel", config->sequence_parallel},
-          {"cp", config->cp},
-          {"seq_len_per_rank", config->seq_len / config->cp},
+          {"precision", config->training.precision == kernels::Precision::bf16 ? "bf16" : "fp32"},
+          {"tp", config->parallelism.tp},
+          {"sequence_parallel", config->parallelism.sequence_parallel},
+          {"cp", config->parallelism.cp},
+          {"seq_len_per_rank", config->training.seq_len / config->parallelism.cp},
           {"residual_bytes", trainer->residuals},
           {"block_bytes", trainer->blocks},
           {"recomputed_bytes", trainer->transient},
           {"head_bytes", trainer->head},
           {"backward_bytes", trainer->backward},
           {"total_bytes", trainer->total()}};
-    if (config && config->pp > 1) {
+    if (config && config->parallelism.pp > 1) {
       nlohmann::json ranks = nlohmann::json::array();
       for (const auto& r : pipeline_activations(*config))
         ranks.push_back({{"in_flight", r.in_flight},
@@ -180,28 +182,32 @@ void run_memory(const CLI::App& verb, const EstimateOptions& o) {
     return;
   }
   std::printf("%s", plan::memory_text(model, layout, memory, hw).c_str());
-  if (trainer && config->pp == 1)  // a pipeline's ranks are below, one line each
+  if (trainer && config->parallelism.pp == 1)  // a pipeline's ranks are below, one line each
     std::printf(
         "this trainer on the CPU (%s, micro-batch %lld x %lld, recompute %s, tp %lld%s%s): "
         "activations peak %s per rank = residuals %s + blocks %s + recomputed block %s + head %s "
         "+ backward %s\n",
-        config->precision == kernels::Precision::bf16 ? "bf16" : "fp32",
-        static_cast<long long>(config->micro_batch_size), static_cast<long long>(config->seq_len),
-        config->activation_checkpoint.describe().c_str(), static_cast<long long>(config->tp),
-        config->sequence_parallel ? " sp" : "",
-        config->cp > 1 ? (", cp " + std::to_string(config->cp) + " " +
-                          parallel::context_parallel_mode_name(config->cp_mode) + ": " +
-                          std::to_string(config->seq_len / config->cp) + " tokens per rank")
-                             .c_str()
-                       : "",
+        config->training.precision == kernels::Precision::bf16 ? "bf16" : "fp32",
+        static_cast<long long>(config->training.micro_batch_size),
+        static_cast<long long>(config->training.seq_len),
+        config->activation_checkpoint.describe().c_str(),
+        static_cast<long long>(config->parallelism.tp),
+        config->parallelism.sequence_parallel ? " sp" : "",
+        config->parallelism.cp > 1
+            ? (", cp " + std::to_string(config->parallelism.cp) + " " +
+               parallel::context_parallel_mode_name(config->context_parallel.mode) + ": " +
+               std::to_string(config->training.seq_len / config->parallelism.cp) +
+               " tokens per rank")
+                  .c_str()
+            : "",
         mib(trainer->total()).c_str(), mib(trainer->residuals).c_str(),
         mib(trainer->blocks).c_str(), mib(trainer->transient).c_str(), mib(trainer->head).c_str(),
         mib(trainer->backward).c_str());
-  if (config && config->pp > 1) {
+  if (config && config->parallelism.pp > 1) {
     const auto ranks = pipeline_activations(*config);
     std::printf("this trainer's pipeline (%s, %lld microbatches): activations per pipeline rank\n",
-                config->pipeline_schedule.c_str(),
-                static_cast<long long>(config->gradient_accumulation_steps));
+                config->parallelism.pipeline_schedule.c_str(),
+                static_cast<long long>(config->training.gradient_accumulation_steps));
     for (size_t r = 0; r < ranks.size(); ++r)
       std::printf(
           "  pp rank %zu: %s = %d sets in flight (%d awaiting W; a set %s, its W's operands %s) "

@@ -102,31 +102,32 @@ struct Outcome {
 
 train::TrainConfig layout_config(const train::TrainConfig& base, const Layout& layout) {
   train::TrainConfig c = base;
-  const int64_t per_step = c.global_batch_size / c.gradient_accumulation_steps;
+  const int64_t per_step = c.training.global_batch_size / c.training.gradient_accumulation_steps;
   check(per_step % layout.dp == 0,
         "layout " + layout.name + ": global_batch_size / gradient_accumulation_steps = " +
             std::to_string(per_step) + " is not divisible by " + std::to_string(layout.dp) +
             " ranks: choose a global batch every layout divides");
-  c.dp = layout.dp;
-  c.tp = layout.tp;
-  c.sequence_parallel = layout.sp;
-  c.zero = layout.zero;
-  c.hsdp_shard_size = layout.hsdp;
-  c.pp = layout.pp;
-  c.cp = layout.cp;
-  c.ep = layout.ep;
-  c.cp_mode =
+  c.parallelism.dp = layout.dp;
+  c.parallelism.tp = layout.tp;
+  c.parallelism.sequence_parallel = layout.sp;
+  c.parallelism.zero = layout.zero;
+  c.parallelism.hsdp_shard_size = layout.hsdp;
+  c.parallelism.pp = layout.pp;
+  c.parallelism.cp = layout.cp;
+  c.parallelism.ep = layout.ep;
+  c.context_parallel.mode =
       layout.ulysses ? parallel::ContextParallelMode::ulysses : parallel::ContextParallelMode::ring;
-  c.pipeline_schedule = layout.schedule;
+  c.parallelism.pipeline_schedule = layout.schedule;
   // The schedule's own virtual stages: 2 for interleaved and zb-v.
-  c.virtual_stages = layout.schedule == "interleaved" || layout.schedule == "zb-v" ? 2 : 1;
-  c.micro_batch_size = per_step / layout.dp;
-  c.checkpoint_enable = false;
-  c.resume = false;
-  c.jsonl = false;
-  c.val_freq = 0;
-  c.log_freq = c.steps;
-  c.run_dir = (std::filesystem::path(base.run_dir) / ("parity-" + layout.name)).string();
+  c.parallelism.virtual_stages =
+      layout.schedule == "interleaved" || layout.schedule == "zb-v" ? 2 : 1;
+  c.training.micro_batch_size = per_step / layout.dp;
+  c.checkpoint.enable = false;
+  c.checkpoint.resume = false;
+  c.metrics.jsonl = false;
+  c.validation.freq = 0;
+  c.metrics.log_freq = c.training.steps;
+  c.job.run_dir = (std::filesystem::path(base.job.run_dir) / ("parity-" + layout.name)).string();
   return c;
 }
 
@@ -163,18 +164,20 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
                 const std::string& layout_text, double tolerance) {
   const std::vector<Layout> layouts = parse_layouts(layout_text);
   train::TrainConfig base = train::load_train_config(config_path, overrides);
-  check(base.dp == 1, "lattice parity sets the ranks per layout: leave parallelism.dp at 1");
+  check(base.parallelism.dp == 1,
+        "lattice parity sets the ranks per layout: leave parallelism.dp at 1");
   // Between rank counts (the gradient sum order differs): relative 1e-4 in fp32. In bf16 every
   // GEMM reads the weights rounded to bf16, and a last-bit difference in an fp32 weight moves its
   // rounding by one bf16 step (2^-8 relative) where it sits on a boundary, so the runs drift
   // apart faster: 1e-3 (configs/demo.toml, 5 steps, dp2 against dp1: 5.6e-4).
-  if (tolerance <= 0) tolerance = base.precision == kernels::Precision::bf16 ? 1e-3 : 1e-4;
+  if (tolerance <= 0) tolerance = base.training.precision == kernels::Precision::bf16 ? 1e-3 : 1e-4;
   int largest = 1;
   for (const Layout& l : layouts) largest = std::max(largest, l.ranks());
 
   const comm::LaunchInfo launch = comm::detect_launch();
-  const bool mpi = base.backend == "mpi" ||
-                   (base.backend == "auto" && launch.launched() && launch.world_size > 1);
+  const bool mpi =
+      base.parallelism.backend == "mpi" ||
+      (base.parallelism.backend == "auto" && launch.launched() && launch.world_size > 1);
   std::unique_ptr<comm::MpiSession> session;
   std::unique_ptr<comm::Communicator> world;
   if (mpi) {
@@ -185,7 +188,8 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
                                         std::to_string(world->size()) + ": raise -np");
   }
   const bool printing = !world || world->rank() == 0;
-  const int total_threads = base.threads > 0 ? static_cast<int>(base.threads) : omp_get_num_procs();
+  const int total_threads =
+      base.training.threads > 0 ? static_cast<int>(base.training.threads) : omp_get_num_procs();
 
   std::vector<Outcome> outcomes(layouts.size());
   for (size_t i = 0; i < layouts.size(); ++i) {
@@ -209,8 +213,8 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   if (!printing) return;
 
   std::printf("parity of %zu layouts, %lld steps, global batch %lld (%s backend)\n", layouts.size(),
-              static_cast<long long>(base.steps), static_cast<long long>(base.global_batch_size),
-              mpi ? "mpi" : "local");
+              static_cast<long long>(base.training.steps),
+              static_cast<long long>(base.training.global_batch_size), mpi ? "mpi" : "local");
   int width = 10;  // the layout column: as wide as the longest name
   for (const Layout& l : layouts) width = std::max(width, static_cast<int>(l.name.size()));
   std::printf("%-*s %-10s %14s %14s %14s  %s\n", width, "layout", "reference", "loss rel",

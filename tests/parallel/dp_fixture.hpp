@@ -123,7 +123,7 @@ inline DpOutcome run_dp(const train::TrainConfig& config) {
     out.final_val_loss = result.final_val_loss;
     out.parameters.assign(params.values(), params.values() + params.size());
   };
-  comm::run_local_ranks_or_inline(static_cast<int>(config.dp), body);
+  comm::run_local_ranks_or_inline(static_cast<int>(config.parallelism.dp), body);
   return out;
 }
 

@@ -33,26 +33,27 @@ struct RankMemory {
 
 // Trains `config` on its pp local ranks; each rank's measured peak and estimate.
 std::vector<RankMemory> train_and_measure(const train::TrainConfig& config) {
-  std::vector<RankMemory> out(static_cast<size_t>(config.pp));
+  std::vector<RankMemory> out(static_cast<size_t>(config.parallelism.pp));
   std::mutex lock;
-  comm::run_local_ranks_or_inline(static_cast<int>(config.pp), [&](comm::Communicator* group) {
-    omp_set_num_threads(1);
-    train::Trainer trainer(config, group);
-    trainer.run();
-    train::PipelineRank& pipe = *trainer.pipeline();
-    std::vector<const model::Transformer*> stages;
-    for (int i = 0; i < pipe.stage_count(); ++i) stages.push_back(&pipe.model(i));
-    const kernels::CpuOps ops;
-    const int rank =
-        pipe.executor().schedule().stage_owner[static_cast<size_t>(pipe.virtual_stage(0))];
-    RankMemory m;
-    m.measured = trainer.memory().peak(MemoryCategory::activations);
-    m.estimate =
-        pipeline::estimate_pipeline_activations(pipe.schedule(), rank, stages, config.precision,
-                                                config.micro_batch_size, config.seq_len, ops);
-    std::lock_guard<std::mutex> guard(lock);
-    out[static_cast<size_t>(rank)] = m;
-  });
+  comm::run_local_ranks_or_inline(
+      static_cast<int>(config.parallelism.pp), [&](comm::Communicator* group) {
+        omp_set_num_threads(1);
+        train::Trainer trainer(config, group);
+        trainer.run();
+        train::PipelineRank& pipe = *trainer.pipeline();
+        std::vector<const model::Transformer*> stages;
+        for (int i = 0; i < pipe.stage_count(); ++i) stages.push_back(&pipe.model(i));
+        const kernels::CpuOps ops;
+        const int rank =
+            pipe.executor().schedule().stage_owner[static_cast<size_t>(pipe.virtual_stage(0))];
+        RankMemory m;
+        m.measured = trainer.memory().peak(MemoryCategory::activations);
+        m.estimate = pipeline::estimate_pipeline_activations(
+            pipe.schedule(), rank, stages, config.training.precision,
+            config.training.micro_batch_size, config.training.seq_len, ops);
+        std::lock_guard<std::mutex> guard(lock);
+        out[static_cast<size_t>(rank)] = m;
+      });
   return out;
 }
 

@@ -36,16 +36,17 @@ train::TrainConfig moe_config(const fs::path& dir, int dp, int ep, int zero,
 // model's layout.
 DpOutcome run_whole(const train::TrainConfig& config) {
   DpOutcome out;
-  comm::run_local_ranks_or_inline(static_cast<int>(config.dp), [&](comm::Communicator* group) {
-    omp_set_num_threads(1);
-    train::Trainer trainer(config, group);
-    train::TrainResult result = trainer.run();
-    std::vector<float> whole = trainer.logical_parameters();  // collective
-    if (group && group->rank() != 0) return;
-    out.losses = result.losses;
-    out.grad_norms = result.grad_norms;
-    out.parameters = std::move(whole);
-  });
+  comm::run_local_ranks_or_inline(
+      static_cast<int>(config.parallelism.dp), [&](comm::Communicator* group) {
+        omp_set_num_threads(1);
+        train::Trainer trainer(config, group);
+        train::TrainResult result = trainer.run();
+        std::vector<float> whole = trainer.logical_parameters();  // collective
+        if (group && group->rank() != 0) return;
+        out.losses = result.losses;
+        out.grad_norms = result.grad_norms;
+        out.parameters = std::move(whole);
+      });
   return out;
 }
 
@@ -120,7 +121,7 @@ TEST_F(ZeroExpertParallel, CheckpointsResumeBitIdentically) {
     extra.push_back("checkpoint.enable=true");
     extra.push_back("checkpoint.interval=2");
     train::TrainConfig config = moe_config(dir_, 4, 2, zero, extra);
-    config.run_dir = (dir_ / "ckpt").string();
+    config.job.run_dir = (dir_ / "ckpt").string();
     return config;
   };
   const DpOutcome full = run_whole(with_checkpoints(3, {"checkpoint.resume=false"}));

@@ -113,8 +113,9 @@ TEST_F(BatchSourceTokens, ValidationReadsTheValidationShardInOrder) {
 
 TEST_F(BatchSourceTokens, DataKeysResolveTheTokenizer) {
   // The dataset's tokenizer is adopted (absolute, as written in its manifest).
-  EXPECT_EQ(config().tokenizer, "/test/tokenizer.json");
-  EXPECT_EQ(config({"--data.tokenizer=/test/tokenizer.json"}).tokenizer, "/test/tokenizer.json");
+  EXPECT_EQ(config().data.tokenizer, "/test/tokenizer.json");
+  EXPECT_EQ(config({"--data.tokenizer=/test/tokenizer.json"}).data.tokenizer,
+            "/test/tokenizer.json");
   expect_error([&] { config({"--data.tokenizer=/other/tokenizer.json"}); },
                {"/other/tokenizer.json", "/test/tokenizer.json", "data.tokenizer"});
   expect_error([&] { config({"--data.format=csv"}); }, {"data.format 'csv'"});
@@ -123,7 +124,7 @@ TEST_F(BatchSourceTokens, DataKeysResolveTheTokenizer) {
   // A relative tokenizer path becomes absolute (so `lattice generate` finds it from anywhere).
   const auto text = load_train_config(
       "", {"--data.tokenizer=tok/tokenizer.json", "--data.dataset=" + (dir_ / "x*.bin").string()});
-  EXPECT_EQ(text.tokenizer, (fs::current_path() / "tok/tokenizer.json").string());
+  EXPECT_EQ(text.data.tokenizer, (fs::current_path() / "tok/tokenizer.json").string());
   expect_error([] { load_train_config("", {"--data.tokenizer=tok.json"}); },
                {"data.tokenizer", "lattice data prepare", "data.dataset"});
 }

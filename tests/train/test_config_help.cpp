@@ -12,7 +12,9 @@ namespace lattice::train {
 namespace {
 
 // `s` between spaces, as a column of the help text.
-std::string word(const std::string& s) { return std::string(" ").append(s).append(" "); }
+std::string word(const std::string& s) {
+  return std::string(" ").append(s).append(" ");
+}
 
 TEST(ConfigHelp, TextListsEveryKeyUnderItsSectionWithTypeAndDefault) {
   const std::string text = config_help_text();

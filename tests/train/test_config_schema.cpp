@@ -82,7 +82,7 @@ TEST(ConfigSchema, EveryDefaultParsesBackToItself) {
 // Defaults come from TrainConfig itself, floats shown as the float they are.
 TEST(ConfigSchema, DefaultsAreRenderedFromTrainConfig) {
   const TrainConfig defaults;
-  EXPECT_EQ(config_default_text(key("training", "steps")), std::to_string(defaults.steps));
+  EXPECT_EQ(config_default_text(key("training", "steps")), std::to_string(defaults.training.steps));
   EXPECT_EQ(config_default_text(key("optimizer", "lr")), "0.0003");
   EXPECT_EQ(config_default_text(key("optimizer", "eps")), "1e-08");
   EXPECT_EQ(config_default_text(key("parallelism", "bucket_mb")), "25.0");

@@ -124,21 +124,21 @@ TEST(ActivationCheckpointConfig, BadValuesNameTheKey) {
 // check), and the trainer's mesh resolves them against the communicator's size.
 TEST(LayoutConfig, WorldOfDpTpPpCpIsAcceptedByTheValidatorAndResolved) {
   TrainConfig config = load_train_config("", {"training.global_batch_size=16"});
-  config.tp = 2;
-  config.pp = 2;
-  config.cp = 2;
-  config.dp = 2;
-  config.micro_batch_size = 4;  // 16 sequences = 4 x 2 accumulation steps x dp 2
+  config.parallelism.tp = 2;
+  config.parallelism.pp = 2;
+  config.parallelism.cp = 2;
+  config.parallelism.dp = 2;
+  config.training.micro_batch_size = 4;  // 16 sequences = 4 x 2 accumulation steps x dp 2
   parallel::ParallelLayout layout = config.layout();
   EXPECT_EQ(layout.world_size(), 16);
   EXPECT_EQ(config.world_size(), 16);
   // gpt2-demo: 6 heads, 4 layers, sequence 128.
-  EXPECT_NO_THROW(parallel::validate_layout(config.model, config.seq_len, layout));
+  EXPECT_NO_THROW(parallel::validate_layout(config.model, config.training.seq_len, layout));
   EXPECT_EQ(resolve_layout(config, 16), (mesh::MeshShape{2, 2, 2, 2, 1}));
-  config.dp = -1;  // the rest of the world
+  config.parallelism.dp = -1;  // the rest of the world
   EXPECT_EQ(resolve_layout(config, 32), (mesh::MeshShape{2, 4, 2, 2, 1}));
   // A world the product does not make.
-  config.dp = 2;
+  config.parallelism.dp = 2;
   try {
     resolve_layout(config, 12);
     ADD_FAILURE() << "a 16-rank layout on 12 ranks was accepted";
@@ -148,7 +148,7 @@ TEST(LayoutConfig, WorldOfDpTpPpCpIsAcceptedByTheValidatorAndResolved) {
   }
   // The validator still refuses what does not divide the model.
   layout.tp = 4;  // 6 heads
-  EXPECT_THROW(parallel::validate_layout(config.model, config.seq_len, layout), Error);
+  EXPECT_THROW(parallel::validate_layout(config.model, config.training.seq_len, layout), Error);
 }
 
 TEST(LayoutConfig, AxesThatCannotRunAreRefusedWithOneLineEach) {
@@ -215,14 +215,14 @@ TEST(LayoutConfig, DpMinusOneTakesTheRestOfTheLaunchersWorld) {
   ScopedEnv size("OMPI_COMM_WORLD_SIZE", "6");
   ScopedEnv rank("OMPI_COMM_WORLD_RANK", "0");
   const TrainConfig config = load_train_config("", {"parallelism.dp=-1"});
-  EXPECT_EQ(config.dp, 6);
+  EXPECT_EQ(config.parallelism.dp, 6);
   const std::string message = refusal({"parallelism.dp=-1", "parallelism.tp=4"});
   EXPECT_NE(message.find("world size 6 is not divisible by pp x cp x tp = 4"), std::string::npos)
       << message;
   // With cp 2 the rest is dp 3.
   EXPECT_EQ(load_train_config(
                 "", {"parallelism.dp=-1", "parallelism.cp=2", "training.global_batch_size=24"})
-                .dp,
+                .parallelism.dp,
             3);
 }
 

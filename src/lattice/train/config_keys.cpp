@@ -64,7 +64,7 @@ auto model_field(Members... members) {
 }
 template <class... Members>
 auto adamw_field(Members... members) {
-  return field(&TrainConfig::adamw, members...);
+  return field(&TrainConfig::optimizer, &OptimizerConfig::adamw, members...);
 }
 
 std::vector<ConfigKey> build_keys() {
@@ -76,9 +76,10 @@ std::vector<ConfigKey> build_keys() {
   auto precision = [](const std::string& s) { return kernels::parse_precision(s); };
   auto precision_name = [](kernels::Precision p) { return kernels::precision_name(p); };
 
-  add("job", "run_dir", string_key(field(&TrainConfig::run_dir)),
+  add("job", "run_dir", string_key(field(&TrainConfig::job, &JobConfig::run_dir)),
       "where config.toml, metrics.jsonl, TensorBoard events and checkpoints/ go");
-  add("job", "description", string_key(field(&TrainConfig::description)), "free text");
+  add("job", "description", string_key(field(&TrainConfig::job, &JobConfig::description)),
+      "free text");
 
   add("model", "preset", preset_codec(), preset_help());
   add("model", "family",
@@ -147,90 +148,111 @@ std::vector<ConfigKey> build_keys() {
   add("model", "dropout", number_key(model_field(&ModelConfig::dropout)),
       "refused above 0: the trainer has no dropout yet (the planner counts its masks)");
 
-  add("training", "seed", int_key(field(&TrainConfig::seed)), "initial weights and data order");
-  add("training", "steps", int_key(field(&TrainConfig::steps)), "optimizer steps (> 0)");
-  add("training", "seq_len", int_key(field(&TrainConfig::seq_len)),
+  add("training", "seed", int_key(field(&TrainConfig::training, &TrainingConfig::seed)),
+      "initial weights and data order");
+  add("training", "steps", int_key(field(&TrainConfig::training, &TrainingConfig::steps)),
+      "optimizer steps (> 0)");
+  add("training", "seq_len", int_key(field(&TrainConfig::training, &TrainingConfig::seq_len)),
       "tokens per sequence (<= model.max_seq_len)");
-  add("training", "micro_batch_size", int_key(field(&TrainConfig::micro_batch_size)),
+  add("training", "micro_batch_size",
+      int_key(field(&TrainConfig::training, &TrainingConfig::micro_batch_size)),
       "sequences per rank per micro-batch; give two of the three batch keys (0: derived; 8 when "
       "none is given)");
-  add("training", "global_batch_size", int_key(field(&TrainConfig::global_batch_size)),
+  add("training", "global_batch_size",
+      int_key(field(&TrainConfig::training, &TrainingConfig::global_batch_size)),
       "sequences per step = micro_batch_size x gradient_accumulation_steps x dp (0: derived)");
   add("training", "gradient_accumulation_steps",
-      int_key(field(&TrainConfig::gradient_accumulation_steps)),
+      int_key(field(&TrainConfig::training, &TrainingConfig::gradient_accumulation_steps)),
       "micro-batches per step, also the pipeline's microbatches (0: derived; 1 when at most one "
       "batch key is given)");
-  add("training", "precision", enum_key(field(&TrainConfig::precision), precision, precision_name),
+  add("training", "precision",
+      enum_key(field(&TrainConfig::training, &TrainingConfig::precision), precision,
+               precision_name),
       "fp32, or bf16: GEMM and attention inputs in bf16 with fp32 accumulation, fp32 master "
       "weights and optimizer state (autocast's recipe)");
   add("training", "max_norm", number_key(adamw_field(&AdamWSettings::max_grad_norm)),
       "global gradient-norm clipping (<= 0 disables)");
-  add("training", "threads", int_key(field(&TrainConfig::threads)),
+  add("training", "threads", int_key(field(&TrainConfig::training, &TrainingConfig::threads)),
       "kernel threads (0: every core)");
   add("training", "activation_memory_limit_mb",
-      number_key(field(&TrainConfig::activation_memory_limit_mb)),
+      number_key(field(&TrainConfig::training, &TrainingConfig::activation_memory_limit_mb)),
       "refuse the run before it allocates when its estimated activation memory per rank exceeds "
       "this many MiB (0: no limit)");
 
   add("optimizer", "name", optimizer_name_codec(), "AdamW (the one optimizer)");
-  add("optimizer", "lr", number_key(field(&TrainConfig::lr)), "peak learning rate (> 0)");
+  add("optimizer", "lr", number_key(field(&TrainConfig::optimizer, &OptimizerConfig::lr)),
+      "peak learning rate (> 0)");
   add("optimizer", "beta1", number_key(adamw_field(&AdamWSettings::beta1)), "AdamW beta1");
   add("optimizer", "beta2", number_key(adamw_field(&AdamWSettings::beta2)), "AdamW beta2");
   add("optimizer", "eps", number_key(adamw_field(&AdamWSettings::eps)), "AdamW epsilon");
   add("optimizer", "weight_decay", number_key(adamw_field(&AdamWSettings::weight_decay)),
       "decoupled weight decay, on matrices and embeddings only");
 
-  add("lr_scheduler", "warmup_steps", int_key(field(&TrainConfig::warmup_steps)),
+  add("lr_scheduler", "warmup_steps",
+      int_key(field(&TrainConfig::lr_scheduler, &LrSchedulerConfig::warmup_steps)),
       "steps of linear warmup to optimizer.lr");
   add("lr_scheduler", "decay",
-      enum_key(field(&TrainConfig::decay), optim::parse_decay, optim::decay_name),
+      enum_key(field(&TrainConfig::lr_scheduler, &LrSchedulerConfig::decay), optim::parse_decay,
+               optim::decay_name),
       "after warmup: cosine or linear down to lr x min_lr_ratio at the last step, or constant");
-  add("lr_scheduler", "min_lr_ratio", number_key(field(&TrainConfig::min_lr_ratio)),
+  add("lr_scheduler", "min_lr_ratio",
+      number_key(field(&TrainConfig::lr_scheduler, &LrSchedulerConfig::min_lr_ratio)),
       "the final learning rate as a fraction of optimizer.lr");
 
-  add("parallelism", "dp", int_key(field(&TrainConfig::dp)),
+  add("parallelism", "dp", int_key(field(&TrainConfig::parallelism, &ParallelismConfig::dp)),
       "data-parallel ranks (-1: the rest of the launcher's world); the world is dp x tp x pp x cp");
-  add("parallelism", "tp", int_key(field(&TrainConfig::tp)),
+  add("parallelism", "tp", int_key(field(&TrainConfig::parallelism, &ParallelismConfig::tp)),
       "tensor-parallel ranks (dividing the heads, key/value heads and MLP width)");
-  add("parallelism", "sequence_parallel", bool_key(field(&TrainConfig::sequence_parallel)),
+  add("parallelism", "sequence_parallel",
+      bool_key(field(&TrainConfig::parallelism, &ParallelismConfig::sequence_parallel)),
       "with tp > 1: norms and residuals on each rank's share of the sequence rows");
-  add("parallelism", "pp", int_key(field(&TrainConfig::pp)), "pipeline stages' ranks");
-  add("parallelism", "pipeline_schedule", string_key(field(&TrainConfig::pipeline_schedule)),
+  add("parallelism", "pp", int_key(field(&TrainConfig::parallelism, &ParallelismConfig::pp)),
+      "pipeline stages' ranks");
+  add("parallelism", "pipeline_schedule",
+      string_key(field(&TrainConfig::parallelism, &ParallelismConfig::pipeline_schedule)),
       "with pp > 1: gpipe, 1f1b, interleaved, zb-h1 or zb-v");
-  add("parallelism", "virtual_stages", int_key(field(&TrainConfig::virtual_stages)),
+  add("parallelism", "virtual_stages",
+      int_key(field(&TrainConfig::parallelism, &ParallelismConfig::virtual_stages)),
       "virtual stages per pipeline rank (0: the schedule's own, 2 for interleaved and zb-v, else "
       "1)");
-  add("parallelism", "pipeline_layers", int_list_key(field(&TrainConfig::pipeline_layers)),
+  add("parallelism", "pipeline_layers",
+      int_list_key(field(&TrainConfig::parallelism, &ParallelismConfig::pipeline_layers)),
       "blocks of each virtual stage, pp x virtual_stages counts (empty: by pipeline_partition)");
-  add("parallelism", "pipeline_partition", string_key(field(&TrainConfig::pipeline_partition)),
+  add("parallelism", "pipeline_partition",
+      string_key(field(&TrainConfig::parallelism, &ParallelismConfig::pipeline_partition)),
       "even (equal block counts) or balanced (by cost), when pipeline_layers is empty");
   add("parallelism", "pipeline_schedule_file",
-      string_key(field(&TrainConfig::pipeline_schedule_file)),
+      string_key(field(&TrainConfig::parallelism, &ParallelismConfig::pipeline_schedule_file)),
       "a schedule (JSON or CSV action lists) that replaces the generated one");
-  add("parallelism", "cp", int_key(field(&TrainConfig::cp)),
+  add("parallelism", "cp", int_key(field(&TrainConfig::parallelism, &ParallelismConfig::cp)),
       "context-parallel ranks: each holds 2 of 2 x cp sequence chunks (see [context_parallel])");
-  add("parallelism", "ep", int_key(field(&TrainConfig::ep)),
+  add("parallelism", "ep", int_key(field(&TrainConfig::parallelism, &ParallelismConfig::ep)),
       "expert-parallel ranks, carved out of dp x cp (adding none): a MoE model's experts split "
       "over them");
-  add("parallelism", "zero", int_key(field(&TrainConfig::zero)),
+  add("parallelism", "zero", int_key(field(&TrainConfig::parallelism, &ParallelismConfig::zero)),
       "ZeRO stage 0-3: shard optimizer state (1), gradients (2) and weights (3) over dp");
-  add("parallelism", "bucket_mb", number_key(field(&TrainConfig::bucket_mb)),
+  add("parallelism", "bucket_mb",
+      number_key(field(&TrainConfig::parallelism, &ParallelismConfig::bucket_mb)),
       "gradient bucket size in MiB of fp32 gradients, in (0, 4096]");
-  add("parallelism", "check_replicas", bool_key(field(&TrainConfig::check_replicas)),
+  add("parallelism", "check_replicas",
+      bool_key(field(&TrainConfig::parallelism, &ParallelismConfig::check_replicas)),
       "verify after each step that replicated parameters agree");
-  add("parallelism", "backend", string_key(field(&TrainConfig::backend)),
+  add("parallelism", "backend",
+      string_key(field(&TrainConfig::parallelism, &ParallelismConfig::backend)),
       "auto (mpi under a launcher, else local threads), local or mpi");
   add("parallelism", "baseline_tokens_per_second",
-      number_key(field(&TrainConfig::baseline_tokens_per_second)),
+      number_key(field(&TrainConfig::parallelism, &ParallelismConfig::baseline_tokens_per_second)),
       "single-rank tokens/s for the data-parallel scaling efficiency (0: none)");
-  add("parallelism", "hsdp_shard_size", int_key(field(&TrainConfig::hsdp_shard_size)),
+  add("parallelism", "hsdp_shard_size",
+      int_key(field(&TrainConfig::parallelism, &ParallelismConfig::hsdp_shard_size)),
       "HSDP: shard the ZeRO state within groups of this many dp ranks (0: all of dp)");
-  add("parallelism", "offload_dir", string_key(field(&TrainConfig::offload_dir)),
+  add("parallelism", "offload_dir",
+      string_key(field(&TrainConfig::parallelism, &ParallelismConfig::offload_dir)),
       "keep the AdamW moments in files under <dir>/rank<r> (empty: in memory)");
 
   add("context_parallel", "mode",
-      enum_key(field(&TrainConfig::cp_mode), parallel::parse_context_parallel_mode,
-               parallel::context_parallel_mode_name),
+      enum_key(field(&TrainConfig::context_parallel, &ContextParallelConfig::mode),
+               parallel::parse_context_parallel_mode, parallel::context_parallel_mode_name),
       "with cp > 1: ring (ring attention) or ulysses (all-to-all to head shards)");
 
   add("activation_checkpoint", "mode",
@@ -242,53 +264,58 @@ std::vector<ConfigKey> build_keys() {
       int_key(field(&TrainConfig::activation_checkpoint, &model::ActivationCheckpoint::interval)),
       "with mode = full: every interval-th block is recomputed");
 
-  add("checkpoint", "enable", bool_key(field(&TrainConfig::checkpoint_enable)),
+  add("checkpoint", "enable", bool_key(field(&TrainConfig::checkpoint, &CheckpointConfig::enable)),
       "write checkpoints under <run_dir>/checkpoints");
-  add("checkpoint", "interval", int_key(field(&TrainConfig::checkpoint_interval)),
+  add("checkpoint", "interval",
+      int_key(field(&TrainConfig::checkpoint, &CheckpointConfig::interval)),
       "steps between checkpoints (0: only at the end)");
-  add("checkpoint", "keep_latest", int_key(field(&TrainConfig::keep_latest)),
+  add("checkpoint", "keep_latest",
+      int_key(field(&TrainConfig::checkpoint, &CheckpointConfig::keep_latest)),
       "checkpoints kept (>= 1); older ones are removed");
-  add("checkpoint", "async", bool_key(field(&TrainConfig::checkpoint_async)),
+  add("checkpoint", "async", bool_key(field(&TrainConfig::checkpoint, &CheckpointConfig::async)),
       "write interval checkpoints from a snapshot in the background while training goes on (the "
       "final one is waited for)");
-  add("checkpoint", "resume", bool_key(field(&TrainConfig::resume)),
+  add("checkpoint", "resume", bool_key(field(&TrainConfig::checkpoint, &CheckpointConfig::resume)),
       "resume from run_dir's latest checkpoint when there is one");
-  add("checkpoint", "resume_from", string_key(field(&TrainConfig::resume_from)),
+  add("checkpoint", "resume_from",
+      string_key(field(&TrainConfig::checkpoint, &CheckpointConfig::resume_from)),
       "resume from this checkpoint or run directory instead");
 
-  add("metrics", "log_freq", int_key(field(&TrainConfig::log_freq)),
+  add("metrics", "log_freq", int_key(field(&TrainConfig::metrics, &MetricsConfig::log_freq)),
       "steps between log lines (> 0; the first, last and validation steps always log)");
-  add("metrics", "jsonl", bool_key(field(&TrainConfig::jsonl)),
+  add("metrics", "jsonl", bool_key(field(&TrainConfig::metrics, &MetricsConfig::jsonl)),
       "write every step to <run_dir>/metrics.jsonl");
-  add("metrics", "tensorboard", bool_key(field(&TrainConfig::tensorboard)),
+  add("metrics", "tensorboard", bool_key(field(&TrainConfig::metrics, &MetricsConfig::tensorboard)),
       "TensorBoard event files in run_dir, the JSONL's numbers as scalars");
-  add("metrics", "peak_tflops", number_key(field(&TrainConfig::peak_tflops)),
+  add("metrics", "peak_tflops",
+      number_key(field(&TrainConfig::metrics, &MetricsConfig::peak_tflops)),
       "the peak MFU divides by (0: measured by a short GEMM calibration at start)");
-  add("metrics", "trace", string_key(field(&TrainConfig::trace)),
+  add("metrics", "trace", string_key(field(&TrainConfig::metrics, &MetricsConfig::trace)),
       "write a Chrome trace of steps trace_steps (1:50 without them) to this file (empty: none "
       "unless trace_steps is set)");
-  add("metrics", "trace_steps", string_key(field(&TrainConfig::trace_steps)),
+  add("metrics", "trace_steps",
+      string_key(field(&TrainConfig::metrics, &MetricsConfig::trace_steps)),
       "\"a:b\" with 1 <= a <= b: trace steps a to b (to <run_dir>/trace.json when trace is empty)");
 
-  add("data", "train_files", string_list_key(field(&TrainConfig::train_files)),
+  add("data", "train_files", string_list_key(field(&TrainConfig::data, &DataConfig::train_files)),
       "globs of text files read as bytes (vocabulary 256); not read when dataset is set");
-  add("data", "exclude", string_list_key(field(&TrainConfig::exclude)),
+  add("data", "exclude", string_list_key(field(&TrainConfig::data, &DataConfig::exclude)),
       "file-name patterns the train_files globs skip");
-  add("data", "val_fraction", number_key(field(&TrainConfig::val_fraction)),
+  add("data", "val_fraction", number_key(field(&TrainConfig::data, &DataConfig::val_fraction)),
       "the last fraction of the text held out for validation");
-  add("data", "tokenizer", string_key(field(&TrainConfig::tokenizer)),
+  add("data", "tokenizer", string_key(field(&TrainConfig::data, &DataConfig::tokenizer)),
       "byte, or a tokenizer path (needs token files in dataset; a prepared dataset's own by "
       "default)");
-  add("data", "dataset", string_key(field(&TrainConfig::dataset)),
+  add("data", "dataset", string_key(field(&TrainConfig::data, &DataConfig::dataset)),
       "token files: a `lattice data prepare` directory, llm.c shard globs or a Megatron prefix");
-  add("data", "format", string_key(field(&TrainConfig::data_format)),
+  add("data", "format", string_key(field(&TrainConfig::data, &DataConfig::format)),
       "format of dataset: auto, prepared, llmc or megatron");
-  add("data", "val_dataset", string_key(field(&TrainConfig::val_dataset)),
+  add("data", "val_dataset", string_key(field(&TrainConfig::data, &DataConfig::val_dataset)),
       "validation token files for llmc or megatron datasets (optional)");
 
-  add("validation", "freq", int_key(field(&TrainConfig::val_freq)),
+  add("validation", "freq", int_key(field(&TrainConfig::validation, &ValidationConfig::freq)),
       "steps between validation losses (0 disables)");
-  add("validation", "batches", int_key(field(&TrainConfig::val_batches)),
+  add("validation", "batches", int_key(field(&TrainConfig::validation, &ValidationConfig::batches)),
       "fixed validation batches averaged (> 0)");
   return keys;
 }

@@ -457,8 +457,8 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
   const size_t preset = toml.find("\npreset = ");
   if (preset != std::string::npos) toml.erase(preset + 1, toml.find('\n', preset + 1) - preset);
   kernels::CpuOps ops;
-  optim::AdamWOptimizer adamw(ops, store, settings.adamw, nullptr);
-  save_checkpoint(run_dir, model, adamw, TrainerState{0, 0, settings.seed}, toml, 2);
+  optim::AdamWOptimizer adamw(ops, store, settings.optimizer.adamw, nullptr);
+  save_checkpoint(run_dir, model, adamw, TrainerState{0, 0, settings.training.seed}, toml, 2);
   write_text_atomic((fs::path(run_dir) / "import.toml").string(), toml);
   return config;
 }

@@ -18,13 +18,15 @@ constexpr int kWholeStateTag = (1 << 30) + (1 << 28);  // apart from the executo
 }  // namespace
 
 pipeline::Schedule pipeline_schedule_of(const TrainConfig& config) {
-  const int p = static_cast<int>(config.pp), v = static_cast<int>(config.virtual_stages);
-  const int m = static_cast<int>(config.gradient_accumulation_steps);
-  if (config.pipeline_schedule_file.empty())
-    return pipeline::make_schedule(pipeline::parse_schedule_kind(config.pipeline_schedule), p, m,
-                                   v);
-  pipeline::Schedule s = pipeline::load_schedule(config.pipeline_schedule_file);
-  const std::string file = "parallelism.pipeline_schedule_file " + config.pipeline_schedule_file;
+  const int p = static_cast<int>(config.parallelism.pp),
+            v = static_cast<int>(config.parallelism.virtual_stages);
+  const int m = static_cast<int>(config.training.gradient_accumulation_steps);
+  if (config.parallelism.pipeline_schedule_file.empty())
+    return pipeline::make_schedule(
+        pipeline::parse_schedule_kind(config.parallelism.pipeline_schedule), p, m, v);
+  pipeline::Schedule s = pipeline::load_schedule(config.parallelism.pipeline_schedule_file);
+  const std::string file =
+      "parallelism.pipeline_schedule_file " + config.parallelism.pipeline_schedule_file;
   check(s.num_ranks == p, file + " is for " + std::to_string(s.num_ranks) +
                               " pipeline ranks, the run has pp = " + std::to_string(p) +
                               ": set parallelism.pp = " + std::to_string(s.num_ranks));
@@ -41,18 +43,18 @@ pipeline::Schedule pipeline_schedule_of(const TrainConfig& config) {
 }
 
 pipeline::StagePartition pipeline_partition_of(const TrainConfig& config) {
-  const int stages = static_cast<int>(config.pp * config.virtual_stages);
+  const int stages = static_cast<int>(config.parallelism.pp * config.parallelism.virtual_stages);
   const model::ModelConfig& m = config.model;
-  if (!config.pipeline_layers.empty())
-    return pipeline::listed_partition(config.pipeline_layers, m.n_layers);
-  if (config.pipeline_partition == "balanced") {
+  if (!config.parallelism.pipeline_layers.empty())
+    return pipeline::listed_partition(config.parallelism.pipeline_layers, m.n_layers);
+  if (config.parallelism.pipeline_partition == "balanced") {
     // Costs in training FLOPs per token: a block's 6 x its parameters plus its attention's
     // 12 T d, the head's 6 x d x vocab (its GEMM; the final norm is negligible); the embedding is
     // a lookup, counted as free.
     const auto whole = model::Transformer::declared_only(m);
     const model::ParameterUnit& block = whole->units().at(1);
     const double block_cost = 6.0 * static_cast<double>(block.end - block.begin) +
-                              12.0 * static_cast<double>(config.seq_len * m.d_model);
+                              12.0 * static_cast<double>(config.training.seq_len * m.d_model);
     const double head_cost = 6.0 * static_cast<double>(m.d_model * m.vocab_size);
     return pipeline::balanced_partition(m.n_layers, stages, block_cost, 0.0, head_cost);
   }
@@ -76,9 +78,9 @@ PipelineRank::PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels:
                                   partition_.first[static_cast<size_t>(s) + 1]};
     auto model = std::make_unique<model::Transformer>(config.model, tracker, range, tp, ep);
     model->set_activation_checkpointing(config.activation_checkpoint);
-    model->initialize(config.seed);  // per-parameter streams: the one-rank model's values
-    auto dp = std::make_unique<parallel::DataParallel>(ops, *model, mesh, settings, config.adamw,
-                                                       tracker);
+    model->initialize(config.training.seed);  // per-parameter streams: the one-rank model's values
+    auto dp = std::make_unique<parallel::DataParallel>(ops, *model, mesh, settings,
+                                                       config.optimizer.adamw, tracker);
     stages.push_back({model.get(), dp.get()});
     step_.data_parallel[s] = dp.get();
     stage_ids_.push_back(s);
@@ -88,7 +90,7 @@ PipelineRank::PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels:
   check(!models_.empty(), "pipeline rank " + std::to_string(pp.rank()) +
                               " holds no stage of the schedule (its stage_owner lists no stage "
                               "for it): every pipeline rank needs one");
-  if (config.precision == kernels::Precision::bf16)
+  if (config.training.precision == kernels::Precision::bf16)
     for (auto& model : models_) model->parameters().keep_bf16_copies(tracker);
   const int last = schedule.num_stages() - 1;
   model::Transformer* first_model = stage_ids_.front() == 0 ? models_.front().get() : nullptr;
@@ -199,7 +201,7 @@ TrainerState PipelineRank::load(const std::string& checkpoint_dir) {
   CheckpointReader reader(checkpoint_dir);  // one index for every stage of this rank
   TrainerState state;
   for (size_t i = 0; i < models_.size(); ++i) {
-    optim::AdamWOptimizer full(ops_, models_[i]->parameters(), config_.adamw, nullptr);
+    optim::AdamWOptimizer full(ops_, models_[i]->parameters(), config_.optimizer.adamw, nullptr);
     state = load_checkpoint(reader, models_[i]->config(), models_[i]->parameters(), &full);
     dps_[i]->import_state(full);
   }

@@ -11,14 +11,14 @@ RunRates run_rates(const TrainConfig& config, const mesh::MeshShape& shape,
                    kernels::MatmulEngine& engine, bool measure) {
   RunRates r;
   // Each dp rank reads B sequences of T tokens per micro-batch (split over its cp ranks).
-  r.tokens_per_step =
-      config.micro_batch_size * config.seq_len * config.gradient_accumulation_steps * shape.dp;
-  r.flops_per_token = config.model.flops_per_token(config.seq_len);
-  r.peak_flops = config.peak_tflops * 1e12;
+  r.tokens_per_step = config.training.micro_batch_size * config.training.seq_len *
+                      config.training.gradient_accumulation_steps * shape.dp;
+  r.flops_per_token = config.model.flops_per_token(config.training.seq_len);
+  r.peak_flops = config.metrics.peak_tflops * 1e12;
   r.peak_source = "from metrics.peak_tflops";
   if (r.peak_flops <= 0 && measure) {
     const int world = shape.world();
-    r.peak_flops = calibrate_peak_flops(engine, config.precision) * world;
+    r.peak_flops = calibrate_peak_flops(engine, config.training.precision) * world;
     r.peak_source = world > 1 ? "measured by a 1024^3 GEMM calibration, x ranks"
                               : "measured by a 1024^3 GEMM calibration";
   }
@@ -33,15 +33,17 @@ StepReporter::StepReporter(const TrainConfig& config, const mesh::MeshShape& sha
       first_step_(first_step),
       tracker_(tracker),
       printing_(printing),
-      logger_(printing && config.jsonl ? (fs::path(config.run_dir) / "metrics.jsonl").string() : "",
-              printing && config.tensorboard ? config.run_dir : "") {}
+      logger_(printing && config.metrics.jsonl
+                  ? (fs::path(config.job.run_dir) / "metrics.jsonl").string()
+                  : "",
+              printing && config.metrics.tensorboard ? config.job.run_dir : "") {}
 
 void StepReporter::set_rates(StepMetrics& m, int64_t steps, double seconds) const {
   m.tokens_per_second = static_cast<double>(rates_.tokens_per_step * steps) / seconds;
   m.tflops = m.tokens_per_second * rates_.flops_per_token / 1e12;
   m.mfu = rates_.peak_flops > 0 ? m.tflops * 1e12 / rates_.peak_flops : 0;
-  if (families_.dp && config_.baseline_tokens_per_second > 0)
-    m.scaling_efficiency = m.tokens_per_second / config_.baseline_tokens_per_second;
+  if (families_.dp && config_.parallelism.baseline_tokens_per_second > 0)
+    m.scaling_efficiency = m.tokens_per_second / config_.parallelism.baseline_tokens_per_second;
 }
 
 void StepReporter::report(int64_t step, float lr, const StepOutcome& outcome,
@@ -56,7 +58,7 @@ void StepReporter::report(int64_t step, float lr, const StepOutcome& outcome,
   StepMetrics m;
   m.val_loss = val_loss;
   m.step = step;
-  m.total_steps = config_.steps;
+  m.total_steps = config_.training.steps;
   m.loss = outcome.loss;
   m.grad_norm = outcome.grad_norm;
   m.lr = lr;
@@ -75,8 +77,9 @@ void StepReporter::report(int64_t step, float lr, const StepOutcome& outcome,
   m.pp_bubble = outcome.pp_bubble.value_or(0.0);
   m.moe = moe;
   logger_.record(m);
-  if (step % config_.log_freq != 0 && step != first_step_ && step != config_.steps && !val_loss) {
-    logger_.progress(step, config_.steps, outcome.seconds);
+  if (step % config_.metrics.log_freq != 0 && step != first_step_ &&
+      step != config_.training.steps && !val_loss) {
+    logger_.progress(step, config_.training.steps, outcome.seconds);
     return;
   }
   // The printed rates and communication times average the steps since the last line.

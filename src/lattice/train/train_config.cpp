@@ -47,33 +47,34 @@ void apply_table(TrainConfig& config, const toml::table& root, const std::string
 
 optim::LrSchedule TrainConfig::lr_schedule() const {
   optim::LrSchedule s;
-  s.peak_lr = lr;
-  s.warmup_steps = warmup_steps;
-  s.total_steps = steps;
-  s.decay = decay;
-  s.min_lr_ratio = min_lr_ratio;
+  s.peak_lr = optimizer.lr;
+  s.warmup_steps = lr_scheduler.warmup_steps;
+  s.total_steps = training.steps;
+  s.decay = lr_scheduler.decay;
+  s.min_lr_ratio = lr_scheduler.min_lr_ratio;
   return s;
 }
 
 parallel::ParallelLayout TrainConfig::layout() const {
   parallel::ParallelLayout l;
-  l.dp = static_cast<int>(dp);
-  l.tp = static_cast<int>(tp);
-  l.sequence_parallel = sequence_parallel;
-  l.pp = static_cast<int>(pp);
-  if (pp > 1) {
-    l.schedule = pipeline::parse_schedule_kind(pipeline_schedule);
-    l.virtual_stages = static_cast<int>(std::max<int64_t>(1, virtual_stages));
+  l.dp = static_cast<int>(parallelism.dp);
+  l.tp = static_cast<int>(parallelism.tp);
+  l.sequence_parallel = parallelism.sequence_parallel;
+  l.pp = static_cast<int>(parallelism.pp);
+  if (parallelism.pp > 1) {
+    l.schedule = pipeline::parse_schedule_kind(parallelism.pipeline_schedule);
+    l.virtual_stages = static_cast<int>(std::max<int64_t>(1, parallelism.virtual_stages));
   }
-  l.cp = static_cast<int>(cp);
-  l.ep = static_cast<int>(ep);
-  l.zero_stage = static_cast<int>(zero);
-  l.hsdp_shard_size = static_cast<int>(hsdp_shard_size);
+  l.cp = static_cast<int>(parallelism.cp);
+  l.ep = static_cast<int>(parallelism.ep);
+  l.zero_stage = static_cast<int>(parallelism.zero);
+  l.hsdp_shard_size = static_cast<int>(parallelism.hsdp_shard_size);
   l.recompute = activation_checkpoint.mode;
   l.recompute_interval = static_cast<int>(activation_checkpoint.interval);
-  l.micro_batch_size = static_cast<int>(micro_batch_size);
-  l.global_batch_size = static_cast<int>(global_batch_size);
-  l.param_bytes = precision == kernels::Precision::bf16 && zero < 3 ? 4 + 2 : 4;
+  l.micro_batch_size = static_cast<int>(training.micro_batch_size);
+  l.global_batch_size = static_cast<int>(training.global_batch_size);
+  l.param_bytes =
+      training.precision == kernels::Precision::bf16 && parallelism.zero < 3 ? 4 + 2 : 4;
   l.grad_bytes = 4;
   l.optimizer_bytes = 8;
   l.overlap_grad_reduce = true;

@@ -22,14 +22,14 @@
 
 namespace lattice::train {
 
-struct TrainConfig {
-  // [job]
+// One struct per [section]; each member is the key of the same name (config_keys.cpp), except
+// where a comment says otherwise. The members' initialisers are the keys' defaults.
+struct JobConfig {
   std::string run_dir = "runs/default";
   std::string description;
-  // [model] (a preset, then any dimension overridden)
-  std::string model_preset = "gpt2-demo";
-  model::ModelConfig model = model::model_preset("gpt2-demo");
-  // [training]
+};
+
+struct TrainingConfig {
   uint64_t seed = 1234;
   int64_t steps = 100;
   int64_t seq_len = 128;
@@ -41,20 +41,25 @@ struct TrainConfig {
   // Refuse the run when its estimated activation memory per rank (activation_estimate.hpp)
   // exceeds this many MiB; 0: no limit.
   double activation_memory_limit_mb = 0;
-  // [optimizer]
+  // (training.max_norm is OptimizerConfig::adamw.max_grad_norm.)
+};
+
+struct OptimizerConfig {
   float lr = 3e-4f;
-  optim::AdamWSettings adamw;
-  // [lr_scheduler]
+  optim::AdamWSettings adamw;  // beta1, beta2, eps, weight_decay; and training.max_norm
+};
+
+struct LrSchedulerConfig {
   int64_t warmup_steps = 0;
   optim::DecayKind decay = optim::DecayKind::cosine;
   float min_lr_ratio = 0.1f;
-  // [parallelism] The world is dp x tp x pp x cp ranks (dp = -1: the rest of the launcher's world
-  // size), with ZeRO stage `zero` (0-3); ep expert-parallel ranks are carved out of dp x cp (a
-  // MoE model's experts split over them; parallel::validate_layout checks that ep divides dp x cp
-  // and the experts).
+};
+
+// The world is dp x tp x pp x cp ranks (dp = -1: the rest of the launcher's world size), with ZeRO
+// stage `zero` (0-3); ep expert-parallel ranks are carved out of dp x cp (a MoE model's experts
+// split over them; parallel::validate_layout checks that ep divides dp x cp and the experts).
+struct ParallelismConfig {
   int64_t dp = 1, tp = 1, pp = 1, cp = 1, ep = 1, zero = 0;
-  // [context_parallel] mode = ring | ulysses: how attention reaches the other cp ranks' keys.
-  parallel::ContextParallelMode cp_mode = parallel::ContextParallelMode::ring;
   // Pipeline parallelism (pp > 1): the schedule (gpipe, 1f1b, interleaved, zb-h1, zb-v; its
   // microbatches are training.gradient_accumulation_steps), virtual stages per rank (0: the
   // schedule's own), the blocks of each virtual stage (empty: by pipeline_partition, "even" or
@@ -73,18 +78,25 @@ struct TrainConfig {
   int64_t hsdp_shard_size =
       0;                    // HSDP: shard the state within groups of this many dp ranks (0: all)
   std::string offload_dir;  // AdamW moments in files under <dir>/rank<r> (empty: in memory)
-  // [activation_checkpoint] mode = none | selective | full, interval (full: every k-th block)
-  model::ActivationCheckpoint activation_checkpoint;
-  // [checkpoint]
-  bool checkpoint_enable = true;
-  int64_t checkpoint_interval = 0;  // steps between checkpoints; 0 = only at the end
+};
+
+// mode = ring | ulysses: how attention reaches the other cp ranks' keys.
+struct ContextParallelConfig {
+  parallel::ContextParallelMode mode = parallel::ContextParallelMode::ring;
+};
+
+struct CheckpointConfig {
+  bool enable = true;
+  int64_t interval = 0;  // steps between checkpoints; 0 = only at the end
   int64_t keep_latest = 2;
   // Write each interval checkpoint's files in the background from a snapshot of the state while
   // training goes on (published at a later step boundary); the final checkpoint is waited for.
-  bool checkpoint_async = false;
+  bool async = false;
   bool resume = true;       // resume from run_dir's latest checkpoint when there is one
   std::string resume_from;  // explicit checkpoint directory to resume from
-  // [metrics]
+};
+
+struct MetricsConfig {
   int64_t log_freq = 10;
   bool jsonl = true;
   bool tensorboard = true;  // TensorBoard event files in run_dir, the JSONL's numbers as scalars
@@ -92,8 +104,10 @@ struct TrainConfig {
   std::string trace;        // a Chrome trace of steps trace_first..trace_last; empty: none (unless
                             // trace_steps is set: finalize() then names <run_dir>/trace.json)
   std::string trace_steps;  // "a:b": trace steps a to b (default trace <run_dir>/trace.json)
-  int64_t trace_first = 1, trace_last = 50;  // resolved by finalize()
-  // [data]
+  int64_t trace_first = 1, trace_last = 50;  // no keys: resolved from trace_steps by finalize()
+};
+
+struct DataConfig {
   std::vector<std::string> train_files;
   std::vector<std::string> exclude = {"*.dat", "*.u8"};
   double val_fraction = 0.05;
@@ -101,15 +115,38 @@ struct TrainConfig {
   // Token files (docs/data.md): a `lattice data prepare` directory, llm.c shard globs or a
   // Megatron prefix; when set, train_files is not read.
   std::string dataset;
-  std::string data_format = "auto";  // auto | prepared | llmc | megatron
-  std::string val_dataset;           // validation token files for llmc/megatron (optional)
-  // [validation]
-  int64_t val_freq = 50;  // 0 disables
-  int64_t val_batches = 4;
+  std::string format = "auto";  // auto | prepared | llmc | megatron
+  std::string val_dataset;      // validation token files for llmc/megatron (optional)
+};
+
+struct ValidationConfig {
+  int64_t freq = 50;  // 0 disables
+  int64_t batches = 4;
+};
+
+struct TrainConfig {
+  JobConfig job;
+  // [model]: the preset's name and the model it gives, then any dimension overridden. (The model
+  // is the planner's model::ModelConfig, so the preset's name stays beside it.)
+  std::string model_preset = "gpt2-demo";
+  model::ModelConfig model = model::model_preset("gpt2-demo");
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  LrSchedulerConfig lr_scheduler;
+  ParallelismConfig parallelism;
+  ContextParallelConfig context_parallel;
+  // [activation_checkpoint] mode = none | selective | full, interval (full: every k-th block)
+  model::ActivationCheckpoint activation_checkpoint;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+  DataConfig data;
+  ValidationConfig validation;
 
   optim::LrSchedule lr_schedule() const;
   // Ranks of the run: dp x tp x pp x cp.
-  int64_t world_size() const { return dp * tp * pp * cp; }
+  int64_t world_size() const {
+    return parallelism.dp * parallelism.tp * parallelism.pp * parallelism.cp;
+  }
   // The run's parallel layout (the planner's type): degrees, ZeRO and HSDP, batch, recompute, and
   // the trainer's storage (fp32 weights and gradients, two fp32 Adam moments, bf16 weight copies in
   // bf16 below ZeRO-3; fused attention; reduction overlapped with backward).

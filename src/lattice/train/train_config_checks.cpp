@@ -20,11 +20,11 @@ namespace {
 // [data]: the token-file format is known, the tokenizer is an absolute path (so `lattice generate`
 // finds it from a run's config.toml), and a prepared dataset's tokenizer is the configured one.
 void resolve_data_keys(TrainConfig& c) {
-  const auto format = data::parse_token_format(c.data_format);
-  c.tokenizer = data::absolute_tokenizer_spec(c.tokenizer);
-  if (c.dataset.empty()) {
-    check(c.tokenizer == "byte",
-          "data.tokenizer '" + c.tokenizer +
+  const auto format = data::parse_token_format(c.data.format);
+  c.data.tokenizer = data::absolute_tokenizer_spec(c.data.tokenizer);
+  if (c.data.dataset.empty()) {
+    check(c.data.tokenizer == "byte",
+          "data.tokenizer '" + c.data.tokenizer +
               "' needs token files: run `lattice data prepare --tokenizer ...` and set "
               "data.dataset to its output (data.train_files is read as bytes)");
     return;
@@ -32,15 +32,15 @@ void resolve_data_keys(TrainConfig& c) {
   // A missing dataset is reported when the data is opened (generation never opens it).
   const bool prepared =
       format != data::TokenFormat::llmc && format != data::TokenFormat::megatron &&
-      std::filesystem::exists(std::filesystem::path(c.dataset) / data::kManifestName);
+      std::filesystem::exists(std::filesystem::path(c.data.dataset) / data::kManifestName);
   if (!prepared) return;
-  const auto manifest = data::read_manifest(c.dataset);
-  if (c.tokenizer == "byte") {
-    c.tokenizer = manifest.tokenizer;  // the dataset's own tokenizer unless one is configured
+  const auto manifest = data::read_manifest(c.data.dataset);
+  if (c.data.tokenizer == "byte") {
+    c.data.tokenizer = manifest.tokenizer;  // the dataset's own tokenizer unless one is configured
   } else {
-    check(c.tokenizer == manifest.tokenizer,
-          "data.tokenizer '" + c.tokenizer + "' is not the tokenizer data.dataset '" + c.dataset +
-              "' was prepared with ('" + manifest.tokenizer +
+    check(c.data.tokenizer == manifest.tokenizer,
+          "data.tokenizer '" + c.data.tokenizer + "' is not the tokenizer data.dataset '" +
+              c.data.dataset + "' was prepared with ('" + manifest.tokenizer +
               "'): drop data.tokenizer or set it to that path");
   }
 }
@@ -56,9 +56,9 @@ void refuse_unbuilt_model(const model::ModelConfig& m) {
 // planner) also lets a tp above the key/value heads replicate them, as Megatron can, but the
 // trainer splits them. (The attention heads and the MLP width are the validator's.)
 void refuse_tensor_parallel_misfit(const TrainConfig& c) {
-  if (c.tp <= 1) return;
-  const std::string tp = "parallelism.tp = " + std::to_string(c.tp);
-  check(c.model.n_kv_heads % c.tp == 0,
+  if (c.parallelism.tp <= 1) return;
+  const std::string tp = "parallelism.tp = " + std::to_string(c.parallelism.tp);
+  check(c.model.n_kv_heads % c.parallelism.tp == 0,
         tp + " does not divide the " + std::to_string(c.model.n_kv_heads) +
             " key/value heads (model.n_kv_heads): each tp rank holds its share of them; pick a "
             "tp that divides " +
@@ -72,7 +72,7 @@ void refuse_moe_misfit(const TrainConfig& c) {
         "model.n_experts = " + std::to_string(c.model.n_experts) +
             ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a MoE "
             "preset: mixtral-tiny, deepseek-moe-tiny)");
-  check(c.model.moe_bias_update_rate == 0 || c.zero < 3,
+  check(c.model.moe_bias_update_rate == 0 || c.parallelism.zero < 3,
         "model.moe_bias_update_rate with parallelism.zero = 3 is not available yet: the bias is "
         "updated between steps on the whole parameters; use ZeRO 0-2");
 }
@@ -80,51 +80,61 @@ void refuse_moe_misfit(const TrainConfig& c) {
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
 // under sequence parallelism each rank's T / cp rows divisible by tp.
 void refuse_context_parallel_misfit(const TrainConfig& c) {
-  if (c.cp <= 1) return;
-  parallel::check_context_parallel(c.cp_mode, static_cast<int>(c.cp), static_cast<int>(c.tp),
-                                   c.seq_len, c.model.n_heads, c.model.n_kv_heads);
-  check(!c.sequence_parallel || (c.seq_len / c.cp) % c.tp == 0,
-        "parallelism.sequence_parallel splits each cp rank's " + std::to_string(c.seq_len / c.cp) +
-            " tokens (training.seq_len / cp) over parallelism.tp = " + std::to_string(c.tp) +
+  if (c.parallelism.cp <= 1) return;
+  parallel::check_context_parallel(c.context_parallel.mode, static_cast<int>(c.parallelism.cp),
+                                   static_cast<int>(c.parallelism.tp), c.training.seq_len,
+                                   c.model.n_heads, c.model.n_kv_heads);
+  check(!c.parallelism.sequence_parallel ||
+            (c.training.seq_len / c.parallelism.cp) % c.parallelism.tp == 0,
+        "parallelism.sequence_parallel splits each cp rank's " +
+            std::to_string(c.training.seq_len / c.parallelism.cp) +
+            " tokens (training.seq_len / cp) over parallelism.tp = " +
+            std::to_string(c.parallelism.tp) +
             " ranks, which does not divide them: pick a seq_len divisible by cp x tp x 2");
 }
 
 // The pipeline keys: the schedule's name, its virtual stages (0: the schedule's own, 2 for the
 // interleaved and V schedules, else 1), the partition, and what pipelines cannot do yet.
 void resolve_pipeline_keys(TrainConfig& c) {
-  const pipeline::ScheduleKind kind = pipeline::parse_schedule_kind(c.pipeline_schedule);
-  check(c.virtual_stages >= 0,
+  const pipeline::ScheduleKind kind =
+      pipeline::parse_schedule_kind(c.parallelism.pipeline_schedule);
+  check(c.parallelism.virtual_stages >= 0,
         "parallelism.virtual_stages must not be negative (0: the "
         "schedule's own: 2 for interleaved and zb-v, else 1)");
-  if (c.virtual_stages == 0)
-    c.virtual_stages =
+  if (c.parallelism.virtual_stages == 0)
+    c.parallelism.virtual_stages =
         kind == pipeline::ScheduleKind::kInterleaved || kind == pipeline::ScheduleKind::kZeroBubbleV
             ? 2
             : 1;
-  check(c.pipeline_partition == "even" || c.pipeline_partition == "balanced",
-        "parallelism.pipeline_partition '" + c.pipeline_partition +
-            "' is unknown: use \"even\" or \"balanced\" (or list the blocks per stage in "
-            "parallelism.pipeline_layers)");
-  if (c.pp == 1) {
-    check(c.pipeline_layers.empty() && c.pipeline_schedule_file.empty(),
+  check(
+      c.parallelism.pipeline_partition == "even" || c.parallelism.pipeline_partition == "balanced",
+      "parallelism.pipeline_partition '" + c.parallelism.pipeline_partition +
+          "' is unknown: use \"even\" or \"balanced\" (or list the blocks per stage in "
+          "parallelism.pipeline_layers)");
+  if (c.parallelism.pp == 1) {
+    check(c.parallelism.pipeline_layers.empty() && c.parallelism.pipeline_schedule_file.empty(),
           "parallelism.pipeline_layers and pipeline_schedule_file need pp > 1: set parallelism.pp "
           "or remove them");
     return;
   }
-  check(c.pipeline_layers.empty() ||
-            static_cast<int64_t>(c.pipeline_layers.size()) == c.pp * c.virtual_stages,
-        "parallelism.pipeline_layers lists " + std::to_string(c.pipeline_layers.size()) +
+  check(c.parallelism.pipeline_layers.empty() ||
+            static_cast<int64_t>(c.parallelism.pipeline_layers.size()) ==
+                c.parallelism.pp * c.parallelism.virtual_stages,
+        "parallelism.pipeline_layers lists " +
+            std::to_string(c.parallelism.pipeline_layers.size()) +
             " stages, the pipeline has pp x virtual_stages = " +
-            std::to_string(c.pp * c.virtual_stages) + ": list one block count per stage");
-  check(c.zero < 3,
+            std::to_string(c.parallelism.pp * c.parallelism.virtual_stages) +
+            ": list one block count per stage");
+  check(c.parallelism.zero < 3,
         "parallelism.zero = 3 with pp > 1 is refused: ZeRO-3 would gather every stage's weights "
         "again for each microbatch's forward and backward (m times the traffic of a step, as "
         "DeepSpeed also refuses); use zero 1 or 2 with a pipeline");
-  if (!c.pipeline_schedule_file.empty()) {
-    check(std::filesystem::exists(c.pipeline_schedule_file), "parallelism.pipeline_schedule_file " +
-                                                                 c.pipeline_schedule_file +
-                                                                 " does not exist: check the path");
-    c.pipeline_schedule_file = std::filesystem::absolute(c.pipeline_schedule_file).string();
+  if (!c.parallelism.pipeline_schedule_file.empty()) {
+    check(std::filesystem::exists(c.parallelism.pipeline_schedule_file),
+          "parallelism.pipeline_schedule_file " + c.parallelism.pipeline_schedule_file +
+              " does not exist: check the path");
+    c.parallelism.pipeline_schedule_file =
+        std::filesystem::absolute(c.parallelism.pipeline_schedule_file).string();
   }
 }
 
@@ -132,86 +142,99 @@ void resolve_pipeline_keys(TrainConfig& c) {
 
 void TrainConfig::finalize() {
   // metrics.trace_steps = "a:b" (1 <= a <= b); without it a trace covers steps 1 to 50.
-  if (!trace_steps.empty()) {
+  if (!metrics.trace_steps.empty()) {
     long long first = 0, last = 0;
     char tail = 0;
-    check(std::sscanf(trace_steps.c_str(), "%lld:%lld%c", &first, &last, &tail) == 2 &&
+    check(std::sscanf(metrics.trace_steps.c_str(), "%lld:%lld%c", &first, &last, &tail) == 2 &&
               first >= 1 && last >= first,
-          "metrics.trace_steps = \"" + trace_steps +
+          "metrics.trace_steps = \"" + metrics.trace_steps +
               "\" is not a:b with 1 <= a <= b: name the steps to trace, e.g. \"10:12\"");
-    trace_first = first;
-    trace_last = last;
-    if (trace.empty()) trace = (std::filesystem::path(run_dir) / "trace.json").string();
+    metrics.trace_first = first;
+    metrics.trace_last = last;
+    if (metrics.trace.empty())
+      metrics.trace = (std::filesystem::path(job.run_dir) / "trace.json").string();
   }
   model.validate();
   refuse_unbuilt_model(model);
   // dp = -1: the rest of the launcher's world (one rank without a launcher) once tp x pp x cp is
   // taken; the mesh's resolution names the keys when the world does not divide.
-  if (dp == -1) {
+  if (parallelism.dp == -1) {
     mesh::MeshShape requested = layout().mesh_shape();
     requested.dp = -1;
-    dp = mesh::resolve_layout(requested, comm::detect_launch().world_size).dp;
+    parallelism.dp = mesh::resolve_layout(requested, comm::detect_launch().world_size).dp;
   }
-  check(dp >= 1,
-        "parallelism.dp = " + std::to_string(dp) +
+  check(parallelism.dp >= 1,
+        "parallelism.dp = " + std::to_string(parallelism.dp) +
             " is not a rank count: use a positive number, or -1 for the launcher's world size");
-  check(bucket_mb > 0 && bucket_mb <= 4096, "parallelism.bucket_mb = " + std::to_string(bucket_mb) +
-                                                " must be in (0, 4096] MiB (25 is a good default)");
-  check(backend == "auto" || backend == "local" || backend == "mpi",
-        "parallelism.backend '" + backend + "' is unknown: use \"auto\", \"local\" or \"mpi\"");
-  check(baseline_tokens_per_second >= 0,
+  check(parallelism.bucket_mb > 0 && parallelism.bucket_mb <= 4096,
+        "parallelism.bucket_mb = " + std::to_string(parallelism.bucket_mb) +
+            " must be in (0, 4096] MiB (25 is a good default)");
+  check(parallelism.backend == "auto" || parallelism.backend == "local" ||
+            parallelism.backend == "mpi",
+        "parallelism.backend '" + parallelism.backend +
+            "' is unknown: use \"auto\", \"local\" or \"mpi\"");
+  check(parallelism.baseline_tokens_per_second >= 0,
         "parallelism.baseline_tokens_per_second must not be negative (0: no scaling efficiency)");
   resolve_data_keys(*this);
-  check(steps > 0, "training.steps must be positive");
-  check(seq_len > 0 && seq_len <= model.max_seq_len,
-        "training.seq_len (" + std::to_string(seq_len) + ") must be in [1, model.max_seq_len = " +
-            std::to_string(model.max_seq_len) + "]: lower it or raise model.max_seq_len");
-  check(lr > 0, "optimizer.lr must be positive");
-  check(log_freq > 0, "metrics.log_freq must be positive");
-  check(warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
-  check(threads >= 0, "training.threads must not be negative (0 uses every core)");
-  check(activation_memory_limit_mb >= 0,
+  check(training.steps > 0, "training.steps must be positive");
+  check(training.seq_len > 0 && training.seq_len <= model.max_seq_len,
+        "training.seq_len (" + std::to_string(training.seq_len) +
+            ") must be in [1, model.max_seq_len = " + std::to_string(model.max_seq_len) +
+            "]: lower it or raise model.max_seq_len");
+  check(optimizer.lr > 0, "optimizer.lr must be positive");
+  check(metrics.log_freq > 0, "metrics.log_freq must be positive");
+  check(lr_scheduler.warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative");
+  check(training.threads >= 0, "training.threads must not be negative (0 uses every core)");
+  check(training.activation_memory_limit_mb >= 0,
         "training.activation_memory_limit_mb must not be negative (0: no limit)");
-  check(val_freq >= 0 && val_batches > 0,
+  check(validation.freq >= 0 && validation.batches > 0,
         "validation.freq must be >= 0 (0 disables) and validation.batches positive");
-  check(checkpoint_interval >= 0 && keep_latest >= 1,
+  check(checkpoint.interval >= 0 && checkpoint.keep_latest >= 1,
         "checkpoint.interval must be >= 0 and checkpoint.keep_latest >= 1");
   // Batch: two of micro, global and accumulation decide the third (with dp ranks in between).
-  int given = (micro_batch_size > 0) + (global_batch_size > 0) + (gradient_accumulation_steps > 0);
-  for (auto [name, value] : {std::pair{"micro_batch_size", micro_batch_size},
-                             {"global_batch_size", global_batch_size},
-                             {"gradient_accumulation_steps", gradient_accumulation_steps}})
+  int given = (training.micro_batch_size > 0) + (training.global_batch_size > 0) +
+              (training.gradient_accumulation_steps > 0);
+  for (auto [name, value] : {std::pair{"micro_batch_size", training.micro_batch_size},
+                             {"global_batch_size", training.global_batch_size},
+                             {"gradient_accumulation_steps", training.gradient_accumulation_steps}})
     check(value >= 0, std::string("training.") + name + " must be positive");
-  if (given == 0) micro_batch_size = 8;
-  if (given <= 1 && gradient_accumulation_steps == 0 && global_batch_size == 0)
-    gradient_accumulation_steps = 1;
-  if (global_batch_size == 0) {
-    if (micro_batch_size == 0) micro_batch_size = 8;
-    global_batch_size = micro_batch_size * gradient_accumulation_steps * dp;
-  } else if (micro_batch_size == 0) {
-    if (gradient_accumulation_steps == 0) gradient_accumulation_steps = 1;
-    check(global_batch_size % (gradient_accumulation_steps * dp) == 0,
-          "training.global_batch_size (" + std::to_string(global_batch_size) +
+  if (given == 0) training.micro_batch_size = 8;
+  if (given <= 1 && training.gradient_accumulation_steps == 0 && training.global_batch_size == 0)
+    training.gradient_accumulation_steps = 1;
+  if (training.global_batch_size == 0) {
+    if (training.micro_batch_size == 0) training.micro_batch_size = 8;
+    training.global_batch_size =
+        training.micro_batch_size * training.gradient_accumulation_steps * parallelism.dp;
+  } else if (training.micro_batch_size == 0) {
+    if (training.gradient_accumulation_steps == 0) training.gradient_accumulation_steps = 1;
+    check(training.global_batch_size % (training.gradient_accumulation_steps * parallelism.dp) == 0,
+          "training.global_batch_size (" + std::to_string(training.global_batch_size) +
               ") is not divisible by gradient_accumulation_steps × dp (" +
-              std::to_string(gradient_accumulation_steps * dp) + "): change one of them");
-    micro_batch_size = global_batch_size / (gradient_accumulation_steps * dp);
-  } else if (gradient_accumulation_steps == 0) {
-    check(global_batch_size % (micro_batch_size * dp) == 0,
-          "training.global_batch_size (" + std::to_string(global_batch_size) +
+              std::to_string(training.gradient_accumulation_steps * parallelism.dp) +
+              "): change one of them");
+    training.micro_batch_size =
+        training.global_batch_size / (training.gradient_accumulation_steps * parallelism.dp);
+  } else if (training.gradient_accumulation_steps == 0) {
+    check(training.global_batch_size % (training.micro_batch_size * parallelism.dp) == 0,
+          "training.global_batch_size (" + std::to_string(training.global_batch_size) +
               ") is not divisible by micro_batch_size × dp (" +
-              std::to_string(micro_batch_size * dp) + "): change one of them");
-    gradient_accumulation_steps = global_batch_size / (micro_batch_size * dp);
+              std::to_string(training.micro_batch_size * parallelism.dp) + "): change one of them");
+    training.gradient_accumulation_steps =
+        training.global_batch_size / (training.micro_batch_size * parallelism.dp);
   }
-  check(global_batch_size == micro_batch_size * gradient_accumulation_steps * dp,
-        "training.global_batch_size (" + std::to_string(global_batch_size) +
-            ") must equal micro_batch_size (" + std::to_string(micro_batch_size) +
-            ") × gradient_accumulation_steps (" + std::to_string(gradient_accumulation_steps) +
-            ") × dp (" + std::to_string(dp) + "): give only two of the three");
+  check(training.global_batch_size ==
+            training.micro_batch_size * training.gradient_accumulation_steps * parallelism.dp,
+        "training.global_batch_size (" + std::to_string(training.global_batch_size) +
+            ") must equal micro_batch_size (" + std::to_string(training.micro_batch_size) +
+            ") × gradient_accumulation_steps (" +
+            std::to_string(training.gradient_accumulation_steps) + ") × dp (" +
+            std::to_string(parallelism.dp) + "): give only two of the three");
   resolve_pipeline_keys(*this);
   // The one layout check the planner runs too, then what this trainer cannot run yet.
-  parallel::validate_layout(model, seq_len, layout());
-  if (!pipeline_layers.empty())
-    pipeline::listed_partition(pipeline_layers, model.n_layers);  // its one-line refusals
+  parallel::validate_layout(model, training.seq_len, layout());
+  if (!parallelism.pipeline_layers.empty())
+    pipeline::listed_partition(parallelism.pipeline_layers,
+                               model.n_layers);  // its one-line refusals
   refuse_tensor_parallel_misfit(*this);
   refuse_context_parallel_misfit(*this);
   refuse_moe_misfit(*this);

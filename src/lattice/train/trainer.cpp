@@ -54,7 +54,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   if (!world) {
     check(shape.world() == 1, "parallelism: " + world_text(shape) +
                                   " are needed: run through train_on_ranks (lattice train)");
-    if (config_.threads > 0) omp_set_num_threads(static_cast<int>(config_.threads));
+    if (config_.training.threads > 0)
+      omp_set_num_threads(static_cast<int>(config_.training.threads));
     own_world_ = std::make_unique<comm::LocalWorld>(1);
     own_group_ = own_world_->take(0);
     world = own_group_.get();
@@ -66,7 +67,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
             " (or -1 under a launcher)");
   // The mesh of the whole layout; HSDP: dp split into dp_replicate x dp_shard mesh axes (0: shard
   // over every dp rank).
-  mesh_ = std::make_unique<mesh::Mesh>(*world, shape, static_cast<int>(config_.hsdp_shard_size));
+  mesh_ = std::make_unique<mesh::Mesh>(*world, shape,
+                                       static_cast<int>(config_.parallelism.hsdp_shard_size));
   group_ = &mesh_->dp_cp();
   // World rank 0 prints; the batch group's rank 0 of every tensor-parallel rank writes its slices
   // of a checkpoint (one tp group, which gathers them to the logical tensors).
@@ -78,8 +80,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
   batches_ = std::make_unique<BatchSource>(config_, dp_group.rank(), dp_group.size());
   if (shape.cp > 1)
-    context_ =
-        parallel::make_context_attention(config_.cp_mode, mesh_->group(mesh::Axis::cp), &tracker_);
+    context_ = parallel::make_context_attention(config_.context_parallel.mode,
+                                                mesh_->group(mesh::Axis::cp), &tracker_);
   clocks_.context = context_.get();
   // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
   // here, by the caller: the engine itself reads no environment.
@@ -87,13 +89,13 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   // Tensor parallelism: the blocks' matrices split over the tp ranks (placements in the store).
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
   model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &clocks_.tp_seconds};
-  tp_group.sequence_parallel = config_.sequence_parallel;
+  tp_group.sequence_parallel = config_.parallelism.sequence_parallel;
   parallel::DataParallelSettings settings;
-  settings.zero_stage = static_cast<int>(config_.zero);
+  settings.zero_stage = static_cast<int>(config_.parallelism.zero);
   settings.bucket_elements =
-      std::max<int64_t>(1, static_cast<int64_t>(config_.bucket_mb * 1024 * 1024 / 4));
-  settings.check_replicas = config_.check_replicas;
-  settings.offload_dir = config_.offload_dir;
+      std::max<int64_t>(1, static_cast<int64_t>(config_.parallelism.bucket_mb * 1024 * 1024 / 4));
+  settings.check_replicas = config_.parallelism.check_replicas;
+  settings.offload_dir = config_.parallelism.offload_dir;
   if (shape.pp > 1) {
     // Pipeline parallelism: this rank's virtual stages, each with its data parallelism (bf16
     // copies kept as below; the config refuses ZeRO-3 with a pipeline).
@@ -109,12 +111,12 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     model_ = std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{},
                                                   tp_group, ep_group);
     model_->set_activation_checkpointing(config_.activation_checkpoint);
-    model_->initialize(config_.seed);
-    dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings, config_.adamw,
-                                                   &tracker_);
+    model_->initialize(config_.training.seed);
+    dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings,
+                                                   config_.optimizer.adamw, &tracker_);
     // bf16: the GEMMs read the weights' bf16 copies, rounded once per optimizer step (2 bytes per
     // parameter). Not under ZeRO-3, whose point is not to hold the whole model on every rank.
-    if (config_.precision == kernels::Precision::bf16 && config_.zero < 3)
+    if (config_.training.precision == kernels::Precision::bf16 && config_.parallelism.zero < 3)
       model_->parameters().keep_bf16_copies(&tracker_);
     runner_ = std::make_unique<PlainStepRunner>(*model_, *dp_, clocks_);
   }
@@ -163,24 +165,25 @@ double Trainer::validation_loss() {
   comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
   const int ranks = dp_group.size(), rank = dp_group.rank();
   const int cp = mesh_->size(mesh::Axis::cp);
-  const int64_t B = config_.micro_batch_size, T = config_.seq_len, local_T = T / cp;
+  const int64_t B = config_.training.micro_batch_size, T = config_.training.seq_len,
+                local_T = T / cp;
   std::vector<int32_t> inputs(static_cast<size_t>(B * ranks * T)), targets(inputs.size());
   std::vector<int32_t> local_inputs(static_cast<size_t>(B * local_T)),
       local_targets(local_inputs.size());
-  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get(), context_.get()};
+  model::LayerContext ctx{*ops_, config_.training.precision, &tracker_, dp_.get(), context_.get()};
   double sum = 0;
-  for (int64_t i = 0; i < config_.val_batches; ++i) {
+  for (int64_t i = 0; i < config_.validation.batches; ++i) {
     batches_->validation_batch(i, inputs.data(), targets.data(), B * ranks);
     const size_t slice = static_cast<size_t>(rank * B * T);
     take_sequence_share(local_inputs.data(), inputs.data() + slice, B);
     take_sequence_share(local_targets.data(), targets.data() + slice, B);
     sum += runner_->evaluate(ctx, local_inputs.data(), local_targets.data(), B, local_T);
   }
-  return data_parallel().average(sum / static_cast<double>(config_.val_batches));
+  return data_parallel().average(sum / static_cast<double>(config_.validation.batches));
 }
 
 void Trainer::take_sequence_share(int32_t* local, const int32_t* full, int64_t batch) const {
-  const int64_t T = config_.seq_len;
+  const int64_t T = config_.training.seq_len;
   if (context_ == nullptr)
     std::copy_n(full, batch * T, local);
   else
@@ -195,14 +198,15 @@ void TrainResult::add_step(const StepOutcome& step) {
 }
 
 MicroBatchSource Trainer::micro_batch_source() {
-  const int64_t B = config_.micro_batch_size;
+  const int64_t B = config_.training.micro_batch_size;
   if (!context_)
     return [this, B](int32_t* inputs, int32_t* targets) { batches_->next(inputs, targets, B); };
   // Context parallelism: the whole sequences read, this rank's share of each kept.
-  auto full = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(2 * B * config_.seq_len));
+  auto full =
+      std::make_shared<std::vector<int32_t>>(static_cast<size_t>(2 * B * config_.training.seq_len));
   return [this, B, full](int32_t* inputs, int32_t* targets) {
     int32_t* full_inputs = full->data();
-    int32_t* full_targets = full_inputs + B * config_.seq_len;
+    int32_t* full_targets = full_inputs + B * config_.training.seq_len;
     batches_->next(full_inputs, full_targets, B);
     take_sequence_share(inputs, full_inputs, B);
     take_sequence_share(targets, full_targets, B);
@@ -212,33 +216,33 @@ MicroBatchSource Trainer::micro_batch_source() {
 TrainResult Trainer::run() {
   const std::string config_toml = config_.to_toml();
   if (printing_) {
-    fs::create_directories(config_.run_dir);
-    write_text_atomic((fs::path(config_.run_dir) / "config.toml").string(), config_toml);
+    fs::create_directories(config_.job.run_dir);
+    write_text_atomic((fs::path(config_.job.run_dir) / "config.toml").string(), config_toml);
   }
   const mesh::MeshShape shape = layout_of(config_);
   const RunRates rates = run_rates(config_, shape, ops_->engine(), printing_);
   if (printing_)
     print_run_banner(config_, *mesh_, rates, data_parallel(), pipeline_.get(), ops_->engine());
   StepReporter reporter(config_, shape, rates, start_step_ + 1, tracker_, printing_);
-  model::LayerContext ctx{*ops_, config_.precision, &tracker_, dp_.get(), context_.get()};
+  model::LayerContext ctx{*ops_, config_.training.precision, &tracker_, dp_.get(), context_.get()};
   if (config_.model.is_moe()) ctx.balancing = group_;  // the batch group dp x cp
   const auto schedule = config_.lr_schedule();
   std::optional<RunTrace> trace;
-  if (!config_.trace.empty()) trace.emplace(make_trace());
+  if (!config_.metrics.trace.empty()) trace.emplace(make_trace());
   TrainResult result;
   result.first_step = start_step_ + 1;
   result.rank = mesh_->world().rank();
   // Under context parallelism each rank runs its T / cp rows of every sequence.
-  const StepShape step_shape{config_.micro_batch_size, config_.seq_len / shape.cp,
-                             config_.gradient_accumulation_steps};
+  const StepShape step_shape{config_.training.micro_batch_size, config_.training.seq_len / shape.cp,
+                             config_.training.gradient_accumulation_steps};
   const MicroBatchSource next_micro_batch = micro_batch_source();
   double total_seconds = 0;
-  for (int64_t step = start_step_ + 1; step <= config_.steps; ++step) {
+  for (int64_t step = start_step_ + 1; step <= config_.training.steps; ++step) {
     const float lr = schedule.at(step);
     faults_.before_step(result.rank, step);
     const int64_t step_start_ns = steady_clock_ns();
     const StepOutcome outcome = runner_->run(ctx, step_shape, next_micro_batch, lr, step);
-    if (trace && step >= config_.trace_first && step <= config_.trace_last)
+    if (trace && step >= config_.metrics.trace_first && step <= config_.metrics.trace_last)
       trace->add_step(step, step_start_ns, steady_clock_ns(), runner_->timeline());
     else if (trace)
       trace->skip_step();
@@ -252,8 +256,8 @@ TrainResult Trainer::run() {
     result.add_step(outcome);
     total_seconds += outcome.seconds;
     std::optional<double> val_loss;  // on every rank (ZeRO-3's gathers are collective)
-    if (batches_->has_validation() && config_.val_freq > 0 &&
-        (step % config_.val_freq == 0 || step == config_.steps)) {
+    if (batches_->has_validation() && config_.validation.freq > 0 &&
+        (step % config_.validation.freq == 0 || step == config_.training.steps)) {
       val_loss = validation_loss();
       result.final_val_loss = *val_loss;
     }
@@ -262,7 +266,7 @@ TrainResult Trainer::run() {
   }
   reporter.finish_progress();
   finish_run(config_toml, trace ? &*trace : nullptr, result);
-  const int64_t steps_run = config_.steps - start_step_;
+  const int64_t steps_run = config_.training.steps - start_step_;
   if (steps_run > 0)
     result.tokens_per_second =
         static_cast<double>(rates.tokens_per_step * steps_run) / total_seconds;
@@ -273,8 +277,8 @@ void Trainer::checkpoint_after_step(int64_t step, const std::string& config_toml
                                     StepReporter& reporter, TrainResult& result) {
   const int64_t start_ns = steady_clock_ns();
   if (checkpoints_->pending()) publish_checkpoint(false);  // a background save done?
-  if (config_.checkpoint_enable && config_.checkpoint_interval > 0 &&
-      step % config_.checkpoint_interval == 0 && step != config_.steps) {
+  if (config_.checkpoint.enable && config_.checkpoint.interval > 0 &&
+      step % config_.checkpoint.interval == 0 && step != config_.training.steps) {
     reporter.finish_progress();
     save(step, config_toml, false);
     ++result.checkpoints;
@@ -284,12 +288,12 @@ void Trainer::checkpoint_after_step(int64_t step, const std::string& config_toml
 
 void Trainer::finish_run(const std::string& config_toml, RunTrace* trace, TrainResult& result) {
   if (trace) {
-    trace->write(config_.trace, mesh_->world());
-    if (printing_) std::printf("trace %s\n", config_.trace.c_str());
+    trace->write(config_.metrics.trace, mesh_->world());
+    if (printing_) std::printf("trace %s\n", config_.metrics.trace.c_str());
   }
   const int64_t start_ns = steady_clock_ns();
-  if (config_.checkpoint_enable && config_.steps > start_step_) {
-    save(config_.steps, config_toml, true);
+  if (config_.checkpoint.enable && config_.training.steps > start_step_) {
+    save(config_.training.steps, config_toml, true);
     ++result.checkpoints;
   }
   publish_checkpoint(true);  // (nothing when no save is pending)
@@ -298,14 +302,16 @@ void Trainer::finish_run(const std::string& config_toml, RunTrace* trace, TrainR
 }
 
 int threads_per_rank(const TrainConfig& config, int ranks_in_process) {
-  const int total = config.threads > 0 ? static_cast<int>(config.threads) : omp_get_num_procs();
+  const int total =
+      config.training.threads > 0 ? static_cast<int>(config.training.threads) : omp_get_num_procs();
   return std::max(1, total / std::max(1, ranks_in_process));
 }
 
 TrainResult train_on_ranks(const TrainConfig& config, const FaultInjection& faults) {
   const comm::LaunchInfo launch = comm::detect_launch();
-  const bool use_mpi = config.backend == "mpi" ||
-                       (config.backend == "auto" && launch.launched() && launch.world_size > 1);
+  const bool use_mpi =
+      config.parallelism.backend == "mpi" ||
+      (config.parallelism.backend == "auto" && launch.launched() && launch.world_size > 1);
   if (use_mpi) {
     check(comm::mpi_backend_available(),
           "parallelism.backend = mpi, but this build has no MPI: install Open MPI and rebuild, or "
@@ -318,8 +324,8 @@ TrainResult train_on_ranks(const TrainConfig& config, const FaultInjection& faul
               std::to_string(world->size()) + ": pass --dp " +
               std::to_string(world->size() / (shape.pp * shape.cp * shape.tp)) +
               " (or --dp -1), or start " + std::to_string(shape.world()) + " ranks");
-    omp_set_num_threads(config.threads > 0 ? static_cast<int>(config.threads)
-                                           : threads_per_rank(config, launch.local_size));
+    omp_set_num_threads(config.training.threads > 0 ? static_cast<int>(config.training.threads)
+                                                    : threads_per_rank(config, launch.local_size));
     TrainResult result;
     {
       Trainer trainer(config, world.get(), faults);

@@ -78,18 +78,18 @@ void Trainer::save(int64_t step, const std::string& config_toml, bool final) {
     add(runner_->stage(i), runner_->data_parallel(i));
   const mesh::MeshShape shape = config_.layout().mesh_shape();
   CheckpointContents contents;
-  contents.run_dir = config_.run_dir;
+  contents.run_dir = config_.job.run_dir;
   contents.config = config_.model;
-  contents.state = TrainerState{step, batches_->position(), config_.seed};
+  contents.state = TrainerState{step, batches_->position(), config_.training.seed};
   contents.optimizer_steps = data_parallel().steps_taken();
   contents.config_toml = config_toml;
-  contents.keep_latest = config_.keep_latest;
+  contents.keep_latest = config_.checkpoint.keep_latest;
   contents.layout = "pp" + std::to_string(shape.pp) + " dp" + std::to_string(shape.dp) + " cp" +
                     std::to_string(shape.cp) + " tp" + std::to_string(shape.tp) + " ep" +
-                    std::to_string(shape.ep) + " zero" + std::to_string(config_.zero);
+                    std::to_string(shape.ep) + " zero" + std::to_string(config_.parallelism.zero);
   if (faults_.kill_during_save.hits(mesh_->world().rank(), step))
     checkpoints_->kill_while_writing();
-  background_save_ = config_.checkpoint_async && !final;
+  background_save_ = config_.checkpoint.async && !final;
   checkpoints_->start(contents, sources, background_save_);
   if (!background_save_) publish_checkpoint(true);
 }
@@ -108,13 +108,13 @@ void Trainer::publish_checkpoint(bool wait) {
 void Trainer::resume() {
   // An explicit checkpoint is the only candidate; the run's own are tried newest first.
   std::vector<std::string> candidates;
-  if (!config_.resume_from.empty())
-    candidates.push_back(resolve_checkpoint(config_.resume_from));
-  else if (config_.resume && config_.checkpoint_enable)
-    candidates = checkpoint_candidates(config_.run_dir);
+  if (!config_.checkpoint.resume_from.empty())
+    candidates.push_back(resolve_checkpoint(config_.checkpoint.resume_from));
+  else if (config_.checkpoint.resume && config_.checkpoint.enable)
+    candidates = checkpoint_candidates(config_.job.run_dir);
   comm::Communicator& world = mesh_->world();
   // Staging directories of saves a kill interrupted are never published: removed here.
-  if (printing_) remove_unpublished_checkpoints(config_.run_dir);
+  if (printing_) remove_unpublished_checkpoints(config_.job.run_dir);
   world.barrier();
   std::string newest_problem;  // what was wrong with the first candidate, on this rank
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -126,7 +126,7 @@ void Trainer::resume() {
       if (pipeline_) {
         state = pipeline_->load(dir);
       } else {
-        optim::AdamWOptimizer full(*ops_, model_->parameters(), config_.adamw, nullptr);
+        optim::AdamWOptimizer full(*ops_, model_->parameters(), config_.optimizer.adamw, nullptr);
         state = load_checkpoint(dir, *model_, &full);
         dp_->import_state(full);
       }
@@ -151,7 +151,7 @@ void Trainer::resume() {
     }
     // The seed orders the data: a run continues with its own (an imported step-0 checkpoint has
     // consumed none, so any seed starts from it).
-    check(state.seed == config_.seed || state.step == 0,
+    check(state.seed == config_.training.seed || state.step == 0,
           "checkpoint " + dir + " was trained with training.seed = " + std::to_string(state.seed) +
               ": resume with the same seed or use a new job.run_dir");
     start_step_ = state.step;
