@@ -15,8 +15,8 @@
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
+#include "lattice/core/scoped_omp_threads.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
-#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
@@ -80,7 +80,7 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
       group = own_group.get();
     }
     const int rank = group->rank();
-    const kernels::ScopedOmpThreads kernel_threads(threads);
+    const ScopedOmpThreads kernel_threads(threads);
     MemoryTracker tracker;
     kernels::CpuOps ops;
     // The trainer's layout (tp innermost): the blocks split over the tp group, the batch over dp.
