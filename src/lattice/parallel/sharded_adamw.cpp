@@ -26,7 +26,7 @@ ShardedAdamW::ShardedAdamW(kernels::Ops& ops, const model::ParameterStore& store
   }
   optim::OffloadSettings offload;
   offload.directory = offload_directory;
-  offload_ = std::make_unique<optim::OffloadedAdamWState>(offload, elements, tracker);
+  offload_ = std::make_unique<optim::OffloadedAdamWState>(ops_, offload, elements, tracker);
   // Weight decay ranges in state offsets (sorted, disjoint).
   if (zero_stage_ == 0) {
     for (const auto& p : store.parameters())

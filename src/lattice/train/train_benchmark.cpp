@@ -16,7 +16,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/core/scoped_omp_threads.hpp"
-#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/kernels/make_ops.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
@@ -82,7 +82,8 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     const int rank = group->rank();
     const ScopedOmpThreads kernel_threads(threads);
     MemoryTracker tracker;
-    kernels::CpuOps ops;
+    const std::unique_ptr<kernels::Ops> backend = kernels::make_ops(Device::cpu);
+    kernels::Ops& ops = *backend;
     // The trainer's layout (tp innermost): the blocks split over the tp group, the batch over dp.
     mesh::Mesh mesh(*group, {.dp = replicas, .tp = tp});
     comm::Communicator& tp_group = mesh.group(mesh::Axis::tp);

@@ -32,6 +32,14 @@ std::string CpuOps::describe() const {
   return "cpu: " + cpu_features().best_tier() + " kernels; " + engine_->bf16_gemms();
 }
 
+std::string CpuOps::describe_bf16() const {
+  return engine_->bf16_gemms();
+}
+
+bool CpuOps::bf16_on_fp32_units() const {
+  return engine_->bf16_on_fp32_units();
+}
+
 int64_t CpuOps::scratch_bytes() const {
   return engine_->scratch_bytes() + static_cast<int64_t>(pre_activation_.nbytes()) +
          static_cast<int64_t>(column_sums_.capacity() * sizeof(double));
