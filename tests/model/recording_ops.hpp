@@ -257,6 +257,10 @@ class RecordingOps final : public kernels::Ops {
     record("copy");
     inner_.copy(out, in, n);
   }
+  void scale_copy(float* out, const float* in, int64_t n, float factor) override {
+    record("scale_copy");
+    inner_.scale_copy(out, in, n, factor);
+  }
   void fill_zero(float* x, int64_t n) override {
     record("fill_zero");
     inner_.fill_zero(x, n);

@@ -276,6 +276,8 @@ class Ops {
 
   virtual void add_inplace(float* accumulator, const float* x, int64_t n) = 0;
   virtual void copy(float* out, const float* in, int64_t n) = 0;
+  // out[i] = in[i] · factor, one fp32 product each (a gradient bucket averaged into its staging).
+  virtual void scale_copy(float* out, const float* in, int64_t n, float factor) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
   virtual void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) = 0;
   // Exact (every bf16 is an fp32).

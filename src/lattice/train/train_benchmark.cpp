@@ -91,7 +91,7 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     model::TensorParallelGroup tp_layers{&tp_group, tp_group.rank(), tp_group.size(), &tp_seconds,
                                          tp_overlap};
     tp_layers.sequence_parallel = sequence_parallel && tp > 1;
-    model::Transformer model(c.model, &tracker, model::StageRange{}, tp_layers);
+    model::Transformer model(c.model, &tracker, model::StageRange{}, tp_layers, {}, ops.memory());
     model.initialize(0);
     // As the trainer does in bf16 without ZeRO-3: the weights' bf16 copies, rounded per step.
     if (precision == kernels::Precision::bf16) model.parameters().keep_bf16_copies(&tracker);

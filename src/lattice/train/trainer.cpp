@@ -107,7 +107,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
     const model::ExpertParallelGroup ep_group{&ep, ep.rank(), ep.size(), &clocks_.ep_seconds};
     model_ = std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{},
-                                                  tp_group, ep_group);
+                                                  tp_group, ep_group, ops_->memory());
     model_->set_activation_checkpointing(config_.activation_checkpoint);
     model_->initialize(config_.seed);
     dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings, config_.adamw,

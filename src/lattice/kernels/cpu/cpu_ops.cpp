@@ -197,6 +197,10 @@ void CpuOps::copy(float* out, const float* in, int64_t n) {
   kernels::copy(out, in, n);
 }
 
+void CpuOps::scale_copy(float* out, const float* in, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] * factor;
+}
+
 void CpuOps::fill_zero(float* x, int64_t n) {
   zero_in_parallel(x, n);
 }

@@ -136,6 +136,7 @@ class CpuOps final : public Ops {
 
   void add_inplace(float* accumulator, const float* x, int64_t n) override;
   void copy(float* out, const float* in, int64_t n) override;
+  void scale_copy(float* out, const float* in, int64_t n, float factor) override;
   void fill_zero(float* x, int64_t n) override;
   void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) override;
   void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override;
