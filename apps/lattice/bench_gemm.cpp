@@ -14,7 +14,7 @@
 #include "bench_host.hpp"
 #include "lattice/core/cpu_features.hpp"
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/train/gemm_benchmark.hpp"
 #include "lattice/train/metrics.hpp"
 #include "lattice/train/train_benchmark.hpp"
@@ -56,11 +56,11 @@ void register_bench_gemm(CLI::App& bench) {
           "cannot find bench/pytorch_gemm.py: run from the repository or pass --script");
     const std::string python = o->python.empty() ? train::default_pytorch_python() : o->python;
     const int threads = omp_get_max_threads();
-    kernels::MatmulEngine matmul;
+    kernels::CpuOps ops;
     std::printf("CPU: %s\n", cpu_model().c_str());
     std::printf("threads %d\n", threads);
     std::printf("Lattice ISA: %s\n", cpu_features().best_tier().c_str());
-    std::printf("Lattice: %s\n", matmul.bf16_gemms().c_str());
+    std::printf("Lattice: %s\n", ops.describe_bf16().c_str());
     std::printf("operands: %s\n", o->cold ? "cold (256 MiB read and written between runs)"
                                           : "warm (each run after the previous one)");
     const auto cases = train::gemm_cases(models);
@@ -76,8 +76,7 @@ void register_bench_gemm(CLI::App& bench) {
       }
       for (size_t i = 0; i < cases.size(); ++i) {
         const auto& c = cases[i];
-        const double lattice =
-            train::linear_forward_flops(c.M, c.K, c.N, precision, matmul, o->cold);
+        const double lattice = train::linear_forward_flops(c.M, c.K, c.N, precision, ops, o->cold);
         const std::string shape =
             std::to_string(c.M) + "x" + std::to_string(c.K) + "x" + std::to_string(c.N);
         std::printf("%-20s %-18s %5s %14.0f", c.name.c_str(), shape.c_str(),

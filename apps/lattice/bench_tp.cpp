@@ -15,7 +15,7 @@
 
 #include "bench_host.hpp"
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/train/train_benchmark.hpp"
 #include "verbs.hpp"
 
@@ -62,7 +62,7 @@ void run_bench(const Options& o) {
   bool any_bf16 = false;
   for (const auto& name : o.precisions)  // refuses an unknown precision before any run
     any_bf16 |= kernels::parse_precision(name) == kernels::Precision::bf16;
-  if (any_bf16) std::printf("Lattice: %s\n", kernels::MatmulEngine().bf16_gemms().c_str());
+  if (any_bf16) std::printf("Lattice: %s\n", kernels::CpuOps().describe_bf16().c_str());
   std::printf(
       "%lld timed steps after %lld warm-up per run, %lld rounds alternating the layouts "
       "(medians)\n\n",

@@ -16,7 +16,7 @@
 #include "bench_host.hpp"
 #include "lattice/core/cpu_features.hpp"
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/train/metrics.hpp"
 #include "lattice/train/step_bound.hpp"
 #include "lattice/train/train_benchmark.hpp"
@@ -35,10 +35,9 @@ struct TorchRates {
 // The step's MFU bound (train/step_bound.hpp) for `precision` with every thread on one rank,
 // against the tokens/s that 1.2x the best PyTorch mode (`best_torch`, 0: not run) would take.
 void print_step_bound(const train::BenchmarkCase& c, kernels::Precision precision,
-                      kernels::MatmulEngine& matmul, double best_torch) {
-  const double peak = train::calibrate_peak_flops(matmul, precision);
-  const auto bound =
-      train::measure_step_bound(c.model, c.batch, c.seq_len, precision, matmul, peak);
+                      kernels::Ops& ops, double best_torch) {
+  const double peak = train::calibrate_peak_flops(ops, precision);
+  const auto bound = train::measure_step_bound(c.model, c.batch, c.seq_len, precision, ops, peak);
   const double tokens = static_cast<double>(c.batch * c.seq_len);
   std::printf("  bound (%s, 1 rank): Linear GEMMs each alone at its shape:",
               std::string(kernels::precision_name(precision)).c_str());
@@ -124,14 +123,14 @@ void register_bench_train(CLI::App& bench) {
         train::benchmark_cases(o->shape);  // refuses an unknown shape before any output
     const std::string python = o->python.empty() ? train::default_pytorch_python() : o->python;
     const int threads = omp_get_max_threads();
-    kernels::MatmulEngine matmul;  // each row's peak calibration (below)
+    kernels::CpuOps ops;  // each row's peak calibration (below)
     bool any_bf16 = false;
     for (const auto& name : o->precisions)  // refuses an unknown precision before any run
       any_bf16 |= kernels::parse_precision(name) == kernels::Precision::bf16;
     std::printf("CPU: %s\n", cpu_model().c_str());
     std::printf("threads %d\n", threads);
     std::printf("Lattice ISA: %s\n", cpu_features().best_tier().c_str());
-    if (any_bf16) std::printf("Lattice: %s\n", matmul.bf16_gemms().c_str());
+    if (any_bf16) std::printf("Lattice: %s\n", ops.describe_bf16().c_str());
     // PyTorch: what its torch offers (one probe), then the modes it runs in each row.
     bool run_pytorch = !o->skip_pytorch, run_compiled = false;
     std::string compiled_off;  // why the compiled mode is not timed ("" when it is)
@@ -181,7 +180,7 @@ void register_bench_train(CLI::App& bench) {
           // The peak measured again just before the row and just after it, the better of the two:
           // a shared host's GEMM rate moves by 20-30% between phases, and an MFU against a peak
           // from a slower phase read above 100% (once with the calibration before the row alone).
-          const double peak_before = train::calibrate_peak_flops(matmul, precision);
+          const double peak_before = train::calibrate_peak_flops(ops, precision);
           // Rounds alternate the sides, so load changes on a shared machine reach all of them.
           std::vector<double> mine_rates, eager_rates, compiled_rates, compile_seconds;
           std::string why, why_compiled;
@@ -203,7 +202,7 @@ void register_bench_train(CLI::App& bench) {
             }
           }
           const double row_peak =
-              std::max(peak_before, train::calibrate_peak_flops(matmul, precision));
+              std::max(peak_before, train::calibrate_peak_flops(ops, precision));
           const double mine = median(mine_rates);
           const std::string mode = name + " " + layout;
           if (mine > best_mine.first) best_mine = {mine, mode};
@@ -251,7 +250,7 @@ void register_bench_train(CLI::App& bench) {
                       precision_mine.second.c_str(), precision_torch.second.c_str(),
                       precision_mine.first / precision_torch.first);
         }
-        if (o->bound) print_step_bound(c, precision, matmul, precision_torch.first);
+        if (o->bound) print_step_bound(c, precision, ops, precision_torch.first);
       }
       if (best_torch.first > 0) {
         std::printf("  -> best Lattice (%s) / best PyTorch (%s): %.2fx\n", best_mine.second.c_str(),

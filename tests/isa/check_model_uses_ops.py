@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Checks that the model reaches kernels only through the backend-neutral kernel interface.
+"""Checks that the model, the trainer, the parallelisms and the optimizer reach kernels only through
+the backend-neutral kernel interface.
 
-Every op a layer computes goes through kernels::Ops (src/lattice/kernels/ops.hpp), so a CUDA
-backend is a new folder beside kernels/cpu/, not a change to the model. This script scans
-src/lattice/model/*.hpp and *.cpp and fails, naming each file:line, on
+Every op a layer, the optimizer, ZeRO or the gradient norm computes goes through kernels::Ops
+(src/lattice/kernels/ops.hpp), made by kernels/make_ops.hpp, so a CUDA backend is a new folder
+beside kernels/cpu/, not a change to them. This script scans the .hpp and .cpp files of
+src/lattice/model/, and of src/lattice/train/, src/lattice/parallel/ and src/lattice/optim/ with
+their subfolders, and fails, naming each file:line, on
   - an #include of a header in a backend's folder (lattice/kernels/<folder>/..., e.g. cpu/), and
   - a kernels:: name (written kernels::X, lattice::kernels::X, or through a namespace alias of
     either, e.g. `namespace k = lattice::kernels;` then k::X) whose X is not declared at namespace
@@ -17,12 +20,15 @@ import os
 import re
 import sys
 
-# Files allowed to use the CPU backend directly, each with its reason.
+# The folders checked (under src/lattice/), and whether their subfolders are too.
+CHECKED = [("model", False), ("train", True), ("parallel", True), ("optim", True)]
+
+# Files allowed to use the CPU backend directly (paths under src/lattice/), each with its reason.
 ALLOWED = {
     # The host parameter store's own upkeep: it zeroes the gradients and rounds the bf16 copies of
     # the values in host memory (kernels/cpu/elementwise.hpp, convert.hpp). A device-resident store
     # is the CUDA backend's issue.
-    "parameter_store.cpp",
+    "model/parameter_store.cpp",
 }
 
 IDENT = r"[A-Za-z_]\w*"
@@ -139,7 +145,8 @@ def check_file(path, neutral_headers, allowed_names):
         m = INCLUDE.match(line)
         if m and m.group(1) not in neutral_headers:
             problems.append((number, "includes lattice/kernels/%s, a backend's header: reach the "
-                             "kernels through LayerContext::ops (kernels/ops.hpp)" % m.group(1)))
+                             "kernels through kernels::Ops (kernels/ops.hpp; made by "
+                             "kernels/make_ops.hpp)" % m.group(1)))
     code = strip_comments_and_strings(raw)
     prefixes = {"kernels"} | {m.group(1) for m in ALIAS.finditer(code)}
     qualified = re.compile(r"(?<![\w:])(?:(?:::)?lattice::)?(" + "|".join(sorted(prefixes)) +
@@ -151,7 +158,7 @@ def check_file(path, neutral_headers, allowed_names):
         for m in qualified.finditer(line):
             if m.group(2) not in allowed_names:
                 problems.append((number, "%s::%s is not declared by a backend-neutral header "
-                                 "(src/lattice/kernels/*.hpp): compute through LayerContext::ops"
+                                 "(src/lattice/kernels/*.hpp): compute through kernels::Ops"
                                  % (m.group(1), m.group(2))))
     return problems
 
@@ -160,29 +167,38 @@ def main():
     source = os.path.normpath(sys.argv[1] if len(sys.argv) > 1 else
                               os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     kernels_dir = os.path.join(source, "src", "lattice", "kernels")
-    model_dir = os.path.join(source, "src", "lattice", "model")
+    lattice_dir = os.path.join(source, "src", "lattice")
     neutral_headers = {n for n in os.listdir(kernels_dir)
                        if n.endswith(".hpp") and os.path.isfile(os.path.join(kernels_dir, n))}
     allowed_names = neutral_names(kernels_dir)
     if "Ops" not in allowed_names:
         print("check_model_uses_ops: no kernels::Ops declared under " + kernels_dir)
         return 1
-    files = sorted(n for n in os.listdir(model_dir) if n.endswith((".hpp", ".cpp")))
-    if not files:
-        print("check_model_uses_ops: no model sources under " + model_dir)
-        return 1
+    files = []
+    for folder, recursive in CHECKED:
+        top = os.path.join(lattice_dir, folder)
+        found = []
+        for root, dirs, names in os.walk(top):
+            if not recursive:
+                dirs[:] = []
+            found += [os.path.relpath(os.path.join(root, n), lattice_dir)
+                      for n in names if n.endswith((".hpp", ".cpp"))]
+        if not found:
+            print("check_model_uses_ops: no sources under " + top)
+            return 1
+        files += sorted(found)
     failures = 0
     for name in files:
         if name in ALLOWED:
             continue
-        for number, why in check_file(os.path.join(model_dir, name), neutral_headers,
-                                      allowed_names):
-            print("%s:%d: %s" % (os.path.join(model_dir, name), number, why))
+        path = os.path.join(lattice_dir, name)
+        for number, why in check_file(path, neutral_headers, allowed_names):
+            print("%s:%d: %s" % (path, number, why))
             failures += 1
-    print("check_model_uses_ops: %d model files (%d allowed: %s), %d names from %d "
+    print("check_model_uses_ops: %d files of %s (%d allowed: %s), %d names from %d "
           "backend-neutral headers, %d problems"
-          % (len(files), len(ALLOWED), ", ".join(sorted(ALLOWED)), len(allowed_names),
-             len(neutral_headers), failures))
+          % (len(files), ", ".join(folder + "/" for folder, _ in CHECKED), len(ALLOWED),
+             ", ".join(sorted(ALLOWED)), len(allowed_names), len(neutral_headers), failures))
     return 1 if failures else 0
 
 

@@ -2,10 +2,10 @@
 // use, for tests that check results are bit-identical across thread counts.
 #pragma once
 
-#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
+#include "lattice/core/scoped_omp_threads.hpp"
 
 namespace lattice::testing {
 
-using ScopedOmpThreads = lattice::kernels::ScopedOmpThreads;
+using ScopedOmpThreads = lattice::ScopedOmpThreads;
 
 }  // namespace lattice::testing

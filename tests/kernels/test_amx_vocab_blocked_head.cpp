@@ -16,11 +16,11 @@
 #include "gradcheck.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/core/scoped_omp_threads.hpp"
 #include "lattice/kernels/cpu/amx_packed_gemm.hpp"
 #include "lattice/kernels/cpu/amx_vocab_blocked_head.hpp"
 #include "lattice/kernels/cpu/cross_entropy.hpp"
 #include "lattice/kernels/cpu/matmul.hpp"
-#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 
 namespace lattice::kernels {
 namespace {

@@ -8,8 +8,8 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
+#include "lattice/core/scoped_omp_threads.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
-#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 #include "lattice/model/transformer.hpp"
 
 using namespace lattice;
@@ -264,7 +264,7 @@ void expect_gradients_agree(const ParameterStore& a, const ParameterStore& b, do
 
 TEST_P(HeadFusionParity, Bf16HeadBackwardInsideTheForwardEqualsTheSeparateBackward) {
   const ModelConfig config = tiny(GetParam());
-  kernels::ScopedOmpThreads two_threads(2);
+  ScopedOmpThreads two_threads(2);
   kernels::CpuOps ops;
   LayerContext ctx{ops, kernels::Precision::bf16, nullptr};
   const int64_t B = 20, T = 32;
@@ -302,7 +302,7 @@ TEST_P(HeadFusionParity, Bf16VocabBlockedHeadAgreesWithTheSeparateBackward) {
   const ModelConfig config = tiny(GetParam());
   if (!kernels::MatmulEngine::vocab_blocked_head_applies(config.d_model))
     GTEST_SKIP() << "the vocabulary-blocked head needs AMX";
-  kernels::ScopedOmpThreads two_threads(2);
+  ScopedOmpThreads two_threads(2);
   kernels::CpuOps ops;
   LayerContext ctx{ops, kernels::Precision::bf16, nullptr};
   const int64_t B = 20, T = 32;

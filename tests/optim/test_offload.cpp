@@ -22,6 +22,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/core/memory.hpp"
+#include "lattice/kernels/cpu/adamw.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
@@ -137,7 +138,7 @@ TEST_P(OffloadMatchesInMemory, BitForBitOverSeveralSteps) {
   kernels::CpuOps adamw_ops;
   AdamWOptimizer optimizer(adamw_ops, reference, settings, nullptr);
   OffloadSettings offload{dir.sub("state"), c.chunk_elements, c.read_ahead, c.master};
-  OffloadedAdamWState state(offload, end - begin, nullptr);
+  OffloadedAdamWState state(adamw_ops, offload, end - begin, nullptr);
   if (c.master) state.write_master(0, end - begin, offloaded.values() + begin);
   const std::vector<DecayRange> decay = decay_ranges(offloaded, begin, end);
 
@@ -181,11 +182,12 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(OffloadedAdamWState, TracksOnlyTheChunkBuffersAndFreesThemAfterEachCall) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   TempDir dir;
   MemoryTracker tracker;
   const int64_t n = 10'000, chunk = 1024;
   const int read_ahead = 2;
-  OffloadedAdamWState state({dir.sub("s"), chunk, read_ahead, false}, n, &tracker);
+  OffloadedAdamWState state(ops, {dir.sub("s"), chunk, read_ahead, false}, n, &tracker);
   EXPECT_EQ(tracker.current(MemoryCategory::optimizer_state), 0);
   std::vector<float> params(n, 0.5f), grads(n, 0.25f);
   const DecayRange all{0, n};
@@ -200,18 +202,19 @@ TEST(OffloadedAdamWState, TracksOnlyTheChunkBuffersAndFreesThemAfterEachCall) {
   EXPECT_EQ(state.disk_bytes(), 2 * 2 * n * 4);
   // A state smaller than one chunk holds chunk buffers of its own size only.
   MemoryTracker small_tracker;
-  OffloadedAdamWState small({dir.sub("small"), chunk, read_ahead, true}, 100, &small_tracker);
+  OffloadedAdamWState small(ops, {dir.sub("small"), chunk, read_ahead, true}, 100, &small_tracker);
   small.step(params.data(), grads.data(), {}, {}, 1);
   EXPECT_EQ(small_tracker.peak(MemoryCategory::optimizer_state), 1 * 100 * 3 * 4);
 }
 
 TEST(OffloadedAdamWState, MasterOffloadHandsEachUpdatedChunkToTheSink) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   TempDir dir;
   const int64_t n = 2500;
   std::vector<float> initial(n), params(n), grads(n), received(n, -1.0f);
   for (int64_t i = 0; i < n; ++i) initial[i] = 0.001f * static_cast<float>(i % 97);
   fill_grads(grads.data(), n, 1);
-  OffloadedAdamWState state({dir.sub("s"), 600, 1, true}, n, nullptr);
+  OffloadedAdamWState state(ops, {dir.sub("s"), 600, 1, true}, n, nullptr);
   state.write_master(0, n, initial.data());
   int64_t next = 0;
   // No fp32 output buffer: the sink is the only consumer of the updated master.
@@ -249,7 +252,7 @@ TEST(OffloadedAdamWState, CheckpointRoundTripContinuesBitForBit) {
   }
   // "Checkpoint" the in-memory state, restore it into an offloaded state per parameter range.
   std::memcpy(restored.mutable_values(), reference.values(), static_cast<size_t>(n) * 4);
-  OffloadedAdamWState state({dir.sub("s"), 999, 2, false}, n, nullptr);
+  OffloadedAdamWState state(adamw_ops, {dir.sub("s"), 999, 2, false}, n, nullptr);
   state.write_moments(0, n, optimizer.exp_avg(), optimizer.exp_avg_sq());
   const auto decay = decay_ranges(restored, 0, n);
   for (int step = 3; step <= 4; ++step) {
@@ -277,6 +280,7 @@ TEST(OffloadedAdamWState, CheckpointRoundTripContinuesBitForBit) {
 }
 
 TEST(OffloadedAdamWState, ResumesTheCommittedStateAndIgnoresAHalfWrittenSlot) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   TempDir dir;
   const int64_t n = 5000;
   std::vector<float> params(n, 1.0f), grads(n), m0(n), v0(n), m1(n), v1(n);
@@ -284,7 +288,7 @@ TEST(OffloadedAdamWState, ResumesTheCommittedStateAndIgnoresAHalfWrittenSlot) {
   const OffloadSettings settings{dir.sub("s"), 600, 2, false};
   std::vector<uint8_t> header_after_one;
   {
-    OffloadedAdamWState state(settings, n, nullptr);
+    OffloadedAdamWState state(ops, settings, n, nullptr);
     state.step(params.data(), grads.data(), {}, {}, 1);
     state.read_moments(0, n, m0.data(), v0.data());
     std::ifstream in(settings.directory + "/adamw_state.header", std::ios::binary);
@@ -295,7 +299,7 @@ TEST(OffloadedAdamWState, ResumesTheCommittedStateAndIgnoresAHalfWrittenSlot) {
   OffloadSettings resume = settings;
   resume.resume = true;
   {
-    OffloadedAdamWState state(resume, n, nullptr);
+    OffloadedAdamWState state(ops, resume, n, nullptr);
     EXPECT_EQ(state.last_step(), 2);
     std::vector<float> m(n), v(n);
     state.read_moments(0, n, m.data(), v.data());
@@ -311,7 +315,7 @@ TEST(OffloadedAdamWState, ResumesTheCommittedStateAndIgnoresAHalfWrittenSlot) {
     std::ofstream(settings.directory + "/adamw_state.header.tmp") << "half";
   }
   {
-    OffloadedAdamWState state(resume, n, nullptr);
+    OffloadedAdamWState state(ops, resume, n, nullptr);
     EXPECT_EQ(state.last_step(), 1);
     std::vector<float> m(n), v(n);
     state.read_moments(0, n, m.data(), v.data());
@@ -330,7 +334,7 @@ TEST(OffloadedAdamWState, ResumesTheCommittedStateAndIgnoresAHalfWrittenSlot) {
   }
   // Resuming with another size is refused with a message naming the directory.
   try {
-    OffloadedAdamWState wrong(resume, n + 1, nullptr);
+    OffloadedAdamWState wrong(ops, resume, n + 1, nullptr);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(settings.directory), std::string::npos) << e.what();
@@ -355,11 +359,12 @@ bool contains(const std::string& text, const std::string& part) {
 }  // namespace
 
 TEST(OffloadedAdamWState, DamagedFilesAreReportedWithTheirPathAndTheFix) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   TempDir dir;
   const int64_t n = 3000;
   std::vector<float> params(n, 1.0f), grads(n, 0.5f);
   const OffloadSettings settings{dir.sub("s"), 1000, 2, false};
-  auto state = std::make_unique<OffloadedAdamWState>(settings, n, nullptr);
+  auto state = std::make_unique<OffloadedAdamWState>(ops, settings, n, nullptr);
   state->step(params.data(), grads.data(), {}, {}, 1);
   const std::string active = settings.directory + "/adamw_state.1";  // after one step
   // One flipped byte in the valid slot: the next step names the file and the checksum.
@@ -390,7 +395,7 @@ TEST(OffloadedAdamWState, DamagedFilesAreReportedWithTheirPathAndTheFix) {
   state.reset();
   OffloadSettings resume = settings;
   resume.resume = true;
-  message = error_of([&] { OffloadedAdamWState s(resume, n, nullptr); });
+  message = error_of([&] { OffloadedAdamWState s(ops, resume, n, nullptr); });
   EXPECT_TRUE(contains(message, active) && contains(message, "truncated")) << message;
   // A corrupt header.
   {
@@ -399,22 +404,23 @@ TEST(OffloadedAdamWState, DamagedFilesAreReportedWithTheirPathAndTheFix) {
     f.seekp(20);
     f.write("\x01", 1);
   }
-  message = error_of([&] { OffloadedAdamWState s(resume, n, nullptr); });
+  message = error_of([&] { OffloadedAdamWState s(ops, resume, n, nullptr); });
   EXPECT_TRUE(contains(message, "adamw_state.header") && contains(message, "corrupt")) << message;
   // No state to resume.
   message = error_of([&] {
-    OffloadedAdamWState s({dir.sub("empty"), 1000, 2, false, true}, n, nullptr);
+    OffloadedAdamWState s(ops, {dir.sub("empty"), 1000, 2, false, true}, n, nullptr);
   });
   EXPECT_TRUE(contains(message, "does not exist")) << message;
 }
 
 TEST(OffloadedAdamWState, RefusesUnusableDirectoriesAndBadArguments) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   TempDir dir;
   fs::create_directories(dir.sub(""));
   std::ofstream(dir.sub("a_file")) << "x";
   // A directory that cannot be created (its parent is a file).
   std::string message = error_of([&] {
-    OffloadedAdamWState s({dir.sub("a_file/state"), 1000, 2, false}, 10, nullptr);
+    OffloadedAdamWState s(ops, {dir.sub("a_file/state"), 1000, 2, false}, 10, nullptr);
   });
   EXPECT_TRUE(contains(message, dir.sub("a_file/state")) && contains(message, "writable"))
       << message;
@@ -422,20 +428,20 @@ TEST(OffloadedAdamWState, RefusesUnusableDirectoriesAndBadArguments) {
     fs::create_directories(dir.sub("readonly"));
     fs::permissions(dir.sub("readonly"), fs::perms::owner_read | fs::perms::owner_exec);
     message = error_of([&] {
-      OffloadedAdamWState s({dir.sub("readonly"), 1000, 2, false}, 10, nullptr);
+      OffloadedAdamWState s(ops, {dir.sub("readonly"), 1000, 2, false}, 10, nullptr);
     });
     EXPECT_TRUE(contains(message, dir.sub("readonly")) && contains(message, "writable")) << message;
     fs::permissions(dir.sub("readonly"), fs::perms::owner_all);
   }
   // Two states in one directory.
-  OffloadedAdamWState first({dir.sub("shared"), 1000, 2, false}, 10, nullptr);
+  OffloadedAdamWState first(ops, {dir.sub("shared"), 1000, 2, false}, 10, nullptr);
   message = error_of([&] {
-    OffloadedAdamWState second({dir.sub("shared"), 1000, 2, false}, 10, nullptr);
+    OffloadedAdamWState second(ops, {dir.sub("shared"), 1000, 2, false}, 10, nullptr);
   });
   EXPECT_TRUE(contains(message, "its own offload directory")) << message;
   // Bad settings and arguments.
-  EXPECT_THROW(OffloadedAdamWState({dir.sub("c"), 0, 2, false}, 10, nullptr), Error);
-  EXPECT_THROW(OffloadedAdamWState({"", 1000, 2, false}, 10, nullptr), Error);
+  EXPECT_THROW(OffloadedAdamWState(ops, {dir.sub("c"), 0, 2, false}, 10, nullptr), Error);
+  EXPECT_THROW(OffloadedAdamWState(ops, {"", 1000, 2, false}, 10, nullptr), Error);
   std::vector<float> p(10), g(10);
   const DecayRange overlapping[2] = {{0, 5}, {4, 2}};
   EXPECT_THROW(first.step(p.data(), g.data(), overlapping, {}, 1), Error);
@@ -447,6 +453,7 @@ TEST(OffloadedAdamWState, RefusesUnusableDirectoriesAndBadArguments) {
 }
 
 TEST(OffloadedAdamWState, AFullDiskFailsAtCreationNamingTheFileAndTheFix) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   TempDir dir;
   // The file-size limit stands in for a full disk: reserving the slots fails with EFBIG up front.
   rlimit saved{};
@@ -456,7 +463,7 @@ TEST(OffloadedAdamWState, AFullDiskFailsAtCreationNamingTheFileAndTheFix) {
   limited.rlim_cur = 64 * 1024;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
   const std::string message = error_of([&] {
-    OffloadedAdamWState s({dir.sub("s"), 1 << 20, 2, false}, 1 << 20, nullptr);
+    OffloadedAdamWState s(ops, {dir.sub("s"), 1 << 20, 2, false}, 1 << 20, nullptr);
   });
   ::setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, previous);
@@ -470,6 +477,7 @@ TEST(OffloadedAdamWState, AFullDiskFailsAtCreationNamingTheFileAndTheFix) {
 }
 
 TEST(OffloadedAdamWState, ResidentMemoryDoesNotGrowByTheOffloadedMoments) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   const int64_t rss_start = process_rss_bytes();
   if (rss_start == 0) GTEST_SKIP() << "no /proc RSS on this system";
   TempDir dir;
@@ -477,7 +485,7 @@ TEST(OffloadedAdamWState, ResidentMemoryDoesNotGrowByTheOffloadedMoments) {
   std::vector<float> params(n, 1.0f), grads(n, 0.5f);  // touched: resident before the baseline
   OffloadSettings settings{dir.sub("s"), 1 << 16, 2, false};
   settings.durable = false;  // page cache only: this test measures memory, not the disk
-  OffloadedAdamWState state(settings, n, nullptr);
+  OffloadedAdamWState state(ops, settings, n, nullptr);
   const int64_t rss_before = process_rss_bytes();
   for (int step = 1; step <= 2; ++step) state.step(params.data(), grads.data(), {}, {}, step);
   const int64_t growth = process_rss_bytes() - rss_before;
@@ -487,6 +495,7 @@ TEST(OffloadedAdamWState, ResidentMemoryDoesNotGrowByTheOffloadedMoments) {
 }
 
 TEST(OffloadedAdamWState, AProcessKilledMidStepLeavesACompleteCommittedState) {
+  kernels::CpuOps ops;  // the backend the offloaded updates run on
   TempDir dir;
   // Small chunks (no OpenMP region in the child) and many steps, so the kill lands mid-run.
   const int64_t n = 50'000;
@@ -510,7 +519,7 @@ TEST(OffloadedAdamWState, AProcessKilledMidStepLeavesACompleteCommittedState) {
     ASSERT_GE(child, 0);
     if (child == 0) {  // the child trains until it is killed
       try {
-        OffloadedAdamWState state(settings, n, nullptr);
+        OffloadedAdamWState state(ops, settings, n, nullptr);
         std::vector<float> p(n, 1.0f);
         for (int step = 1; step <= steps; ++step) state.step(p.data(), grads.data(), {}, {}, step);
       } catch (...) {
@@ -524,7 +533,7 @@ TEST(OffloadedAdamWState, AProcessKilledMidStepLeavesACompleteCommittedState) {
     ::waitpid(child, &status, 0);
     OffloadSettings resume = settings;
     resume.resume = true;
-    OffloadedAdamWState state(resume, n, nullptr);
+    OffloadedAdamWState state(ops, resume, n, nullptr);
     const int64_t committed = state.last_step();
     ASSERT_GE(committed, 0);
     ASSERT_LE(committed, steps);

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/model_config.hpp"
 #include "lattice/train/metrics.hpp"
 #include "lattice/train/step_bound.hpp"
@@ -27,13 +27,13 @@ double non_matrix_parameters(const model::ModelConfig& m) {
 }
 
 TEST(StepBound, TimesExactlyTheModelsMatricesAndItsPartsAddUp) {
-  kernels::MatmulEngine matmul;
+  kernels::CpuOps ops;
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
     const auto m = model::model_preset(preset);
     const int64_t batch = 2, seq = 32;
-    const double peak = calibrate_peak_flops(matmul, kernels::Precision::fp32);
-    const auto bound = measure_step_bound(m, batch, seq, kernels::Precision::fp32, matmul, peak);
+    const double peak = calibrate_peak_flops(ops, kernels::Precision::fp32);
+    const auto bound = measure_step_bound(m, batch, seq, kernels::Precision::fp32, ops, peak);
     double matrix_parameters = 0, gemm_seconds = 0;
     for (const auto& g : bound.gemms) {
       EXPECT_EQ(g.M, batch * seq) << g.name;
@@ -65,10 +65,9 @@ TEST(StepBound, IsNeverBelowTheStepLatticeRuns) {
   // slowed bound measurement can at most halve the bound (the factor 2 below).
   const auto m = model::model_preset("gpt2-tiny");
   const BenchmarkCase c{"tiny", m, 4, 32};
-  kernels::MatmulEngine matmul;
-  const double peak = calibrate_peak_flops(matmul, kernels::Precision::fp32);
-  const auto bound =
-      measure_step_bound(m, c.batch, c.seq_len, kernels::Precision::fp32, matmul, peak);
+  kernels::CpuOps ops;
+  const double peak = calibrate_peak_flops(ops, kernels::Precision::fp32);
+  const auto bound = measure_step_bound(m, c.batch, c.seq_len, kernels::Precision::fp32, ops, peak);
   double best_step = 1e300;
   for (int run = 0; run < 3; ++run) {
     const auto r = benchmark_lattice_training(c, kernels::Precision::fp32, 3, 1);
@@ -81,9 +80,9 @@ TEST(StepBound, Bf16TimesItsOwnOptimizerAndAttentionKernels) {
   // bf16: the optimizer also writes the weights' bf16 copy (34 bytes a parameter), and the
   // attention kernels beside the bound are the bf16 ones (with GPT-2's bias column sums).
   const auto m = model::model_preset("gpt2-tiny");
-  kernels::MatmulEngine matmul;
-  const double peak = calibrate_peak_flops(matmul, kernels::Precision::bf16);
-  const auto bound = measure_step_bound(m, 2, 32, kernels::Precision::bf16, matmul, peak);
+  kernels::CpuOps ops;
+  const double peak = calibrate_peak_flops(ops, kernels::Precision::bf16);
+  const auto bound = measure_step_bound(m, 2, 32, kernels::Precision::bf16, ops, peak);
   EXPECT_DOUBLE_EQ(bound.optimizer_bytes, 34.0 * static_cast<double>(m.parameter_count()));
   EXPECT_GT(bound.optimizer_seconds, 0);
   EXPECT_GT(bound.attention_kernel_seconds, 0);
@@ -95,8 +94,8 @@ TEST(StepBound, RefusesMixtureOfExpertsModels) {
   auto m = model::model_preset("llama-tiny");
   m.n_experts = 4;
   m.top_k = 2;
-  kernels::MatmulEngine matmul;
-  EXPECT_THROW(measure_step_bound(m, 2, 16, kernels::Precision::fp32, matmul, 1e9), Error);
+  kernels::CpuOps ops;
+  EXPECT_THROW(measure_step_bound(m, 2, 16, kernels::Precision::fp32, ops, 1e9), Error);
 }
 
 }  // namespace

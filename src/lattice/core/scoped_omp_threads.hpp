@@ -5,7 +5,7 @@
 
 #include <omp.h>
 
-namespace lattice::kernels {
+namespace lattice {
 
 class ScopedOmpThreads {
  public:
@@ -20,4 +20,4 @@ class ScopedOmpThreads {
   int previous_;
 };
 
-}  // namespace lattice::kernels
+}  // namespace lattice

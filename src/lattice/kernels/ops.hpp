@@ -2,7 +2,9 @@
 // tensors, declared once. A backend implements it for one device (kernels/cpu/cpu_ops.hpp: oneDNN
 // GEMMs and Lattice's AVX2 / AVX-512 / AMX kernels chosen at run time); a CUDA backend will be a
 // new folder implementing the same class, with no change to the model. All pointers are the
-// backend's device memory; sizes are elements. Every layer reaches it as LayerContext::ops.
+// backend's device memory (memory(): its allocation, zero-fill and copies); sizes are elements.
+// Every layer reaches it as LayerContext::ops; the trainer, the optimizer, ZeRO and the gradient
+// norm hold one made by kernels/make_ops.hpp.
 //
 // How an op is computed (thread lanes, row chunks sized to a cache, tiles) is the backend's own:
 // the ops below name what is computed, and the fused ones name which intermediate never needs to
@@ -15,6 +17,7 @@
 #include <span>
 #include <string>
 
+#include "lattice/core/device_memory.hpp"
 #include "lattice/core/dtype.hpp"
 #include "lattice/core/tensor.hpp"
 #include "lattice/kernels/attention_shape.hpp"
@@ -45,6 +48,9 @@ struct HeadLossPlan {
   bool backward_in_forward = false;
   // How many [vocab, d_model] fp32 partials head_loss_bf16 writes (backward_in_forward only).
   int weight_gradient_partials = 0;
+  // The head runs in blocks of the vocabulary with its logits computed twice (HeadFusion's
+  // vocab_blocked took effect on this backend).
+  bool vocab_blocked = false;
   // The backend's own: which of its kernels runs the head, and its rows per part.
   int kernel = 0;
   int64_t chunk_rows = 0;
@@ -58,8 +64,16 @@ class Ops {
   virtual Device device() const = 0;
   // One phrase for run banners, e.g. "cpu: AMX-BF16 (oneDNN GEMMs, Lattice's AMX kernels)".
   virtual std::string describe() const = 0;
+  // One line for a bf16 run's banner: where this backend's bf16 products run.
+  virtual std::string describe_bf16() const = 0;
+  // The backend's bf16 products run on its fp32 units (the operands widened): a bf16 run's peak is
+  // the fp32 one, and a bf16 GEMM's rate is measured on fp32 operands.
+  virtual bool bf16_on_fp32_units() const = 0;
   // Bytes of scratch the backend holds now (grow-only), for memory accounting.
   virtual int64_t scratch_bytes() const = 0;
+  // The device memory every pointer of these ops is in: the trainer's parameters, gradients,
+  // optimizer state and activations are allocated from it (Tensor(shape, dtype, memory(), ...)).
+  virtual DeviceMemory& memory() = 0;
 
   // ---- Linear: out[M,N] = in[M,K] · weight[N,K]^T (+ bias[N]), weights stored [out, in].
 
@@ -262,6 +276,8 @@ class Ops {
 
   virtual void add_inplace(float* accumulator, const float* x, int64_t n) = 0;
   virtual void copy(float* out, const float* in, int64_t n) = 0;
+  // out[i] = in[i] · factor, one fp32 product each (a gradient bucket averaged into its staging).
+  virtual void scale_copy(float* out, const float* in, int64_t n, float factor) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
   virtual void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) = 0;
   // Exact (every bf16 is an fp32).

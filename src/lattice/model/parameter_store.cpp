@@ -84,9 +84,9 @@ void ParameterStore::place_last(mesh::Axis axis) {
   }
 }
 
-void ParameterStore::allocate(MemoryTracker* tracker) {
-  values_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::parameters);
-  grads_ = Tensor({total_}, DType::f32, tracker, MemoryCategory::gradients);
+void ParameterStore::allocate(MemoryTracker* tracker, DeviceMemory& memory) {
+  values_ = Tensor({total_}, DType::f32, memory, tracker, MemoryCategory::parameters);
+  grads_ = Tensor({total_}, DType::f32, memory, tracker, MemoryCategory::gradients);
 }
 
 float* ParameterStore::mutable_values() {
@@ -97,7 +97,8 @@ float* ParameterStore::mutable_values() {
 void ParameterStore::keep_bf16_copies(MemoryTracker* tracker) {
   check(allocated(), "ParameterStore::keep_bf16_copies before allocate() (internal error)");
   if (keeps_bf16_copies() || total_ == 0) return;
-  bf16_values_ = Tensor({total_}, DType::bf16, tracker, MemoryCategory::parameters);
+  bf16_values_ =
+      Tensor({total_}, DType::bf16, values_.memory(), tracker, MemoryCategory::parameters);
   bf16_versions_.assign(params_.size(), values_version_ - 1);  // stale: rounded on first use
 }
 

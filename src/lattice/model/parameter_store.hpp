@@ -107,8 +107,9 @@ class ParameterStore {
   void place_last(mesh::Axis axis);
   // The offset where the parameters placed last by place_last begin (size() when none are).
   int64_t trailing_offset() const { return trailing_offset_ < 0 ? total_ : trailing_offset_; }
-  // Allocates the flat parameter and gradient buffers (zero-filled).
-  void allocate(MemoryTracker* tracker);
+  // Allocates the flat parameter and gradient buffers (zero-filled) from `memory` (the backend's,
+  // kernels::Ops::memory(); the bf16 copies come from the same).
+  void allocate(MemoryTracker* tracker, DeviceMemory& memory = host_memory());
   bool allocated() const { return !values_.empty() || total_ == 0; }
 
   // Initialises every parameter from `seed`: each parameter draws from its own generator seeded by

@@ -30,10 +30,10 @@ void hook_after_backward(const LayerContext& ctx, int unit) {
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range,
-                         TensorParallelGroup tp, ExpertParallelGroup ep)
+                         TensorParallelGroup tp, ExpertParallelGroup ep, DeviceMemory& memory)
     : Transformer(config, range, tp, ep, DeclareOnly{}) {
   tracker_ = tracker;
-  params_.allocate(tracker_);
+  params_.allocate(tracker_, memory);
 }
 
 int64_t Transformer::parameter_count(const ModelConfig& config, StageRange range) {

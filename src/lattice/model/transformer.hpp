@@ -46,9 +46,11 @@ struct ParameterUnit {
 class Transformer {
  public:
   // `ep`: the expert-parallel group a MoE model's experts are split over (each rank holds
-  // n_experts / ep.size of every MoE layer's experts).
+  // n_experts / ep.size of every MoE layer's experts). The parameters and their gradients are
+  // allocated from `memory`: the backend's (kernels::Ops::memory()) the model will run on.
   Transformer(const ModelConfig& config, MemoryTracker* tracker, StageRange range = {},
-              TensorParallelGroup tp = {}, ExpertParallelGroup ep = {});
+              TensorParallelGroup tp = {}, ExpertParallelGroup ep = {},
+              DeviceMemory& memory = host_memory());
   ~Transformer();
   // The number of parameter elements a model (or stage) of `config` holds (a tied head counted
   // once), from the same declarations the constructor makes, without allocating them (any preset,

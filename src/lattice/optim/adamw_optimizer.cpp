@@ -31,8 +31,9 @@ void adamw_update_store(kernels::Ops& ops, model::ParameterStore& params, float*
 AdamWOptimizer::AdamWOptimizer(kernels::Ops& ops, model::ParameterStore& params,
                                AdamWSettings settings, MemoryTracker* tracker)
     : ops_(ops), params_(params), settings_(settings) {
-  m_ = Tensor({params.size()}, DType::f32, tracker, MemoryCategory::optimizer_state);
-  v_ = Tensor({params.size()}, DType::f32, tracker, MemoryCategory::optimizer_state);
+  // The moments live where the backend computes.
+  m_ = Tensor({params.size()}, DType::f32, ops.memory(), tracker, MemoryCategory::optimizer_state);
+  v_ = Tensor({params.size()}, DType::f32, ops.memory(), tracker, MemoryCategory::optimizer_state);
 }
 
 double AdamWOptimizer::gradient_norm() const {

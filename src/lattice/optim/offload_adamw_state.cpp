@@ -66,9 +66,9 @@ std::vector<DecayRange> decay_ranges(const model::ParameterStore& store, int64_t
   return ranges;
 }
 
-OffloadedAdamWState::OffloadedAdamWState(OffloadSettings settings, int64_t numel,
+OffloadedAdamWState::OffloadedAdamWState(kernels::Ops& ops, OffloadSettings settings, int64_t numel,
                                          MemoryTracker* tracker)
-    : settings_(std::move(settings)), tracker_(tracker) {
+    : ops_(ops), settings_(std::move(settings)), tracker_(tracker) {
   check(!settings_.directory.empty(),
         "offloaded AdamW: no offload directory given; set one (a folder on a local disk)");
   check(numel >= 0, "offloaded AdamW: the range has " + std::to_string(numel) +
@@ -225,8 +225,10 @@ void OffloadedAdamWState::step(float* params, const float* grads, std::span<cons
               range == decay.end()
                   ? end
                   : std::min(end, inside ? range->offset + range->count : range->offset);
-          kernels::adamw_update(p + (at - begin), grads + at, m + (at - begin), v + (at - begin),
-                                until - at, inside ? hyper : no_decay, step_number, grad_scale);
+          const kernels::AdamWTensor segment{p + (at - begin),         grads + at, m + (at - begin),
+                                             v + (at - begin),         nullptr,    until - at,
+                                             inside ? hyper : no_decay};
+          ops_.adamw_update({&segment, 1}, step_number, grad_scale);
           at = until;
           if (inside && range != decay.end() && at == range->offset + range->count) ++range;
         }

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "lattice/core/memory.hpp"
-#include "lattice/kernels/cpu/adamw.hpp"
+#include "lattice/kernels/ops.hpp"
 #include "lattice/model/parameter_store.hpp"
 #include "lattice/optim/offload_file.hpp"
 #include "lattice/optim/offload_header.hpp"
@@ -62,10 +62,12 @@ std::vector<DecayRange> decay_ranges(const model::ParameterStore& store, int64_t
 class OffloadedAdamWState {
  public:
   // Creates `settings.directory` when missing and reserves the disk space of both slots (a full
-  // disk fails here), or with `resume` opens and validates the state there.
-  OffloadedAdamWState(OffloadSettings settings, int64_t numel, MemoryTracker* tracker);
+  // disk fails here), or with `resume` opens and validates the state there. Each step's update
+  // runs on `ops` (its chunk buffers are host memory: a host backend's).
+  OffloadedAdamWState(kernels::Ops& ops, OffloadSettings settings, int64_t numel,
+                      MemoryTracker* tracker);
 
-  // One AdamW update of the range, as kernels::adamw_update with step number `step_number`
+  // One AdamW update of the range, as kernels::Ops::adamw_update with step number `step_number`
   // (1-based) and gradient scale `grad_scale`; `hyper.weight_decay` applies inside `decay` (sorted,
   // disjoint, within the range), 0 elsewhere. Without `master`, `params` is updated in place. With
   // `master`, the file's master weights are updated and copied to `params` (its old values are
@@ -102,6 +104,7 @@ class OffloadedAdamWState {
   void update_all(Visit&& visit, int64_t last_step);
   void commit(std::vector<uint32_t> crcs, int64_t last_step);
 
+  kernels::Ops& ops_;
   OffloadSettings settings_;
   MemoryTracker* tracker_;
   OffloadHeader header_;

@@ -62,8 +62,8 @@ DataParallel::DataParallel(kernels::Ops& ops, model::Transformer& model, mesh::M
                  groups_.expert ? groups_.expert->rank() : 0, adamw,
                  offload_directory(settings, groups_), tracker),
       reduction_(ops, model.parameters(), layout_, settings.zero_stage, groups_, tracker, clock_),
-      parameters_(model.parameters(), layout_, settings.zero_stage, *groups_.shard, groups_.expert,
-                  tracker, clock_) {
+      parameters_(ops, model.parameters(), layout_, settings.zero_stage, *groups_.shard,
+                  groups_.expert, tracker, clock_) {
   check(layout_.total_elements() == model.parameters().size(),
         "data parallelism: the model's units do not cover its parameters (internal error)");
   for (comm::Communicator* g : {groups_.batch, groups_.shard, groups_.replicate, groups_.expert})

@@ -55,8 +55,8 @@ GradientReduction::GradientReduction(kernels::Ops& ops, model::ParameterStore& s
               "expert-data-parallel group or expert bucket for it (internal error)");
   }
   if (zero_stage_ >= 1)
-    shard_grads_ =
-        Tensor({layout_.shard_elements()}, DType::f32, tracker, MemoryCategory::gradients);
+    shard_grads_ = Tensor({layout_.shard_elements()}, DType::f32, ops_.memory(), tracker,
+                          MemoryCategory::gradients);
 }
 
 GradientReduction::~GradientReduction() {
@@ -113,13 +113,13 @@ void GradientReduction::launch(int b) {
   // Stages 1-3 free them after each reduction (their point is memory). The padding past the
   // bucket's end is zero from allocation and nothing writes it.
   if (zero_stage_ != 0 || s.grad_staging.numel() != padded)
-    s.grad_staging = Tensor({padded}, DType::f32, tracker_, MemoryCategory::other);
+    s.grad_staging = Tensor({padded}, DType::f32, ops_.memory(), tracker_, MemoryCategory::other);
   // Averaging: every rank scales by 1/N before the sum (exact for powers of two). N is the batch
   // group's size for the experts too: their sum over the expert group is the batch's sum.
   const float scale = 1.0f / static_cast<float>(groups_.batch->size());
   float* grads = store_.grads() + bucket.begin;
   float* staging = s.grad_staging.f32();
-  for (int64_t i = 0; i < bucket.size(); ++i) staging[i] = grads[i] * scale;
+  ops_.scale_copy(staging, grads, bucket.size(), scale);
   if (zero_stage_ >= 2) {
     release_floats(grads, bucket.size());
     if (tracker_ && s.grads_resident)
@@ -128,7 +128,8 @@ void GradientReduction::launch(int b) {
   }
   if (zero_stage_ == 0) {
     if (s.reduced.numel() != bucket.shard)
-      s.reduced = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
+      s.reduced =
+          Tensor({bucket.shard}, DType::f32, ops_.memory(), tracker_, MemoryCategory::other);
     shard.reduce_scatter_async(staging, s.reduced.f32(), bucket.shard, DType::f32,
                                comm::ReduceOp::sum);
     // The reduced shards are gathered straight into the gradients (no copy back from staging):

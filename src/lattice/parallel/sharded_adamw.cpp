@@ -20,13 +20,13 @@ ShardedAdamW::ShardedAdamW(kernels::Ops& ops, const model::ParameterStore& store
       ops_(ops) {
   const int64_t elements = state_elements();
   if (offload_directory.empty()) {
-    m_ = Tensor({elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
-    v_ = Tensor({elements}, DType::f32, tracker, MemoryCategory::optimizer_state);
+    m_ = Tensor({elements}, DType::f32, ops_.memory(), tracker, MemoryCategory::optimizer_state);
+    v_ = Tensor({elements}, DType::f32, ops_.memory(), tracker, MemoryCategory::optimizer_state);
     return;
   }
   optim::OffloadSettings offload;
   offload.directory = offload_directory;
-  offload_ = std::make_unique<optim::OffloadedAdamWState>(offload, elements, tracker);
+  offload_ = std::make_unique<optim::OffloadedAdamWState>(ops_, offload, elements, tracker);
   // Weight decay ranges in state offsets (sorted, disjoint).
   if (zero_stage_ == 0) {
     for (const auto& p : store.parameters())
@@ -62,17 +62,19 @@ void ShardedAdamW::step(model::ParameterStore& store, ZeroParameters& parameters
       offload_->step(parameters.master_shards(), shard_grads, decay_, hyper, step_, clip);
     } else {
       // The shards' parameters side by side for the streamed update, then back in place.
-      Tensor shard({layout_.shard_elements()}, DType::f32, tracker_, MemoryCategory::other);
-      for (const Bucket& bucket : layout_.buckets())
-        std::copy(store.values() + bucket.shard_begin(rank_in(bucket)),
-                  store.values() + bucket.shard_end(rank_in(bucket)),
-                  shard.f32() + bucket.shard_offset);
+      Tensor shard({layout_.shard_elements()}, DType::f32, ops_.memory(), tracker_,
+                   MemoryCategory::other);
+      for (const Bucket& bucket : layout_.buckets()) {
+        const int rank = rank_in(bucket);
+        ops_.copy(shard.f32() + bucket.shard_offset, store.values() + bucket.shard_begin(rank),
+                  bucket.shard_end(rank) - bucket.shard_begin(rank));
+      }
       offload_->step(shard.f32(), shard_grads, decay_, hyper, step_, clip);
       for (const Bucket& bucket : layout_.buckets()) {
         const int rank = rank_in(bucket);
         const int64_t n = bucket.shard_end(rank) - bucket.shard_begin(rank);
-        std::copy(shard.f32() + bucket.shard_offset, shard.f32() + bucket.shard_offset + n,
-                  store.mutable_values() + bucket.shard_begin(rank));
+        ops_.copy(store.mutable_values() + bucket.shard_begin(rank),
+                  shard.f32() + bucket.shard_offset, n);
       }
     }
     return;
@@ -116,15 +118,23 @@ void ShardedAdamW::import_state(const optim::AdamWOptimizer& full) {
   }
   float* m = offload_ ? staged_m.f32() : m_.f32();
   float* v = offload_ ? staged_v.f32() : v_.f32();
+  // The full optimizer's moments are the backend's; the offload's staging is host memory.
+  auto copy = [&](float* to, const float* from, int64_t n) {
+    if (offload_)
+      ops_.memory().copy(to, from, static_cast<size_t>(n) * sizeof(float),
+                         CopyKind::device_to_host);
+    else
+      ops_.copy(to, from, n);
+  };
   if (zero_stage_ == 0) {
-    std::copy(full.exp_avg(), full.exp_avg() + elements, m);
-    std::copy(full.exp_avg_sq(), full.exp_avg_sq() + elements, v);
+    copy(m, full.exp_avg(), elements);
+    copy(v, full.exp_avg_sq(), elements);
   } else {
     for (const Bucket& bucket : layout_.buckets()) {
       const int64_t lo = bucket.shard_begin(rank_in(bucket)),
                     hi = bucket.shard_end(rank_in(bucket));
-      std::copy(full.exp_avg() + lo, full.exp_avg() + hi, m + bucket.shard_offset);
-      std::copy(full.exp_avg_sq() + lo, full.exp_avg_sq() + hi, v + bucket.shard_offset);
+      copy(m + bucket.shard_offset, full.exp_avg() + lo, hi - lo);
+      copy(v + bucket.shard_offset, full.exp_avg_sq() + lo, hi - lo);
     }
   }
   if (offload_) offload_->write_moments(0, elements, m, v);
@@ -149,8 +159,10 @@ void ShardedAdamW::read_moments(int64_t begin, int64_t end, float* exp_avg,
     offload_->read_moments(at, end - begin, exp_avg, exp_avg_sq);
     return;
   }
-  std::copy(m_.f32() + at, m_.f32() + at + (end - begin), exp_avg);
-  std::copy(v_.f32() + at, v_.f32() + at + (end - begin), exp_avg_sq);
+  // Into the caller's host buffers (the checkpoint's).
+  const size_t bytes = static_cast<size_t>(end - begin) * sizeof(float);
+  ops_.memory().copy(exp_avg, m_.f32() + at, bytes, CopyKind::device_to_host);
+  ops_.memory().copy(exp_avg_sq, v_.f32() + at, bytes, CopyKind::device_to_host);
 }
 
 }  // namespace lattice::parallel

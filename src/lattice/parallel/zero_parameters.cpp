@@ -15,11 +15,12 @@ struct ZeroParameters::BucketState {
   bool params_resident = true;  // stage 3: the model's parameter pages hold this bucket
 };
 
-ZeroParameters::ZeroParameters(model::ParameterStore& store, const BucketLayout& layout,
-                               int zero_stage, comm::Communicator& shard_group,
-                               comm::Communicator* expert_group, MemoryTracker* tracker,
-                               CommunicationClock& clock)
-    : store_(store),
+ZeroParameters::ZeroParameters(kernels::Ops& ops, model::ParameterStore& store,
+                               const BucketLayout& layout, int zero_stage,
+                               comm::Communicator& shard_group, comm::Communicator* expert_group,
+                               MemoryTracker* tracker, CommunicationClock& clock)
+    : ops_(ops),
+      store_(store),
       layout_(layout),
       zero_stage_(zero_stage),
       shard_(shard_group),
@@ -32,14 +33,14 @@ ZeroParameters::ZeroParameters(model::ParameterStore& store, const BucketLayout&
     state_.push_back(std::make_unique<BucketState>());
   }
   if (zero_stage_ == 3) {
-    shard_params_ =
-        Tensor({layout_.shard_elements()}, DType::f32, tracker, MemoryCategory::parameters);
+    shard_params_ = Tensor({layout_.shard_elements()}, DType::f32, ops_.memory(), tracker,
+                           MemoryCategory::parameters);
     const float* values = store_.values();
     for (size_t b = 0; b < layout_.buckets().size(); ++b) {
       const Bucket& bucket = layout_.buckets()[b];
       const int64_t lo = bucket.shard_begin(rank_in(bucket)),
                     hi = bucket.shard_end(rank_in(bucket));
-      std::copy(values + lo, values + hi, shard_params_.f32() + bucket.shard_offset);
+      ops_.copy(shard_params_.f32() + bucket.shard_offset, values + lo, hi - lo);
       if (!bucket.outer) release(static_cast<int>(b));
     }
   }
@@ -81,11 +82,11 @@ void ZeroParameters::start_gather(int b) {
   if (s.gathering) return;
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
   const int64_t real = bucket.shard_end(rank_in(bucket)) - bucket.shard_begin(rank_in(bucket));
-  s.gather_in = Tensor({bucket.shard}, DType::f32, tracker_, MemoryCategory::other);
-  const float* shard = shard_values(bucket);
-  std::copy(shard, shard + real, s.gather_in.f32());
+  s.gather_in = Tensor({bucket.shard}, DType::f32, ops_.memory(), tracker_, MemoryCategory::other);
+  ops_.copy(s.gather_in.f32(), shard_values(bucket), real);
   comm::Communicator& group = group_of(bucket);
-  s.gather_out = Tensor({bucket.shard * group.size()}, DType::f32, tracker_, MemoryCategory::other);
+  s.gather_out = Tensor({bucket.shard * group.size()}, DType::f32, ops_.memory(), tracker_,
+                        MemoryCategory::other);
   s.gather =
       group.all_gather_async(s.gather_in.f32(), s.gather_out.f32(), bucket.shard, DType::f32);
   s.gathering = true;
@@ -97,8 +98,7 @@ void ZeroParameters::finish_gather(int b) {
   clock_.wait(s.gather);
   s.gathering = false;
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
-  std::copy(s.gather_out.f32(), s.gather_out.f32() + bucket.size(),
-            store_.mutable_values() + bucket.begin);
+  ops_.copy(store_.mutable_values() + bucket.begin, s.gather_out.f32(), bucket.size());
   if (tracker_ && !s.params_resident)
     tracker_->add(MemoryCategory::parameters, bucket.size() * int64_t{sizeof(float)});
   s.params_resident = true;
@@ -133,7 +133,7 @@ void ZeroParameters::take_whole_values() {
     if (tracker_ && !state_[b]->params_resident)
       tracker_->add(MemoryCategory::parameters, bucket.size() * int64_t{sizeof(float)});
     state_[b]->params_resident = true;
-    std::copy(values + lo, values + hi, shard_params_.f32() + bucket.shard_offset);
+    ops_.copy(shard_params_.f32() + bucket.shard_offset, values + lo, hi - lo);
     if (!bucket.outer) release(static_cast<int>(b));
   }
 }

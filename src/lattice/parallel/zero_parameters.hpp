@@ -27,8 +27,9 @@ class ZeroParameters final : public model::ModelHooks {
  public:
   // Stage 3 copies this rank's shards out of the (whole, initialised) store and releases the rest.
   // `expert_group`: the expert buckets' group (null: no expert buckets).
-  ZeroParameters(model::ParameterStore& store, const BucketLayout& layout, int zero_stage,
-                 comm::Communicator& shard_group, comm::Communicator* expert_group,
+  // The shards' copies run on `ops`, whose memory the shards and gather buffers come from.
+  ZeroParameters(kernels::Ops& ops, model::ParameterStore& store, const BucketLayout& layout,
+                 int zero_stage, comm::Communicator& shard_group, comm::Communicator* expert_group,
                  MemoryTracker* tracker, CommunicationClock& clock);
   // Waits for what is in flight and gives the tracker back the released parameter bytes.
   ~ZeroParameters() override;
@@ -71,6 +72,7 @@ class ZeroParameters final : public model::ModelHooks {
   void before_backward(int unit, int b);
   void after_backward(int unit, int b);
 
+  kernels::Ops& ops_;
   model::ParameterStore& store_;
   const BucketLayout& layout_;
   int zero_stage_;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/kernels/make_ops.hpp"
 #include "lattice/parallel/context/context_attention_memory.hpp"
 
 namespace lattice::train {
@@ -16,7 +16,7 @@ model::ActivationMemory estimate_trainer_activations(const TrainConfig& config) 
   auto declared = model::Transformer::declared_only(config.model, {}, tp);
   declared->set_activation_checkpointing(config.activation_checkpoint);
   // The backend the trainer would make (its plan chooses the LM head's path).
-  const kernels::CpuOps ops(kernels::MatmulOptions::from_environment());
+  const std::unique_ptr<kernels::Ops> ops = kernels::make_ops(Device::cpu);
   // Under context parallelism each rank holds seq_len / cp tokens of every sequence, and its
   // attention's buffers come on top of one block's.
   const int64_t local_len = config.training.seq_len / config.parallelism.cp;
@@ -29,7 +29,7 @@ model::ActivationMemory estimate_trainer_activations(const TrainConfig& config) 
         config.model.family == model::Family::gpt2 &&
             config.training.precision == kernels::Precision::bf16);
   return model::estimate_activation_memory(*declared, config.training.precision,
-                                           config.training.micro_batch_size, local_len, ops,
+                                           config.training.micro_batch_size, local_len, *ops,
                                            attention);
 }
 

@@ -13,7 +13,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/io/safetensors.hpp"
-#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/kernels/make_ops.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/train/checkpoint.hpp"
@@ -456,8 +456,8 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
   std::string toml = settings.to_toml();
   const size_t preset = toml.find("\npreset = ");
   if (preset != std::string::npos) toml.erase(preset + 1, toml.find('\n', preset + 1) - preset);
-  kernels::CpuOps ops;
-  optim::AdamWOptimizer adamw(ops, store, settings.optimizer.adamw, nullptr);
+  const std::unique_ptr<kernels::Ops> ops = kernels::make_ops(Device::cpu);
+  optim::AdamWOptimizer adamw(*ops, store, settings.optimizer.adamw, nullptr);
   save_checkpoint(run_dir, model, adamw, TrainerState{0, 0, settings.training.seed}, toml, 2);
   write_text_atomic((fs::path(run_dir) / "import.toml").string(), toml);
   return config;

@@ -12,7 +12,6 @@
 
 #include "lattice/core/aligned_allocation.hpp"
 #include "lattice/core/error.hpp"
-#include "lattice/kernels/cpu/convert.hpp"
 
 namespace lattice::train {
 namespace {
@@ -33,7 +32,7 @@ void add_scalars(const nlohmann::json& j, const std::string& prefix,
 }  // namespace
 
 double linear_forward_flops(int64_t M, int64_t K, int64_t N, kernels::Precision precision,
-                            kernels::MatmulEngine& matmul, bool cold) {
+                            kernels::Ops& ops, bool cold) {
   // Cache-line-aligned operands, as the step's tensors are (aligned_allocation.hpp): from glibc's
   // 16-byte-aligned blocks the AMX product's tile stores straddle lines and its bf16 rate read
   // about 20% lower.
@@ -44,20 +43,20 @@ double linear_forward_flops(int64_t M, int64_t K, int64_t N, kernels::Precision 
     weight[i] = 0.001f * static_cast<float>(i % 89) - 0.04f;
   // bf16 on bf16 operands, as fp32 runs on fp32 ones (rounding them inside the timing read the
   // 1024^3 rate 15% lower). Where bf16 products run on the fp32 units the engine widens them.
-  const bool bf16 = precision == kernels::Precision::bf16 && !matmul.bf16_on_fp32_units();
+  const bool bf16 = precision == kernels::Precision::bf16 && !ops.bf16_on_fp32_units();
   AlignedVector<lattice::bf16> in16, weight16;
   kernels::Bf16Operands rounded;
   if (bf16) {
     in16.resize(in.size()), weight16.resize(weight.size());
-    kernels::convert_to_bf16(in16.data(), in.data(), static_cast<int64_t>(in.size()));
-    kernels::convert_to_bf16(weight16.data(), weight.data(), static_cast<int64_t>(weight.size()));
+    ops.convert_to_bf16(in16.data(), in.data(), static_cast<int64_t>(in.size()));
+    ops.convert_to_bf16(weight16.data(), weight.data(), static_cast<int64_t>(weight.size()));
     rounded.in = in16.data(), rounded.weight = weight16.data();
   }
   AlignedVector<int32_t> flush(cold ? static_cast<size_t>(kColdFlushBytes / 4) : 0);
   const double seconds = best_seconds(
       [&] {
-        matmul.forward(out.data(), bf16 ? nullptr : in.data(), weight.data(), nullptr, M, K, N,
-                       precision, rounded);
+        ops.linear_forward(out.data(), bf16 ? nullptr : in.data(), weight.data(), nullptr, M, K, N,
+                           precision, rounded);
       },
       8, 0.2,
       [&] {
@@ -67,10 +66,10 @@ double linear_forward_flops(int64_t M, int64_t K, int64_t N, kernels::Precision 
   return 2.0 * static_cast<double>(M * K) * static_cast<double>(N) / seconds;
 }
 
-double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision) {
-  if (precision == kernels::Precision::bf16 && matmul.bf16_on_fp32_units())
+double calibrate_peak_flops(kernels::Ops& ops, kernels::Precision precision) {
+  if (precision == kernels::Precision::bf16 && ops.bf16_on_fp32_units())
     precision = kernels::Precision::fp32;
-  return linear_forward_flops(1024, 1024, 1024, precision, matmul);
+  return linear_forward_flops(1024, 1024, 1024, precision, ops);
 }
 
 std::string format_bytes(int64_t bytes) {

@@ -17,7 +17,7 @@
 
 #include "lattice/core/memory.hpp"
 #include "lattice/io/tensorboard_events.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/ops.hpp"
 #include "lattice/train/communication_times.hpp"
 #include "lattice/train/moe_metrics.hpp"
 
@@ -73,20 +73,20 @@ double best_seconds(Run&& run, int min_runs, double min_seconds) {
 // hosts of this project give a VM (tens of MiB measured), so that the operands come from memory.
 inline constexpr int64_t kColdFlushBytes = int64_t{256} << 20;
 
-// Model FLOP/s of a Linear's forward, out[M,N] = in[M,K] · W[N,K]^T, through `matmul` at
+// Model FLOP/s of a Linear's forward, out[M,N] = in[M,K] · W[N,K]^T, through `ops` at
 // `precision`: the best of at least 8 runs over at least 0.2 s (best_seconds) on cache-line-aligned
 // operands already in that precision (bf16: rounded before the timing; the weight laid out for the
 // kernel on every call, as a Linear's is). `cold`: kColdFlushBytes read and written before each
 // timed run, untimed, so that the operands come from memory as most of a training step's do.
 double linear_forward_flops(int64_t M, int64_t K, int64_t N, kernels::Precision precision,
-                            kernels::MatmulEngine& matmul, bool cold = false);
+                            kernels::Ops& ops, bool cold = false);
 
 // The measured peak: linear_forward_flops of a 1024^3 GEMM at the given precision. Where the
-// engine's bf16 products run on the fp32 units (MatmulEngine::bf16_on_fp32_units), the bf16 peak is
+// backend's bf16 products run on the fp32 units (Ops::bf16_on_fp32_units), the bf16 peak is
 // the fp32 GEMM's: those are the units that run them (a 1024^3 GEMM that widens its operands on
 // every call reads 15-25% lower than the training step's larger products, whose MFU then read above
 // 100%).
-double calibrate_peak_flops(kernels::MatmulEngine& matmul, kernels::Precision precision);
+double calibrate_peak_flops(kernels::Ops& ops, kernels::Precision precision);
 
 class MetricsLogger {
  public:

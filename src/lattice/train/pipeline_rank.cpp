@@ -76,7 +76,8 @@ PipelineRank::PipelineRank(const TrainConfig& config, mesh::Mesh& mesh, kernels:
     if (schedule.stage_owner[static_cast<size_t>(s)] != pp.rank()) continue;
     const model::StageRange range{partition_.first[static_cast<size_t>(s)],
                                   partition_.first[static_cast<size_t>(s) + 1]};
-    auto model = std::make_unique<model::Transformer>(config.model, tracker, range, tp, ep);
+    auto model =
+        std::make_unique<model::Transformer>(config.model, tracker, range, tp, ep, ops.memory());
     model->set_activation_checkpointing(config.activation_checkpoint);
     model->initialize(config.training.seed);  // per-parameter streams: the one-rank model's values
     auto dp = std::make_unique<parallel::DataParallel>(ops, *model, mesh, settings,

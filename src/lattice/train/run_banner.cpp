@@ -12,7 +12,7 @@ namespace lattice::train {
 
 void print_run_banner(const TrainConfig& config, mesh::Mesh& mesh, const RunRates& rates,
                       const parallel::DataParallel& data_parallel,
-                      const PipelineRank* pipeline_rank, const kernels::MatmulEngine& engine) {
+                      const PipelineRank* pipeline_rank, const kernels::Ops& ops) {
   const int ranks = mesh.dp_cp().size();  // the batch group: dp x cp ranks
   const int tp_size = mesh.size(mesh::Axis::tp), cp_size = mesh.size(mesh::Axis::cp);
   const int64_t B = config.training.micro_batch_size, T = config.training.seq_len;
@@ -78,7 +78,7 @@ void print_run_banner(const TrainConfig& config, mesh::Mesh& mesh, const RunRate
   std::printf("FLOPs per token %.3g (6N + 12·L·T·d); peak %.3f TFLOP/s (%s)\n",
               rates.flops_per_token, rates.peak_flops / 1e12, rates.peak_source.c_str());
   if (config.training.precision == kernels::Precision::bf16)
-    std::printf("%s\n", engine.bf16_gemms().c_str());
+    std::printf("%s\n", ops.describe_bf16().c_str());
 }
 
 }  // namespace lattice::train

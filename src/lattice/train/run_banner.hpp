@@ -4,7 +4,7 @@
 // against; in bf16, how the GEMMs run.
 #pragma once
 
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/ops.hpp"
 #include "lattice/mesh/mesh.hpp"
 #include "lattice/parallel/data_parallel.hpp"
 #include "lattice/train/pipeline_rank.hpp"
@@ -17,6 +17,6 @@ namespace lattice::train {
 // pipeline parallelism.
 void print_run_banner(const TrainConfig& config, mesh::Mesh& mesh, const RunRates& rates,
                       const parallel::DataParallel& data_parallel,
-                      const PipelineRank* pipeline_rank, const kernels::MatmulEngine& engine);
+                      const PipelineRank* pipeline_rank, const kernels::Ops& ops);
 
 }  // namespace lattice::train

@@ -7,8 +7,8 @@ namespace lattice::train {
 
 namespace fs = std::filesystem;
 
-RunRates run_rates(const TrainConfig& config, const mesh::MeshShape& shape,
-                   kernels::MatmulEngine& engine, bool measure) {
+RunRates run_rates(const TrainConfig& config, const mesh::MeshShape& shape, kernels::Ops& ops,
+                   bool measure) {
   RunRates r;
   // Each dp rank reads B sequences of T tokens per micro-batch (split over its cp ranks).
   r.tokens_per_step = config.training.micro_batch_size * config.training.seq_len *
@@ -18,7 +18,7 @@ RunRates run_rates(const TrainConfig& config, const mesh::MeshShape& shape,
   r.peak_source = "from metrics.peak_tflops";
   if (r.peak_flops <= 0 && measure) {
     const int world = shape.world();
-    r.peak_flops = calibrate_peak_flops(engine, config.training.precision) * world;
+    r.peak_flops = calibrate_peak_flops(ops, config.training.precision) * world;
     r.peak_source = world > 1 ? "measured by a 1024^3 GEMM calibration, x ranks"
                               : "measured by a 1024^3 GEMM calibration";
   }

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "lattice/core/memory.hpp"
-#include "lattice/kernels/cpu/matmul.hpp"
+#include "lattice/kernels/ops.hpp"
 #include "lattice/mesh/mesh_shape.hpp"
 #include "lattice/train/communication_times.hpp"
 #include "lattice/train/metrics.hpp"
@@ -28,10 +28,10 @@ struct RunRates {
 };
 
 // The rates of `config` on `shape`'s ranks: the peak is metrics.peak_tflops or, when that is not
-// set and `measure` (the printing rank), a 1024^3 GEMM's rate on `engine` times the world's ranks
+// set and `measure` (the printing rank), a 1024^3 GEMM's rate on `ops` times the world's ranks
 // (each rank has the same kernel threads).
-RunRates run_rates(const TrainConfig& config, const mesh::MeshShape& shape,
-                   kernels::MatmulEngine& engine, bool measure);
+RunRates run_rates(const TrainConfig& config, const mesh::MeshShape& shape, kernels::Ops& ops,
+                   bool measure);
 
 class StepReporter {
  public:

@@ -15,8 +15,8 @@
 #include "lattice/comm/backends/local.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/core/rng.hpp"
-#include "lattice/kernels/cpu/cpu_ops.hpp"
-#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
+#include "lattice/core/scoped_omp_threads.hpp"
+#include "lattice/kernels/make_ops.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
@@ -80,9 +80,10 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
       group = own_group.get();
     }
     const int rank = group->rank();
-    const kernels::ScopedOmpThreads kernel_threads(threads);
+    const ScopedOmpThreads kernel_threads(threads);
     MemoryTracker tracker;
-    kernels::CpuOps ops;
+    const std::unique_ptr<kernels::Ops> backend = kernels::make_ops(Device::cpu);
+    kernels::Ops& ops = *backend;
     // The trainer's layout (tp innermost): the blocks split over the tp group, the batch over dp.
     mesh::Mesh mesh(*group, {.dp = replicas, .tp = tp});
     comm::Communicator& tp_group = mesh.group(mesh::Axis::tp);
@@ -90,7 +91,7 @@ ThroughputResult benchmark_lattice_training(const BenchmarkCase& c, kernels::Pre
     model::TensorParallelGroup tp_layers{&tp_group, tp_group.rank(), tp_group.size(), &tp_seconds,
                                          tp_overlap};
     tp_layers.sequence_parallel = sequence_parallel && tp > 1;
-    model::Transformer model(c.model, &tracker, model::StageRange{}, tp_layers);
+    model::Transformer model(c.model, &tracker, model::StageRange{}, tp_layers, {}, ops.memory());
     model.initialize(0);
     // As the trainer does in bf16 without ZeRO-3: the weights' bf16 copies, rounded per step.
     if (precision == kernels::Precision::bf16) model.parameters().keep_bf16_copies(&tracker);

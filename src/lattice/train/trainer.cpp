@@ -83,9 +83,9 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     context_ = parallel::make_context_attention(config_.context_parallel.mode,
                                                 mesh_->group(mesh::Axis::cp), &tracker_);
   clocks_.context = context_.get();
-  // The CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK, LATTICE_MATMUL_NO_AMX_PACKED) are read
-  // here, by the caller: the engine itself reads no environment.
-  ops_ = std::make_unique<kernels::CpuOps>(kernels::MatmulOptions::from_environment());
+  // The backend, with the CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK,
+  // LATTICE_MATMUL_NO_AMX_PACKED) read by the factory: the kernels themselves read no environment.
+  ops_ = kernels::make_ops(Device::cpu);
   // Tensor parallelism: the blocks' matrices split over the tp ranks (placements in the store).
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
   model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &clocks_.tp_seconds};
@@ -109,7 +109,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     comm::Communicator& ep = mesh_->group(mesh::Axis::ep);
     const model::ExpertParallelGroup ep_group{&ep, ep.rank(), ep.size(), &clocks_.ep_seconds};
     model_ = std::make_unique<model::Transformer>(config_.model, &tracker_, model::StageRange{},
-                                                  tp_group, ep_group);
+                                                  tp_group, ep_group, ops_->memory());
     model_->set_activation_checkpointing(config_.activation_checkpoint);
     model_->initialize(config_.training.seed);
     dp_ = std::make_unique<parallel::DataParallel>(*ops_, *model_, *mesh_, settings,
@@ -220,9 +220,8 @@ TrainResult Trainer::run() {
     write_text_atomic((fs::path(config_.job.run_dir) / "config.toml").string(), config_toml);
   }
   const mesh::MeshShape shape = layout_of(config_);
-  const RunRates rates = run_rates(config_, shape, ops_->engine(), printing_);
-  if (printing_)
-    print_run_banner(config_, *mesh_, rates, data_parallel(), pipeline_.get(), ops_->engine());
+  const RunRates rates = run_rates(config_, shape, *ops_, printing_);
+  if (printing_) print_run_banner(config_, *mesh_, rates, data_parallel(), pipeline_.get(), *ops_);
   StepReporter reporter(config_, shape, rates, start_step_ + 1, tracker_, printing_);
   model::LayerContext ctx{*ops_, config_.training.precision, &tracker_, dp_.get(), context_.get()};
   if (config_.model.is_moe()) ctx.balancing = group_;  // the batch group dp x cp

@@ -16,7 +16,7 @@
 
 #include "lattice/comm/communicator.hpp"
 #include "lattice/core/memory.hpp"
-#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/kernels/make_ops.hpp"
 #include "lattice/mesh/mesh.hpp"
 #include "lattice/model/transformer.hpp"
 #include "lattice/parallel/data_parallel.hpp"
@@ -112,7 +112,7 @@ class Trainer {
   comm::Communicator* group_ = nullptr;  // the data-parallel group (mesh dp x cp)
   bool printing_ = true;                 // world rank 0
   bool writer_ = true;                   // the batch group's rank 0 (one per tp rank): checkpoints
-  std::unique_ptr<kernels::CpuOps> ops_;
+  std::unique_ptr<kernels::Ops> ops_;
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<model::Transformer> model_;  // without pipeline parallelism
   std::unique_ptr<parallel::DataParallel> dp_;

@@ -135,6 +135,7 @@ HeadLossPlan CpuOps::plan_head_loss_bf16(int64_t rows, int64_t K, int64_t V, boo
        (fusion == HeadFusion::when_smaller && int64_t{lanes} * V * K * 4 <= rows * V * 2));
   plan.weight_gradient_partials = plan.backward_in_forward ? lanes : 0;
   plan.chunk_rows = chunk_rows;
+  plan.vocab_blocked = plan.backward_in_forward && vocab_blocked;
   plan.kernel = !plan.backward_in_forward ? kHeadChunks
                 : vocab_blocked           ? kHeadVocabBlocked
                                           : kHeadChunksWithBackward;

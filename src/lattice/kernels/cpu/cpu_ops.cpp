@@ -32,6 +32,14 @@ std::string CpuOps::describe() const {
   return "cpu: " + cpu_features().best_tier() + " kernels; " + engine_->bf16_gemms();
 }
 
+std::string CpuOps::describe_bf16() const {
+  return engine_->bf16_gemms();
+}
+
+bool CpuOps::bf16_on_fp32_units() const {
+  return engine_->bf16_on_fp32_units();
+}
+
 int64_t CpuOps::scratch_bytes() const {
   return engine_->scratch_bytes() + static_cast<int64_t>(pre_activation_.nbytes()) +
          static_cast<int64_t>(column_sums_.capacity() * sizeof(double));
@@ -187,6 +195,10 @@ void CpuOps::add_inplace(float* accumulator, const float* x, int64_t n) {
 
 void CpuOps::copy(float* out, const float* in, int64_t n) {
   kernels::copy(out, in, n);
+}
+
+void CpuOps::scale_copy(float* out, const float* in, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i] * factor;
 }
 
 void CpuOps::fill_zero(float* x, int64_t n) {

@@ -38,7 +38,11 @@ class CpuOps final : public Ops {
 
   Device device() const override { return Device::cpu; }
   std::string describe() const override;
+  std::string describe_bf16() const override;
+  bool bf16_on_fp32_units() const override;
   int64_t scratch_bytes() const override;
+  // Host memory: aligned_allocation.hpp's 64-byte-aligned blocks.
+  DeviceMemory& memory() override { return host_memory(); }
 
   void linear_forward(float* out, const float* in, const float* weight, const float* bias,
                       int64_t M, int64_t K, int64_t N, Precision precision,
@@ -132,6 +136,7 @@ class CpuOps final : public Ops {
 
   void add_inplace(float* accumulator, const float* x, int64_t n) override;
   void copy(float* out, const float* in, int64_t n) override;
+  void scale_copy(float* out, const float* in, int64_t n, float factor) override;
   void fill_zero(float* x, int64_t n) override;
   void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) override;
   void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override;

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "lattice/core/error.hpp"
+#include "lattice/core/scoped_omp_threads.hpp"
 #include "lattice/kernels/cpu/amx_weight_gradient.hpp"
 #include "lattice/kernels/cpu/matmul_engine.hpp"
-#include "lattice/kernels/cpu/scoped_omp_threads.hpp"
 
 namespace lattice::kernels {
 
