@@ -70,7 +70,7 @@ void register_bench_tokenizer(CLI::App& bench) {
   target->add_option("--input", o->inputs, "text files (default: /usr/share/games/fortunes/*)");
   target->add_option("--tokenizer", o->tokenizer,
                      "directory with GPT-2's encoder.json + vocab.bpe (default: "
-                     "../shared/testdata/gpt2 above the current directory)");
+                     "tests/testdata/gpt2 in the repository around the current directory)");
   target->add_option("--copies", o->copies, "concatenate the input this many times")
       ->capture_default_str();
   target->add_option("--repeats", o->repeats, "timed encodes per side (best counts)")
@@ -80,7 +80,7 @@ void register_bench_tokenizer(CLI::App& bench) {
   target->add_flag("--skip-tiktoken", o->skip_tiktoken, "measure Lattice only");
   target->callback([o] {
     std::string gpt2_dir =
-        o->tokenizer.empty() ? find_repository_file("shared/testdata/gpt2") : o->tokenizer;
+        o->tokenizer.empty() ? find_repository_file("tests/testdata/gpt2") : o->tokenizer;
     check(!gpt2_dir.empty() && fs::exists(fs::path(gpt2_dir) / "encoder.json"),
           "cannot find GPT-2's encoder.json + vocab.bpe: pass --tokenizer <dir>");
     const std::vector<std::string> inputs = o->inputs.empty() ? default_inputs() : o->inputs;

@@ -23,11 +23,12 @@ inline bool have_gpt2_files() {
          std::filesystem::exists(gpt2_dir() / "vocab.bpe");
 }
 
-#define LATTICE_SKIP_WITHOUT_GPT2()                                                  \
-  if (!::lattice::data::testing::have_gpt2_files())                                  \
-  GTEST_SKIP() << "GPT-2 tokenizer files (encoder.json, vocab.bpe) are absent from " \
-               << ::lattice::data::testing::gpt2_dir()                               \
-               << ": see ../shared/testdata/gpt2/README.md (set LATTICE_TESTDATA_DIR in CMake)"
+#define LATTICE_SKIP_WITHOUT_GPT2()                                         \
+  if (!::lattice::data::testing::have_gpt2_files())                         \
+  GTEST_SKIP()                                                              \
+      << "GPT-2 tokenizer files (encoder.json, vocab.bpe) are absent from " \
+      << ::lattice::data::testing::gpt2_dir()                               \
+      << ": see tests/testdata/gpt2/README.md (LATTICE_TESTDATA_DIR in tests/CMakeLists.txt)"
 
 // The GPT-2 tokenizer, loaded once per test program.
 inline const BpeTokenizer& gpt2() {

@@ -1,5 +1,5 @@
 // Parameter counts, memory and compute estimates against published figures
-// (../shared/reference/published.md) and the released model configs.
+// (docs/published.md) and the released model configs.
 #include <gtest/gtest.h>
 
 #include <cmath>

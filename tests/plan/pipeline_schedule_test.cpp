@@ -1,7 +1,7 @@
 // Pipeline schedules as data: the checker accepts every generated schedule and rejects broken ones,
 // and with uniform costs the replayed bubble and in-flight microbatches match the published
 // formulas
-// (../shared/reference/published.md, "Pipeline bubbles": GPipe/1F1B (p-1)/(m+p-1), interleaved
+// (docs/published.md, "Pipeline bubbles": GPipe/1F1B (p-1)/(m+p-1), interleaved
 // (1/v)(p-1)/m of the ideal time, ZB-H1 (p-1)/(3m) with T_F = T_B = T_W; 1F1B keeps p in flight,
 // GPipe m).
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// The simulator against published end-to-end throughput (../shared/reference/published.md):
+// The simulator against published end-to-end throughput (docs/published.md):
 // Megatron-LM weak scaling (Narayanan et al., SC21, Table 1) and Korthikanti et al. (MLSys 2023,
 // Table 5), both on DGX A100 80GB (8 GPUs per node, NVLink 3, 8 x HDR 200 Gb/s per node).
 // Requirement: mean absolute error of TFLOP/s per GPU <= 5%, no row over 10%.

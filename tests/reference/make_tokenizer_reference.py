@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Reference encodings for Lattice's BPE tokenizer, made by tiktoken from the local GPT-2 files.
 
-Builds tiktoken's GPT-2 encoding from ../shared/testdata/gpt2/encoder.json + vocab.bpe (no download:
+Builds tiktoken's GPT-2 encoding from tests/testdata/gpt2/encoder.json + vocab.bpe (no download:
 tiktoken.load.data_gym_to_mergeable_bpe_ranks reads local paths), encodes a fixed set of varied texts
 (unicode, numbers, whitespace runs, contractions, emoji, special tokens) and writes
 tests/reference/data/tokenizer_gpt2_reference.json: {"texts": [...], "allow_special": [...],
@@ -50,7 +50,7 @@ ALLOW_SPECIAL = [t == "Special <|endoftext|> inside, allowed" or t == "<|endofte
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpt2-dir", default=os.path.join(HERE, "..", "..", "..", "shared", "testdata", "gpt2"))
+    parser.add_argument("--gpt2-dir", default=os.path.join(HERE, "..", "testdata", "gpt2"))
     parser.add_argument("--out", default=os.path.join(HERE, "data", "tokenizer_gpt2_reference.json"))
     args = parser.parse_args()
     ranks = data_gym_to_mergeable_bpe_ranks(

@@ -21,7 +21,7 @@ struct BenchmarkCase {
   int64_t batch = 8, seq_len = 256;
 };
 
-// The benchmark's shapes: "small" (the PyTorch reference shape of shared/reference/machine.md,
+// The benchmark's shapes: "small" (the PyTorch reference shape of docs/performance.md,
 // L4 d256 h4 V8192 at T256 B8), "gpt2-124m" (at T1024 B4) or "all"; throws Error naming the
 // choices for another name.
 std::vector<BenchmarkCase> benchmark_cases(const std::string& which);
