@@ -37,7 +37,10 @@ ParameterCount count_parameters(const ModelSpec& m) {
   ParameterCount count;
   count.embedding = m.vocab_size * h + (m.learned_positions() ? m.max_seq_len * h : 0);
   int64_t attention = h * h + 2 * h * kv_width + h * h;  // Q, K, V, output projection
-  if (m.linear_bias()) attention += h + 2 * kv_width + h;
+  if (m.linear_bias())
+    attention += h + 2 * kv_width + h;
+  else if (m.qkv_bias())  // Qwen 2: biases on Q, K and V only
+    attention += h + 2 * kv_width;
   auto mlp_of = [&](int64_t width) {  // one MLP of `width` hidden channels
     int64_t mlp = (m.gated_mlp() ? 3 : 2) * h * width;
     if (m.linear_bias()) mlp += (m.gated_mlp() ? 2 : 1) * width + h;
