@@ -16,6 +16,7 @@ A failure prints a JSON line with an "error" field and exits non-zero.
 import argparse
 import ctypes
 import json
+import math
 import os
 import re
 import sys
@@ -287,6 +288,9 @@ def train_rank(rank, args, distributed):
     if distributed is not None:
         dist.barrier()
     elapsed = time.perf_counter() - start_all
+    if not math.isfinite(loss):  # a broken mode (seen: a NaN loss under torch.compile) is no rate
+        raise FloatingPointError(f"the loss is {loss} after {len(warmup_times) + args.steps} "
+                                 "steps, so this mode's time is not reported")
     result = {
         "tokens_per_second": args.batch * args.seq * args.steps / elapsed,
         "step_seconds": times,

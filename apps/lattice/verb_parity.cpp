@@ -12,7 +12,8 @@
 // results are merged across the cp ranks), and so must HSDP (it sums within groups first). Ranks
 // are threads of this process, or, under mpirun with at least as many processes as the largest
 // layout needs, MPI processes (a layout of N ranks runs on world ranks 0..N-1). Prints one line per
-// layout and fails with one error line.
+// layout and fails with one error line; `--json` prints one JSON object instead of the table (each
+// layout's reference, relative differences, verdict and whether it holds), for scripts and tests.
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <vector>
@@ -161,7 +163,7 @@ double max_relative_to_scale(const std::vector<float>& a, const std::vector<floa
 }
 
 void run_parity(const std::string& config_path, const std::vector<std::string>& overrides,
-                const std::string& layout_text, double tolerance) {
+                const std::string& layout_text, double tolerance, bool json) {
   const std::vector<Layout> layouts = parse_layouts(layout_text);
   train::TrainConfig base = train::load_train_config(config_path, overrides);
   check(base.parallelism.dp == 1,
@@ -212,13 +214,24 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
   }
   if (!printing) return;
 
-  std::printf("parity of %zu layouts, %lld steps, global batch %lld (%s backend)\n", layouts.size(),
-              static_cast<long long>(base.training.steps),
-              static_cast<long long>(base.training.global_batch_size), mpi ? "mpi" : "local");
+  if (!json) {
+    std::printf("parity of %zu layouts, %lld steps, global batch %lld (%s backend)\n",
+                layouts.size(), static_cast<long long>(base.training.steps),
+                static_cast<long long>(base.training.global_batch_size), mpi ? "mpi" : "local");
+  }
   int width = 10;  // the layout column: as wide as the longest name
   for (const Layout& l : layouts) width = std::max(width, static_cast<int>(l.name.size()));
-  std::printf("%-*s %-10s %14s %14s %14s  %s\n", width, "layout", "reference", "loss rel",
-              "norm rel", "param rel", "verdict");
+  if (!json) {
+    std::printf("%-*s %-10s %14s %14s %14s  %s\n", width, "layout", "reference", "loss rel",
+                "norm rel", "param rel", "verdict");
+  }
+  nlohmann::json report = {
+      {"steps", base.training.steps},
+      {"global_batch_size", base.training.global_batch_size},
+      {"backend", mpi ? "mpi" : "local"},
+      {"precision", std::string(kernels::precision_name(base.training.precision))},
+      {"tolerance", tolerance},
+      {"layouts", nlohmann::json::array()}};
   std::string failures;
   for (size_t i = 0; i < layouts.size(); ++i) {
     // The reference: the first layout with the same dp, tp, sequence and context parallelism,
@@ -254,13 +267,34 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
                       (pipelined ? norm <= 1e-12 : a.grad_norms == b.grad_norms);
     bool ok =
         i == 0 || (exact ? bits : loss <= tolerance && norm <= tolerance && param <= tolerance);
+    // The verdict, as the table words it and as the JSON names it.
     const char* verdict =
         i == 0  ? "reference"
         : exact ? (bits ? (pipelined ? "bit-identical weights" : "bit-identical") : "DIFFERS")
                 : (ok ? "within tolerance" : "OUT OF TOLERANCE");
-    std::printf("%-*s %-10s %14.3e %14.3e %14.3e  %s\n", width, layouts[i].name.c_str(),
-                layouts[ref].name.c_str(), loss, norm, param, verdict);
+    const char* verdict_key =
+        i == 0  ? "reference"
+        : exact ? (bits ? (pipelined ? "bit_identical_weights" : "bit_identical") : "differs")
+                : (ok ? "within_tolerance" : "out_of_tolerance");
+    if (json) {
+      report["layouts"].push_back({{"layout", layouts[i].name},
+                                   {"ranks", layouts[i].ranks()},
+                                   {"reference", layouts[ref].name},
+                                   {"loss_rel", loss},
+                                   {"norm_rel", norm},
+                                   {"param_rel", param},
+                                   {"exact_expected", i == 0 || exact},
+                                   {"verdict", verdict_key},
+                                   {"ok", ok}});
+    } else {
+      std::printf("%-*s %-10s %14.3e %14.3e %14.3e  %s\n", width, layouts[i].name.c_str(),
+                  layouts[ref].name.c_str(), loss, norm, param, verdict);
+    }
     if (!ok) failures += (failures.empty() ? "" : ", ") + layouts[i].name;
+  }
+  if (json) {
+    report["ok"] = failures.empty();
+    std::printf("%s\n", report.dump().c_str());
   }
   std::fflush(stdout);
   check(failures.empty(), "parity failed for " + failures +
@@ -268,7 +302,7 @@ void run_parity(const std::string& config_path, const std::vector<std::string>& 
                               "dp, tp and sequence parallelism, weights bit-identical for an "
                               "untied model's pipeline, relative " +
                               std::to_string(tolerance) + " otherwise)");
-  std::printf("parity ok\n");
+  if (!json) std::printf("parity ok\n");
 }
 
 }  // namespace
@@ -279,6 +313,7 @@ void register_parity_verb(CLI::App& app) {
   auto config_path = std::make_shared<std::string>();
   auto layouts = std::make_shared<std::string>("dp1,dp2,dp2z1,dp2z2,dp2z3");
   auto tolerance = std::make_shared<double>(0.0);
+  auto json = std::make_shared<bool>(false);
   verb->add_option("config", *config_path, "TOML configuration file");
   verb->add_option(
           "--layouts", *layouts,
@@ -289,15 +324,18 @@ void register_parity_verb(CLI::App& app) {
   verb->add_option("--tolerance", *tolerance,
                    "relative tolerance between different rank counts (sum order differs); "
                    "default 1e-4 in fp32, 1e-3 in bf16");
+  verb->add_flag("--json", *json,
+                 "print one JSON object (every layout's reference, relative differences, verdict "
+                 "and ok) instead of the table");
   verb->allow_extras();
-  verb->callback([verb, config_path, layouts, tolerance] {
+  verb->callback([verb, config_path, layouts, tolerance, json] {
     std::vector<std::string> overrides;
     for (const std::string& arg : verb->remaining()) {
       check(arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos,
             "unexpected argument '" + arg + "': overrides look like --section.key=value");
       overrides.push_back(arg);
     }
-    run_parity(*config_path, overrides, *layouts, *tolerance);
+    run_parity(*config_path, overrides, *layouts, *tolerance, *json);
   });
 }
 

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -69,11 +71,46 @@ inline train::TrainConfig tiny_dp_config(const std::filesystem::path& dir, int d
   return train::load_train_config("", overrides);
 }
 
-// The line of one layout in `lattice parity`'s table ("" when absent).
-inline std::string parity_line(const std::string& out, const std::string& layout) {
-  const size_t at = out.find("\n" + layout + " ");
-  if (at == std::string::npos) return "";
-  return out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+// `lattice parity --json`'s report in a run's output: its last line that parses as a JSON object
+// (null when there is none: the run stopped before comparing).
+inline nlohmann::json parity_report(const std::string& out) {
+  std::istringstream lines(out);
+  nlohmann::json report;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line.front() != '{') continue;
+    nlohmann::json parsed = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_object() && parsed.contains("layouts")) report = std::move(parsed);
+  }
+  return report;
+}
+
+// Whether the report says every layout holds.
+inline bool parity_holds(const std::string& out) {
+  const nlohmann::json report = parity_report(out);
+  return report.is_object() && report.value("ok", false);
+}
+
+// One layout's entry in the report (null when absent).
+inline nlohmann::json parity_layout(const std::string& out, const std::string& layout) {
+  const nlohmann::json report = parity_report(out);
+  if (!report.is_object()) return nullptr;
+  for (const auto& entry : report.at("layouts"))
+    if (entry.value("layout", "") == layout) return entry;
+  return nullptr;
+}
+
+// A layout's verdict: reference, bit_identical, bit_identical_weights (a pipeline: weights and
+// losses bit for bit, the norm regrouped), within_tolerance, differs, out_of_tolerance; "" when
+// the layout is not in the report.
+inline std::string parity_verdict(const std::string& out, const std::string& layout) {
+  const nlohmann::json entry = parity_layout(out, layout);
+  return entry.is_object() ? entry.value("verdict", "") : "";
+}
+
+// The layout a layout was compared against ("" when absent).
+inline std::string parity_reference(const std::string& out, const std::string& layout) {
+  const nlohmann::json entry = parity_layout(out, layout);
+  return entry.is_object() ? entry.value("reference", "") : "";
 }
 
 inline void expect_bit_identical(const DpOutcome& a, const DpOutcome& b, const std::string& what) {

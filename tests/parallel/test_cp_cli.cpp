@@ -54,11 +54,9 @@ class CpCli : public CorpusDirectoryTest {
 
 void expect_within(const CliResult& r, std::initializer_list<const char*> layouts) {
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   for (const char* layout : layouts)
-    EXPECT_NE(parity_line(r.out, layout).find("within tolerance"), std::string::npos)
-        << layout << "\n"
-        << r.out;
+    EXPECT_EQ(parity_verdict(r.out, layout), "within_tolerance") << layout << "\n" << r.out;
 }
 
 }  // namespace
@@ -72,7 +70,7 @@ TEST_F(CpCli, ParityOfRingAndUlyssesAt2048TokensOnLocalThreads) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
     SCOPED_TRACE(preset);
     const CliResult r =
-        run_lattice("parity --layouts dp1,dp1c2,dp1c2u,dp1c4,dp1c4u --tolerance 1e-4" +
+        run_lattice("parity --json --layouts dp1,dp1c2,dp1c2u,dp1c4,dp1c4u --tolerance 1e-4" +
                         cp_flags(dir_, preset, 2048),
                     dir_);
     expect_within(r, {"dp1c2", "dp1c2u", "dp1c4", "dp1c4u"});
@@ -84,9 +82,9 @@ TEST_F(CpCli, ParityAt8192TokensOnFourRanks) {
   // same tolerance and reasons as at 2,048 tokens (measured at most 4e-7 in the parameters).
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
-    const CliResult r = run_lattice(
-        "parity --layouts dp1,dp1c4,dp1c4u --tolerance 1e-4" + cp_flags(dir_, preset, 8192, 1),
-        dir_);
+    const CliResult r = run_lattice("parity --json --layouts dp1,dp1c4,dp1c4u --tolerance 1e-4" +
+                                        cp_flags(dir_, preset, 8192, 1),
+                                    dir_);
     expect_within(r, {"dp1c4", "dp1c4u"});
   }
 }
@@ -102,19 +100,15 @@ TEST_F(CpCli, ComposesWithDataTensorPipelineAndZero) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
     const CliResult r = run_lattice(
-        "parity --layouts dp1,dp1c2,dp2c2,dp2c2z1,dp2c2z3,dp1t2c2,dp1t2sc2,dp2t2c2u,dp1c2p2,"
+        "parity --json --layouts dp1,dp1c2,dp2c2,dp2c2z1,dp2c2z3,dp1t2c2,dp1t2sc2,dp2t2c2u,dp1c2p2,"
         "dp1c2up2 --tolerance 1e-4" +
             cp_flags(dir_, preset, 256, 4),
         dir_);
     expect_within(r, {"dp1c2", "dp2c2", "dp1t2c2", "dp1t2sc2", "dp2t2c2u", "dp1c2up2"});
     for (const char* layout : {"dp2c2z1", "dp2c2z3"})
-      EXPECT_NE(parity_line(r.out, layout).find("bit-identical"), std::string::npos)
-          << layout << "\n"
-          << r.out;
-    EXPECT_NE(parity_line(r.out, "dp1c2p2")
-                  .find(std::string(preset) == "llama-tiny" ? "bit-identical weights"
-                                                            : "within tolerance"),
-              std::string::npos)
+      EXPECT_EQ(parity_verdict(r.out, layout), "bit_identical") << layout << "\n" << r.out;
+    EXPECT_EQ(parity_verdict(r.out, "dp1c2p2"),
+              std::string(preset) == "llama-tiny" ? "bit_identical_weights" : "within_tolerance")
         << r.out;
   }
 }
@@ -127,9 +121,10 @@ TEST_F(CpCli, ParityInBf16) {
   // alone gives 1.6e-3 here).
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
-    const CliResult r = run_lattice("parity --layouts dp1,dp1c2,dp1c2u,dp1c4 --tolerance 3e-2" +
-                                        cp_flags(dir_, preset, 256, 4, "bf16"),
-                                    dir_);
+    const CliResult r =
+        run_lattice("parity --json --layouts dp1,dp1c2,dp1c2u,dp1c4 --tolerance 3e-2" +
+                        cp_flags(dir_, preset, 256, 4, "bf16"),
+                    dir_);
     expect_within(r, {"dp1c2", "dp1c2u", "dp1c4"});
   }
 }
@@ -303,7 +298,7 @@ TEST_F(CpCli, WhatCannotSplitIsOneErrorLine) {
                                         "--parallelism.tp=4 --parallelism.sequence_parallel=true",
                                     dir_),
                         "parallelism.sequence_parallel splits each cp rank's 18 tokens");
-  expect_one_error_line(run_lattice("parity --layouts dp1,dp1c0" + base, dir_),
+  expect_one_error_line(run_lattice("parity --json --layouts dp1,dp1c0" + base, dir_),
                         "c<cp> needs at least one context-parallel rank");
 }
 
@@ -317,7 +312,7 @@ TEST_F(CpCli, ParityUnderMpirun) {
     SCOPED_TRACE(preset);
     const CliResult r =
         run_mpi(4,
-                "parity --layouts dp1,dp1c2,dp1c2u,dp1c4,dp1c4u,dp2c2 --tolerance 1e-4" +
+                "parity --json --layouts dp1,dp1c2,dp1c2u,dp1c4,dp1c4u,dp2c2 --tolerance 1e-4" +
                     cp_flags(dir_, preset, 2048),
                 dir_);
     EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;

@@ -34,20 +34,17 @@ class DpCli : public CorpusDirectoryTest {};
 
 TEST_F(DpCli, ParityOnLocalThreads) {
   CliResult r = run_lattice(
-      "parity --layouts dp1,dp2,dp2z1,dp2z2,dp2z3,dp4,dp4z2,dp4z3,dp4z3h2 --tolerance 1e-4" +
+      "parity --json --layouts dp1,dp2,dp2z1,dp2z2,dp2z3,dp4,dp4z2,dp4z3,dp4z3h2 --tolerance 1e-4" +
           tiny_flags(dir_),
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   // Every ZeRO layout is bit-identical to plain DP on the same rank count.
-  for (const char* layout : {"dp2z1 ", "dp2z2 ", "dp2z3 ", "dp4z2 ", "dp4z3 "}) {
-    const size_t at = r.out.find(std::string("\n") + layout);
-    ASSERT_NE(at, std::string::npos) << layout << r.out;
-    const std::string line = r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
-    EXPECT_NE(line.find("bit-identical"), std::string::npos) << line;
-  }
+  for (const char* layout : {"dp2z1", "dp2z2", "dp2z3", "dp4z2", "dp4z3"})
+    EXPECT_EQ(parity_verdict(r.out, layout), "bit_identical") << layout << "\n" << r.out;
   // HSDP adds in another order: within tolerance of plain DP on 4 ranks.
-  EXPECT_NE(r.out.find("dp4z3h2    dp4"), std::string::npos) << r.out;
+  EXPECT_EQ(parity_reference(r.out, "dp4z3h2"), "dp4") << r.out;
+  EXPECT_EQ(parity_verdict(r.out, "dp4z3h2"), "within_tolerance") << r.out;
 }
 
 TEST_F(DpCli, TrainOnTwoLocalRanksPrintsCommunication) {
@@ -58,8 +55,36 @@ TEST_F(DpCli, TrainOnTwoLocalRanksPrintsCommunication) {
   EXPECT_NE(r.out.find("exposed of"), std::string::npos) << r.out;
 }
 
+// The table a person reads and the JSON a script reads report the same verdicts; a layout out of
+// tolerance is reported as such in both, with one error line and exit status 2.
+TEST_F(DpCli, TableAndJsonAgreeAndAFailureIsReported) {
+  const std::string layouts = "parity --layouts dp1,dp2,dp2z1";
+  CliResult table = run_lattice(layouts + tiny_flags(dir_), dir_);
+  EXPECT_EQ(table.status, 0) << table.out << table.err;
+  EXPECT_NE(table.out.find("parity ok"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("\ndp2z1      dp2 "), std::string::npos) << table.out;
+  EXPECT_EQ(parity_report(table.out), nullptr) << "no JSON without --json";
+  CliResult json = run_lattice(layouts + " --json" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(json.status, 0) << json.out << json.err;
+  EXPECT_TRUE(parity_holds(json.out)) << json.out;
+  EXPECT_EQ(json.out.find("parity ok"), std::string::npos) << "the JSON replaces the table";
+  EXPECT_EQ(parity_report(json.out).at("layouts").size(), 3u) << json.out;
+  EXPECT_EQ(parity_verdict(json.out, "dp1"), "reference");
+  EXPECT_EQ(parity_verdict(json.out, "dp2"), "within_tolerance");
+  EXPECT_EQ(parity_verdict(json.out, "dp2z1"), "bit_identical");
+  EXPECT_EQ(parity_reference(json.out, "dp2z1"), "dp2");
+  // dp2 sums the gradients in another order than dp1: a tolerance of 1e-30 cannot hold.
+  CliResult failing = run_lattice(layouts + " --json --tolerance 1e-30" + tiny_flags(dir_), dir_);
+  EXPECT_EQ(failing.status, 2) << failing.out << failing.err;
+  EXPECT_FALSE(parity_holds(failing.out)) << failing.out;
+  EXPECT_EQ(parity_report(failing.out).value("ok", true), false) << failing.out;
+  EXPECT_EQ(parity_verdict(failing.out, "dp2"), "out_of_tolerance") << failing.out;
+  EXPECT_EQ(parity_verdict(failing.out, "dp2z1"), "bit_identical") << failing.out;
+  EXPECT_EQ(failing.err.rfind("error: parity failed for dp2 ", 0), 0u) << failing.err;
+}
+
 TEST_F(DpCli, BadLayoutIsOneErrorLine) {
-  CliResult r = run_lattice("parity --layouts dp2,dpx" + tiny_flags(dir_), dir_);
+  CliResult r = run_lattice("parity --json --layouts dp2,dpx" + tiny_flags(dir_), dir_);
   EXPECT_EQ(r.status, 2);
   EXPECT_EQ(r.err.rfind("error: layout 'dpx' is not understood", 0), 0u) << r.err;
   r = run_lattice("train --dp 2 --zero 5" + tiny_flags(dir_), dir_);
@@ -70,17 +95,18 @@ TEST_F(DpCli, BadLayoutIsOneErrorLine) {
 #ifdef LATTICE_MPIEXEC
 TEST_F(DpCli, ParityUnderMpirun) {
   CliResult r = run_mpi(
-      4, "parity --layouts dp1,dp2,dp2z1,dp2z2,dp2z3,dp4,dp4z1,dp4z3" + tiny_flags(dir_), dir_);
+      4, "parity --json --layouts dp1,dp2,dp2z1,dp2z2,dp2z3,dp4,dp4z1,dp4z3" + tiny_flags(dir_),
+      dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
 }
 
 TEST_F(DpCli, ParityUnderMpirunOverTcp) {
-  CliResult r = run_mpi(2, "parity --layouts dp1,dp2,dp2z1,dp2z2,dp2z3" + tiny_flags(dir_), dir_,
-                        "--mca btl tcp,self");
+  CliResult r = run_mpi(2, "parity --json --layouts dp1,dp2,dp2z1,dp2z2,dp2z3" + tiny_flags(dir_),
+                        dir_, "--mca btl tcp,self");
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
 }
 
 TEST_F(DpCli, TrainUnderMpirunMatchesLocalThreads) {

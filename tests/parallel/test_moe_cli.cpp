@@ -46,9 +46,8 @@ using MoeCli = CorpusDirectoryTest;
 constexpr const char* kTwentySteps = " --training.steps=20";
 
 void expect_verdict(const CliResult& r, const std::string& layout, const std::string& verdict) {
-  EXPECT_NE(parity_line(r.out, layout).find(verdict), std::string::npos)
-      << layout << " should be " << verdict << "\n"
-      << r.out;
+  EXPECT_EQ(parity_verdict(r.out, layout), verdict) << layout << " should be " << verdict << "\n"
+                                                    << r.out;
 }
 
 }  // namespace
@@ -89,15 +88,16 @@ TEST_F(MoeCli, TrainsAndReportsTheRoutingInTheLineAndTheJsonl) {
 // The balancing loss's loads are summed over the batch group: data and context parallelism equal
 // one rank within the gradient sum order's rounding; ZeRO and pipelines change no arithmetic.
 TEST_F(MoeCli, ParityAcrossDataContextAndPipelineParallelism) {
-  const CliResult r = run_lattice("parity --layouts dp1,dp2,dp2z1,dp2z3,dp1c2,dp1c2u,dp1p2,dp2p2" +
-                                      moe_flags(dir_, "mixtral-tiny"),
-                                  dir_);
+  const CliResult r =
+      run_lattice("parity --json --layouts dp1,dp2,dp2z1,dp2z3,dp1c2,dp1c2u,dp1p2,dp2p2" +
+                      moe_flags(dir_, "mixtral-tiny"),
+                  dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   for (const char* layout : {"dp2", "dp1c2", "dp1c2u"})
-    expect_verdict(r, layout, "within tolerance");
-  for (const char* layout : {"dp2z1", "dp2z3"}) expect_verdict(r, layout, "bit-identical");
-  for (const char* layout : {"dp1p2", "dp2p2"}) expect_verdict(r, layout, "bit-identical weights");
+    expect_verdict(r, layout, "within_tolerance");
+  for (const char* layout : {"dp2z1", "dp2z3"}) expect_verdict(r, layout, "bit_identical");
+  for (const char* layout : {"dp1p2", "dp2p2"}) expect_verdict(r, layout, "bit_identical_weights");
 }
 
 // DeepSeek-style (a shared expert, sigmoid scores, every second layer MoE, 4 layers) with a
@@ -107,15 +107,15 @@ TEST_F(MoeCli, ParityAcrossDataContextAndPipelineParallelism) {
 // part of the batch, so they are not compared with one rank here.
 TEST_F(MoeCli, CapacityModeParityWhereTheMicroBatchesAreTheSame) {
   const CliResult r =
-      run_lattice("parity --layouts dp1,dp1p2-zb-v,dp2,dp2z2 --tolerance 1" +
+      run_lattice("parity --json --layouts dp1,dp1p2-zb-v,dp2,dp2z2 --tolerance 1" +
                       moe_flags(dir_, "deepseek-moe-tiny",
                                 " --model.n_layers=4 --model.moe_capacity_factor=1.25"
                                 " --model.moe_z_loss_coef=0.001"),
                   dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
-  expect_verdict(r, "dp1p2-zb-v", "bit-identical weights");
-  expect_verdict(r, "dp2z2", "bit-identical");
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
+  expect_verdict(r, "dp1p2-zb-v", "bit_identical_weights");
+  expect_verdict(r, "dp2z2", "bit_identical");
 }
 
 // Tensor-parallel attention beside replicated experts (each tp rank runs the MoE layer on all
@@ -123,15 +123,15 @@ TEST_F(MoeCli, CapacityModeParityWhereTheMicroBatchesAreTheSame) {
 // pp, with and without sp and with ep, against one rank.
 TEST_F(MoeCli, TensorParallelAttentionBesideTheExperts) {
   const CliResult r = run_lattice(
-      "parity --layouts dp1,dp1t2,dp2t2,dp1t2p2,dp1t2s,dp2t2se2,dp1t2sp2" +
+      "parity --json --layouts dp1,dp1t2,dp2t2,dp1t2p2,dp1t2s,dp2t2se2,dp1t2sp2" +
           moe_flags(dir_, "deepseek-moe-tiny", " --model.n_layers=4 --model.moe_shared_experts=2"),
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   for (const char* layout : {"dp1t2", "dp2t2", "dp1t2s", "dp2t2se2"})
-    expect_verdict(r, layout, "within tolerance");
+    expect_verdict(r, layout, "within_tolerance");
   for (const char* layout : {"dp1t2p2", "dp1t2sp2"})
-    expect_verdict(r, layout, "bit-identical weights");
+    expect_verdict(r, layout, "bit_identical_weights");
 }
 
 // Expert parallelism against EP 1 on the same data-parallel ranks (and across dp counts, cp) over
@@ -143,19 +143,19 @@ TEST_F(MoeCli, TensorParallelAttentionBesideTheExperts) {
 // them) equals plain DP with the same EP bit for bit.
 TEST_F(MoeCli, ExpertParallelismTwoAndFourAgainstOne) {
   const CliResult r = run_lattice(
-      "parity --layouts dp2,dp2e2,dp4,dp4e2,dp4e4,dp2c2e4,dp4e2z1,dp4e2z3,dp2e2z2,dp4e2z2h2,"
+      "parity --json --layouts dp2,dp2e2,dp4,dp4e2,dp4e4,dp2c2e4,dp4e2z1,dp4e2z3,dp2e2z2,dp4e2z2h2,"
       "dp2c2e2z1" +
           moe_flags(dir_, "mixtral-tiny", kTwentySteps),
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   // HSDP and context parallelism beside EP and ZeRO: other addition orders, the tolerance.
   for (const char* layout : {"dp2e2", "dp4e2", "dp4e4", "dp2c2e4", "dp4e2z2h2", "dp2c2e2z1"})
-    expect_verdict(r, layout, "within tolerance");
+    expect_verdict(r, layout, "within_tolerance");
   for (const auto& [layout, reference] : std::vector<std::pair<std::string, std::string>>{
            {"dp4e2z1", "dp4e2"}, {"dp4e2z3", "dp4e2"}, {"dp2e2z2", "dp2e2"}}) {
-    EXPECT_NE(parity_line(r.out, layout).find(" " + reference + " "), std::string::npos) << r.out;
-    expect_verdict(r, layout, "bit-identical");
+    EXPECT_EQ(parity_reference(r.out, layout), reference) << r.out;
+    expect_verdict(r, layout, "bit_identical");
   }
 }
 
@@ -163,12 +163,12 @@ TEST_F(MoeCli, ExpertParallelismTwoAndFourAgainstOne) {
 // on the same dp keeps (DeepSeek-style: 8 fine-grained experts, 4 per rank, a shared expert).
 TEST_F(MoeCli, ExpertParallelismWithACapacity) {
   const CliResult r =
-      run_lattice("parity --layouts dp2,dp2e2" +
+      run_lattice("parity --json --layouts dp2,dp2e2" +
                       moe_flags(dir_, "deepseek-moe-tiny",
                                 " --model.moe_capacity_factor=1.0" + std::string(kTwentySteps)),
                   dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  expect_verdict(r, "dp2e2", "within tolerance");
+  expect_verdict(r, "dp2e2", "within_tolerance");
   // The drops are there: the JSONL of an EP 2 run reports them.
   const CliResult run =
       run_lattice("train --parallelism.dp=2 --parallelism.ep=2 --metrics.log_freq=1" +
@@ -182,13 +182,14 @@ TEST_F(MoeCli, ExpertParallelismWithACapacity) {
 }
 
 TEST_F(MoeCli, ExpertParallelismUnderMpirun) {
-  const CliResult r = run_mpi(
-      4, "parity --layouts dp4,dp4e2,dp4e4,dp4e2z2" + moe_flags(dir_, "mixtral-tiny", kTwentySteps),
-      dir_);
+  const CliResult r = run_mpi(4,
+                              "parity --json --layouts dp4,dp4e2,dp4e4,dp4e2z2" +
+                                  moe_flags(dir_, "mixtral-tiny", kTwentySteps),
+                              dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
-  expect_verdict(r, "dp4e2z2", "bit-identical");
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
+  expect_verdict(r, "dp4e2z2", "bit_identical");
 }
 
 // An EP run's checkpoint is whole (every expert, the one-rank layout): an EP 2 run resumes from it
@@ -330,13 +331,13 @@ TEST_F(MoeCli, AuxiliaryLossFreeBiasMovesTowardsBalance) {
   EXPECT_LT(biased, 0.8 * unbiased) << "biased " << biased << ", unbiased " << unbiased;
   // The layouts agree: the bias moves alike on every rank, ZeRO-1/2's gathers land first.
   const CliResult r =
-      run_lattice("parity --layouts dp1,dp2,dp2z1,dp2z2,dp1p2,dp2e2,dp2e2z1" +
+      run_lattice("parity --json --layouts dp1,dp2,dp2z1,dp2z2,dp1p2,dp2e2,dp2e2z1" +
                       moe_flags(dir_, "deepseek-moe-tiny", " --model.moe_bias_update_rate=0.01"),
                   dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   for (const char* layout : {"dp2z1", "dp2z2", "dp2e2z1"})
-    expect_verdict(r, layout, "bit-identical");
-  expect_verdict(r, "dp1p2", "bit-identical weights");
+    expect_verdict(r, layout, "bit_identical");
+  expect_verdict(r, "dp1p2", "bit_identical_weights");
   // Bad input: one line each.
   for (const auto& [extra, message] : std::vector<std::pair<std::string, std::string>>{
            {" --model.moe_bias_update_rate=-1", "model.moe_bias_update_rate must not be negative"},
@@ -354,23 +355,24 @@ TEST_F(MoeCli, AuxiliaryLossFreeBiasMovesTowardsBalance) {
 // bit.
 TEST_F(MoeCli, FourDimensionalLayoutAgainstOneRank) {
   const std::string four_layers = " --model.n_layers=4 --training.steps=6";
-  const CliResult r = run_lattice("parity --layouts dp1,dp2t2e2p2,dp2e2p2-zb-v,dp2t2e2p2z1" +
+  const CliResult r = run_lattice("parity --json --layouts dp1,dp2t2e2p2,dp2e2p2-zb-v,dp2t2e2p2z1" +
                                       moe_flags(dir_, "mixtral-tiny", four_layers),
                                   dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   for (const char* layout : {"dp2t2e2p2", "dp2e2p2-zb-v"}) {
-    EXPECT_NE(parity_line(r.out, layout).find(" dp1 "), std::string::npos) << r.out;
-    expect_verdict(r, layout, "within tolerance");
+    EXPECT_EQ(parity_reference(r.out, layout), "dp1") << r.out;
+    expect_verdict(r, layout, "within_tolerance");
   }
   // 4D with ZeRO-1: the same arithmetic as plain DP on that layout.
-  EXPECT_NE(parity_line(r.out, "dp2t2e2p2z1").find(" dp2t2e2p2 "), std::string::npos) << r.out;
-  expect_verdict(r, "dp2t2e2p2z1", "bit-identical");
+  EXPECT_EQ(parity_reference(r.out, "dp2t2e2p2z1"), "dp2t2e2p2") << r.out;
+  expect_verdict(r, "dp2t2e2p2z1", "bit_identical");
   const CliResult mpi = run_mpi(
-      8, "parity --layouts dp1,dp2t2e2p2" + moe_flags(dir_, "mixtral-tiny", four_layers), dir_);
+      8, "parity --json --layouts dp1,dp2t2e2p2" + moe_flags(dir_, "mixtral-tiny", four_layers),
+      dir_);
   EXPECT_EQ(mpi.status, 0) << mpi.out << mpi.err;
   EXPECT_NE(mpi.out.find("(mpi backend)"), std::string::npos) << mpi.out;
-  expect_verdict(mpi, "dp2t2e2p2", "within tolerance");
+  expect_verdict(mpi, "dp2t2e2p2", "within_tolerance");
   for (const std::string layout : {" --parallelism.dp=2 --parallelism.tp=2 --parallelism.ep=2",
                                    " --parallelism.dp=2 --parallelism.pp=2 --parallelism.ep=2 "
                                    "--parallelism.zero=1"}) {

@@ -43,9 +43,8 @@ std::string tiny_flags(const fs::path& dir, const std::string& preset) {
 }
 
 void expect_verdict(const CliResult& r, const std::string& layout, const std::string& verdict) {
-  EXPECT_NE(parity_line(r.out, layout).find(verdict), std::string::npos)
-      << layout << " should be " << verdict << ":\n"
-      << r.out;
+  EXPECT_EQ(parity_verdict(r.out, layout), verdict) << layout << " should be " << verdict << ":\n"
+                                                    << r.out;
 }
 
 class PpCli : public CorpusDirectoryTest {};
@@ -58,28 +57,28 @@ TEST_F(PpCli, EveryScheduleTrainsAsOneRankOnLocalThreads) {
   // model's losses and weights are bit-identical to one rank (the gradient norm is held to 1e-12
   // relative: its double partial sums are added per stage, then across stages).
   CliResult r = run_lattice(
-      "parity --layouts dp1,dp1p2-gpipe,dp1p2,dp1p2-interleaved,dp1p2-zb-h1,dp1p2-zb-v,"
+      "parity --json --layouts dp1,dp1p2-gpipe,dp1p2,dp1p2-interleaved,dp1p2-zb-h1,dp1p2-zb-v,"
       "dp1p4-gpipe,dp1p4,dp1p4-interleaved,dp1p4-zb-h1,dp1p4-zb-v" +
           tiny_flags(dir_, "llama-tiny") + " --training.steps=20",
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   for (const char* layout :
        {"dp1p2-gpipe", "dp1p2", "dp1p2-interleaved", "dp1p2-zb-h1", "dp1p2-zb-v", "dp1p4-gpipe",
         "dp1p4", "dp1p4-interleaved", "dp1p4-zb-h1", "dp1p4-zb-v"})
-    expect_verdict(r, layout, "bit-identical weights");
+    expect_verdict(r, layout, "bit_identical_weights");
 }
 
 TEST_F(PpCli, PipelinesInBf16AreBitIdenticalToo) {
   // bf16 GEMMs read the same rounded weights and inputs on a stage as on one rank: the same
   // arithmetic, so the same bits (20 steps).
   CliResult r = run_lattice(
-      "parity --layouts dp1,dp1p2-gpipe,dp1p2-zb-h1,dp1p4-interleaved,dp1p2-zb-v" +
+      "parity --json --layouts dp1,dp1p2-gpipe,dp1p2-zb-h1,dp1p4-interleaved,dp1p2-zb-v" +
           tiny_flags(dir_, "llama-tiny") + " --training.precision=bf16 --training.steps=20",
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   for (const char* layout : {"dp1p2-gpipe", "dp1p2-zb-h1", "dp1p4-interleaved", "dp1p2-zb-v"})
-    expect_verdict(r, layout, "bit-identical weights");
+    expect_verdict(r, layout, "bit_identical_weights");
 }
 
 TEST_F(PpCli, BalancedPartitionTrainsAsOneRank) {
@@ -97,9 +96,9 @@ TEST_F(PpCli, BalancedPartitionTrainsAsOneRank) {
   // (A listed split's run is checked against one rank's checkpoint in
   // CheckpointIsTheOneRankModelsAndResumes; parity's base config has pp 1, which refuses a list.)
   CliResult r = run_lattice(
-      "parity --layouts dp1,dp1p4 --parallelism.pipeline_partition=balanced" + flags, dir_);
+      "parity --json --layouts dp1,dp1p4 --parallelism.pipeline_partition=balanced" + flags, dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  expect_verdict(r, "dp1p4", "bit-identical weights");
+  expect_verdict(r, "dp1p4", "bit_identical_weights");
 }
 
 TEST_F(PpCli, TiedEmbeddingsAcrossStagesStayWithinTolerance) {
@@ -107,14 +106,14 @@ TEST_F(PpCli, TiedEmbeddingsAcrossStagesStayWithinTolerance) {
   // gradients after the backward, where one rank adds the head's and the embedding's parts
   // microbatch by microbatch; the sum order differs, so relative 1e-4 over 20 steps (measured
   // 3e-7 in the parameters after 4 steps). The copies stay equal, so the checkpoint has one tensor.
-  CliResult r =
-      run_lattice("parity --tolerance 1e-4 --layouts dp1,dp1p2,dp1p4-interleaved,dp1p2-zb-v" +
-                      tiny_flags(dir_, "gpt2-tiny") + " --training.steps=20",
-                  dir_);
+  CliResult r = run_lattice(
+      "parity --json --tolerance 1e-4 --layouts dp1,dp1p2,dp1p4-interleaved,dp1p2-zb-v" +
+          tiny_flags(dir_, "gpt2-tiny") + " --training.steps=20",
+      dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   for (const char* layout : {"dp1p2", "dp1p4-interleaved", "dp1p2-zb-v"})
-    expect_verdict(r, layout, "within tolerance");
+    expect_verdict(r, layout, "within_tolerance");
 }
 
 TEST_F(PpCli, ThreeDimensionalLayoutsOnLocalThreads) {
@@ -122,17 +121,18 @@ TEST_F(PpCli, ThreeDimensionalLayoutsOnLocalThreads) {
   // dp 4 x pp 2 with HSDP. Against the same dp x tp without a pipeline: weights bit-identical; the
   // tp and dp layouts themselves within 1e-4 of one rank (their reasons: test_tp_cli.cpp).
   CliResult r = run_lattice(
-      "parity --tolerance 1e-4 --layouts dp1,dp2t2,dp2t2p2,dp2t2p2-gpipez1,dp2t2p2-zb-h1z2,dp2t2s,"
+      "parity --json --tolerance 1e-4 --layouts "
+      "dp1,dp2t2,dp2t2p2,dp2t2p2-gpipez1,dp2t2p2-zb-h1z2,dp2t2s,"
       "dp2t2sp2-zb-vz2,dp2t2sp2-interleavedz1,dp4,dp4p2z1h2" +
           tiny_flags(dir_, "llama-tiny") + " --training.steps=20 --training.global_batch_size=16",
       dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
   for (const char* layout : {"dp2t2p2", "dp2t2p2-gpipez1", "dp2t2p2-zb-h1z2", "dp2t2sp2-zb-vz2",
                              "dp2t2sp2-interleavedz1"})
-    expect_verdict(r, layout, "bit-identical weights");
+    expect_verdict(r, layout, "bit_identical_weights");
   // HSDP sums within groups first: held to the tolerance against plain dp 4.
-  expect_verdict(r, "dp4p2z1h2", "within tolerance");
+  expect_verdict(r, "dp4p2z1h2", "within_tolerance");
 }
 
 TEST_F(PpCli, CheckpointIsTheOneRankModelsAndResumes) {
@@ -378,20 +378,20 @@ TEST_F(PpCli, ThreeDimensionalParityUnderMpirun) {
   std::string layouts = "dp1,dp2t2,dp2t2s";
   for (const char* layout : pipelined) layouts += std::string(",") + layout;
   CliResult r = run_mpi(8,
-                        "parity --tolerance 1e-4 --layouts " + layouts +
+                        "parity --json --tolerance 1e-4 --layouts " + layouts +
                             tiny_flags(dir_, "llama-tiny") + " --training.steps=20",
                         dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
-  for (const char* layout : pipelined) expect_verdict(r, layout, "bit-identical weights");
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
+  for (const char* layout : pipelined) expect_verdict(r, layout, "bit_identical_weights");
 }
 
 TEST_F(PpCli, PipelineUnderMpirunOverTcp) {
-  CliResult r =
-      run_mpi(4, "parity --layouts dp1,dp1p2,dp1p4-interleaved" + tiny_flags(dir_, "llama-tiny"),
-              dir_, "--mca btl tcp,self");
+  CliResult r = run_mpi(
+      4, "parity --json --layouts dp1,dp1p2,dp1p4-interleaved" + tiny_flags(dir_, "llama-tiny"),
+      dir_, "--mca btl tcp,self");
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
 }
 #endif

@@ -51,21 +51,17 @@ TEST_F(TpCli, ParityOfTensorParallelLayoutsOnLocalThreads) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
     SCOPED_TRACE(preset);
     CliResult r = run_lattice(
-        "parity --layouts "
+        "parity --json --layouts "
         "dp1,dp1t2,dp1t2s,dp1t4,dp1t4s,dp2t2,dp2t2s,dp2t2z1,dp2t2sz1,dp2t2z3,dp2t2sz3 "
         "--tolerance 1e-4" +
             tiny_flags(dir_, preset) + " --training.steps=20",
         dir_);
     EXPECT_EQ(r.status, 0) << r.out << r.err;
-    EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+    EXPECT_TRUE(parity_holds(r.out)) << r.out;
     for (const char* layout : {"dp1t2", "dp1t2s", "dp1t4", "dp1t4s", "dp2t2", "dp2t2s"})
-      EXPECT_NE(parity_line(r.out, layout).find("within tolerance"), std::string::npos)
-          << layout << "\n"
-          << r.out;
+      EXPECT_EQ(parity_verdict(r.out, layout), "within_tolerance") << layout << "\n" << r.out;
     for (const char* layout : {"dp2t2z1", "dp2t2sz1", "dp2t2z3", "dp2t2sz3"})
-      EXPECT_NE(parity_line(r.out, layout).find("bit-identical"), std::string::npos)
-          << layout << "\n"
-          << r.out;
+      EXPECT_EQ(parity_verdict(r.out, layout), "bit_identical") << layout << "\n" << r.out;
   }
 }
 
@@ -73,15 +69,15 @@ TEST_F(TpCli, ParityWithHsdpAndGradientAccumulation) {
   // dp 4 x tp 2 with ZeRO-3 over HSDP shard groups of 2 (8 ranks), and 2 accumulation steps: the
   // tensor-parallel all-reduces run inside every microbatch, the data-parallel reduction after the
   // last. HSDP sums within groups first, so it is within the tolerance of plain ZeRO on 8 ranks.
-  CliResult r =
-      run_lattice("parity --layouts dp1,dp1t2,dp4t2,dp4t2z3h2,dp4t2s,dp4t2sz3h2 --tolerance 1e-4" +
-                      tiny_flags(dir_, "gpt2-tiny") + " --training.gradient_accumulation_steps=2",
-                  dir_);
+  CliResult r = run_lattice(
+      "parity --json --layouts dp1,dp1t2,dp4t2,dp4t2z3h2,dp4t2s,dp4t2sz3h2 --tolerance 1e-4" +
+          tiny_flags(dir_, "gpt2-tiny") + " --training.gradient_accumulation_steps=2",
+      dir_);
   EXPECT_EQ(r.status, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
-  EXPECT_NE(parity_line(r.out, "dp4t2z3h2").find("within tolerance"), std::string::npos) << r.out;
+  EXPECT_TRUE(parity_holds(r.out)) << r.out;
+  EXPECT_EQ(parity_verdict(r.out, "dp4t2z3h2"), "within_tolerance") << r.out;
   // And with sequence parallelism (its reductions inside every microbatch as well).
-  EXPECT_NE(parity_line(r.out, "dp4t2sz3h2").find("within tolerance"), std::string::npos) << r.out;
+  EXPECT_EQ(parity_verdict(r.out, "dp4t2sz3h2"), "within_tolerance") << r.out;
 }
 
 TEST_F(TpCli, ParityInBf16) {
@@ -95,20 +91,19 @@ TEST_F(TpCli, ParityInBf16) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
     CliResult r = run_lattice(
-        "parity --layouts dp1,dp1t2,dp1t2s,dp1t4s,dp2t2,dp2t2s,dp2t2z3,dp2t2sz3 --tolerance 3e-2" +
+        "parity --json --layouts dp1,dp1t2,dp1t2s,dp1t4s,dp2t2,dp2t2s,dp2t2z3,dp2t2sz3 --tolerance "
+        "3e-2" +
             tiny_flags(dir_, preset, "bf16") + " --training.steps=20",
         dir_);
     EXPECT_EQ(r.status, 0) << r.out << r.err;
-    EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+    EXPECT_TRUE(parity_holds(r.out)) << r.out;
     for (const char* layout : {"dp2t2z3", "dp2t2sz3"})
-      EXPECT_NE(parity_line(r.out, layout).find("bit-identical"), std::string::npos) << r.out;
+      EXPECT_EQ(parity_verdict(r.out, layout), "bit_identical") << r.out;
     for (const char* layout : {"dp1t2", "dp1t2s", "dp1t4s", "dp2t2", "dp2t2s"}) {
-      std::istringstream line(parity_line(r.out, layout));
-      std::string name, reference;
-      double loss = 1, norm = 1;
-      line >> name >> reference >> loss >> norm;
-      EXPECT_LE(loss, 1e-4) << layout;
-      EXPECT_LE(norm, 1e-2) << layout;
+      const nlohmann::json entry = parity_layout(r.out, layout);
+      ASSERT_TRUE(entry.is_object()) << layout << "\n" << r.out;
+      EXPECT_LE(entry.at("loss_rel").get<double>(), 1e-4) << layout;
+      EXPECT_LE(entry.at("norm_rel").get<double>(), 1e-2) << layout;
     }
   }
 }
@@ -233,14 +228,15 @@ TEST_F(TpCli, ParityUnderMpirun) {
   // tolerance and reasons as on threads (ParityOfTensorParallelLayoutsOnLocalThreads).
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     SCOPED_TRACE(preset);
-    CliResult r = run_mpi(4,
-                          "parity --layouts dp1,dp1t2,dp1t2s,dp1t4,dp1t4s,dp2t2,dp2t2s,dp2t2z1,"
-                          "dp2t2sz3 --tolerance 1e-4" +
-                              tiny_flags(dir_, preset) + " --training.steps=20",
-                          dir_);
+    CliResult r =
+        run_mpi(4,
+                "parity --json --layouts dp1,dp1t2,dp1t2s,dp1t4,dp1t4s,dp2t2,dp2t2s,dp2t2z1,"
+                "dp2t2sz3 --tolerance 1e-4" +
+                    tiny_flags(dir_, preset) + " --training.steps=20",
+                dir_);
     EXPECT_EQ(r.status, 0) << r.out << r.err;
     EXPECT_NE(r.out.find("(mpi backend)"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+    EXPECT_TRUE(parity_holds(r.out)) << r.out;
   }
 }
 
@@ -250,12 +246,12 @@ TEST_F(TpCli, ParityUnderMpirunOverTcp) {
   for (const char* precision : {"fp32", "bf16"}) {
     SCOPED_TRACE(precision);
     CliResult r = run_mpi(2,
-                          std::string("parity --layouts dp1,dp1t2,dp1t2s --tolerance ") +
+                          std::string("parity --json --layouts dp1,dp1t2,dp1t2s --tolerance ") +
                               (std::string(precision) == "bf16" ? "3e-2" : "1e-4") +
                               tiny_flags(dir_, "gpt2-tiny", precision),
                           dir_, "--mca btl tcp,self");
     EXPECT_EQ(r.status, 0) << r.out << r.err;
-    EXPECT_NE(r.out.find("parity ok"), std::string::npos) << r.out;
+    EXPECT_TRUE(parity_holds(r.out)) << r.out;
   }
 }
 #endif

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -188,6 +189,64 @@ TEST(BenchTrainCli, UnknownPytorchAllocatorIsRefused) {
   const std::string said = r.out + r.err;
   EXPECT_NE(said.find("--pytorch-allocator 'tcmalloc'"), std::string::npos) << said;
   EXPECT_NE(said.find("auto, jemalloc, glibc-thp or glibc"), std::string::npos) << said;
+}
+
+// A stand-in for the peer's python: an executable shell script whose probe (`--probe`) prints
+// `probe` and whose run does `run`.
+std::filesystem::path fake_python(const std::filesystem::path& dir, const std::string& probe,
+                                  const std::string& run) {
+  const std::filesystem::path path = dir / "fake-python";
+  std::ofstream(path) << "#!/bin/sh\ncase \" $* \" in *\" --probe \"*) " << probe << ";; esac\n"
+                      << run << "\n";
+  std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  return path;
+}
+
+const char* const kProbeOk =
+    "echo '{\"torch\": \"2.99\", \"blas\": \"fake\", \"sdpa\": true, \"fused_adamw\": true, "
+    "\"compile\": false}'; exit 0";
+
+// When the PyTorch side fails, the row names the cause: a crash by its signal (not "install the
+// peer"), a python without torch by that, and the peer's own error line as it wrote it.
+TEST(BenchTrainCli, APytorchFailureIsNamedByItsCause) {
+  const TemporaryDirectory dir("bench-train-peer-failures");
+  const std::string bench = "bench train --shape small --precision bf16 --steps 1 --warmup 0 ";
+  auto run = [&](const std::string& probe, const std::string& body) {
+    const std::filesystem::path python = fake_python(dir.path(), probe, body);
+    return run_lattice(bench + "--python " + python.string() +
+                           " --script '" LATTICE_SOURCE_DIR "/bench/pytorch_train.py'",
+                       dir.path());
+  };
+  const CliResult crashed = run(kProbeOk, "kill -SEGV $$");
+  ASSERT_EQ(crashed.status, 0) << crashed.out << crashed.err;
+  EXPECT_NE(crashed.out.find("PyTorch crashed: killed by signal 11 (Segmentation fault)"),
+            std::string::npos)
+      << crashed.out;
+  const size_t row = crashed.out.find("PyTorch crashed");
+  ASSERT_NE(row, std::string::npos) << crashed.out;
+  const std::string row_line = crashed.out.substr(row, crashed.out.find('\n', row) - row);
+  EXPECT_EQ(row_line.find("install_peers"), std::string::npos) << row_line;
+
+  const CliResult reported =
+      run(kProbeOk,
+          "echo '{\"error\": \"FloatingPointError: the loss is nan after 2 steps\"}'; "
+          "exit 1");
+  EXPECT_NE(reported.out.find("PyTorch failed: FloatingPointError: the loss is nan after 2 steps"),
+            std::string::npos)
+      << reported.out;
+
+  const CliResult no_torch =
+      run("echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1", "exit 1");
+  EXPECT_NE(no_torch.out.find(
+                "fake-python: no torch in this python (run `bash scripts/install_peers.sh`"),
+            std::string::npos)
+      << no_torch.out;
+
+  const CliResult exited = run(kProbeOk, "echo 'something else went wrong' >&2; exit 3");
+  EXPECT_NE(
+      exited.out.find("PyTorch exited with status 3 and no result: something else went wrong"),
+      std::string::npos)
+      << exited.out;
 }
 
 // `lattice bench checkpoint` on a tiny model: the three runs, the per-checkpoint rows against the

@@ -40,12 +40,7 @@ std::optional<std::vector<double>> pytorch_linear_flops(const std::vector<GemmCa
   const auto j = last_json_line(output, "gflops");
   if (status != 0 || !j.is_object() || !j.at("gflops").is_array() ||
       j.at("gflops").size() != cases.size()) {
-    const auto error = last_json_line(output, "error");
-    why = error.is_object() && error.at("error").is_string()
-              ? "PyTorch failed: " + error.at("error").get<std::string>()
-              : "the PyTorch GEMM peer failed (run `bash scripts/install_peers.sh` for PyTorch's "
-                "venv, or pass --python a python with torch): " +
-                    tail_line(output);
+    why = peer_failure("PyTorch's GEMM peer", status, output);
     return std::nullopt;
   }
   std::vector<double> rates;

@@ -1,7 +1,10 @@
 // Running a benchmark's peer process: see peer_process.hpp.
 #include "lattice/train/peer_process.hpp"
 
+#include <sys/wait.h>
+
 #include <cstdio>
+#include <cstring>
 
 namespace lattice::train {
 
@@ -27,6 +30,39 @@ nlohmann::json last_json_line(const std::string& output, const std::string& key)
   const auto end = output.find('\n', at);
   return nlohmann::json::parse(output.substr(at, end == std::string::npos ? end : end - at),
                                nullptr, /*allow_exceptions=*/false);
+}
+
+std::string peer_failure(const std::string& what, int status, const std::string& output) {
+  const auto error = last_json_line(output, "error");
+  if (error.is_object() && error.at("error").is_string())
+    return what + " failed: " + error.at("error").get<std::string>();
+  // The command runs under `sh -c`: a child killed by a signal shows as the shell's exit status
+  // 128 + the signal (or the shell itself was killed by it).
+  int signal = 0;
+  if (status != -1 && WIFSIGNALED(status)) signal = WTERMSIG(status);
+  if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) > 128 &&
+      WEXITSTATUS(status) < 128 + 64)
+    signal = WEXITSTATUS(status) - 128;
+  if (signal != 0) {
+    std::string line = what + " crashed: killed by signal " + std::to_string(signal) + " (" +
+                       strsignal(signal) + ")";
+    const std::string tail = tail_line(output, 200);
+    return tail.empty() ? line : line + "; its last output: " + tail;
+  }
+  const char* const install =
+      "run `bash scripts/install_peers.sh` for PyTorch's venv, or pass --python a python with "
+      "torch";
+  const bool no_torch = output.find("No module named 'torch'") != std::string::npos ||
+                        output.find("No module named torch") != std::string::npos;
+  const bool no_python =
+      status == -1 ||
+      (WIFEXITED(status) && (WEXITSTATUS(status) == 127 || WEXITSTATUS(status) == 126));
+  if (no_torch) return what + ": no torch in this python (" + install + ")";
+  if (no_python)
+    return what + ": this python could not be started (" + install + "): " + tail_line(output, 200);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : status;
+  return what + " exited with status " + std::to_string(code) +
+         " and no result: " + tail_line(output);
 }
 
 }  // namespace lattice::train

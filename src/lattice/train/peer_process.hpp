@@ -1,5 +1,6 @@
 // Running a benchmark's peer process (a PyTorch script through a python): its exit status and
-// output, the last line of its output as JSON, and a one-line tail of it for an error message.
+// output, the last line of its output as JSON, a one-line tail of it, and the reason it failed in
+// one line: its own error report, a crash by a signal, a python without torch, or its exit status.
 #pragma once
 
 #include <cstddef>
@@ -17,5 +18,11 @@ std::string tail_line(const std::string& output, size_t n = 300);
 
 // The JSON object of the last line of `output` that starts with `{"<key>"`, or null.
 nlohmann::json last_json_line(const std::string& output, const std::string& key);
+
+// Why a peer run that printed no result failed, named by its cause: the peer's own {"error": ...}
+// line ("<what> failed: ..."), a crash ("<what> crashed: killed by signal 11 (Segmentation
+// fault)"), a python without torch or one that cannot start (with how to install the peer), or
+// else its exit status and the tail of its output. `status` as run_captured returns it.
+std::string peer_failure(const std::string& what, int status, const std::string& output);
 
 }  // namespace lattice::train

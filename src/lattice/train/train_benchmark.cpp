@@ -189,13 +189,6 @@ std::string default_pytorch_python() {
   return std::filesystem::exists(python) ? python.string() : "/usr/bin/python3";
 }
 
-namespace {
-
-const char* const kInstallPeers =
-    "run `bash scripts/install_peers.sh` for PyTorch's venv, or pass --python a python with torch";
-
-}  // namespace
-
 std::optional<PytorchPeer> probe_pytorch(const std::string& python, const std::string& script,
                                          PytorchAllocator allocator, std::string& why) {
   std::string output;
@@ -204,7 +197,7 @@ std::optional<PytorchPeer> probe_pytorch(const std::string& python, const std::s
       output);
   const auto j = last_json_line(output, "torch");
   if (status != 0 || !j.is_object() || !j.contains("blas")) {
-    why = python + " cannot run the PyTorch peer (" + kInstallPeers + "): " + tail_line(output);
+    why = peer_failure(python, status, output);
     return std::nullopt;
   }
   PytorchPeer peer;
@@ -240,12 +233,7 @@ std::optional<ThroughputResult> benchmark_pytorch_training(
       output);
   const auto j = last_json_line(output, "tokens_per_second");
   if (status != 0 || !j.is_object()) {
-    const auto error = last_json_line(output, "error");
-    if (error.is_object() && error.at("error").is_string())
-      why = (compile ? "torch.compile failed: " : "PyTorch failed: ") +
-            error.at("error").get<std::string>();
-    else
-      why = "PyTorch run failed (" + std::string(kInstallPeers) + "): " + tail_line(output);
+    why = peer_failure(compile ? "torch.compile" : "PyTorch", status, output);
     return std::nullopt;
   }
   ThroughputResult r;
