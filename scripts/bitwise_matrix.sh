@@ -52,10 +52,14 @@ cases=(
   "llama-recompute-full|llama-tiny|bf16|--activation_checkpoint.mode=full"
   "llama-3d|llama-tiny|fp32|--parallelism.dp=2 --parallelism.tp=2 --parallelism.pp=2 --training.gradient_accumulation_steps=4"
   "moe-recompute-sel|mixtral-tiny|bf16|--activation_checkpoint.mode=selective"
+  "gpt2-dp4z3-hsdp2|gpt2-tiny|fp32|--parallelism.dp=4 --parallelism.zero=3 --parallelism.hsdp_shard_size=2"
+  "gpt2-pp2-interleaved|gpt2-tiny|fp32|--parallelism.pp=2 --parallelism.pipeline_schedule=interleaved --model.n_layers=4 --training.gradient_accumulation_steps=4"
+  "llama-dp2z1-offload|llama-tiny|fp32|--parallelism.dp=2 --parallelism.zero=1 --parallelism.offload_dir=OUT/offload"
 )
 failed=0
 for entry in "${cases[@]}"; do
   IFS='|' read -r name preset precision extra <<<"$entry"
+  extra=${extra//OUT/$out}
   [[ "$name" =~ $filter ]] || continue
   run="$out/$name"
   rm -rf "$run"
