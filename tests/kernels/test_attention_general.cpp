@@ -261,6 +261,58 @@ TEST(AttentionGeneral, DefaultPositionsEqualTheExplicitOldRuleBitForBit) {
   }
 }
 
+TEST(AttentionGeneral, ValuesInTheirOwnBufferEqualValuesBesideTheKeysBitForBit) {
+  // Value heads of their own width in their own [B, Tk, Hkv * Dv] buffer (v_batch_stride, as the
+  // attention component lays out v apart from k): the same elements at other addresses, so the
+  // output, lse and every gradient equal the call with k and v sharing rows, in every path.
+  Case c;
+  c.B = 3, c.Tq = 40, c.Tk = 40, c.Hq = 4, c.Hkv = 2, c.D = 16, c.Dv = 8;
+  Case wide = c;  // values wider than the keys
+  wide.Dv = 24, wide.window = 9;
+  uint64_t seed = 8500;
+  for (const Case& shared : {c, wide}) {
+    SCOPED_TRACE(shared.name());
+    const Inputs in = make_inputs(shared, seed += 10);
+    const AttentionShape& s = in.s;
+    const int64_t v_width = s.kv_heads * s.value_dim();
+    AttentionShape own = s;
+    own.v_row_stride = v_width;
+    own.v_batch_stride = s.kv_len * v_width;
+    std::vector<float> v(static_cast<size_t>(s.batch * own.v_batch_stride));
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t t = 0; t < s.kv_len; ++t)
+        std::memcpy(&v[static_cast<size_t>(b * own.v_batch_stride + t * v_width)],
+                    in.v() + b * s.kv_batch_stride + t * s.v_row_stride,
+                    static_cast<size_t>(v_width) * sizeof(float));
+    const auto check = [&](Precision precision, const AttentionOptions& options) {
+      const Forward f = run_forward(in, precision, options);
+      Forward o;
+      o.out.assign(f.out.size(), 0.0f);
+      o.lse.assign(f.lse.size(), 0.0f);
+      MatmulEngine engine;
+      attention_forward(o.out.data(), o.lse.data(), in.q(), in.k(), v.data(), own, precision,
+                        engine, options);
+      EXPECT_EQ(o.out, f.out);
+      EXPECT_EQ(std::memcmp(o.lse.data(), f.lse.data(), f.lse.size() * sizeof(float)), 0);
+      Backward g = run_backward(in, f, precision, options);
+      std::vector<float> dq(in.q_buf.size()), dk(in.kv_buf.size()), dv(v.size());
+      attention_backward(dq.data(), dk.data(), dv.data(), in.d_out.data(), in.q(), in.k(), v.data(),
+                         o.out.data(), o.lse.data(), own, precision, engine, options);
+      const std::vector<double> expected_dv = g.dense_dv(s);
+      const std::vector<double> dq_rows = gather(
+          dq.data(), s.batch, s.q_len, s.q_heads * s.head_dim, s.q_row_stride, s.q_batch_stride);
+      const std::vector<double> dk_rows = gather(
+          dk.data(), s.batch, s.kv_len, s.kv_heads * s.head_dim, s.k_row_stride, s.kv_batch_stride);
+      EXPECT_EQ(dq_rows, g.dense_dq(s));
+      EXPECT_EQ(dk_rows, g.dense_dk(s));
+      EXPECT_EQ(gather(dv.data(), s.batch, s.kv_len, v_width, v_width, own.v_batch_stride),
+                expected_dv);
+    };
+    check(Precision::fp32, {});
+    for_each_bf16_path([&](const AttentionOptions& options) { check(Precision::bf16, options); });
+  }
+}
+
 TEST(AttentionGeneral, ResultsAreBitwiseIndependentOfThreadCount) {
   // General positions and both masks keep the kernels' per-row and per-(batch, kv head) order.
   Case c;

@@ -1,8 +1,9 @@
 // Tests of the one block type composed from descriptions: the families' descriptions name their
 // parameters as Hugging Face does, a composition no family uses yet (rotary grouped-query attention
-// with q/k/v biases beside a GELU MLP) gets finite-difference gradients, its input and weight
-// halves equal its whole backward bit for bit, and selective recomputation equals keeping the
-// attention output.
+// with q/k/v biases beside a GELU MLP; with a q/k norm; with value heads narrower than the
+// query-key heads) gets finite-difference gradients, its input and weight halves equal its whole
+// backward bit for bit, selective recomputation equals keeping the attention output, and what its
+// forward keeps is what saved_bytes says.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "lattice/core/memory.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/block_description.hpp"
@@ -51,6 +53,15 @@ BlockDescription qk_norm_block() {
   BlockDescription d = composed_block();
   d.attention.q_norm = "self_attn.q_norm";
   d.attention.k_norm = "self_attn.k_norm";
+  return d;
+}
+
+// The composed block with value heads half as wide as its query-key heads (DeepSeek's multi-head
+// latent attention has 128-wide values beside 192-wide queries and keys): v_proj and o_proj
+// narrower, RoPE on the full query-key heads.
+BlockDescription narrow_value_block() {
+  BlockDescription d = composed_block();
+  d.attention.v_head_dim = kWidth / kHeads / 2;
   return d;
 }
 
@@ -204,18 +215,51 @@ TEST(TransformerBlock, QkNormBlockMatchesFiniteDifferencesAndNamesItsNorms) {
   EXPECT_TRUE(names.count("model.layers.0.self_attn.k_norm.weight"));
 }
 
-TEST(TransformerBlock, HalvesAndRecomputationEqualTheWholeBackwardBitForBit) {
-  for (const bool qk_norm : {false, true})
+TEST(TransformerBlock, NarrowValueHeadsMatchFiniteDifferencesAndShapeTheirProjections) {
+  expect_gradients_match_finite_differences(narrow_value_block());
+  BlockUnderTest t(narrow_value_block());
+  const int64_t head = kWidth / kHeads, value = head / 2;
+  const auto numel = [&](const std::string& name) {
+    return t.store.parameters()[static_cast<size_t>(t.store.index_of(name))].numel;
+  };
+  EXPECT_EQ(numel("model.layers.0.self_attn.v_proj.weight"), kKvHeads * value * kWidth);
+  EXPECT_EQ(numel("model.layers.0.self_attn.o_proj.weight"), kWidth * kHeads * value);
+  EXPECT_EQ(numel("model.layers.0.self_attn.k_proj.weight"), kKvHeads * head * kWidth);
+}
+
+TEST(TransformerBlock, WhatTheForwardKeepsIsWhatSavedBytesSays) {
+  for (const BlockDescription& d : {composed_block(), qk_norm_block(), narrow_value_block()})
     for (kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
       SCOPED_TRACE(::testing::Message()
-                   << kernels::precision_name(precision) << " qk_norm " << qk_norm);
+                   << kernels::precision_name(precision) << " v_head_dim " << d.attention.v_head_dim
+                   << " q/k norm " << !d.attention.q_norm.empty());
+      BlockUnderTest t(d);
+      kernels::CpuOps ops;
+      MemoryTracker tracker;
+      LayerContext ctx{ops, precision, &tracker};
+      const int64_t B = 2, T = 8, n = B * T * kWidth;
+      const std::vector<float> x = random_values(n, 4);
+      std::vector<float> out(static_cast<size_t>(n));
+      auto saved = t.block->make_activations();
+      t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
+      EXPECT_EQ(tracker.current(MemoryCategory::activations),
+                t.block->saved_bytes(precision, B, T));
+    }
+}
+
+TEST(TransformerBlock, HalvesAndRecomputationEqualTheWholeBackwardBitForBit) {
+  for (const BlockDescription& d : {composed_block(), qk_norm_block(), narrow_value_block()})
+    for (kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << kernels::precision_name(precision) << " v_head_dim " << d.attention.v_head_dim
+                   << " q/k norm " << !d.attention.q_norm.empty());
       kernels::CpuOps ops;
       LayerContext ctx{ops, precision, nullptr};
       const int64_t B = 2, T = 8, n = B * T * kWidth;
       const std::vector<float> x = random_values(n, 4), d_out = random_values(n, 6);
       // run(mode): 0 the whole backward, 1 input then weight halves, 2 with selective recompute.
       auto run = [&](int mode, std::vector<float>& d_x) {
-        BlockUnderTest t(qk_norm ? qk_norm_block() : composed_block());
+        BlockUnderTest t(d);
         auto saved = t.block->make_activations();
         saved->recompute_attention = mode == 2;
         std::vector<float> out(static_cast<size_t>(n));

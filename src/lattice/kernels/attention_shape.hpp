@@ -14,7 +14,8 @@ enum class AttentionMask { causal, none };
 // Layout of q, k, v: token rows of [heads, head_dim] for q and k and [heads, value_dim()] for v
 // (v_head_dim 0: the value heads are head_dim wide, as in GPT-2 and Llama; a different width as in
 // DeepSeek's multi-head latent attention, whose values are narrower than its query-key heads);
-// `*_row_stride` elements between consecutive tokens and `*_batch_stride` between batches, so
+// `*_row_stride` elements between consecutive tokens and `*_batch_stride` between batches (v's
+// is k's unless v_batch_stride says otherwise: values of their own width in their own buffer), so
 // q/k/v may be slices of one packed qkv buffer or a KV cache. Query head h uses kv head
 // h / (q_heads / kv_heads). Scale is 1/sqrt(head_dim). The output and its gradient are
 // [batch, q_len, q_heads * value_dim()].
@@ -37,6 +38,7 @@ struct AttentionShape {
   int64_t window = 0;      // 0: no sliding window
   int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0;
   int64_t q_batch_stride = 0, kv_batch_stride = 0;
+  int64_t v_batch_stride = 0;       // 0: kv_batch_stride
   std::optional<int64_t> q_offset;  // unset: k_offset + kv_len - q_len
   int64_t k_offset = 0;
   AttentionMask mask = AttentionMask::causal;
@@ -45,6 +47,10 @@ struct AttentionShape {
   int64_t query_offset() const { return q_offset.value_or(k_offset + kv_len - q_len); }
   // The width of one value head (and of one output head).
   int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  // The elements between v's (and dv's) batches.
+  int64_t value_batch_stride() const {
+    return v_batch_stride > 0 ? v_batch_stride : kv_batch_stride;
+  }
 
   // Training layout: separate contiguous q [B,T,Hq*D], k and v [B,T,Hkv*D].
   static AttentionShape contiguous(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads,

@@ -14,7 +14,7 @@ namespace attention_detail {
 
 bool use_amx(const AttentionOptions& options, const AttentionShape& shape) {
   return options.allow_amx && shape.window == 0 && shape.value_dim() == shape.head_dim &&
-         amx_tile_state_granted();
+         shape.value_batch_stride() == shape.kv_batch_stride && amx_tile_state_granted();
 }
 
 }  // namespace attention_detail

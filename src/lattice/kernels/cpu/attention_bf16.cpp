@@ -104,7 +104,7 @@ void attention_forward_bf16(float* out, float* lse, const lattice::bf16* q, cons
   const auto k32 = widen_rows(k, s.batch, s.kv_len, s.kv_heads * s.head_dim, s.k_row_stride,
                               s.kv_batch_stride, kv_stride);
   const auto v32 = widen_rows(v, s.batch, s.kv_len, s.kv_heads * s.value_dim(), s.v_row_stride,
-                              s.kv_batch_stride, kv_stride);
+                              s.value_batch_stride(), kv_stride);
   const AttentionShape dense = dense_shape(s);
   MatmulEngine unused;
   attention_forward(out, lse, q32.get(), k32.get(), v32.get(), dense, Precision::bf16, unused,
@@ -135,7 +135,7 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
   const auto k32 =
       widen_rows(k, s.batch, Tk, kv_width, s.k_row_stride, s.kv_batch_stride, kv_stride);
   const auto v32 =
-      widen_rows(v, s.batch, Tk, v_width, s.v_row_stride, s.kv_batch_stride, kv_stride);
+      widen_rows(v, s.batch, Tk, v_width, s.v_row_stride, s.value_batch_stride(), kv_stride);
   // Overwritten by attention_backward (the columns past a row's width are never read): no fill.
   auto dq32 = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(s.batch * Tq * q_width));
   auto dk32 =
@@ -151,6 +151,6 @@ void attention_backward_bf16(const AttentionGradientsBf16& grads, const float* d
   narrow_rows(grads.dk, grads.dk_sums, grads.sums_batch_stride, dk32.get(), s.batch, Tk, kv_width,
               s.k_row_stride, s.kv_batch_stride, kv_stride);
   narrow_rows(grads.dv, grads.dv_sums, grads.sums_batch_stride, dv32.get(), s.batch, Tk, v_width,
-              s.v_row_stride, s.kv_batch_stride, kv_stride);
+              s.v_row_stride, s.value_batch_stride(), kv_stride);
 }
 }  // namespace lattice::kernels

@@ -69,7 +69,7 @@ void attention_forward_portable(float* out, float* lse, const float* q, const fl
       const int64_t keys =
           std::clamp<int64_t>(causal_offset + std::min(Tq, (last_qb + 1) * kBlockQ), 0, Tk);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
-      const float* v_src = v + b * shape.kv_batch_stride + kvh * Dv;
+      const float* v_src = v + b * shape.value_batch_stride() + kvh * Dv;
       for (int64_t j0 = 0; j0 < keys; j0 += kForwardBlockK)
         pack_transposed(kt_panel + j0 * Dp, kForwardBlockK, Dp, k_src + j0 * shape.k_row_stride,
                         shape.k_row_stride, std::min(kForwardBlockK, keys - j0), D, to_bf16);
@@ -226,7 +226,7 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
       }
       std::fill(dq_acc, dq_acc + group_panel, 0.0f);
       const float* k_src = k + b * shape.kv_batch_stride + kvh * D;
-      const float* v_src = v + b * shape.kv_batch_stride + kvh * Dv;
+      const float* v_src = v + b * shape.value_batch_stride() + kvh * Dv;
 
       for (int64_t j0 = 0; j0 < Tk; j0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, Tk - j0), cols_p = round_up(cols, kLanes);
@@ -246,7 +246,7 @@ void attention_backward_portable(float* dq, float* dk, float* dv, const float* d
         std::fill(dk_acc, dk_acc + cols * Dp, 0.0f);
         std::fill(dv_acc, dv_acc + cols * Dvp, 0.0f);
         float* dk_rows = dk + b * shape.kv_batch_stride + j0 * shape.k_row_stride + kvh * D;
-        float* dv_rows = dv + b * shape.kv_batch_stride + j0 * shape.v_row_stride + kvh * Dv;
+        float* dv_rows = dv + b * shape.value_batch_stride() + j0 * shape.v_row_stride + kvh * Dv;
         // The rows' lines arrive while the block computes.
         prefetch_rows_for_writing(dk_rows, shape.k_row_stride, cols, D);
         prefetch_rows_for_writing(dv_rows, shape.v_row_stride, cols, Dv);

@@ -29,6 +29,8 @@ void validate(const AttentionShape& s, const char* who) {
         name + ": k_row_stride must be at least kv_heads * head_dim");
   check(s.v_row_stride >= s.kv_heads * s.value_dim(),
         name + ": v_row_stride must be at least kv_heads * value_dim()");
+  check(s.v_batch_stride >= 0, name + ": v_batch_stride (" + text(s.v_batch_stride) +
+                                   ") must be 0 (kv_batch_stride) or positive");
   check(s.window >= 0, name + ": window (" + text(s.window) +
                            ") must be 0 (no sliding window) or a positive number of keys");
   check(s.window == 0 || s.mask == AttentionMask::causal,

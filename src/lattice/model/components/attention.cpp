@@ -33,10 +33,19 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
             " key/value heads: pick a tp that divides both");
   heads_ = d.heads / layout.ranks();
   kv_heads_ = d.kv_heads / layout.ranks();
+  v_head_dim_ = d.v_head_dim == 0 ? head_dim_ : d.v_head_dim;
+  check(v_head_dim_ > 0, "the attention's value head width (" + std::to_string(d.v_head_dim) +
+                             ") must be 0 (the head width) or positive");
+  check(v_head_dim_ == head_dim_ || d.packed.empty(),
+        "a packed q | k | v projection has value heads as wide as its query-key heads (internal "
+        "error)");
   A_ = heads_ * head_dim_;
   KV_ = kv_heads_ * head_dim_;
+  O_ = heads_ * v_head_dim_;
+  V_ = kv_heads_ * v_head_dim_;
   norm_ = Norm(store, prefix + d.norm, d.norm_kind, C_, norm_eps);
   const int64_t q_width = d.heads * head_dim_, kv_width = d.kv_heads * head_dim_;
+  const int64_t v_width = d.kv_heads * v_head_dim_, out_width = d.heads * v_head_dim_;
   // q, k, v column-split by heads (a packed projection: each rank its heads of each of the three
   // blocks; grouped-query attention splits the key/value heads too), the output row-split.
   if (!d.packed.empty()) {
@@ -46,11 +55,11 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
     input_.emplace_back(store, prefix + d.packed, C_, 3 * q_width, d.input_bias, InitKind::normal,
                         layout.split(input_split, 3));
   } else {
-    for (const auto& [name, width] : {std::pair{d.q, q_width}, {d.k, kv_width}, {d.v, kv_width}})
+    for (const auto& [name, width] : {std::pair{d.q, q_width}, {d.k, kv_width}, {d.v, v_width}})
       input_.emplace_back(store, prefix + name, C_, width, d.input_bias, InitKind::normal,
                           layout.split(input_split));
   }
-  output_ = Linear(store, prefix + d.out, q_width, C_, d.output_bias, InitKind::normal_residual,
+  output_ = Linear(store, prefix + d.out, out_width, C_, d.output_bias, InitKind::normal_residual,
                    layout.split(output_split));
   qk_norm_ = !d.q_norm.empty();
   check(qk_norm_ == !d.k_norm.empty(), "a q/k norm names both norms (internal error)");
@@ -70,6 +79,11 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
 k::AttentionShape Attention::shape(int64_t B, int64_t T) const {
   k::AttentionShape s = k::AttentionShape::contiguous(B, T, heads_, kv_heads_, head_dim_);
   s.window = window_;
+  if (v_head_dim_ != head_dim_) {  // values of their own width, rows of V_ (q, k, v apart)
+    s.v_head_dim = v_head_dim_;
+    s.v_row_stride = V_;
+    s.v_batch_stride = T * V_;
+  }
   if (!packed()) return s;
   // q, k, v of `heads` heads packed per token as [q | k | v] (the projection's output here).
   s.q_row_stride = s.k_row_stride = s.v_row_stride = A_ + 2 * KV_;
@@ -98,7 +112,7 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
   } else {
     ensure_activation(a.q, {rows, A_}, tr);
     ensure_activation(a.k, {rows, KV_}, tr);
-    ensure_activation(a.v, {rows, KV_}, tr);
+    ensure_activation(a.v, {rows, V_}, tr);
     if (qk_norm_) {
       ensure_activation(a.q_raw, {rows, A_}, tr);
       ensure_activation(a.k_raw, {rows, KV_}, tr);
@@ -106,7 +120,7 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
       k_norm_.prepare(ctx, a.k_norm, rows * kv_heads_, false, false);
     }
   }
-  ensure_activation(a.att, {rows, A_}, tr);
+  ensure_activation(a.att, {rows, O_}, tr);
   ensure_activation(a.lse, {B, heads_, T}, tr);
 }
 
@@ -222,6 +236,9 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
                                int64_t cache_layer, Tensor& partial) {
   check(layout_.ranks() == 1,
         "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
+  check(v_head_dim_ == head_dim_,
+        "KV-cached generation with value heads narrower or wider than the key heads is not built "
+        "yet: the KV cache holds head_dim-wide values");
   const int64_t rows = B * n, start = cache.length();
   {
     Tensor gathered;
@@ -255,7 +272,7 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
 
 void Attention::recompute(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T) {
   if (!a.att.empty()) return;
-  ensure_activation(a.att, {B * T, A_}, ctx.tracker);
+  ensure_activation(a.att, {B * T, O_}, ctx.tracker);
   ensure_activation(a.lse, {B, heads_, T}, ctx.tracker);
   attend(ctx, a, B, T);
   // The output projection's bf16 input was rounded from these same values: it stays valid.
@@ -284,7 +301,7 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
   if (!g.defer)
     in_gather = regather(ctx, layout_, a.norm, g.regathered, rows, &in,
                          fused ? &input_[0] : nullptr, &a.input[0]);
-  float* d_att = g.get(slot::attention_output_gradient, rows * A_);
+  float* d_att = g.get(slot::attention_output_gradient, rows * O_);
   output_projection_backward(ctx, g, output_, a.output, d_att, d_out, a.att.f32());
   const k::AttentionShape s = shape(g.B, g.T);
   ContextAttention& attention = core(ctx);
@@ -369,34 +386,34 @@ void Attention::weight_pass(const LayerContext& ctx, AttentionActivations& a, in
 }
 
 int64_t Attention::attention_output_bytes(int64_t B, int64_t T) const {
-  return B * T * A_ * 4 + B * heads_ * T * 4;  // att [rows, A] and lse [B, H, T], fp32
+  return B * T * O_ * 4 + B * heads_ * T * 4;  // att [rows, O] and lse [B, H, T], fp32
 }
 
 int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) const {
   // The norm's output and statistics on this rank's rows (local); q, k, v on all rows; the
   // attention output and log-sum-exp; in bf16 the Linears' kept bf16 inputs.
   const int64_t rows = B * T, local = layout_.local_rows(rows);
-  const int64_t qkv = A_ + 2 * KV_, stats = norm_.stats_bytes_per_row();
+  const int64_t qkv = A_ + KV_ + V_, stats = norm_.stats_bytes_per_row();
   if (fused(precision))  // the norm's bf16 output, bf16 q, k, v, the output projection's bf16 input
-    return local * (2 * C_ + stats) + rows * (2 * qkv + 2 * A_) + attention_output_bytes(B, T);
+    return local * (2 * C_ + stats) + rows * (2 * qkv + 2 * O_) + attention_output_bytes(B, T);
   int64_t bytes = local * (4 * C_ + stats) + rows * 4 * qkv + attention_output_bytes(B, T);
   // A q/k norm's raw q and k and its statistics per head.
   if (qk_norm_) bytes += rows * 4 * (A_ + KV_) + rows * 4 * (heads_ + kv_heads_);
   // bf16 without the fused paths: the output projection's rounding of att, and each input
   // projection's rounding of the norm output (not kept on a sharded layout: gathered again).
   if (precision == k::Precision::bf16)
-    bytes += rows * 2 * A_ +
+    bytes += rows * 2 * O_ +
              (layout_.sharded() ? 0 : rows * 2 * C_ * static_cast<int64_t>(input_.size()));
   return bytes;
 }
 
 int64_t Attention::scratch_floats(int64_t rows) const {
   // d_att; d q, k, v; behind a q/k norm the normed d q and d k
-  return rows * A_ + rows * (A_ + 2 * KV_) + (qk_norm_ ? rows * (A_ + KV_) : 0);
+  return rows * O_ + rows * (A_ + KV_ + V_) + (qk_norm_ ? rows * (A_ + KV_) : 0);
 }
 
 int64_t Attention::pending_weight_floats(int64_t rows) const {
-  return rows * C_ + rows * (A_ + 2 * KV_);  // the output projection's d_out; d q, k, v
+  return rows * C_ + rows * (A_ + KV_ + V_);  // the output projection's d_out; d q, k, v
 }
 
 int64_t Attention::entry_transient_bytes(k::Precision precision, int64_t rows) const {

@@ -3,7 +3,8 @@
 // [q | k | v] per token) or from three (Llama's q_proj, k_proj, v_proj: grouped-query attention,
 // key/value heads shared by groups of query heads), rotary positions on q and k or none, biases on
 // the input or output projections or none, a sliding window (Mistral's) or none, a per-head q/k
-// RMSNorm (Qwen 3's) or none. The attention
+// RMSNorm (Qwen 3's) or none, value heads as wide as the query-key heads or of their own width
+// (DeepSeek's multi-head latent attention has narrower values). The attention
 // itself is the ContextAttention the context hands it (one rank: LocalAttention; ring or Ulysses
 // under context parallelism), and the projections' split and the residual rows' layout come from
 // the SequenceLayout it is built with: the code is the one-rank code either way. In bf16 a packed
@@ -34,6 +35,9 @@ struct AttentionDescription {
   std::string q, k, v;  // ... q, k, v apart ("self_attn.q_proj", ...)
   std::string out;      // the output projection ("attn.c_proj", "self_attn.o_proj")
   int64_t heads = 0, kv_heads = 0, head_dim = 0;  // the whole model's
+  // The width of a value head (and of the attention's output per head): 0 for head_dim, or its
+  // own (q, k, v apart only; RoPE and the q/k norm act on the head_dim-wide q and k).
+  int64_t v_head_dim = 0;
   bool input_bias = false;     // q, k, v projections with a bias (GPT-2; Qwen 2.5)
   bool output_bias = false;    // the output projection with a bias (GPT-2)
   bool rope = false;           // rotary positions on q and k (the Transformer's table)
@@ -44,15 +48,16 @@ struct AttentionDescription {
 };
 
 // What its forward saves (rows = B·T; A = heads · head_dim and kv = kv_heads · head_dim on this
-// rank; local = the layout's own rows).
+// rank, O = heads · v_head_dim and V = kv_heads · v_head_dim (A and kv when the value heads are
+// head_dim wide); local = the layout's own rows).
 struct AttentionActivations {
   NormActivations norm;  // the pre-norm's output and statistics ([local, C])
   Tensor qkv;            // packed: [rows, A + 2kv] fp32 q | k | v (fp32 training, cached inference)
   Tensor qkv16;          // packed: [rows, A + 2kv] bf16 (fused bf16 training; qkv not kept)
-  Tensor q, k, v;        // apart: [rows, A], [rows, kv], [rows, kv] fp32, q and k after RoPE
+  Tensor q, k, v;        // apart: [rows, A], [rows, kv], [rows, V] fp32, q and k after RoPE
   Tensor q_raw, k_raw;   // behind a q/k norm: the projections' q and k, before it
   NormActivations q_norm, k_norm;  // the q/k norm's statistics ([rows · heads], [rows · kv_heads])
-  Tensor att, lse;                 // [rows, A], [B, heads, T]: dropped by selective checkpointing
+  Tensor att, lse;                 // [rows, O], [B, heads, T]: dropped by selective checkpointing
   std::vector<LinearActivations> input;  // the input projections' (one packed, or q, k, v)
   LinearActivations output;
   // Between backward_input and backward_weight: the input projections' output gradients (packed:
@@ -73,9 +78,8 @@ class Attention {
             parallel::TensorSplit input_split, parallel::TensorSplit output_split,
             const kernels::RopeTable* rope);
 
-  // This rank's heads and widths.
+  // This rank's heads.
   int64_t heads() const { return heads_; }
-  int64_t width() const { return A_; }
   // Whether `precision` takes the fused bf16 paths (a packed projection behind a LayerNorm).
   bool fused(kernels::Precision precision) const {
     return precision == kernels::Precision::bf16 && fusable_;
@@ -148,8 +152,11 @@ class Attention {
   Linear output_;
   LocalAttention local_;
   // C: the model width; on this rank heads_ query and kv_heads_ key/value heads of head_dim_,
-  // A_ = heads_ · head_dim_ and KV_ = kv_heads_ · head_dim_ channels.
+  // A_ = heads_ · head_dim_ and KV_ = kv_heads_ · head_dim_ channels of q and k; values of
+  // v_head_dim_: V_ = kv_heads_ · v_head_dim_ channels of v, O_ = heads_ · v_head_dim_ of the
+  // attention output (V_ = KV_ and O_ = A_ when v_head_dim_ = head_dim_).
   int64_t C_ = 0, heads_ = 0, kv_heads_ = 0, head_dim_ = 0, A_ = 0, KV_ = 0;
+  int64_t v_head_dim_ = 0, V_ = 0, O_ = 0;
   int64_t window_ = 0;  // the sliding window (AttentionShape::window)
   bool qk_norm_ = false;
   Norm q_norm_, k_norm_;  // per head, over head_dim

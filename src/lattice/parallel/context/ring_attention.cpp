@@ -60,7 +60,7 @@ RingAttention::Blocks RingAttention::own_blocks(k::Ops& ops, const float* k, con
   if (precision != k::Precision::bf16) {
     float* own = workspace_.slot(0, 2 * half);
     pack_rows(own, k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-    pack_rows(own + half, v, B, 0, n, width, local.v_row_stride, local.kv_batch_stride);
+    pack_rows(own + half, v, B, 0, n, width, local.v_row_stride, local.value_batch_stride());
     return {{own, workspace_.slot(1, 2 * half)}, 2 * half, DType::f32};
   }
   // bf16 elements in float slots: 2·half of them take `half` floats.
@@ -69,8 +69,8 @@ RingAttention::Blocks RingAttention::own_blocks(k::Ops& ops, const float* k, con
     for (int64_t t = 0; t < n; ++t) {
       const int64_t row = (b * n + t) * width;
       ops.convert_to_bf16(own + row, k + b * local.kv_batch_stride + t * local.k_row_stride, width);
-      ops.convert_to_bf16(own + half + row, v + b * local.kv_batch_stride + t * local.v_row_stride,
-                          width);
+      ops.convert_to_bf16(own + half + row,
+                          v + b * local.value_batch_stride() + t * local.v_row_stride, width);
     }
   return {{own, workspace_.slot(1, half)}, 2 * half, DType::bf16};
 }
@@ -213,7 +213,7 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   wait(sum_sent[0]);
   wait(sum_sent[1]);
   unpack_rows(dk, incoming, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-  unpack_rows(dv, incoming + half, B, 0, n, width, local.v_row_stride, local.kv_batch_stride);
+  unpack_rows(dv, incoming + half, B, 0, n, width, local.v_row_stride, local.value_batch_stride());
 }
 
 }  // namespace lattice::parallel

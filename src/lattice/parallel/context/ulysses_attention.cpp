@@ -129,7 +129,7 @@ void UlyssesAttention::forward(k::Ops& ops, float* out, float* lse, const float*
   float* fl = workspace_.slot(4, B * hq * T);
   to_heads(fq, q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   to_heads(fk, k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
+  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.value_batch_stride());
   ops.attention_forward(fo, fl, fq, fk, fv, full_sequence_shape(local, T, hq, hkv), precision, {});
   const int64_t width = local.q_heads * D;
   from_heads(out, fo, B, n, local.q_heads, D, width, n * width);
@@ -153,7 +153,7 @@ void UlyssesAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, co
   float* fdo = workspace_.slot(5, q_size);
   to_heads(fq, q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   to_heads(fk, k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
+  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.value_batch_stride());
   to_heads(fo, out, B, n, local.q_heads, D, width, n * width);
   to_heads(fdo, d_out, B, n, local.q_heads, D, width, n * width);
   lse_to_heads(fl, lse, B, n, local.q_heads);
@@ -165,7 +165,7 @@ void UlyssesAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, co
                          full_sequence_shape(local, T, hq, hkv), precision, {});
   from_heads(dq, fdq, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   from_heads(dk, fdk, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  from_heads(dv, fdv, B, n, local.kv_heads, D, local.v_row_stride, local.kv_batch_stride);
+  from_heads(dv, fdv, B, n, local.kv_heads, D, local.v_row_stride, local.value_batch_stride());
 }
 
 }  // namespace lattice::parallel
