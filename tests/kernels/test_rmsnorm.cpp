@@ -1,6 +1,7 @@
 // Tests for the CPU RMSNorm kernels: forward and backward against a naive double-precision
 // reference (Hugging Face LlamaRMSNorm), backward against central finite differences, += semantics
-// of d_weight, odd shapes, and bit-identical results for 1, 2 and 3 OpenMP threads.
+// of d_weight, odd shapes, and bit-identical results for 1, 2 and 3 OpenMP threads; the bf16-output
+// forward against the rounded fp32 one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "gradcheck.hpp"
+#include "lattice/core/dtype.hpp"
 #include "lattice/core/error.hpp"
 #include "lattice/kernels/cpu/elementwise.hpp"
 #include "lattice/kernels/cpu/rmsnorm.hpp"
@@ -244,6 +246,39 @@ TEST(RmsNorm, ResultsDoNotDependOnRowAddress) {
 TEST(RmsNorm, RejectsNonPositiveChannels) {
   float x = 0;
   EXPECT_THROW(rmsnorm_forward(&x, &x, &x, &x, 1, 0, kEps), Error);
+}
+
+TEST(RmsNorm, ForwardBf16IsTheRoundedFp32ForwardWithTheSameRstd) {
+  // Bit for bit lattice::to_bf16 of rmsnorm_forward's output, with the same rstd, for any thread
+  // count (the fused bf16 path of Llama's norms must not change a training run's bits).
+  for (const Shape& s :
+       {Shape{37, 1}, Shape{37, 17}, Shape{37, 256}, Shape{1037, 768}, Shape{5, 1000}}) {
+    SCOPED_TRACE(::testing::Message() << "rows=" << s.rows << " C=" << s.C);
+    Problem p = make_problem(s.rows, s.C, 139);
+    std::vector<float> out(s.rows * s.C), rstd(s.rows);
+    rmsnorm_forward(out.data(), rstd.data(), p.in.data(), p.weight.data(), s.rows, s.C, kEps);
+    std::vector<uint16_t> expected(out.size());
+    for (size_t i = 0; i < out.size(); ++i) expected[i] = lattice::to_bf16(out[i]).bits;
+    for (int threads : {1, 2, 3}) {
+      testing::ScopedOmpThreads scoped(threads);
+      std::vector<lattice::bf16> out16(out.size());
+      std::vector<float> rstd16(s.rows, -1.0f);
+      rmsnorm_forward_bf16(out16.data(), rstd16.data(), p.in.data(), p.weight.data(), s.rows, s.C,
+                           kEps);
+      std::vector<uint16_t> bits(out16.size());
+      for (size_t i = 0; i < out16.size(); ++i) bits[i] = out16[i].bits;
+      EXPECT_EQ(bits, expected) << threads << " threads";
+      EXPECT_EQ(0, std::memcmp(rstd16.data(), rstd.data(), rstd.size() * sizeof(float)))
+          << threads << " threads";
+    }
+  }
+}
+
+TEST(RmsNorm, ForwardBf16RejectsAnEmptyRow) {
+  std::vector<lattice::bf16> out(1);
+  std::vector<float> rstd(1), in(1), weight(1);
+  EXPECT_THROW(rmsnorm_forward_bf16(out.data(), rstd.data(), in.data(), weight.data(), 1, 0, kEps),
+               Error);
 }
 
 }  // namespace

@@ -207,6 +207,11 @@ class RecordingOps final : public kernels::Ops {
     record("rmsnorm_forward");
     inner_.rmsnorm_forward(out, rstd, in, weight, rows, C, eps);
   }
+  void rmsnorm_forward_bf16(lattice::bf16* out, float* rstd, const float* in, const float* weight,
+                            int64_t rows, int64_t C, float eps) override {
+    record("rmsnorm_forward_bf16");
+    inner_.rmsnorm_forward_bf16(out, rstd, in, weight, rows, C, eps);
+  }
   void rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const float* in,
                         const float* weight, const float* rstd, int64_t rows, int64_t C,
                         const float* residual_grad) override {

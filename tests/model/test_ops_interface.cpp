@@ -152,17 +152,21 @@ OpCounts expected_calls(Family family, Precision precision, int L, bool forward,
     return c;
   }
   // Llama: attention in bf16 is attention_forward / backward at Precision::bf16 (fp32 q, k, v
-  // after RoPE), and SwiGLU is fp32 in both precisions.
+  // after RoPE), and SwiGLU is fp32 in both precisions (its GEMMs bf16).
   if (forward) {
     c["embedding_forward"] = 1;
-    c["rmsnorm_forward"] = 2 * L + 1;
+    // bf16: the blocks' norms write q, k, v's and gate and up's one shared bf16 input, the final
+    // norm the head's bf16 input.
+    if (bf16)
+      c["rmsnorm_forward_bf16"] = 2 * L + 1;
+    else
+      c["rmsnorm_forward"] = 2 * L + 1;
     c["linear_forward"] = 7 * L + (bf16 ? 0 : 1);
     c["rope"] = 2 * L;  // q and k
     c["attention_forward"] = L;
     c["swiglu_forward"] = L;
     c["add_inplace"] = 2 * L;
     if (bf16) {
-      c["convert_to_bf16"] = 1;  // the final norm's output, the head's input
       c["plan_head_loss_bf16"] = 1;
       c["head_loss_bf16"] = 1;
     } else {

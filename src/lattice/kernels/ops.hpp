@@ -244,6 +244,10 @@ class Ops {
                                   const float* residual_grad) = 0;
   virtual void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight,
                                int64_t rows, int64_t C, float eps) = 0;
+  // The output rounded to bf16 (the next bf16 GEMMs' input), bit for bit the rounding of
+  // rmsnorm_forward's, with the same rstd: no fp32 output is written.
+  virtual void rmsnorm_forward_bf16(lattice::bf16* out, float* rstd, const float* in,
+                                    const float* weight, int64_t rows, int64_t C, float eps) = 0;
   virtual void rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const float* in,
                                 const float* weight, const float* rstd, int64_t rows, int64_t C,
                                 const float* residual_grad) = 0;

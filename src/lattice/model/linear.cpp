@@ -64,6 +64,7 @@ void LinearActivations::release() {
   in16.reset();
   rounded_from = nullptr;
   prepared = false;
+  shared = false;
   rounded_rows = -1;
 }
 
@@ -99,6 +100,7 @@ void Linear::forward_piece(const LayerContext& ctx, LinearActivations& saved, fl
   check_row_piece(rows, first, count);
   kernels::Bf16Operands keep;
   saved.prepared = false;
+  saved.shared = false;
   saved.rounded_from = nullptr;
   if (ctx.precision == kernels::Precision::bf16 && rows > 0 && in_ > 0 && out_ > 0)
     keep_bf16(ctx, saved, rows, first, keep);
@@ -117,6 +119,7 @@ void Linear::forward_prepared_rows(const LayerContext& ctx, LinearActivations& s
   keep_bf16(ctx, saved, rows, first, keep);
   saved.rounded_from = nullptr;
   saved.prepared = true;
+  saved.shared = false;
   if (count == 0) return;
   // No fp32 input: the backend reads the prepared bf16 one.
   ctx.ops.linear_forward(out + first * out_, nullptr, store_->value(weight_), forward_bias(), count,
@@ -133,9 +136,9 @@ lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, LinearActivat
 
 lattice::bf16* Linear::refill_prepared_input(const LayerContext& ctx, LinearActivations& saved,
                                              int64_t rows) {
-  check(saved.prepared && saved.rounded_rows == rows,
-        "Linear::refill_prepared_input without a prepared forward of " + std::to_string(rows) +
-            " rows (internal error)");
+  check((saved.prepared || saved.shared) && saved.rounded_rows == rows,
+        "Linear::refill_prepared_input without a prepared or shared forward of " +
+            std::to_string(rows) + " rows (internal error)");
   ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
   return saved.in16.data<lattice::bf16>();
 }
@@ -153,7 +156,46 @@ const lattice::bf16* Linear::prepared_input(const LayerContext& ctx, LinearActiv
   saved.rounded_rows = rows;
   saved.rounded_from = nullptr;
   saved.prepared = true;
+  saved.shared = false;
   return saved.in16.data<lattice::bf16>();
+}
+
+void Linear::forward_shared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
+                                 const lattice::bf16* in16, int64_t rows, int64_t first,
+                                 int64_t count, const lattice::bf16* piece_in16) {
+  check(ctx.precision == kernels::Precision::bf16,
+        "Linear::forward_shared_rows is for bf16 precision only (internal error)");
+  const lattice::bf16* piece = piece_rows(in16, rows, first, count, piece_in16);
+  // The input is the caller's: a copy of this layer's own (from an earlier forward) is dropped,
+  // unless it is the very buffer shared (this layer's prepared input, read by the others too).
+  if (!saved.in16.empty() && saved.in16.data<lattice::bf16>() != in16) saved.in16.reset();
+  saved.rounded_from = nullptr;
+  saved.prepared = false;
+  saved.shared = true;
+  saved.rounded_rows = rows;
+  if (count == 0 || in_ == 0 || out_ == 0) return;
+  kernels::Bf16Operands keep;
+  keep.in = const_cast<lattice::bf16*>(piece);  // read only: the fp32 input is null
+  keep.weight = store_->bf16_value(weight_);
+  ctx.ops.linear_forward(out + first * out_, nullptr, store_->value(weight_), forward_bias(), count,
+                         in_, out_, ctx.precision, keep);
+}
+
+void Linear::backward_shared(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                             const float* d_out, const lattice::bf16* in16, int64_t rows) {
+  check(ctx.precision == kernels::Precision::bf16 && saved.shared && saved.rounded_rows == rows,
+        "Linear::backward_shared without forward_shared_rows of " + std::to_string(rows) +
+            " rows in bf16 (internal error)");
+  kernels::Bf16Operands rounded;
+  rounded.in = const_cast<lattice::bf16*>(in16);
+  rounded.weight = weight_operand(ctx).rounded;
+  if (in16 == nullptr) {
+    ctx.ops.linear_backward_input(d_in, d_out, store_->value(weight_), rows, in_, out_,
+                                  ctx.precision, rounded);
+    return;
+  }
+  ctx.ops.linear_backward(d_in, store_->grad(weight_), bias_grad(), d_out, nullptr,
+                          store_->value(weight_), rows, in_, out_, ctx.precision, rounded);
 }
 
 void Linear::forward_prepared_to_bf16(const LayerContext& ctx, LinearActivations& saved,

@@ -25,6 +25,7 @@ struct LinearActivations {
   Tensor in16;                          // bf16 [rows, in_features]
   const float* rounded_from = nullptr;  // the fp32 input in16 was rounded from (forward)
   bool prepared = false;                // in16 was written by a producer (forward_prepared)
+  bool shared = false;                  // forward_shared_rows: the input is the caller's
   int64_t rounded_rows = -1;
   void release();
 };
@@ -81,6 +82,20 @@ class Linear {
                                        lattice::bf16* gelu16, lattice::bf16* slope16, int64_t rows,
                                        int64_t first, int64_t count,
                                        const lattice::bf16* piece_in16);
+  // bf16 precision only: the forward on a bf16 input rounded once for several layers that read the
+  // same rows (Llama's q, k and v; SwiGLU's gate and up): in16 [rows, in_features] (row 0), which
+  // the caller holds (e.g. in another layer's prepare_bf16_input) and hands to backward_shared
+  // again; this layer keeps nothing of it. Rows [first, first + count), read from piece_in16 when
+  // given (that piece's rows from another buffer). Bit for bit forward_rows on the fp32 input that
+  // in16 is the rounding of.
+  void forward_shared_rows(const LayerContext& ctx, LinearActivations& saved, float* out,
+                           const lattice::bf16* in16, int64_t rows, int64_t first, int64_t count,
+                           const lattice::bf16* piece_in16 = nullptr);
+  // backward after forward_shared_rows, in16 its input again: d_in overwritten (skipped when
+  // null), the weight and bias gradients accumulated (skipped when in16 is null: the input half).
+  // Bit for bit backward (or its halves) after forward_rows on the fp32 input.
+  void backward_shared(const LayerContext& ctx, const LinearActivations& saved, float* d_in,
+                       const float* d_out, const lattice::bf16* in16, int64_t rows);
   // d_in overwritten (skipped when null); weight and bias gradients accumulate. In bf16, when the
   // forward that filled `saved` saw this same `in` (or was forward_prepared) and row count, its
   // bf16 input is used (bit-identical); after forward_prepared, `in` is not read.

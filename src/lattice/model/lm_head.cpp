@@ -51,10 +51,9 @@ int64_t LmHead::saved_bytes(kernels::Precision precision, int64_t rows,
     return rows * C_ * 4 + stats + rows * V_ * 4 + d_normed +
            (precision == k::Precision::bf16 ? rows * C_ * 2 : 0) +
            (tp_.sequence_parallel ? local * C_ * 4 : 0);
-  // bf16: the rounded input; Llama's RMSNorm keeps its fp32 output too (GPT-2's LayerNorm writes
-  // bf16 directly); then either the fused head's per-lane weight-gradient partials or the rounded
-  // logits gradient.
-  const int64_t input = rows * C_ * 2 + (norm_bias_ >= 0 ? 0 : rows * C_ * 4) + stats;
+  // bf16: the rounded input (the norm writes it directly); then either the fused head's per-lane
+  // weight-gradient partials or the rounded logits gradient.
+  const int64_t input = rows * C_ * 2 + stats;
   const k::HeadLossPlan plan = ops.plan_head_loss_bf16(rows, C_, V_, true, fusion_);
   const int64_t gradient = plan.backward_in_forward
                                ? int64_t{plan.weight_gradient_partials} * V_ * C_ * 4
@@ -108,16 +107,17 @@ double LmHead::loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, c
                                   MemoryTracker* tracker) {
   const int64_t C = C_, V = V_;
   ensure_bf16_activation(h.normed16, {rows, C}, tracker);  // kept for the weight gradient
-  if (family_ == Family::gpt2) {  // the LayerNorm writes the GEMM's bf16 input directly
+  // The norm writes the GEMM's bf16 input directly (no fp32 output).
+  ensure_activation(h.norm_rstd, {rows}, tracker);
+  h.normed.reset();
+  if (family_ == Family::gpt2) {
     ensure_activation(h.norm_mean, {rows}, tracker);
-    ensure_activation(h.norm_rstd, {rows}, tracker);
-    h.normed.reset();
     ctx.ops.layernorm_forward_bf16(h.normed16.data<lattice::bf16>(), h.norm_mean.f32(),
                                    h.norm_rstd.f32(), x, store_.value(norm_weight_),
                                    store_.value(norm_bias_), rows, C, eps_);
   } else {
-    norm_forward(ctx, h, x, rows, tracker);
-    ctx.ops.convert_to_bf16(h.normed16.data<lattice::bf16>(), h.normed.f32(), rows * C);
+    ctx.ops.rmsnorm_forward_bf16(h.normed16.data<lattice::bf16>(), h.norm_rstd.f32(), x,
+                                 store_.value(norm_weight_), rows, C, eps_);
   }
   h.logits.reset();  // the whole [rows, V] logits never exist here
   const k::HeadLossPlan plan = ctx.ops.plan_head_loss_bf16(rows, C, V, grad_scale != 0.0f, fusion_);

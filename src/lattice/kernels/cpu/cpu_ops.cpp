@@ -149,6 +149,11 @@ void CpuOps::rmsnorm_forward(float* out, float* rstd, const float* in, const flo
   kernels::rmsnorm_forward(out, rstd, in, weight, rows, C, eps);
 }
 
+void CpuOps::rmsnorm_forward_bf16(lattice::bf16* out, float* rstd, const float* in,
+                                  const float* weight, int64_t rows, int64_t C, float eps) {
+  kernels::rmsnorm_forward_bf16(out, rstd, in, weight, rows, C, eps);
+}
+
 void CpuOps::rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const float* in,
                               const float* weight, const float* rstd, int64_t rows, int64_t C,
                               const float* residual_grad) {

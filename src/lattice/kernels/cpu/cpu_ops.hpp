@@ -116,6 +116,8 @@ class CpuOps final : public Ops {
                           const float* residual_grad) override;
   void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t rows,
                        int64_t C, float eps) override;
+  void rmsnorm_forward_bf16(lattice::bf16* out, float* rstd, const float* in, const float* weight,
+                            int64_t rows, int64_t C, float eps) override;
   void rmsnorm_backward(float* d_in, float* d_weight, const float* d_out, const float* in,
                         const float* weight, const float* rstd, int64_t rows, int64_t C,
                         const float* residual_grad) override;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/kernels/cpu/convert.hpp"
 #include "lattice/kernels/cpu/row_chunks.hpp"
 
 namespace lattice::kernels {
@@ -19,6 +20,20 @@ void check_shape(const char* op, int64_t rows, int64_t C) {
                                 std::to_string(rows) + " C=" + std::to_string(C));
 }
 
+// One row of the forward: y = weight * (x * rstd); the one definition both forwards use, so the
+// bf16 output is exactly the rounded fp32 one.
+inline void rmsnorm_row(float* y, float& rstd, const float* x, const float* weight, int64_t C,
+                        float inv_C, float eps) {
+  float squares = 0.0f;
+#pragma omp simd simdlen(16) reduction(+ : squares)
+  for (int64_t c = 0; c < C; ++c) squares += x[c] * x[c];
+  const float s = 1.0f / std::sqrt(squares * inv_C + eps);
+  // HF order: weight * (x * rsqrt(...)).
+#pragma omp simd simdlen(16)
+  for (int64_t c = 0; c < C; ++c) y[c] = weight[c] * (x[c] * s);
+  rstd = s;
+}
+
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t rows,
@@ -26,17 +41,22 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
   check_shape("rmsnorm_forward", rows, C);
   const float inv_C = 1.0f / static_cast<float>(C);
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = in + r * C;
-    float* y = out + r * C;
-    float squares = 0.0f;
-#pragma omp simd simdlen(16) reduction(+ : squares)
-    for (int64_t c = 0; c < C; ++c) squares += x[c] * x[c];
-    const float s = 1.0f / std::sqrt(squares * inv_C + eps);
-    // HF order: weight * (x * rsqrt(...)).
-#pragma omp simd simdlen(16)
-    for (int64_t c = 0; c < C; ++c) y[c] = weight[c] * (x[c] * s);
-    rstd[r] = s;
+  for (int64_t r = 0; r < rows; ++r)
+    rmsnorm_row(out + r * C, rstd[r], in + r * C, weight, C, inv_C, eps);
+}
+
+void rmsnorm_forward_bf16(lattice::bf16* out, float* rstd, const float* in, const float* weight,
+                          int64_t rows, int64_t C, float eps) {
+  check_shape("rmsnorm_forward_bf16", rows, C);
+  const float inv_C = 1.0f / static_cast<float>(C);
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(C));  // one fp32 row, in L1, rounded as it leaves
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      rmsnorm_row(row.data(), rstd[r], in + r * C, weight, C, inv_C, eps);
+      convert_to_bf16_on_this_thread(out + r * C, row.data(), C);
+    }
   }
 }
 

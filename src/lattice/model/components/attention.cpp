@@ -99,8 +99,8 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
   a.d_input.resize(input_.size());
   // Fused bf16: the norm's output exists only as the projection's bf16 input (on a sharded layout
   // this rank's rows of it, gathered), and in training q, k, v only in bf16.
-  const bool fused = this->fused(ctx.precision);
-  norm_.prepare(ctx, a.norm, local, !fused, fused && layout_.sharded());
+  const bool fused = this->fused(ctx.precision), bf16_in = fused || shares_input(ctx.precision);
+  norm_.prepare(ctx, a.norm, local, !bf16_in, bf16_in && layout_.sharded());
   if (packed()) {
     if (fused && !cached) {
       a.qkv.reset();
@@ -122,6 +122,12 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
   }
   ensure_activation(a.att, {rows, O_}, tr);
   ensure_activation(a.lse, {B, heads_, T}, tr);
+}
+
+const lattice::bf16* Attention::shared_input(const AttentionActivations& a) const {
+  check(!a.input.empty() && !a.input[0].in16.empty(),
+        "Attention: the shared bf16 input of q, k, v is gone (internal error)");
+  return a.input[0].in16.data<lattice::bf16>();
 }
 
 float* Attention::projection_output(AttentionActivations& a, size_t i) const {
@@ -154,6 +160,22 @@ void Attention::project(const LayerContext& ctx, AttentionActivations& a, Normed
         [&](int64_t first, int64_t count, bool own) {
           qkv.forward_prepared_to_bf16_rows(ctx, a.input[0], a.qkv16.data<lattice::bf16>(), rows,
                                             first, count, own ? in.own16 : nullptr);
+        },
+        rows);
+    // A sharded layout keeps this rank's rows (the norm's out16), not the gathered input.
+    if (layout_.sharded()) Linear::release_prepared_input(a.input[0]);
+    return;
+  }
+  if (shares_input(ctx.precision)) {
+    // q, k and v on the one bf16 input the norm wrote (this rank's rows from its out16 while the
+    // others are gathered): the roundings each would make of the fp32 norm output, bit for bit.
+    const lattice::bf16* in16 = shared_input(a);
+    layout_.forward_gathered(
+        in.gather,
+        [&](int64_t first, int64_t count, bool own) {
+          for (size_t i = 0; i < input_.size(); ++i)
+            input_[i].forward_shared_rows(ctx, a.input[i], projection_output(a, i), in16, rows,
+                                          first, count, own ? in.own16 : nullptr);
         },
         rows);
     // A sharded layout keeps this rank's rows (the norm's out16), not the gathered input.
@@ -218,7 +240,7 @@ void Attention::forward(const LayerContext& ctx, AttentionActivations& a, float*
   {
     Tensor gathered;  // fp32 sharded layouts: the norm's output over all rows, for the GEMMs
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
-                              fused(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
+                              bf16_input(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
     project(ctx, a, in, rows, /*cached=*/false);
   }
   normalize_q_and_k(ctx, a, rows);
@@ -243,7 +265,7 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
   {
     Tensor gathered;
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
-                              fused(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
+                              bf16_input(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
     project(ctx, a, in, rows, /*cached=*/true);
   }
   normalize_q_and_k(ctx, a, rows);
@@ -288,7 +310,7 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
                          const SublayerBackward& g, float* d_x, const float* d_x_out,
                          const float* x) {
   const int64_t rows = g.rows;
-  const bool fused = this->fused(ctx.precision);
+  const bool fused = this->fused(ctx.precision), shared = shares_input(ctx.precision);
   // The output projection's d_out over all rows.
   const float* d_out = d_x_out;
   if (layout_.sharded()) {
@@ -300,7 +322,7 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
   parallel::GroupCollective in_gather;
   if (!g.defer)
     in_gather = regather(ctx, layout_, a.norm, g.regathered, rows, &in,
-                         fused ? &input_[0] : nullptr, &a.input[0]);
+                         fused || shared ? &input_[0] : nullptr, &a.input[0]);
   float* d_att = g.get(slot::attention_output_gradient, rows * O_);
   output_projection_backward(ctx, g, output_, a.output, d_att, d_out, a.att.f32());
   const k::AttentionShape s = shape(g.B, g.T);
@@ -351,25 +373,35 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
     // The input gradients summed in projection order: q's, then k's, then v's added.
     float* d_part = input_.size() > 1 ? g.get(slot::projection_gradient, rows * C_) : nullptr;
     for (size_t i = 0; i < input_.size(); ++i) {
-      input_projection_backward(ctx, g, input_[i], a.input[i], i == 0 ? g.d_rows : d_part, d[i],
-                                in);
+      float* d_in = i == 0 ? g.d_rows : d_part;
+      if (shared)  // the input half, or both halves on the shared bf16 input
+        input_[i].backward_shared(ctx, a.input[i], d_in, d[i], g.split ? nullptr : shared_input(a),
+                                  rows);
+      else
+        input_projection_backward(ctx, g, input_[i], a.input[i], d_in, d[i], in);
       if (i > 0) ctx.ops.add_inplace(g.d_rows, d_part, rows * C_);
     }
     weight_halves = [&, d] {
-      for (size_t i = 0; i < input_.size(); ++i)
-        input_[i].backward_weight(ctx, a.input[i], d[i], in, rows);
+      for (size_t i = 0; i < input_.size(); ++i) {
+        if (shared)
+          input_[i].backward_shared(ctx, a.input[i], nullptr, d[i], shared_input(a), rows);
+        else
+          input_[i].backward_weight(ctx, a.input[i], d[i], in, rows);
+      }
     };
   }
   finish_input_projections(layout_, g, C_, in_gather, weight_halves);
-  if (layout_.sharded() && fused && !g.defer) Linear::release_prepared_input(a.input[0]);
+  if (layout_.sharded() && (fused || shared) && !g.defer)
+    Linear::release_prepared_input(a.input[0]);
   norm_.backward(ctx, layout_, a.norm, d_x, g.d_norm, x, g.local, d_x_out, g.norm_partials);
 }
 
 void Attention::weight_pass(const LayerContext& ctx, AttentionActivations& a, int64_t rows,
                             float* gathered) {
-  const bool fused = this->fused(ctx.precision);
+  const bool fused = this->fused(ctx.precision), shared = shares_input(ctx.precision);
   const float* in = nullptr;
-  regather(ctx, layout_, a.norm, gathered, rows, &in, fused ? &input_[0] : nullptr, &a.input[0])
+  regather(ctx, layout_, a.norm, gathered, rows, &in, fused || shared ? &input_[0] : nullptr,
+           &a.input[0])
       .wait();
   output_.backward_weight(ctx, a.output, a.d_out.f32(), a.att.f32(), rows);
   if (fused) {
@@ -378,8 +410,14 @@ void Attention::weight_pass(const LayerContext& ctx, AttentionActivations& a, in
                                rows);
     if (layout_.sharded()) Linear::release_prepared_input(a.input[0]);
   } else {
-    for (size_t i = 0; i < input_.size(); ++i)
-      input_[i].backward_weight(ctx, a.input[i], a.d_input[i].f32(), in, rows);
+    for (size_t i = 0; i < input_.size(); ++i) {
+      if (shared)
+        input_[i].backward_shared(ctx, a.input[i], nullptr, a.d_input[i].f32(), shared_input(a),
+                                  rows);
+      else
+        input_[i].backward_weight(ctx, a.input[i], a.d_input[i].f32(), in, rows);
+    }
+    if (shared && layout_.sharded()) Linear::release_prepared_input(a.input[0]);
   }
   a.d_out.reset();
   for (Tensor& t : a.d_input) t.reset();
@@ -396,14 +434,19 @@ int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) con
   const int64_t qkv = A_ + KV_ + V_, stats = norm_.stats_bytes_per_row();
   if (fused(precision))  // the norm's bf16 output, bf16 q, k, v, the output projection's bf16 input
     return local * (2 * C_ + stats) + rows * (2 * qkv + 2 * O_) + attention_output_bytes(B, T);
-  int64_t bytes = local * (4 * C_ + stats) + rows * 4 * qkv + attention_output_bytes(B, T);
+  // q, k, v apart in bf16: the norm's output only as their one shared bf16 input (q_proj's, or
+  // this rank's rows of it in the norm's out16 on a sharded layout).
+  const bool shared = shares_input(precision);
+  int64_t bytes =
+      local * ((shared ? 2 : 4) * C_ + stats) + rows * 4 * qkv + attention_output_bytes(B, T);
   // A q/k norm's raw q and k and its statistics per head.
   if (qk_norm_) bytes += rows * 4 * (A_ + KV_) + rows * 4 * (heads_ + kv_heads_);
   // bf16 without the fused paths: the output projection's rounding of att, and each input
   // projection's rounding of the norm output (not kept on a sharded layout: gathered again).
   if (precision == k::Precision::bf16)
-    bytes += rows * 2 * O_ +
-             (layout_.sharded() ? 0 : rows * 2 * C_ * static_cast<int64_t>(input_.size()));
+    bytes +=
+        rows * 2 * O_ +
+        (layout_.sharded() || shared ? 0 : rows * 2 * C_ * static_cast<int64_t>(input_.size()));
   return bytes;
 }
 
@@ -421,7 +464,7 @@ int64_t Attention::entry_transient_bytes(k::Precision precision, int64_t rows) c
   // fused projection's prepared input, freed after the GEMM), and without the fused paths in bf16
   // each projection's rounding of it.
   if (!layout_.sharded()) return 0;
-  if (fused(precision)) return rows * C_ * 2;
+  if (fused(precision) || shares_input(precision)) return rows * C_ * 2;
   return rows * C_ *
          (4 + (precision == k::Precision::bf16 ? 2 * static_cast<int64_t>(input_.size()) : 0));
 }

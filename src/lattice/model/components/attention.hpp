@@ -10,7 +10,9 @@
 // the SequenceLayout it is built with: the code is the one-rank code either way. In bf16 a packed
 // projection behind a LayerNorm takes the fused paths: the norm writes the projection's bf16 input,
 // the projection writes bf16 q, k, v and their gradient comes back rounded, with the projection's
-// bias gradient from the attention backward's own pass.
+// bias gradient from the attention backward's own pass. In bf16 q, k, v apart (Llama's) share one
+// bf16 input: the norm writes it in bf16 (q_proj's prepared input) and k and v read it too, where
+// each would round the fp32 norm output into a copy of its own.
 #pragma once
 
 #include <cstdint>
@@ -84,6 +86,15 @@ class Attention {
   bool fused(kernels::Precision precision) const {
     return precision == kernels::Precision::bf16 && fusable_;
   }
+  // Whether q, k, v apart read one bf16 input the norm writes (bf16 precision; Linear's
+  // forward_shared_rows), the fp32 norm output never stored.
+  bool shares_input(kernels::Precision precision) const {
+    return precision == kernels::Precision::bf16 && !packed();
+  }
+  // Either: the norm writes the input projections' bf16 input directly.
+  bool bf16_input(kernels::Precision precision) const {
+    return fused(precision) || shares_input(precision);
+  }
 
   // Sizes the saved tensors for B·T rows (`cached`: for forward_cached, whose q, k, v go to the KV
   // cache in fp32 whatever the precision).
@@ -121,7 +132,9 @@ class Attention {
   int64_t pending_weight_floats(int64_t rows) const;
   int64_t entry_transient_bytes(kernels::Precision precision, int64_t rows) const;
   bool uses_projection_gradient() const { return !packed(); }
-  bool regathers_fp32(kernels::Precision precision) const { return !fused(precision); }
+  bool regathers_fp32(kernels::Precision precision) const {
+    return !fused(precision) && !shares_input(precision);
+  }
   int64_t norm_partial_floats() const {
     return (norm_.kind() == NormKind::layer_norm ? 2 : 1) * C_;
   }
@@ -142,6 +155,8 @@ class Attention {
                    int64_t rows, Tensor& partial);
   // The fp32 output of input projection i ([rows, out_features]).
   float* projection_output(AttentionActivations& a, size_t i) const;
+  // The shared bf16 input of q, k, v over all rows (q_proj's prepared input; checked).
+  const lattice::bf16* shared_input(const AttentionActivations& a) const;
   // Behind a q/k norm: q and k normalized per head from the projections' raw q and k.
   void normalize_q_and_k(const LayerContext& ctx, AttentionActivations& a, int64_t rows) const;
 

@@ -44,9 +44,12 @@ void Norm::forward(const LayerContext& ctx, NormActivations& a, float* out, cons
 
 void Norm::forward_bf16(const LayerContext& ctx, NormActivations& a, lattice::bf16* out16,
                         const float* x, int64_t rows) const {
-  check(writes_bf16(), "an RMSNorm has no bf16-output forward (internal error)");
-  ctx.ops.layernorm_forward_bf16(out16, a.mean.f32(), a.rstd.f32(), x, store_->value(weight_),
-                                 store_->value(bias_), rows, width_, eps_);
+  if (kind_ == NormKind::layer_norm)
+    ctx.ops.layernorm_forward_bf16(out16, a.mean.f32(), a.rstd.f32(), x, store_->value(weight_),
+                                   store_->value(bias_), rows, width_, eps_);
+  else
+    ctx.ops.rmsnorm_forward_bf16(out16, a.rstd.f32(), x, store_->value(weight_), rows, width_,
+                                 eps_);
 }
 
 void Norm::backward(const LayerContext& ctx, const parallel::SequenceLayout& layout,

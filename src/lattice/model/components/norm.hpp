@@ -32,7 +32,8 @@ class Norm {
 
   NormKind kind() const { return kind_; }
   int64_t width() const { return width_; }
-  // Whether the backend writes this norm's output straight in bf16 (the fused bf16 paths).
+  // Whether the fused bf16 paths of GPT-2's packed attention and GELU MLP take this norm (they are
+  // written for its LayerNorm); forward_bf16 itself runs for either kind.
   bool writes_bf16() const { return kind_ == NormKind::layer_norm; }
   // Bytes of its statistics per row (mean and rstd, or rstd).
   int64_t stats_bytes_per_row() const { return kind_ == NormKind::layer_norm ? 8 : 4; }
@@ -44,7 +45,8 @@ class Norm {
   // out = norm(x) over `rows` rows, its statistics into `a` (out may be a.out or another buffer).
   void forward(const LayerContext& ctx, NormActivations& a, float* out, const float* x,
                int64_t rows) const;
-  // The same with the output rounded to bf16 (writes_bf16() norms only): no fp32 output.
+  // The same with the output rounded to bf16 (bit for bit the rounding of forward's): no fp32
+  // output.
   void forward_bf16(const LayerContext& ctx, NormActivations& a, lattice::bf16* out16,
                     const float* x, int64_t rows) const;
   // d_x = ∂loss/∂x given d_out (+ residual_grad when given, in the same pass); the weight (and
