@@ -62,7 +62,7 @@ Timing time_attention(const Options& o, int64_t T, int cp, parallel::ContextPara
     const auto shape = k::AttentionShape::contiguous(o.batch, n, o.heads, o.kv_heads, o.head_dim);
     k::CpuOps ops;
     std::unique_ptr<model::ContextAttention> attention;
-    if (group) attention = parallel::make_context_attention(mode, *group, nullptr);
+    if (group) attention = parallel::make_context_attention(mode, *group, ops.memory(), nullptr);
     double seconds = 0, exposed = 0;
     for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
       if (group) group->barrier();

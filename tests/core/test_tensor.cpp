@@ -125,9 +125,16 @@ class CountingMemory final : public DeviceMemory {
     ++zeros;
     host_memory().zero(data, bytes);
   }
+  void release(void* data, size_t bytes) override { host_memory().release(data, bytes); }
   void copy(void* destination, const void* source, size_t bytes, CopyKind kind) override {
     copies.push_back(kind);
     host_memory().copy(destination, source, bytes, kind);
+  }
+  void copy_rows(void* destination, size_t destination_pitch, const void* source,
+                 size_t source_pitch, size_t row_bytes, size_t rows, CopyKind kind) override {
+    copies.push_back(kind);
+    host_memory().copy_rows(destination, destination_pitch, source, source_pitch, row_bytes, rows,
+                            kind);
   }
   int allocations = 0, frees = 0, zeros = 0;
   std::vector<CopyKind> copies;

@@ -5,14 +5,19 @@ the backend-neutral kernel interface.
 Every op a layer, the optimizer, ZeRO or the gradient norm computes goes through kernels::Ops
 (src/lattice/kernels/ops.hpp), made by kernels/make_ops.hpp, so a CUDA backend is a new folder
 beside kernels/cpu/, not a change to them. This script scans the .hpp and .cpp files of
-src/lattice/model/, and of src/lattice/train/, src/lattice/parallel/ and src/lattice/optim/ with
+src/lattice/model/, src/lattice/train/, src/lattice/parallel/ and src/lattice/optim/ with
 their subfolders, and fails, naming each file:line, on
   - an #include of a header in a backend's folder (lattice/kernels/<folder>/..., e.g. cpu/), and
   - a kernels:: name (written kernels::X, lattice::kernels::X, or through a namespace alias of
     either, e.g. `namespace k = lattice::kernels;` then k::X) whose X is not declared at namespace
     scope in lattice::kernels by a top-level header src/lattice/kernels/*.hpp (the backend-neutral
     ones: ops.hpp, precision.hpp, attention_shape.hpp, ...), and
-  - a `using namespace` of lattice::kernels (it would hide kernels:: names from this check).
+  - a `using namespace` of lattice::kernels (it would hide kernels:: names from this check), and
+  - a raw memory operation (memcpy, memset, memmove, std::copy, std::copy_n, std::fill,
+    std::fill_n): tensors live in the backend's memory, so their bytes move through
+    DeviceMemory (allocate, zero, release, copy, copy_rows: Ops::memory()) or an op
+    (Ops::copy, fill_zero, fill); only the files in HOST_DATA, which work on host data by what
+    they are, may use them.
 Comments and string literals are ignored. Usage: check_model_uses_ops.py [SOURCE_DIR] (default:
 the repository this script is in).
 """
@@ -21,7 +26,7 @@ import re
 import sys
 
 # The folders checked (under src/lattice/), and whether their subfolders are too.
-CHECKED = [("model", False), ("train", True), ("parallel", True), ("optim", True)]
+CHECKED = [("model", True), ("train", True), ("parallel", True), ("optim", True)]
 
 # Files allowed to use the CPU backend directly (paths under src/lattice/), each with its reason.
 ALLOWED = {
@@ -30,6 +35,30 @@ ALLOWED = {
     # is the CUDA backend's issue.
     "model/parameter_store.cpp",
 }
+
+# Files whose raw memory operations move host data by what they are (paths under src/lattice/),
+# each with its reason. Any other file of the checked folders moves tensor bytes through the
+# backend's DeviceMemory or an Ops call.
+HOST_DATA = {
+    # Token ids as the data loader and the benchmark hand them out (host batches; the model moves
+    # them to the backend's memory itself: model/stage_activations.hpp, stage_ids).
+    "train/trainer.cpp": "the data loader's token batches",
+    "train/train_benchmark.cpp": "the benchmark's token batches",
+    "parallel/context/sequence_split.cpp": "this cp rank's share of the loader's token ids",
+    # The model state gathered whole for a checkpoint, an export or a pipeline's whole state:
+    # host buffers the files are written from. Their sources are the store's values, host memory
+    # on the CPU backend; a device backend stages them to the host first (its issue).
+    "parallel/tensor_parallel_state.cpp": "tensor-parallel slices placed in the gathered state",
+    "parallel/expert_parallel_state.cpp": "expert-parallel parameters placed in the gathered state",
+    "train/pipeline_rank.cpp": "the pipeline stages' parameters placed in the whole state",
+    "train/sharded_checkpoint.cpp": "the index's text packed into a tensor's bytes",
+    # The offloaded AdamW state is host memory and files by definition (ZeRO-Offload).
+    "optim/offload_adamw_state.cpp": "the offloaded state's host buffers",
+    "optim/offload_header.cpp": "the offload file header's bytes",
+}
+
+RAW_MEMORY = re.compile(r"(?<![\w.>:])(?:(?:::)?std\s*::\s*(memcpy|memset|memmove|copy|copy_n|fill|fill_n)"
+                        r"|::\s*(memcpy|memset|memmove)|(?<!::)\b(memcpy|memset|memmove))\s*\(")
 
 IDENT = r"[A-Za-z_]\w*"
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]lattice/kernels/([^">]+)[">]')
@@ -137,7 +166,7 @@ def neutral_names(kernels_dir):
     return names
 
 
-def check_file(path, neutral_headers, allowed_names):
+def check_file(path, neutral_headers, allowed_names, host_data=False):
     with open(path, encoding="utf-8") as f:
         raw = f.read()
     problems = []
@@ -155,6 +184,13 @@ def check_file(path, neutral_headers, allowed_names):
         if USING_NAMESPACE.search(line):
             problems.append((number, "`using namespace` of lattice::kernels: name kernels:: "
                              "explicitly (only the backend-neutral headers' names are allowed)"))
+        if not host_data:
+            for m in RAW_MEMORY.finditer(line):
+                what = next(g for g in m.groups() if g)
+                problems.append((number, "%s on raw memory: tensor bytes move through the "
+                                 "backend's DeviceMemory (Ops::memory(): copy, copy_rows, zero, "
+                                 "release) or an op (Ops::copy, fill_zero, fill); host data by "
+                                 "nature belongs in HOST_DATA with its reason" % what))
         for m in qualified.finditer(line):
             if m.group(2) not in allowed_names:
                 problems.append((number, "%s::%s is not declared by a backend-neutral header "
@@ -192,13 +228,19 @@ def main():
         if name in ALLOWED:
             continue
         path = os.path.join(lattice_dir, name)
-        for number, why in check_file(path, neutral_headers, allowed_names):
+        for number, why in check_file(path, neutral_headers, allowed_names, name in HOST_DATA):
             print("%s:%d: %s" % (path, number, why))
             failures += 1
-    print("check_model_uses_ops: %d files of %s (%d allowed: %s), %d names from %d "
-          "backend-neutral headers, %d problems"
+    stale = sorted(n for n in HOST_DATA if n not in files)
+    for name in stale:
+        print("check_model_uses_ops: HOST_DATA names %s, which is not a checked source: remove it"
+              % name)
+        failures += 1
+    print("check_model_uses_ops: %d files of %s (%d allowed: %s; %d on host data), %d names from "
+          "%d backend-neutral headers, %d problems"
           % (len(files), ", ".join(folder + "/" for folder, _ in CHECKED), len(ALLOWED),
-             ", ".join(sorted(ALLOWED)), len(allowed_names), len(neutral_headers), failures))
+             ", ".join(sorted(ALLOWED)), len(HOST_DATA), len(allowed_names),
+             len(neutral_headers), failures))
     return 1 if failures else 0
 
 

@@ -14,26 +14,53 @@ namespace lattice::testing {
 using OpCounts = std::map<std::string, int>;
 using kernels::Precision;
 
-// The backend's memory, counting the blocks and bytes it allocates (host blocks underneath).
+// The backend's memory, counting the blocks and bytes it allocates, the bytes still live, and
+// the copies and releases asked of it (host blocks underneath).
 class CountingMemory final : public DeviceMemory {
  public:
   Device device() const override { return Device::cpu; }
   void* allocate(size_t bytes) override {
     ++blocks_;
     bytes_ += static_cast<int64_t>(bytes);
-    return host_memory().allocate(bytes);
+    void* block = host_memory().allocate(bytes);
+    if (block) live_[block] = bytes;
+    return block;
   }
-  void free(void* block) noexcept override { host_memory().free(block); }
+  void free(void* block) noexcept override {
+    live_.erase(block);
+    host_memory().free(block);
+  }
   void zero(void* data, size_t bytes) override { host_memory().zero(data, bytes); }
+  void release(void* data, size_t bytes) override {
+    ++releases_;
+    host_memory().release(data, bytes);
+  }
   void copy(void* destination, const void* source, size_t bytes, CopyKind kind) override {
+    ++copies_;
     host_memory().copy(destination, source, bytes, kind);
+  }
+  void copy_rows(void* destination, size_t destination_pitch, const void* source,
+                 size_t source_pitch, size_t row_bytes, size_t rows, CopyKind kind) override {
+    ++row_copies_;
+    host_memory().copy_rows(destination, destination_pitch, source, source_pitch, row_bytes, rows,
+                            kind);
   }
   int blocks() const { return blocks_; }
   int64_t bytes() const { return bytes_; }
+  // Bytes in blocks allocated and not yet freed.
+  int64_t live_bytes() const {
+    int64_t sum = 0;
+    for (const auto& [block, bytes] : live_) sum += static_cast<int64_t>(bytes);
+    return sum;
+  }
+  int copies() const { return copies_; }
+  int row_copies() const { return row_copies_; }
+  int releases() const { return releases_; }
 
  private:
-  int blocks_ = 0;
+  int blocks_ = 0, copies_ = 0, row_copies_ = 0, releases_ = 0;
   int64_t bytes_ = 0;
+  std::map<void*, size_t> live_;
 };
 
 // A backend of its own: every op counted by name (rope's inverse, the backward, as
@@ -269,6 +296,10 @@ class RecordingOps final : public kernels::Ops {
   void fill_zero(float* x, int64_t n) override {
     record("fill_zero");
     inner_.fill_zero(x, n);
+  }
+  void fill(float* x, int64_t n, float value) override {
+    record("fill");
+    inner_.fill(x, n, value);
   }
   void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) override {
     record("convert_to_bf16");

@@ -80,7 +80,7 @@ void expect_close(const float* cached, const std::vector<float>& reference, cons
 TEST(KvCache, LaysOutTokenRowsAndCountsItsMemory) {
   MemoryTracker tracker;
   const int64_t layers = 2, B = 2, capacity = 8, kv_heads = 2, head_dim = 4;
-  KvCache cache(layers, B, capacity, kv_heads, head_dim, &tracker);
+  KvCache cache(layers, B, capacity, kv_heads, head_dim, host_memory(), &tracker);
   const int64_t bytes = 2 * layers * B * capacity * kv_heads * head_dim * 4;
   EXPECT_EQ(cache.bytes(), bytes);
   EXPECT_EQ(tracker.current(MemoryCategory::activations), bytes);
@@ -154,7 +154,7 @@ TEST_P(CachedForward, PrefillThenSingleTokensEqualTheFullForward) {
     const std::vector<int32_t> tokens = random_tokens(B * T, config_.vocab_size, 100 + B);
     for (int64_t prompt : {1, 6}) {
       SCOPED_TRACE("batch " + std::to_string(B) + ", prompt of " + std::to_string(prompt));
-      KvCache cache = model_.make_kv_cache(B);
+      KvCache cache = model_.make_kv_cache(B, host_memory());
       EXPECT_EQ(cache.capacity(), config_.max_seq_len);
       EXPECT_EQ(cache.kv_heads(), config_.n_kv_heads);
       feed_and_compare(cache, tokens, B, T, 0, 0, prompt);
@@ -167,7 +167,7 @@ TEST_P(CachedForward, PrefillThenSingleTokensEqualTheFullForward) {
 TEST_P(CachedForward, ChunksAfterThePrefillEqualTheFullForward) {
   const int64_t B = 2, T = 13;
   const std::vector<int32_t> tokens = random_tokens(B * T, config_.vocab_size, 7);
-  KvCache cache = model_.make_kv_cache(B);
+  KvCache cache = model_.make_kv_cache(B, host_memory());
   feed_and_compare(cache, tokens, B, T, 0, 0, 5);
   feed_and_compare(cache, tokens, B, T, 0, 5, 9);
   feed_and_compare(cache, tokens, B, T, 0, 9, 12);
@@ -180,7 +180,7 @@ TEST_P(CachedForward, ChunksAfterThePrefillEqualTheFullForward) {
 TEST_P(CachedForward, AFullCacheRefusesMoreAndARePrefilledWindowContinuesCorrectly) {
   const int64_t B = 2, capacity = config_.max_seq_len, T = capacity + 8;
   const std::vector<int32_t> tokens = random_tokens(B * T, config_.vocab_size, 11);
-  KvCache cache = model_.make_kv_cache(B);
+  KvCache cache = model_.make_kv_cache(B, host_memory());
   feed_and_compare(cache, tokens, B, T, 0, 0, capacity);
   const std::vector<int32_t> next = columns(tokens, B, T, capacity, capacity + 1);
   EXPECT_THROW(model_.forward_cached(ctx_, cache, next.data(), B, 1), Error);
@@ -196,12 +196,12 @@ TEST_P(CachedForward, AFullCacheRefusesMoreAndARePrefilledWindowContinuesCorrect
 
 TEST_P(CachedForward, RefusesACacheOfAnotherShape) {
   std::vector<int32_t> tokens(2, 1);
-  KvCache wrong_batch = model_.make_kv_cache(2);
+  KvCache wrong_batch = model_.make_kv_cache(2, host_memory());
   EXPECT_THROW(model_.forward_cached(ctx_, wrong_batch, tokens.data(), 1, 1), Error);
   KvCache wrong_heads(config_.n_layers, 1, config_.max_seq_len, config_.n_kv_heads + 1,
-                      config_.head_dim());
+                      config_.head_dim(), host_memory());
   EXPECT_THROW(model_.forward_cached(ctx_, wrong_heads, tokens.data(), 1, 1), Error);
-  KvCache good = model_.make_kv_cache(1);
+  KvCache good = model_.make_kv_cache(1, host_memory());
   tokens[0] = static_cast<int32_t>(config_.vocab_size);
   EXPECT_THROW(model_.forward_cached(ctx_, good, tokens.data(), 1, 1), Error);
   EXPECT_EQ(good.length(), 0);

@@ -13,18 +13,14 @@
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/linear.hpp"
 #include "lattice/model/parameter_store.hpp"
+#include "random_values.hpp"
 
 using namespace lattice;
 using namespace lattice::model;
 
 namespace {
 
-std::vector<float> random_values(int64_t n, uint64_t seed, float scale) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = scale * (2.0f * rng.uniform() - 1.0f);
-  return v;
-}
+using lattice::testing::random_values;
 
 struct Gradients {
   std::vector<float> d_in, d_weight, d_bias;
@@ -116,8 +112,8 @@ TEST(LinearBf16, ABackwardOnAnotherInputRoundsThatInput) {
 // B then W equals the whole backward bit for bit, fp32 and bf16 (with and without a bias, the
 // input kept by forward or written by a producer), on shapes that take the engine's oneDNN paths
 // and, where the CPU has AMX, its AMX kernels (multiples of 32, at least 256 rows).
-class LinearHalves : public ::testing::TestWithParam<std::tuple<kernels::Precision, bool, int64_t>> {
-};
+class LinearHalves
+    : public ::testing::TestWithParam<std::tuple<kernels::Precision, bool, int64_t>> {};
 
 TEST_P(LinearHalves, InputThenWeightHalvesEqualTheWholeBackward) {
   const auto [precision, with_bias, rows] = GetParam();

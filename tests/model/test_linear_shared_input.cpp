@@ -14,18 +14,14 @@
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/linear.hpp"
 #include "lattice/model/parameter_store.hpp"
+#include "random_values.hpp"
 
 using namespace lattice;
 using namespace lattice::model;
 
 namespace {
 
-std::vector<float> random_values(int64_t n, uint64_t seed, float scale) {
-  Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = scale * (2.0f * rng.uniform() - 1.0f);
-  return v;
-}
+using lattice::testing::random_values;
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

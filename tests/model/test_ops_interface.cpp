@@ -276,3 +276,36 @@ TEST(OpsInterfaceBf16Head, BothPlansComputeThroughTheInterface) {
     }
   }
 }
+
+TEST(OpsInterfaceMemory, EveryTrackedByteLivesInTheBackendsMemory) {
+  // A second backend hands out its own memory (CountingMemory): the parameters, gradients and
+  // every activation, saved or scratch, of a forward and backward come from it, so a device
+  // backend's model lives on its device. After the forward, the bytes live in the backend's
+  // memory are the tracked ones plus the stage's token and target ids (staged there, untracked);
+  // a tensor allocated elsewhere (host memory) would leave the tracker's count above the live
+  // bytes, an untracked transient left behind the other way.
+  for (Family family : {Family::gpt2, Family::llama}) {
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      SCOPED_TRACE(std::string(family == Family::gpt2 ? "gpt2" : "llama") +
+                   (precision == Precision::bf16 ? " bf16" : " fp32"));
+      RecordingOps recording;
+      MemoryTracker tracker;
+      const ModelConfig config = tiny(family);
+      const int64_t B = 2, rows = B * kT;
+      const Batch batch = random_batch(rows, config.vocab_size, 11);
+      Transformer model(config, &tracker, {}, {}, {}, recording.memory());
+      model.initialize(7);
+      const LayerContext ctx{recording, precision, &tracker};
+      const int64_t before = recording.counting_memory().live_bytes();
+      EXPECT_EQ(before, tracker.current_total());  // the parameters and gradients
+      EXPECT_GT(before, 0);
+      model.forward_stage(ctx, batch.tokens.data(), nullptr, batch.targets.data(), B, kT, 0.5f);
+      const int64_t ids = 2 * rows * static_cast<int64_t>(sizeof(int32_t));
+      EXPECT_GT(tracker.current(MemoryCategory::activations), 0);
+      EXPECT_EQ(recording.counting_memory().live_bytes(), tracker.current_total() + ids);
+      model.backward_stage(ctx, nullptr);
+      EXPECT_EQ(recording.counting_memory().live_bytes(), tracker.current_total() + ids);
+      EXPECT_GT(recording.counting_memory().copies(), 0);  // the ids, host to device
+    }
+  }
+}

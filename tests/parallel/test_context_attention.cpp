@@ -42,8 +42,8 @@ std::vector<float> local_rows(const std::vector<float>& x, int64_t B, int64_t T,
   const int64_t n = T / cp;
   std::vector<float> out(static_cast<size_t>(B * n * stride));
   for (const model::PositionRun& run : balanced_runs(n, cp, rank))
-    copy_rows(out.data() + run.row * stride, stride, n * stride, x.data() + run.position * stride,
-              stride, T * stride, B, run.length, stride);
+    copy_rows(host_memory(), out.data() + run.row * stride, stride, n * stride,
+              x.data() + run.position * stride, stride, T * stride, B, run.length, stride);
   return out;
 }
 
@@ -104,7 +104,7 @@ void check_case(const Case& c) {
   comm::LocalWorld world(c.cp);
   world.run([&](comm::Communicator& comm) {
     MemoryTracker tracker;
-    auto attention = make_context_attention(c.mode, comm, &tracker);
+    auto attention = make_context_attention(c.mode, comm, host_memory(), &tracker);
     const int r = comm.rank();
     const int64_t n = T / c.cp;
     k::AttentionShape local = full;

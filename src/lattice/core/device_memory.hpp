@@ -1,10 +1,12 @@
 // DeviceMemory: the memory of one device, as a kernel backend hands it out — allocation, freeing,
-// zero-fill and copies between it and the host or within it. Tensors built on one
+// zero-fill, giving pages back, and copies (whole or row by row) between it and the host or within
+// it. Tensors built on one
 // (Tensor(shape, dtype, memory, ...)) live in it; kernels::Ops::memory() is the backend's. The
 // host's is HostMemory (64-byte-aligned blocks of aligned_allocation.hpp, memset, memcpy).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "lattice/core/device.hpp"
@@ -25,8 +27,17 @@ class DeviceMemory {
   // Frees a block from allocate (nullptr is ignored).
   virtual void free(void* block) noexcept = 0;
   virtual void zero(void* data, size_t bytes) = 0;
+  // Zeroes `bytes` bytes inside a live block and may hand the whole pages among them back to the
+  // device until they are written again (ZeRO-2/3 keep their flat buffers as address space but
+  // release a bucket once it is reduced or sharded). The range reads zero afterwards.
+  virtual void release(void* data, size_t bytes) = 0;
   // `bytes` bytes from `source` to `destination`; the two do not overlap.
   virtual void copy(void* destination, const void* source, size_t bytes, CopyKind kind) = 0;
+  // `rows` runs of `row_bytes` bytes, run r from source + r·source_pitch to destination +
+  // r·destination_pitch (cudaMemcpy2D's shape: packing rows of a strided tensor into a contiguous
+  // message, or back); nothing overlaps.
+  virtual void copy_rows(void* destination, size_t destination_pitch, const void* source,
+                         size_t source_pitch, size_t row_bytes, size_t rows, CopyKind kind) = 0;
 };
 
 // The host's memory. Stateless: one instance serves every caller.
@@ -36,7 +47,12 @@ class HostMemory final : public DeviceMemory {
   void* allocate(size_t bytes) override;
   void free(void* block) noexcept override;
   void zero(void* data, size_t bytes) override;
+  // Whole pages go back to the kernel (madvise MADV_DONTNEED: private anonymous pages read back
+  // as zeros and cost no resident memory until touched); the partial pages at the ends are zeroed.
+  void release(void* data, size_t bytes) override;
   void copy(void* destination, const void* source, size_t bytes, CopyKind kind) override;
+  void copy_rows(void* destination, size_t destination_pitch, const void* source,
+                 size_t source_pitch, size_t row_bytes, size_t rows, CopyKind kind) override;
 };
 
 // The stateless host memory every cpu tensor is allocated from.

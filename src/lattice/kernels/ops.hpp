@@ -283,6 +283,8 @@ class Ops {
   // out[i] = in[i] · factor, one fp32 product each (a gradient bucket averaged into its staging).
   virtual void scale_copy(float* out, const float* in, int64_t n, float factor) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
+  // x[i] = value (a log-sum-exp started at -infinity before any key).
+  virtual void fill(float* x, int64_t n, float value) = 0;
   virtual void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) = 0;
   // Exact (every bf16 is an fp32).
   virtual void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) = 0;

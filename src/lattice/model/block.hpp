@@ -21,8 +21,9 @@ class KvCache;
 // Gradient buffers reused by every block's backward (only one block runs backward at a time).
 class BackwardScratch {
  public:
-  // Buffer `slot` holding at least `numel` floats (grown on demand; contents unspecified).
-  float* get(int slot, int64_t numel, MemoryTracker* tracker);
+  // Buffer `slot` holding at least `numel` floats (grown on demand in `memory`, counted by
+  // `tracker` as activations; contents unspecified).
+  float* get(int slot, int64_t numel, DeviceMemory& memory, MemoryTracker* tracker);
 
  private:
   std::vector<Tensor> buffers_;
@@ -153,15 +154,20 @@ Saved& saved_as(BlockActivations& saved) {
 // in the same backward, or `pending` (kept in the block's activations until backward_weight) when
 // it is deferred. `numel` floats.
 float* weight_gradient_operand(bool defer, Tensor& pending, BackwardScratch& scratch, int slot,
-                               int64_t numel, MemoryTracker* tracker);
+                               int64_t numel, DeviceMemory& memory, MemoryTracker* tracker);
 // Selective checkpointing: frees the attention output and log-sum-exp at the end of the forward and
 // again once the backward that recomputed them is done, so that at most one block holds them.
 void drop_recomputed_attention(const BlockActivations& saved, Tensor& att, Tensor& lse);
 
-// Saved activations are kept in tensors sized for the current B·T; this grows one if needed.
-void ensure_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker);
+// Saved activations are kept in tensors sized for the current B·T; this grows one if needed, in
+// the backend's memory (ctx.ops.memory()), counted by ctx.tracker as activations.
+void ensure_activation(Tensor& tensor, Shape shape, const LayerContext& ctx);
+// The same in `memory` (a backend's: kernels::Ops::memory()) for callers without a LayerContext.
+void ensure_activation(Tensor& tensor, Shape shape, DeviceMemory& memory, MemoryTracker* tracker);
 // The same for a bf16 activation (bf16 GEMM operands and other values kept in bf16 between
 // forward and backward).
-void ensure_bf16_activation(Tensor& tensor, Shape shape, MemoryTracker* tracker);
+void ensure_bf16_activation(Tensor& tensor, Shape shape, const LayerContext& ctx);
+void ensure_bf16_activation(Tensor& tensor, Shape shape, DeviceMemory& memory,
+                            MemoryTracker* tracker);
 
 }  // namespace lattice::model

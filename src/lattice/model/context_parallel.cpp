@@ -9,7 +9,7 @@ namespace {
 // An exact fp32 copy of the packed bf16 q, k, v.
 Tensor widened(kernels::Ops& ops, MemoryTracker* tracker, const lattice::bf16* qkv16, int64_t rows,
                int64_t width) {
-  Tensor wide({rows, width}, DType::f32, tracker, MemoryCategory::activations);
+  Tensor wide({rows, width}, DType::f32, ops.memory(), tracker, MemoryCategory::activations);
   ops.convert_to_f32(wide.f32(), qkv16, rows * width);
   return wide;
 }
@@ -35,7 +35,7 @@ void ContextAttention::backward_packed_bf16(kernels::Ops& ops, MemoryTracker* tr
                                             const kernels::AttentionShape& local) {
   const int64_t rows = packed_rows(local);
   const Tensor wide = widened(ops, tracker, qkv16, rows, width);
-  Tensor d_wide({rows, width}, DType::f32, tracker, MemoryCategory::activations);
+  Tensor d_wide({rows, width}, DType::f32, ops.memory(), tracker, MemoryCategory::activations);
   const float* qkv = wide.f32();
   float* d = d_wide.f32();
   backward(ops, d, d + k_column, d + v_column, d_out, qkv, qkv + k_column, qkv + v_column, out, lse,

@@ -48,7 +48,8 @@ void Embedding::forward(const LayerContext& ctx, float* x, const int32_t* tokens
   // parallelism.
   Tensor partial;
   if (tp_.sequence_parallel)
-    partial = Tensor({rows, d_model_}, DType::f32, ctx.tracker, MemoryCategory::activations);
+    partial = Tensor({rows, d_model_}, DType::f32, ctx.ops.memory(), ctx.tracker,
+                     MemoryCategory::activations);
   float* lookup = tp_.sequence_parallel ? partial.f32() : x;
   if (ctx.context == nullptr) {
     ctx.ops.embedding_forward(lookup, tokens, store_.value(token_weight_), wpe, B, T, d_model_,
@@ -72,7 +73,8 @@ void Embedding::backward(const LayerContext& ctx, const float* d_x, const int32_
   // parallelism): its slice's rows, and the (replicated) positions' gradient.
   Tensor gathered;
   if (tp_.sequence_parallel) {
-    gathered = Tensor({B * T, d_model_}, DType::f32, ctx.tracker, MemoryCategory::activations);
+    gathered = Tensor({B * T, d_model_}, DType::f32, ctx.ops.memory(), ctx.tracker,
+                      MemoryCategory::activations);
     layout_.gather(gathered.f32(), d_x, B * T, d_model_);
     d_x = gathered.f32();
   }

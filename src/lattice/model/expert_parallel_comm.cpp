@@ -105,7 +105,8 @@ void send_to_experts(const ExpertParallelGroup& ep, const ExpertExchange& plan, 
   const ExchangeTimer timer(ep);
   const int P = ep.size;
   const int64_t R = plan.received(), L = plan.local_experts;
-  Tensor received({std::max<int64_t>(R, 1), C}, DType::f32);  // a rank may receive none
+  Tensor received({std::max<int64_t>(R, 1), C}, DType::f32,
+                  ops.memory());  // a rank may receive none
   ep.comm->all_to_all_v(slot_rows, elements(plan.send_rows, C), received.f32(),
                         elements(plan.recv_rows, C), DType::f32);
   const BlockOffsets o = block_offsets(plan, P);
@@ -120,7 +121,7 @@ void return_from_experts(const ExpertParallelGroup& ep, const ExpertExchange& pl
   const ExchangeTimer timer(ep);
   const int P = ep.size;
   const int64_t R = plan.received(), L = plan.local_experts;
-  Tensor outgoing({std::max<int64_t>(R, 1), C}, DType::f32);
+  Tensor outgoing({std::max<int64_t>(R, 1), C}, DType::f32, ops.memory());
   const BlockOffsets o = block_offsets(plan, P);
   for (int64_t b = 0; b < P * L; ++b)
     if (plan.recv_counts[b] > 0)

@@ -1,7 +1,6 @@
 // KvCache: see kv_cache.hpp.
 #include "lattice/model/kv_cache.hpp"
 
-#include <cstring>
 #include <string>
 
 #include "lattice/core/error.hpp"
@@ -9,14 +8,18 @@
 namespace lattice::model {
 
 KvCache::KvCache(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads,
-                 int64_t head_dim, MemoryTracker* tracker)
-    : batch_(batch), capacity_(capacity), kv_heads_(kv_heads), head_dim_(head_dim) {
+                 int64_t head_dim, DeviceMemory& memory, MemoryTracker* tracker)
+    : memory_(&memory),
+      batch_(batch),
+      capacity_(capacity),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim) {
   check(layers > 0 && batch > 0 && capacity > 0 && kv_heads > 0 && head_dim > 0,
         "a KV cache needs positive layers, batch, capacity, kv_heads and head_dim");
   for (int64_t i = 0; i < layers; ++i) {
-    keys_.emplace_back(Shape{batch, capacity, kv_heads, head_dim}, DType::f32, tracker,
+    keys_.emplace_back(Shape{batch, capacity, kv_heads, head_dim}, DType::f32, memory, tracker,
                        MemoryCategory::activations);
-    values_.emplace_back(Shape{batch, capacity, kv_heads, head_dim}, DType::f32, tracker,
+    values_.emplace_back(Shape{batch, capacity, kv_heads, head_dim}, DType::f32, memory, tracker,
                          MemoryCategory::activations);
   }
 }
@@ -50,17 +53,19 @@ void KvCache::write(int64_t layer, const float* new_keys, const float* new_value
   check(n > 0 && n <= room(), "the KV cache has room for " + std::to_string(room()) + " of " +
                                   std::to_string(capacity_) + " positions, not " +
                                   std::to_string(n) + ": clear it and re-prefill a shorter window");
+  // Per sequence, n token rows from the new keys' rows into positions length() .. + n.
   const int64_t row = row_stride();
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(row);
+  const size_t source_pitch = sizeof(float) * static_cast<size_t>(source_row_stride);
   float* k_base = keys_[static_cast<size_t>(layer)].f32();
   float* v_base = values_[static_cast<size_t>(layer)].f32();
   for (int64_t b = 0; b < batch_; ++b) {
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t source = (b * n + t) * source_row_stride;
-      const int64_t target = b * batch_stride() + (length_ + t) * row;
-      std::memcpy(k_base + target, new_keys + source, row_bytes);
-      std::memcpy(v_base + target, new_values + source, row_bytes);
-    }
+    const int64_t source = b * n * source_row_stride;
+    const int64_t target = b * batch_stride() + length_ * row;
+    memory_->copy_rows(k_base + target, row_bytes, new_keys + source, source_pitch, row_bytes,
+                       static_cast<size_t>(n), CopyKind::device_to_device);
+    memory_->copy_rows(v_base + target, row_bytes, new_values + source, source_pitch, row_bytes,
+                       static_cast<size_t>(n), CopyKind::device_to_device);
   }
 }
 

@@ -18,9 +18,10 @@ namespace lattice::model {
 
 class KvCache {
  public:
-  // Storage for `layers` attention layers of `batch` sequences of up to `capacity` positions.
+  // Storage for `layers` attention layers of `batch` sequences of up to `capacity` positions, in
+  // `memory` (the backend's: kernels::Ops::memory()).
   KvCache(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim,
-          MemoryTracker* tracker = nullptr);
+          DeviceMemory& memory, MemoryTracker* tracker = nullptr);
 
   int64_t layers() const { return static_cast<int64_t>(keys_.size()); }
   int64_t batch() const { return batch_; }
@@ -54,6 +55,7 @@ class KvCache {
  private:
   void check_layer(int64_t layer) const;
 
+  DeviceMemory* memory_;
   int64_t batch_, capacity_, kv_heads_, head_dim_;
   int64_t length_ = 0;
   std::vector<Tensor> keys_, values_;

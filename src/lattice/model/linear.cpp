@@ -17,10 +17,13 @@ void check_row_piece(int64_t rows, int64_t first, int64_t count) {
             " rows of the layer's input (internal error)");
 }
 
-// A bf16 tensor of exactly `shape`, tracked as activations.
-void ensure_bf16(Tensor& tensor, Shape shape, MemoryTracker* tracker) {
-  if (tensor.shape() == shape && tensor.dtype() == DType::bf16) return;
-  tensor = Tensor(std::move(shape), DType::bf16, tracker, MemoryCategory::activations);
+// A bf16 tensor of exactly `shape` in the backend's memory, tracked as activations.
+void ensure_bf16(Tensor& tensor, Shape shape, const LayerContext& ctx) {
+  if (tensor.shape() == shape && tensor.dtype() == DType::bf16 &&
+      &tensor.memory() == &ctx.ops.memory())
+    return;
+  tensor = Tensor(std::move(shape), DType::bf16, ctx.ops.memory(), ctx.tracker,
+                  MemoryCategory::activations);
 }
 
 }  // namespace
@@ -70,7 +73,7 @@ void LinearActivations::release() {
 
 void Linear::keep_bf16(const LayerContext& ctx, LinearActivations& saved, int64_t rows,
                        int64_t first, kernels::Bf16Operands& keep) {
-  ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
+  ensure_bf16(saved.in16, {rows, in_}, ctx);
   keep.in = saved.in16.data<lattice::bf16>() + first * in_;
   keep.weight = store_->bf16_value(weight_);
   saved.rounded_rows = rows;
@@ -130,7 +133,7 @@ lattice::bf16* Linear::prepare_bf16_input(const LayerContext& ctx, LinearActivat
                                           int64_t rows) {
   check(ctx.precision == kernels::Precision::bf16,
         "Linear::prepare_bf16_input is for bf16 precision only (internal error)");
-  ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
+  ensure_bf16(saved.in16, {rows, in_}, ctx);
   return saved.in16.data<lattice::bf16>();
 }
 
@@ -139,7 +142,7 @@ lattice::bf16* Linear::refill_prepared_input(const LayerContext& ctx, LinearActi
   check((saved.prepared || saved.shared) && saved.rounded_rows == rows,
         "Linear::refill_prepared_input without a prepared or shared forward of " +
             std::to_string(rows) + " rows (internal error)");
-  ensure_bf16(saved.in16, {rows, in_}, ctx.tracker);
+  ensure_bf16(saved.in16, {rows, in_}, ctx);
   return saved.in16.data<lattice::bf16>();
 }
 

@@ -87,10 +87,10 @@ void LmHead::norm_forward(const LayerContext& ctx, HeadActivations& h, const flo
   const bool sp = tp_.sequence_parallel;
   Tensor local_out;  // sequence parallelism: this rank's rows, freed once gathered
   Tensor& out = sp ? local_out : h.normed;
-  ensure_activation(out, {local, C}, tracker);
-  ensure_activation(h.norm_rstd, {local}, tracker);
+  ensure_activation(out, {local, C}, ctx.ops.memory(), tracker);
+  ensure_activation(h.norm_rstd, {local}, ctx.ops.memory(), tracker);
   if (family_ == Family::gpt2) {
-    ensure_activation(h.norm_mean, {local}, tracker);
+    ensure_activation(h.norm_mean, {local}, ctx.ops.memory(), tracker);
     ctx.ops.layernorm_forward(out.f32(), h.norm_mean.f32(), h.norm_rstd.f32(), x,
                               store_.value(norm_weight_), store_.value(norm_bias_), local, C, eps_);
   } else {
@@ -98,7 +98,7 @@ void LmHead::norm_forward(const LayerContext& ctx, HeadActivations& h, const flo
                             eps_);
   }
   if (!sp) return;
-  ensure_activation(h.normed, {rows, C}, tracker);
+  ensure_activation(h.normed, {rows, C}, ctx.ops.memory(), tracker);
   layout_.gather(h.normed.f32(), out.f32(), rows, C);
 }
 
@@ -106,12 +106,13 @@ double LmHead::loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, c
                                   const int32_t* targets, int64_t rows, float grad_scale,
                                   MemoryTracker* tracker) {
   const int64_t C = C_, V = V_;
-  ensure_bf16_activation(h.normed16, {rows, C}, tracker);  // kept for the weight gradient
+  ensure_bf16_activation(h.normed16, {rows, C}, ctx.ops.memory(),
+                         tracker);  // kept for the weight gradient
   // The norm writes the GEMM's bf16 input directly (no fp32 output).
-  ensure_activation(h.norm_rstd, {rows}, tracker);
+  ensure_activation(h.norm_rstd, {rows}, ctx.ops.memory(), tracker);
   h.normed.reset();
   if (family_ == Family::gpt2) {
-    ensure_activation(h.norm_mean, {rows}, tracker);
+    ensure_activation(h.norm_mean, {rows}, ctx.ops.memory(), tracker);
     ctx.ops.layernorm_forward_bf16(h.normed16.data<lattice::bf16>(), h.norm_mean.f32(),
                                    h.norm_rstd.f32(), x, store_.value(norm_weight_),
                                    store_.value(norm_bias_), rows, C, eps_);
@@ -130,14 +131,15 @@ double LmHead::loss_in_row_chunks(const LayerContext& ctx, HeadActivations& h, c
     // (added to the parameter gradient by backward) come out while the logits' gradient is in
     // cache, and that gradient is never stored.
     h.d_logits16.reset();
-    ensure_activation(h.d_normed, {rows, C}, tracker);
-    ensure_activation(h.grad_partials, {plan.weight_gradient_partials, V, C}, tracker);
+    ensure_activation(h.d_normed, {rows, C}, ctx.ops.memory(), tracker);
+    ensure_activation(h.grad_partials, {plan.weight_gradient_partials, V, C}, ctx.ops.memory(),
+                      tracker);
     d_normed = h.d_normed.f32();
     partials = h.grad_partials.f32();
   } else {
     h.grad_partials.reset();
     if (grad_scale != 0.0f) {
-      ensure_bf16_activation(h.d_logits16, {rows, V}, tracker);
+      ensure_bf16_activation(h.d_logits16, {rows, V}, ctx.ops.memory(), tracker);
       d_logits16 = h.d_logits16.data<lattice::bf16>();
     }
   }
@@ -151,10 +153,10 @@ const float* LmHead::logits(const LayerContext& ctx, HeadActivations& h, const f
                             int64_t rows, MemoryTracker* tracker) {
   const int64_t C = C_, V = V_;
   norm_forward(ctx, h, x, rows, tracker);
-  ensure_activation(h.logits, {rows, V}, tracker);
+  ensure_activation(h.logits, {rows, V}, ctx.ops.memory(), tracker);
   k::Bf16Operands keep;  // bf16: the rounded normed is kept for the weight gradient
   if (ctx.precision == k::Precision::bf16) {
-    ensure_bf16_activation(h.normed16, {rows, C}, tracker);
+    ensure_bf16_activation(h.normed16, {rows, C}, ctx.ops.memory(), tracker);
     keep.in = h.normed16.data<lattice::bf16>();
     keep.weight = store_.bf16_value(weight_);
   }
@@ -188,7 +190,7 @@ double LmHead::vocab_parallel_loss(const LayerContext& ctx, HeadActivations& h, 
   h.backward_in_forward = false;
   const int64_t valid = slice_.end - slice_.begin;
   // 12 bytes a row for the three passes, freed at once (not counted as activations).
-  Tensor stats({3, rows}, DType::f32);
+  Tensor stats({3, rows}, DType::f32, ctx.ops.memory());
   float* row_max = stats.f32();
   float* sums = row_max + rows;  // [row_sum | target_logit]
   ctx.ops.vocab_slice_row_max(row_max, h.logits.f32(), rows, V_, valid);
@@ -204,7 +206,8 @@ double LmHead::vocab_parallel_loss(const LayerContext& ctx, HeadActivations& h, 
 void LmHead::backward_gemm(const LayerContext& ctx, HeadActivations& h, int64_t rows,
                            BackwardPart part, MemoryTracker* tracker) {
   const int64_t C = C_, V = V_;
-  if (part != BackwardPart::weight) ensure_activation(h.d_normed, {rows, C}, tracker);
+  if (part != BackwardPart::weight)
+    ensure_activation(h.d_normed, {rows, C}, ctx.ops.memory(), tracker);
   k::Bf16Operands rounded;  // bf16: the gradient and input rounded in forward_stage / head_forward
   const float* d_logits = h.logits.f32();
   if (ctx.precision == k::Precision::bf16 && h.logits_grad_bf16 &&
@@ -222,7 +225,7 @@ void LmHead::backward_gemm(const LayerContext& ctx, HeadActivations& h, int64_t 
   // in place, or onto this rank's sequence rows under sequence parallelism.
   if (d_in == nullptr) return;
   if (tp_.sequence_parallel)
-    ensure_activation(h.d_normed_local, {tp_.local_rows(rows), C}, tracker);
+    ensure_activation(h.d_normed_local, {tp_.local_rows(rows), C}, ctx.ops.memory(), tracker);
   layout_.reduce(tp_.sequence_parallel ? h.d_normed_local.f32() : d_in, d_in, rows, C);
 }
 
@@ -233,7 +236,7 @@ void LmHead::norm_backward(const LayerContext& ctx, HeadActivations& h, float* d
   const int64_t C = C_, local = tp_.local_rows(rows);
   const float* d_out = tp_.sequence_parallel ? h.d_normed_local.f32() : h.d_normed.f32();
   Tensor partial;
-  if (tp_.sequence_parallel) partial = Tensor({2 * C}, DType::f32);
+  if (tp_.sequence_parallel) partial = Tensor({2 * C}, DType::f32, ctx.ops.memory());
   parallel::ReplicatedGradients grads(
       layout_, ctx.ops,
       {store_.grad(norm_weight_), norm_bias_ >= 0 ? store_.grad(norm_bias_) : nullptr}, C,
@@ -254,7 +257,7 @@ const float* LmHead::inference_logits(const LayerContext& ctx, HeadActivations& 
   check(tp_.size == 1,
         "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
   norm_forward(ctx, h, x, rows, tracker);
-  ensure_activation(h.logits, {rows, V_}, tracker);
+  ensure_activation(h.logits, {rows, V_}, ctx.ops.memory(), tracker);
   ctx.ops.linear_forward(h.logits.f32(), h.normed.f32(), store_.value(weight_), nullptr, rows, C_,
                          V_, ctx.precision, {});
   return h.logits.f32();

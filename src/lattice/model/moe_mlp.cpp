@@ -154,10 +154,9 @@ void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, co
                      int64_t rows) {
   const k::Precision precision = ctx.precision;  // the experts' GEMMs; the router stays fp32
   const int64_t E = settings_.experts, K = settings_.top_k;
-  auto* tr = ctx.tracker;
-  ensure_activation(a.logits, {rows, E}, tr);
-  ensure_activation(a.scores, {rows, E}, tr);
-  ensure_activation(a.weights, {rows, K}, tr);
+  ensure_activation(a.logits, {rows, E}, ctx);
+  ensure_activation(a.scores, {rows, E}, ctx);
+  ensure_activation(a.weights, {rows, K}, ctx);
   a.experts.assign(static_cast<size_t>(rows * K), 0);
   a.counts.assign(static_cast<size_t>(E), 0);
   a.score_sums.assign(static_cast<size_t>(E), 0.0);
@@ -170,29 +169,29 @@ void MoeMlp::forward(const LayerContext& ctx, MoeMlpActivations& a, float* y, co
       settings_.capacity_factor > 0 ? k::moe_capacity(settings_.capacity_factor, rows, K, E) : -1;
   a.dispatch = k::plan_moe_dispatch(a.experts.data(), rows, K, E, capacity);
   const int64_t S = a.dispatch.slots();
-  ensure_activation(a.out, {S, C_}, tr);
+  ensure_activation(a.out, {S, C_}, ctx);
   // The local experts' input rows, expert-major: the gathered copies themselves on one rank;
   // under expert parallelism the copies this rank's experts received.
   const bool exchange = ep_.size > 1;
   Tensor gathered;
   if (exchange) {
     a.exchange = plan_expert_exchange(ep_, a.dispatch);
-    ensure_activation(gathered, {S, C_}, tr);
+    ensure_activation(gathered, {S, C_}, ctx);
     ctx.ops.moe_gather(gathered.f32(), x, a.dispatch.slot_token.data(), S, C_);
-    ensure_activation(a.x_expert, {std::max<int64_t>(a.exchange.received(), 1), C_}, tr);
+    ensure_activation(a.x_expert, {std::max<int64_t>(a.exchange.received(), 1), C_}, ctx);
     send_to_experts(ep_, a.exchange, ctx.ops, a.x_expert.f32(), gathered.f32(), C_);
     gathered.reset();
   } else {
     a.exchange = {};
-    ensure_activation(a.x_expert, {S, C_}, tr);
+    ensure_activation(a.x_expert, {S, C_}, ctx);
     ctx.ops.moe_gather(a.x_expert.f32(), x, a.dispatch.slot_token.data(), S, C_);
   }
   const int64_t R = expert_rows(a);
-  ensure_activation(a.gate, {R, F_}, tr);
-  if (!settings_.gelu) ensure_activation(a.up, {R, F_}, tr);
-  ensure_activation(a.h, {R, F_}, tr);
+  ensure_activation(a.gate, {R, F_}, ctx);
+  if (!settings_.gelu) ensure_activation(a.up, {R, F_}, ctx);
+  ensure_activation(a.h, {R, F_}, ctx);
   Tensor expert_out;  // under expert parallelism: the outputs before they go back
-  if (exchange) ensure_activation(expert_out, {R, C_}, tr);
+  if (exchange) ensure_activation(expert_out, {R, C_}, ctx);
   float* out = exchange ? expert_out.f32() : a.out.f32();
   // Grouped GEMMs: each local expert on its contiguous rows.
   for (int64_t j = 0; j < local_experts(); ++j) {
@@ -232,28 +231,30 @@ void MoeMlp::backward(const LayerContext& ctx, MoeMlpActivations& a, float* d_x,
   const int64_t R = expert_rows(a);
   const bool exchange = ep_.size > 1;
   auto* tr = ctx.tracker;
+  DeviceMemory& memory = ctx.ops.memory();
   const auto f32 = k::Precision::fp32, precision = ctx.precision;
-  Tensor d_out({S, C_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_weights({rows, K}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_out({S, C_}, DType::f32, memory, tr, MemoryCategory::activations);
+  Tensor d_weights({rows, K}, DType::f32, memory, tr, MemoryCategory::activations);
   ctx.ops.moe_combine_backward(d_out.f32(), d_weights.f32(), d_y, a.out.f32(), a.weights.f32(),
                                a.dispatch.slot_of.data(), rows, K, C_);
   // The local experts' output gradients (expert-major) and their input gradients; under expert
   // parallelism they travel as the rows did.
   Tensor d_expert_out, d_expert_in;
   if (exchange) {
-    ensure_activation(d_expert_out, {std::max<int64_t>(R, 1), C_}, tr);
+    ensure_activation(d_expert_out, {std::max<int64_t>(R, 1), C_}, ctx);
     send_to_experts(ep_, a.exchange, ctx.ops, d_expert_out.f32(), d_out.f32(), C_);
     d_out.reset();
   }
   const float* dy = exchange ? d_expert_out.f32() : d_out.f32();
-  Tensor d_h({R, F_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_gate({R, F_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_h({R, F_}, DType::f32, memory, tr, MemoryCategory::activations);
+  Tensor d_gate({R, F_}, DType::f32, memory, tr, MemoryCategory::activations);
   Tensor d_up;
-  if (!settings_.gelu) d_up = Tensor({R, F_}, DType::f32, tr, MemoryCategory::activations);
-  Tensor d_perm({std::max<int64_t>(R, 1), C_}, DType::f32, tr, MemoryCategory::activations);
+  if (!settings_.gelu) d_up = Tensor({R, F_}, DType::f32, memory, tr, MemoryCategory::activations);
+  Tensor d_perm({std::max<int64_t>(R, 1), C_}, DType::f32, memory, tr, MemoryCategory::activations);
   Tensor d_part;
   if (!settings_.gelu)
-    d_part = Tensor({std::max<int64_t>(R, 1), C_}, DType::f32, tr, MemoryCategory::activations);
+    d_part =
+        Tensor({std::max<int64_t>(R, 1), C_}, DType::f32, memory, tr, MemoryCategory::activations);
   for (int64_t j = 0; j < local_experts(); ++j) {
     const int64_t M = expert_count(a, j), at = expert_offset(a, j);
     if (M == 0) continue;
@@ -277,16 +278,16 @@ void MoeMlp::backward(const LayerContext& ctx, MoeMlpActivations& a, float* d_x,
   if (!settings_.gelu) ctx.ops.add_inplace(d_perm.f32(), d_part.f32(), R * C_);
   d_part.reset();
   if (exchange) {
-    ensure_activation(d_expert_in, {std::max<int64_t>(S, 1), C_}, tr);
+    ensure_activation(d_expert_in, {std::max<int64_t>(S, 1), C_}, ctx);
     return_from_experts(ep_, a.exchange, ctx.ops, d_expert_in.f32(), d_perm.f32(), C_);
   }
   ctx.ops.moe_gather_backward(d_x, exchange ? d_expert_in.f32() : d_perm.f32(),
                               a.dispatch.slot_of.data(), rows, K, C_);
   // The router: the weights' gradient (and the balancing losses') to the logits, then its Linear.
-  Tensor d_logits({rows, E}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_logits({rows, E}, DType::f32, memory, tr, MemoryCategory::activations);
   ctx.ops.moe_router_backward(d_logits.f32(), d_weights.f32(), a.experts.data(), a.scores.f32(),
                               a.logits.f32(), router_shape(rows), losses);
-  Tensor d_router_in({rows, C_}, DType::f32, tr, MemoryCategory::activations);
+  Tensor d_router_in({rows, C_}, DType::f32, memory, tr, MemoryCategory::activations);
   ctx.ops.linear_backward(d_router_in.f32(), store_.grad(router_), nullptr, d_logits.f32(), x,
                           store_.value(router_), rows, C_, E, f32, {});
   ctx.ops.add_inplace(d_x, d_router_in.f32(), rows * C_);

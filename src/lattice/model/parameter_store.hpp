@@ -128,6 +128,8 @@ class ParameterStore {
 
   // The values, read only.
   const float* values() const { return values_.f32(); }
+  // The memory the values and gradients live in (the host's until allocate()).
+  DeviceMemory& memory() const { return values_.memory(); }
   const float* value(int index) const { return values() + info(index).offset; }
   // The values, for writing: every writer (initialisation, optimizers, checkpoint loads, ZeRO
   // gathers, tests) takes its pointer here, and taking it marks the bf16 copies stale, so a copy is

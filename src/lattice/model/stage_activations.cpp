@@ -16,9 +16,18 @@ void StageActivations::release() {
   residual.clear();
   head.release();
   tokens.reset();
+  targets.reset();
   d_residual.reset();
   gradient_ready = false;
   weight_gradients_pending = false;
+}
+
+const int32_t* stage_ids(Tensor& ids, const int32_t* host_ids, int64_t count,
+                         DeviceMemory& memory) {
+  if (ids.numel() != count || ids.dtype() != DType::i32 || &ids.memory() != &memory)
+    ids = Tensor({count}, DType::i32, memory);
+  memory.copy(ids.raw(), host_ids, ids.nbytes(), CopyKind::host_to_device);
+  return static_cast<const int32_t*>(ids.raw());
 }
 
 }  // namespace lattice::model

@@ -35,7 +35,8 @@ struct HeadActivations {
 
 struct StageActivations {
   int64_t B = 0, T = 0;
-  Tensor tokens;  // [rows] i32: the first stage's tokens (for the embedding's backward)
+  Tensor tokens;   // [rows] i32: the first stage's tokens (for the embedding's backward)
+  Tensor targets;  // [rows] i32: the last stage's targets, in the backend's memory
   // blocks + 1 of [local, C]: residual[i] is block i's input (local: this rank's sequence rows,
   // rows / tp under sequence parallelism, else rows); d_residual too.
   std::vector<Tensor> residual;
@@ -51,5 +52,10 @@ struct StageActivations {
   // Frees every saved tensor; the set can be filled again by another forward.
   void release();
 };
+
+// Copies `count` token or target ids from the host into `ids` (grown in `memory`, the
+// backend's, when it is not that size there) and returns them there: what the embedding and the
+// loss read.
+const int32_t* stage_ids(Tensor& ids, const int32_t* host_ids, int64_t count, DeviceMemory& memory);
 
 }  // namespace lattice::model

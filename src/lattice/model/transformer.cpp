@@ -2,7 +2,6 @@
 #include "lattice/model/transformer.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "lattice/core/error.hpp"
@@ -181,13 +180,12 @@ void Transformer::trunk_forward(const LayerContext& ctx, StageActivations& a, co
   a.T = T;
   a.gradient_ready = false;
   a.residual.resize(blocks_.size() + 1);
-  for (auto& r : a.residual) ensure_activation(r, {local, C}, tracker_);
+  for (auto& r : a.residual) ensure_activation(r, {local, C}, ctx.ops.memory(), tracker_);
   if (has_embedding()) {
     hook_before_forward(ctx, embedding_unit_);
     embedding_->check_tokens(tokens, B * T, "token");
-    if (a.tokens.numel() != B * T) a.tokens = Tensor({B * T}, DType::i32);
-    std::memcpy(a.tokens.raw(), tokens, sizeof(int32_t) * static_cast<size_t>(B * T));
-    embedding_->forward(ctx, a.residual[0].f32(), tokens, B, T);
+    embedding_->forward(ctx, a.residual[0].f32(),
+                        stage_ids(a.tokens, tokens, B * T, ctx.ops.memory()), B, T);
     hook_after_forward(ctx, embedding_unit_);
   } else {
     ctx.ops.copy(a.residual[0].f32(), hidden_in, local * C);
@@ -228,8 +226,10 @@ float Transformer::forward_stage(const LayerContext& ctx, StageActivations& a,
   check(counted > 0, "the batch has no target to train on (every target is ignored)");
   const float grad_scale = loss_scale / static_cast<float>(counted);
   hook_before_forward(ctx, head_unit_);
-  const double loss_sum = head_->forward_loss(ctx, a.head, a.residual.back().f32(), targets, rows,
-                                              loss_scale != 0.0f ? grad_scale : 0.0f, tracker_);
+  const int32_t* device_targets = stage_ids(a.targets, targets, rows, ctx.ops.memory());
+  const double loss_sum =
+      head_->forward_loss(ctx, a.head, a.residual.back().f32(), device_targets, rows,
+                          loss_scale != 0.0f ? grad_scale : 0.0f, tracker_);
   hook_after_forward(ctx, head_unit_);
   a.gradient_ready = loss_scale != 0.0f;
   return static_cast<float>(loss_sum / static_cast<double>(counted));
@@ -241,7 +241,7 @@ void Transformer::backward_parts(const LayerContext& ctx, StageActivations& a,
   if (part != BackwardPart::weight) {
     check(a.gradient_ready, "backward() needs a preceding training forward (loss_scale != 0)");
     a.gradient_ready = false;
-    ensure_activation(a.d_residual, {local, C}, tracker_);
+    ensure_activation(a.d_residual, {local, C}, ctx.ops.memory(), tracker_);
     if (has_head()) {
       hook_before_backward(ctx, head_unit_);
       head_->backward(ctx, a.head, a.d_residual.f32(), a.residual.back().f32(), rows, part,

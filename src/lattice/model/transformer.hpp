@@ -119,7 +119,8 @@ class Transformer {
 
   // Incremental inference (transformer_inference.cpp; whole model only). An empty KV cache for
   // `batch` sequences of up to max_seq_len positions.
-  KvCache make_kv_cache(int64_t batch, MemoryTracker* tracker = nullptr) const;
+  KvCache make_kv_cache(int64_t batch, DeviceMemory& memory,
+                        MemoryTracker* tracker = nullptr) const;
   // Runs tokens [B, n] at positions [cache.length(), cache.length() + n) (absolute positions for
   // GPT-2's learned position embeddings and Llama's RoPE angles), appends their keys and values to
   // `cache` and returns the logits of each sequence's last new position, [B, vocab] (valid until

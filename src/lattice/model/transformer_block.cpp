@@ -60,7 +60,7 @@ std::unique_ptr<BlockActivations> TransformerBlock::make_activations() const {
 void TransformerBlock::prepare(const LayerContext& ctx, Saved& a, int64_t B, int64_t T,
                                bool cached) const {
   attention_.prepare(ctx, a.attention, B, T, cached);
-  ensure_activation(a.x2, {layout_.local_rows(B * T), C_}, ctx.tracker);
+  ensure_activation(a.x2, {layout_.local_rows(B * T), C_}, ctx);
   mlp_->prepare(ctx, *a.mlp, B * T);
 }
 
@@ -105,6 +105,7 @@ void TransformerBlock::backward_pass(const LayerContext& ctx, BlockActivations& 
   // (their reduction then overlaps the weight halves).
   g.split = defer || layout_.ranks() > 1;
   g.scratch = &scratch;
+  g.memory = &ctx.ops.memory();
   g.tracker = ctx.tracker;
   g.d_norm = g.get(slot::norm_gradient, g.local * C_);
   g.d_rows = layout_.sharded() ? g.get(slot::input_gradient_rows, g.rows * C_) : g.d_norm;
@@ -127,7 +128,7 @@ void TransformerBlock::weight_pass(const LayerContext& ctx, BlockActivations& sa
   // transient fp32 buffer, or into the fused Linears' kept bf16 inputs), else the saved norm
   // outputs.
   Tensor gathered;
-  if (regathers_fp32(ctx.precision)) ensure_activation(gathered, {2 * rows, C_}, ctx.tracker);
+  if (regathers_fp32(ctx.precision)) ensure_activation(gathered, {2 * rows, C_}, ctx);
   float* buffer = gathered.empty() ? nullptr : gathered.f32();
   mlp_->weight_pass(ctx, *a.mlp, rows, buffer);
   attention_.weight_pass(ctx, a.attention, rows, buffer == nullptr ? nullptr : buffer + rows * C_);

@@ -10,10 +10,11 @@ namespace lattice::model {
 
 namespace k = lattice::kernels;
 
-KvCache Transformer::make_kv_cache(int64_t batch, MemoryTracker* tracker) const {
+KvCache Transformer::make_kv_cache(int64_t batch, DeviceMemory& memory,
+                                   MemoryTracker* tracker) const {
   check(has_embedding() && has_head(), "a KV cache needs the whole model, not a pipeline stage");
   return KvCache(static_cast<int64_t>(blocks_.size()), batch, config_.max_seq_len,
-                 config_.n_kv_heads, config_.head_dim(), tracker);
+                 config_.n_kv_heads, config_.head_dim(), memory, tracker);
 }
 
 const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache,
@@ -38,18 +39,20 @@ const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache
   HeadActivations& h = a.head;
   a.gradient_ready = false;
   a.residual.resize(blocks_.size() + 1);
-  for (auto& r : a.residual) ensure_activation(r, {rows, C}, tracker_);
+  for (auto& r : a.residual) ensure_activation(r, {rows, C}, ctx.ops.memory(), tracker_);
   // Learned positions (GPT-2) are read from the absolute position `start` on.
-  embedding_->forward(ctx, a.residual[0].f32(), tokens, B, n, start);
+  embedding_->forward(ctx, a.residual[0].f32(), stage_ids(a.tokens, tokens, rows, ctx.ops.memory()),
+                      B, n, start);
   for (size_t i = 0; i < blocks_.size(); ++i)
     blocks_[i]->forward_cached(ctx, *a.blocks[i], a.residual[i + 1].f32(), a.residual[i].f32(), B,
                                n, cache, static_cast<int64_t>(i));
   cache.advance(n);
 
   // Head on each sequence's last position only.
-  ensure_activation(last_hidden_, {B, C}, tracker_);
-  for (int64_t b = 0; b < B; ++b)
-    ctx.ops.copy(last_hidden_.f32() + b * C, a.residual.back().f32() + ((b + 1) * n - 1) * C, C);
+  ensure_activation(last_hidden_, {B, C}, ctx.ops.memory(), tracker_);
+  ctx.ops.memory().copy_rows(last_hidden_.f32(), sizeof(float) * C,
+                             a.residual.back().f32() + (n - 1) * C, sizeof(float) * n * C,
+                             sizeof(float) * C, static_cast<size_t>(B), CopyKind::device_to_device);
   return head_->inference_logits(ctx, h, last_hidden_.f32(), B, tracker_);
 }
 

@@ -40,6 +40,8 @@ class AdamWOptimizer {
   float* exp_avg_sq() { return v_.f32(); }
   const float* exp_avg() const { return m_.f32(); }
   const float* exp_avg_sq() const { return v_.f32(); }
+  // The memory the moments live in (the backend's).
+  DeviceMemory& memory() const { return m_.memory(); }
   const AdamWSettings& settings() const { return settings_; }
 
  private:

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "lattice/core/error.hpp"
-#include "lattice/parallel/released_memory.hpp"
 
 namespace lattice::parallel {
 
@@ -121,7 +120,7 @@ void GradientReduction::launch(int b) {
   float* staging = s.grad_staging.f32();
   ops_.scale_copy(staging, grads, bucket.size(), scale);
   if (zero_stage_ >= 2) {
-    release_floats(grads, bucket.size());
+    ops_.memory().release(grads, static_cast<size_t>(bucket.size()) * sizeof(float));
     if (tracker_ && s.grads_resident)
       tracker_->remove(MemoryCategory::gradients, bucket.size() * int64_t{sizeof(float)});
     s.grads_resident = false;

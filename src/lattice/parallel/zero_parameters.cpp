@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "lattice/core/error.hpp"
-#include "lattice/parallel/released_memory.hpp"
 
 namespace lattice::parallel {
 
@@ -110,7 +109,8 @@ void ZeroParameters::release(int b) {
   BucketState& s = *state_[static_cast<size_t>(b)];
   if (!s.params_resident) return;
   const Bucket& bucket = layout_.buckets()[static_cast<size_t>(b)];
-  release_floats(store_.mutable_values() + bucket.begin, bucket.size());
+  ops_.memory().release(store_.mutable_values() + bucket.begin,
+                        static_cast<size_t>(bucket.size()) * sizeof(float));
   if (tracker_)
     tracker_->remove(MemoryCategory::parameters, bucket.size() * int64_t{sizeof(float)});
   s.params_resident = false;

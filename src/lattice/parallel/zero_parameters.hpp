@@ -6,7 +6,7 @@
 //   stage 3: the master copy of this rank's parameter shards lives here (the embedding and head,
 //            kept whole, excepted): a bucket's parameters are gathered before its forward and
 //            again before its backward, the next bucket is prefetched, and the pages are released
-//            after use (released_memory.hpp).
+//            after use (DeviceMemory::release).
 // Expert buckets (expert parallelism) are sharded and gathered over the expert-data-parallel group,
 // the dense ones over the shard group; a unit's hooks drive both of its buckets.
 #pragma once

@@ -30,8 +30,9 @@ std::string save_store(const std::string& run_dir, const model::ModelConfig& con
   source.values = params.values();
   source.ranges = {{0, params.size()}};
   source.moments = [&](int64_t begin, int64_t end, float* m, float* v) {
-    std::copy(optimizer.exp_avg() + begin, optimizer.exp_avg() + end, m);
-    std::copy(optimizer.exp_avg_sq() + begin, optimizer.exp_avg_sq() + end, v);
+    const auto bytes = static_cast<size_t>(end - begin) * sizeof(float);
+    optimizer.memory().copy(m, optimizer.exp_avg() + begin, bytes, CopyKind::device_to_host);
+    optimizer.memory().copy(v, optimizer.exp_avg_sq() + begin, bytes, CopyKind::device_to_host);
   };
   source.tp_rank = tp_rank;
   CheckpointContents contents{run_dir,

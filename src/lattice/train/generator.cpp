@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <vector>
 
 #include "lattice/core/error.hpp"
 
@@ -74,11 +75,17 @@ GenerationStats generate(model::Transformer& model, kernels::Ops& ops, std::vect
   if (settings.max_new_tokens <= 0) return stats;
   Rng rng(settings.seed);
   model::LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
-  model::KvCache cache = model.make_kv_cache(1);
+  model::KvCache cache = model.make_kv_cache(1, ops.memory());
   const int64_t capacity = cache.capacity();
-  // Runs the last `count` tokens at the cache's next positions; returns the last one's logits.
+  // Runs the last `count` tokens at the cache's next positions; returns the last one's logits,
+  // copied to the host for sampling.
+  std::vector<float> host_logits(static_cast<size_t>(vocab));
   const auto run_last = [&](int64_t count) {
-    return model.forward_cached(ctx, cache, tokens.data() + tokens.size() - count, 1, count);
+    const float* device_logits =
+        model.forward_cached(ctx, cache, tokens.data() + tokens.size() - count, 1, count);
+    ops.memory().copy(host_logits.data(), device_logits, host_logits.size() * sizeof(float),
+                      CopyKind::device_to_host);
+    return static_cast<const float*>(host_logits.data());
   };
 
   const auto prefill_start = Clock::now();

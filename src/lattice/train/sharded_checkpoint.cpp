@@ -127,7 +127,8 @@ RankShard collect(std::span<const CheckpointSource> sources, const std::string& 
         auto w = std::make_unique_for_overwrite<float[]>(n),
              m = std::make_unique_for_overwrite<float[]>(n),
              v = std::make_unique_for_overwrite<float[]>(n);
-        std::copy(source.values + a, source.values + e, w.get());
+        source.store->memory().copy(w.get(), source.values + a, n * sizeof(float),
+                                    CopyKind::device_to_host);
         source.moments(a, e, m.get(), v.get());
         add_piece(shard.index, shard.weights, p.name, p, begin, end, w.get());
         add_piece(shard.index, shard.moments, "exp_avg/" + p.name, p, begin, end, m.get());

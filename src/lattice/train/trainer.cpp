@@ -79,13 +79,13 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   // the same sequences and keep their load-balanced share of each (sequence_split.hpp).
   comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
   batches_ = std::make_unique<BatchSource>(config_, dp_group.rank(), dp_group.size());
-  if (shape.cp > 1)
-    context_ = parallel::make_context_attention(config_.context_parallel.mode,
-                                                mesh_->group(mesh::Axis::cp), &tracker_);
-  clocks_.context = context_.get();
   // The backend, with the CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK,
   // LATTICE_MATMUL_NO_AMX_PACKED) read by the factory: the kernels themselves read no environment.
   ops_ = kernels::make_ops(Device::cpu);
+  if (shape.cp > 1)
+    context_ = parallel::make_context_attention(
+        config_.context_parallel.mode, mesh_->group(mesh::Axis::cp), ops_->memory(), &tracker_);
+  clocks_.context = context_.get();
   // Tensor parallelism: the blocks' matrices split over the tp ranks (placements in the store).
   comm::Communicator& tp = mesh_->group(mesh::Axis::tp);
   model::TensorParallelGroup tp_group{&tp, tp.rank(), tp.size(), &clocks_.tp_seconds};

@@ -2,6 +2,8 @@
 // ops are in cpu_fused_ops.cpp.
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 
+#include <algorithm>
+
 #include "lattice/core/cpu_features.hpp"
 #include "lattice/kernels/cpu/activations.hpp"
 #include "lattice/kernels/cpu/adamw.hpp"
@@ -208,6 +210,10 @@ void CpuOps::scale_copy(float* out, const float* in, int64_t n, float factor) {
 
 void CpuOps::fill_zero(float* x, int64_t n) {
   zero_in_parallel(x, n);
+}
+
+void CpuOps::fill(float* x, int64_t n, float value) {
+  std::fill(x, x + n, value);
 }
 
 void CpuOps::convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) {

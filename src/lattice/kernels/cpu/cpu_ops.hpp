@@ -140,6 +140,7 @@ class CpuOps final : public Ops {
   void copy(float* out, const float* in, int64_t n) override;
   void scale_copy(float* out, const float* in, int64_t n, float factor) override;
   void fill_zero(float* x, int64_t n) override;
+  void fill(float* x, int64_t n, float value) override;
   void convert_to_bf16(lattice::bf16* out, const float* in, int64_t n) override;
   void convert_to_f32(float* out, const lattice::bf16* in, int64_t n) override;
   void moe_router_forward(int32_t* experts, float* weights, float* scores, const float* logits,

@@ -94,7 +94,6 @@ k::AttentionShape Attention::shape(int64_t B, int64_t T) const {
 void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T,
                         bool cached) const {
   const int64_t rows = B * T, local = layout_.local_rows(rows);
-  auto* tr = ctx.tracker;
   a.input.resize(input_.size());
   a.d_input.resize(input_.size());
   // Fused bf16: the norm's output exists only as the projection's bf16 input (on a sharded layout
@@ -104,24 +103,24 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
   if (packed()) {
     if (fused && !cached) {
       a.qkv.reset();
-      ensure_bf16_activation(a.qkv16, {rows, A_ + 2 * KV_}, tr);
+      ensure_bf16_activation(a.qkv16, {rows, A_ + 2 * KV_}, ctx);
     } else {
       a.qkv16.reset();
-      ensure_activation(a.qkv, {rows, A_ + 2 * KV_}, tr);
+      ensure_activation(a.qkv, {rows, A_ + 2 * KV_}, ctx);
     }
   } else {
-    ensure_activation(a.q, {rows, A_}, tr);
-    ensure_activation(a.k, {rows, KV_}, tr);
-    ensure_activation(a.v, {rows, V_}, tr);
+    ensure_activation(a.q, {rows, A_}, ctx);
+    ensure_activation(a.k, {rows, KV_}, ctx);
+    ensure_activation(a.v, {rows, V_}, ctx);
     if (qk_norm_) {
-      ensure_activation(a.q_raw, {rows, A_}, tr);
-      ensure_activation(a.k_raw, {rows, KV_}, tr);
+      ensure_activation(a.q_raw, {rows, A_}, ctx);
+      ensure_activation(a.k_raw, {rows, KV_}, ctx);
       q_norm_.prepare(ctx, a.q_norm, rows * heads_, false, false);
       k_norm_.prepare(ctx, a.k_norm, rows * kv_heads_, false, false);
     }
   }
-  ensure_activation(a.att, {rows, O_}, tr);
-  ensure_activation(a.lse, {B, heads_, T}, tr);
+  ensure_activation(a.att, {rows, O_}, ctx);
+  ensure_activation(a.lse, {B, heads_, T}, ctx);
 }
 
 const lattice::bf16* Attention::shared_input(const AttentionActivations& a) const {
@@ -222,15 +221,10 @@ void Attention::attend(const LayerContext& ctx, AttentionActivations& a, int64_t
 
 void Attention::project_out(const LayerContext& ctx, AttentionActivations& a, float* x_out,
                             const float* x, int64_t rows, Tensor& partial) {
-  // The row-split projection's partial sums over all rows, reduced over the group: all-reduced in
-  // place, or reduce-scattered onto this rank's rows from `partial` on a sharded layout.
-  if (layout_.sharded()) ensure_activation(partial, {rows, C_}, ctx.tracker);
-  float* out = layout_.sharded() ? partial.f32() : x_out;
-  layout_.forward_reduced(
-      [&](int64_t first, int64_t count) {
+  output_projection_forward(
+      ctx, layout_, x_out, rows, C_, partial, [&](float* out, int64_t first, int64_t count) {
         output_.forward_rows(ctx, a.output, out, a.att.f32(), rows, first, count);
-      },
-      x_out, out, rows, C_);
+      });
   ctx.ops.add_inplace(x_out, x, layout_.local_rows(rows) * C_);
 }
 
@@ -294,8 +288,8 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
 
 void Attention::recompute(const LayerContext& ctx, AttentionActivations& a, int64_t B, int64_t T) {
   if (!a.att.empty()) return;
-  ensure_activation(a.att, {B * T, O_}, ctx.tracker);
-  ensure_activation(a.lse, {B, heads_, T}, ctx.tracker);
+  ensure_activation(a.att, {B * T, O_}, ctx);
+  ensure_activation(a.lse, {B, heads_, T}, ctx);
   attend(ctx, a, B, T);
   // The output projection's bf16 input was rounded from these same values: it stays valid.
   if (!a.output.prepared && a.output.rounded_from != nullptr) a.output.rounded_from = a.att.f32();

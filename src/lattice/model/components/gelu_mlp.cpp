@@ -36,7 +36,6 @@ std::unique_ptr<FeedForwardActivations> GeluMlp::make_activations() const {
 
 void GeluMlp::prepare(const LayerContext& ctx, FeedForwardActivations& base, int64_t rows) const {
   auto& a = mlp_saved_as<GeluMlpActivations>(base);
-  auto* tr = ctx.tracker;
   const bool fused = this->fused(ctx.precision);
   norm_.prepare(ctx, a.norm, layout_.local_rows(rows), !fused, fused && layout_.sharded());
   // Fused: the GELU output exists only as proj's bf16 input, and backward keeps the GELU's bf16
@@ -44,11 +43,11 @@ void GeluMlp::prepare(const LayerContext& ctx, FeedForwardActivations& base, int
   if (fused) {
     a.gelu.reset();
     a.fc.reset();
-    ensure_bf16_activation(a.slope16, {rows, F_}, tr);
+    ensure_bf16_activation(a.slope16, {rows, F_}, ctx);
   } else {
     a.slope16.reset();
-    ensure_activation(a.fc, {rows, F_}, tr);
-    ensure_activation(a.gelu, {rows, F_}, tr);
+    ensure_activation(a.fc, {rows, F_}, ctx);
+    ensure_activation(a.gelu, {rows, F_}, ctx);
   }
 }
 
@@ -88,15 +87,13 @@ void GeluMlp::forward(const LayerContext& ctx, FeedForwardActivations& base, flo
     }
   }
   if (!fused) ctx.ops.gelu_forward(a.gelu.f32(), a.fc.f32(), rows * F_);
-  float* out = layout_.sharded() ? partial.f32() : x_out;
-  layout_.forward_reduced(
-      [&](int64_t first, int64_t count) {
+  output_projection_forward(
+      ctx, layout_, x_out, rows, C_, partial, [&](float* out, int64_t first, int64_t count) {
         if (fused)
           proj_.forward_prepared_rows(ctx, a.proj_saved, out, rows, first, count);
         else
           proj_.forward_rows(ctx, a.proj_saved, out, a.gelu.f32(), rows, first, count);
-      },
-      x_out, out, rows, C_);
+      });
   ctx.ops.add_inplace(x_out, x, layout_.local_rows(rows) * C_);
 }
 

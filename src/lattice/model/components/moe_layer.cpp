@@ -43,7 +43,7 @@ void MoeLayer::prepare(const LayerContext& ctx, FeedForwardActivations& base, in
 const float* MoeLayer::routed_input(const LayerContext& ctx, const MoeLayerActivations& a,
                                     Tensor& all_rows, int64_t rows) const {
   if (!layout_.sharded()) return a.norm.out.f32();
-  ensure_activation(all_rows, {rows, C_}, ctx.tracker);
+  ensure_activation(all_rows, {rows, C_}, ctx);
   layout_.gather(all_rows.f32(), a.norm.out.f32(), rows, C_);
   return all_rows.f32();
 }
@@ -63,7 +63,7 @@ void MoeLayer::forward(const LayerContext& ctx, FeedForwardActivations& base, fl
   Tensor all_rows, routed;
   const float* moe_in = routed_input(ctx, a, all_rows, rows);
   const bool separate = dense() || layout_.sharded();  // added to the shared experts', or own rows
-  if (separate) ensure_activation(routed, {rows, C_}, ctx.tracker);
+  if (separate) ensure_activation(routed, {rows, C_}, ctx);
   float* out = separate ? routed.f32() : x_out;
   moe_.forward(ctx, a.moe, out, moe_in, rows);
   const float* own = out + layout_.first_own_row(rows) * C_;

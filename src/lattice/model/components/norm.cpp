@@ -19,17 +19,16 @@ Norm::Norm(ParameterStore& store, const std::string& name, NormKind kind, int64_
 
 void Norm::prepare(const LayerContext& ctx, NormActivations& a, int64_t rows, bool fp32_out,
                    bool bf16_out) const {
-  auto* tr = ctx.tracker;
   if (fp32_out)
-    ensure_activation(a.out, {rows, width_}, tr);
+    ensure_activation(a.out, {rows, width_}, ctx);
   else
     a.out.reset();
   if (bf16_out)
-    ensure_bf16_activation(a.out16, {rows, width_}, tr);
+    ensure_bf16_activation(a.out16, {rows, width_}, ctx);
   else
     a.out16.reset();
-  if (kind_ == NormKind::layer_norm) ensure_activation(a.mean, {rows}, tr);
-  ensure_activation(a.rstd, {rows}, tr);
+  if (kind_ == NormKind::layer_norm) ensure_activation(a.mean, {rows}, ctx);
+  ensure_activation(a.rstd, {rows}, ctx);
 }
 
 void Norm::forward(const LayerContext& ctx, NormActivations& a, float* out, const float* x,

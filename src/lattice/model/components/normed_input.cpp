@@ -12,7 +12,7 @@ NormedRows normalize(const LayerContext& ctx, const parallel::SequenceLayout& la
     norm.forward(ctx, a, a.out.f32(), x, local);
     in.own = in.all = a.out.f32();
     if (!layout.sharded()) return in;
-    ensure_activation(gathered, {rows, C}, ctx.tracker);
+    ensure_activation(gathered, {rows, C}, ctx);
     in.all = gathered.f32();
     in.gather = layout.start_gather(gathered.f32(), a.out.f32(), rows, C);
     return in;
@@ -25,6 +25,16 @@ NormedRows normalize(const LayerContext& ctx, const parallel::SequenceLayout& la
   in.own16 = own;
   in.gather = layout.start_gather(in16, own, rows, C, DType::bf16);
   return in;
+}
+
+void output_projection_forward(
+    const LayerContext& ctx, const parallel::SequenceLayout& layout, float* x_out, int64_t rows,
+    int64_t width, Tensor& partial,
+    const std::function<void(float* out, int64_t first, int64_t count)>& gemm) {
+  if (layout.sharded()) ensure_activation(partial, {rows, width}, ctx);
+  float* out = layout.sharded() ? partial.f32() : x_out;
+  layout.forward_reduced([&](int64_t first, int64_t count) { gemm(out, first, count); }, x_out, out,
+                         rows, width);
 }
 
 parallel::GroupCollective regather(const LayerContext& ctx, const parallel::SequenceLayout& layout,

@@ -55,6 +55,16 @@ parallel::GroupCollective regather(const LayerContext& ctx, const parallel::Sequ
                                    const float** input, Linear* fused = nullptr,
                                    LinearActivations* fused_saved = nullptr);
 
+// The output projection's forward (row-split: its output is a partial sum over the group):
+// `gemm(out, first, count)` writes rows [first, first + count) of the [rows, width] partial sums
+// into `out`; they are reduced onto x_out — all-reduced in place on a whole layout, reduce-
+// scattered onto this rank's rows from `partial` (grown here) on a sharded one, each chunk's
+// reduction overlapping the next chunk's GEMM. The residual is the caller's.
+void output_projection_forward(
+    const LayerContext& ctx, const parallel::SequenceLayout& layout, float* x_out, int64_t rows,
+    int64_t width, Tensor& partial,
+    const std::function<void(float* out, int64_t first, int64_t count)>& gemm);
+
 // What one sub-layer's backward works with, set up by the block: the rows, whether the weight
 // halves are deferred (backward_input) and whether the input projections run their halves apart
 // (deferred, or a group of several ranks, whose reduction then overlaps the weight halves), and
@@ -68,14 +78,15 @@ struct SublayerBackward {
   float* regathered = nullptr;     // [rows, C] fp32 sharded: the norm output gathered again
   float* norm_partials = nullptr;  // [2C] sharded: the norm weights' partial gradients
   BackwardScratch* scratch = nullptr;
+  DeviceMemory* memory = nullptr;  // the backend's: scratch and kept gradients live there
   MemoryTracker* tracker = nullptr;
 
   // A scratch buffer of `numel` floats in slot `slot`.
-  float* get(int slot, int64_t numel) const { return scratch->get(slot, numel, tracker); }
+  float* get(int slot, int64_t numel) const { return scratch->get(slot, numel, *memory, tracker); }
   // The output gradient a Linear's weight half reads: scratch slot `slot` when it runs in this
   // backward, `pending` (kept until backward_weight) when deferred.
   float* kept(Tensor& pending, int slot, int64_t numel) const {
-    return weight_gradient_operand(defer, pending, *scratch, slot, numel, tracker);
+    return weight_gradient_operand(defer, pending, *scratch, slot, numel, *memory, tracker);
   }
 };
 

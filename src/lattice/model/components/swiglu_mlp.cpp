@@ -33,7 +33,7 @@ SwiGluProjections::SwiGluProjections(ParameterStore& store, const std::string& p
 }
 
 void SwiGluProjections::prepare(const LayerContext& ctx, SwiGluActivations& a, int64_t rows) const {
-  for (Tensor* t : {&a.gate, &a.up, &a.h}) ensure_activation(*t, {rows, F_}, ctx.tracker);
+  for (Tensor* t : {&a.gate, &a.up, &a.h}) ensure_activation(*t, {rows, F_}, ctx);
 }
 
 const lattice::bf16* SwiGluProjections::shared_input(const SwiGluActivations& a) const {
@@ -65,13 +65,10 @@ void SwiGluProjections::forward(const LayerContext& ctx, SwiGluActivations& a, N
   }
   gathered.reset();
   ctx.ops.swiglu_forward(a.h.f32(), a.gate.f32(), a.up.f32(), rows * F_);
-  if (layout_.sharded()) ensure_activation(partial, {rows, C_}, ctx.tracker);
-  float* out = layout_.sharded() ? partial.f32() : x_out;
-  layout_.forward_reduced(
-      [&](int64_t first, int64_t count) {
+  output_projection_forward(
+      ctx, layout_, x_out, rows, C_, partial, [&](float* out, int64_t first, int64_t count) {
         down_.forward_rows(ctx, a.down_saved, out, a.h.f32(), rows, first, count);
-      },
-      x_out, out, rows, C_);
+      });
 }
 
 void SwiGluProjections::forward_fp32_input(const LayerContext& ctx, SwiGluActivations& a,

@@ -22,9 +22,10 @@ class ContextGroupAttention : public model::ContextAttention {
 
  protected:
   // `cp`: the context-parallel group (Mesh::group(Axis::cp)); it must outlive this object. The
-  // workspace's buffers are counted in `tracker` (may be null) as activations.
-  ContextGroupAttention(comm::Communicator& cp, MemoryTracker* tracker)
-      : cp_(cp), workspace_(tracker) {}
+  // workspace's buffers live in `memory` (the backend's: kernels::Ops::memory()) and are counted
+  // in `tracker` (may be null) as activations.
+  ContextGroupAttention(comm::Communicator& cp, DeviceMemory& memory, MemoryTracker* tracker)
+      : cp_(cp), workspace_(memory, tracker) {}
 
   // Runs `blocking` (a wait, or a blocking collective) and adds its time to the waits.
   template <class Blocking>

@@ -21,9 +21,11 @@ const char* context_parallel_mode_name(ContextParallelMode mode) {
 
 std::unique_ptr<model::ContextAttention> make_context_attention(ContextParallelMode mode,
                                                                 comm::Communicator& cp,
+                                                                DeviceMemory& memory,
                                                                 MemoryTracker* tracker) {
-  if (mode == ContextParallelMode::ulysses) return std::make_unique<UlyssesAttention>(cp, tracker);
-  return std::make_unique<RingAttention>(cp, tracker);
+  if (mode == ContextParallelMode::ulysses)
+    return std::make_unique<UlyssesAttention>(cp, memory, tracker);
+  return std::make_unique<RingAttention>(cp, memory, tracker);
 }
 
 void check_context_parallel(ContextParallelMode mode, int cp, int tp, int64_t seq_len,

@@ -20,9 +20,11 @@ enum class ContextParallelMode { ring, ulysses };
 ContextParallelMode parse_context_parallel_mode(const std::string& name);
 const char* context_parallel_mode_name(ContextParallelMode mode);
 
-// The attention over `cp` (Mesh::group(Axis::cp), size > 1) for `mode`.
+// The attention over `cp` (Mesh::group(Axis::cp), size > 1) for `mode`, its buffers in `memory`
+// (the backend's: kernels::Ops::memory()).
 std::unique_ptr<model::ContextAttention> make_context_attention(ContextParallelMode mode,
                                                                 comm::Communicator& cp,
+                                                                DeviceMemory& memory,
                                                                 MemoryTracker* tracker);
 
 // Throws lattice::Error (one line, with the fix) when a sequence of seq_len tokens cannot be split

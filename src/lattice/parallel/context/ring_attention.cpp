@@ -59,8 +59,10 @@ RingAttention::Blocks RingAttention::own_blocks(k::Ops& ops, const float* k, con
   const int64_t half = B * n * width;
   if (precision != k::Precision::bf16) {
     float* own = workspace_.slot(0, 2 * half);
-    pack_rows(own, k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-    pack_rows(own + half, v, B, 0, n, width, local.v_row_stride, local.value_batch_stride());
+    DeviceMemory& memory = workspace_.memory();
+    pack_rows(memory, own, k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
+    pack_rows(memory, own + half, v, B, 0, n, width, local.v_row_stride,
+              local.value_batch_stride());
     return {{own, workspace_.slot(1, 2 * half)}, 2 * half, DType::f32};
   }
   // bf16 elements in float slots: 2·half of them take `half` floats.
@@ -101,8 +103,7 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
     longest = std::max(longest, len);
     run_out.push_back(workspace_.slot(2 + i, B * len * H * D));
     run_lse.push_back(workspace_.slot(4 + i, B * H * len));
-    std::fill(run_lse.back(), run_lse.back() + B * H * len,
-              -std::numeric_limits<float>::infinity());  // no key yet
+    ops.fill(run_lse.back(), B * H * len, -std::numeric_limits<float>::infinity());  // no key yet
   }
   float* part_out = workspace_.slot(6, B * longest * H * D);
   float* part_lse = workspace_.slot(7, B * H * longest);
@@ -129,8 +130,9 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
     wait(sent);
   }
   for (size_t i = 0; i < mine.size(); ++i) {
-    unpack_rows(out, run_out[i], B, mine[i].row, mine[i].length, H * D, H * D, n * H * D);
-    unpack_columns(lse, run_lse[i], B, H, n, mine[i].row, mine[i].length);
+    unpack_rows(workspace_.memory(), out, run_out[i], B, mine[i].row, mine[i].length, H * D, H * D,
+                n * H * D);
+    unpack_columns(workspace_.memory(), lse, run_lse[i], B, H, n, mine[i].row, mine[i].length);
   }
 }
 
@@ -155,9 +157,10 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
     run_out.push_back(workspace_.slot(2 + i, B * r.length * H * D));
     run_lse.push_back(workspace_.slot(4 + i, B * H * r.length));
     run_d_out.push_back(workspace_.slot(8 + i, B * r.length * H * D));
-    pack_rows(run_out.back(), out, B, r.row, r.length, H * D, H * D, n * H * D);
-    pack_rows(run_d_out.back(), d_out, B, r.row, r.length, H * D, H * D, n * H * D);
-    pack_columns(run_lse.back(), lse, B, H, n, r.row, r.length);
+    DeviceMemory& memory = workspace_.memory();
+    pack_rows(memory, run_out.back(), out, B, r.row, r.length, H * D, H * D, n * H * D);
+    pack_rows(memory, run_d_out.back(), d_out, B, r.row, r.length, H * D, H * D, n * H * D);
+    pack_columns(memory, run_lse.back(), lse, B, H, n, r.row, r.length);
   }
   // dq accumulates over every block (zeroed here, strided like q).
   for (int64_t b = 0; b < B; ++b)
@@ -212,8 +215,10 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   wait(sum_received);
   wait(sum_sent[0]);
   wait(sum_sent[1]);
-  unpack_rows(dk, incoming, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-  unpack_rows(dv, incoming + half, B, 0, n, width, local.v_row_stride, local.value_batch_stride());
+  unpack_rows(workspace_.memory(), dk, incoming, B, 0, n, width, local.k_row_stride,
+              local.kv_batch_stride);
+  unpack_rows(workspace_.memory(), dv, incoming + half, B, 0, n, width, local.v_row_stride,
+              local.value_batch_stride());
 }
 
 }  // namespace lattice::parallel

@@ -18,10 +18,10 @@ namespace lattice::parallel {
 class RingAttention final : public ContextGroupAttention {
  public:
   // `cp`: the context-parallel group (Mesh::group(Axis::cp)); it must outlive this object.
-  // Its buffers (kept from call to call: ContextWorkspace) are counted in `tracker` (may be null)
-  // as activations.
-  RingAttention(comm::Communicator& cp, MemoryTracker* tracker)
-      : ContextGroupAttention(cp, tracker) {}
+  // Its buffers (kept from call to call: ContextWorkspace) live in `memory` (the backend's) and
+  // are counted in `tracker` (may be null) as activations.
+  RingAttention(comm::Communicator& cp, DeviceMemory& memory, MemoryTracker* tracker)
+      : ContextGroupAttention(cp, memory, tracker) {}
 
   void forward(kernels::Ops& ops, float* out, float* lse, const float* q, const float* k,
                const float* v, const kernels::AttentionShape& local,

@@ -59,12 +59,13 @@ void UlyssesAttention::to_heads(float* full, const float* x, int64_t B, int64_t 
   float* send = workspace_.slot(kSend, P * block);
   float* receive = workspace_.slot(kReceive, P * block);
   for (int j = 0; j < P; ++j)  // rank j's heads of this rank's rows
-    pack_rows(send + j * block, x + j * w, B, 0, n, w, row_stride, batch_stride);
+    pack_rows(workspace_.memory(), send + j * block, x + j * w, B, 0, n, w, row_stride,
+              batch_stride);
   exchange(send, receive, block);
   for (int s = 0; s < P; ++s)  // rank s's rows of this rank's heads, at their positions
     for (const PositionRun& run : balanced_runs(n, P, s))
-      copy_rows(full + run.position * w, w, T * w, receive + s * block + run.row * w, w, n * w, B,
-                run.length, w);
+      copy_rows(workspace_.memory(), full + run.position * w, w, T * w,
+                receive + s * block + run.row * w, w, n * w, B, run.length, w);
 }
 
 void UlyssesAttention::from_heads(float* x, const float* full, int64_t B, int64_t n, int64_t heads,
@@ -75,11 +76,12 @@ void UlyssesAttention::from_heads(float* x, const float* full, int64_t B, int64_
   float* receive = workspace_.slot(kReceive, P * block);
   for (int j = 0; j < P; ++j)  // rank j's rows of this rank's heads
     for (const PositionRun& run : balanced_runs(n, P, j))
-      copy_rows(send + j * block + run.row * w, w, n * w, full + run.position * w, w, T * w, B,
-                run.length, w);
+      copy_rows(workspace_.memory(), send + j * block + run.row * w, w, n * w,
+                full + run.position * w, w, T * w, B, run.length, w);
   exchange(send, receive, block);
   for (int s = 0; s < P; ++s)  // rank s's heads of this rank's rows
-    unpack_rows(x + s * w, receive + s * block, B, 0, n, w, row_stride, batch_stride);
+    unpack_rows(workspace_.memory(), x + s * w, receive + s * block, B, 0, n, w, row_stride,
+                batch_stride);
 }
 
 void UlyssesAttention::lse_to_heads(float* full, const float* lse, int64_t B, int64_t n,
@@ -88,15 +90,15 @@ void UlyssesAttention::lse_to_heads(float* full, const float* lse, int64_t B, in
   const int64_t h = heads / P, block = B * h * n, T = n * P;
   float* send = workspace_.slot(kSend, P * block);
   float* receive = workspace_.slot(kReceive, P * block);
+  // Rank j's heads of each sequence: B runs of h·n floats.
   for (int j = 0; j < P; ++j)
-    for (int64_t b = 0; b < B; ++b)
-      std::copy_n(lse + (b * heads + j * h) * n, h * n, send + j * block + b * h * n);
+    copy_rows(workspace_.memory(), send + j * block, h * n, 0, lse + j * h * n, heads * n, 0, 1, B,
+              h * n);
   exchange(send, receive, block);
   for (int s = 0; s < P; ++s)
     for (const PositionRun& run : balanced_runs(n, P, s))
-      for (int64_t bh = 0; bh < B * h; ++bh)
-        std::copy_n(receive + s * block + bh * n + run.row, run.length,
-                    full + bh * T + run.position);
+      copy_rows(workspace_.memory(), full + run.position, T, 0, receive + s * block + run.row, n, 0,
+                1, B * h, run.length);
 }
 
 void UlyssesAttention::lse_from_heads(float* lse, const float* full, int64_t B, int64_t n,
@@ -107,12 +109,12 @@ void UlyssesAttention::lse_from_heads(float* lse, const float* full, int64_t B, 
   float* receive = workspace_.slot(kReceive, P * block);
   for (int j = 0; j < P; ++j)
     for (const PositionRun& run : balanced_runs(n, P, j))
-      for (int64_t bh = 0; bh < B * h; ++bh)
-        std::copy_n(full + bh * T + run.position, run.length, send + j * block + bh * n + run.row);
+      copy_rows(workspace_.memory(), send + j * block + run.row, n, 0, full + run.position, T, 0, 1,
+                B * h, run.length);
   exchange(send, receive, block);
   for (int s = 0; s < P; ++s)
-    for (int64_t b = 0; b < B; ++b)
-      std::copy_n(receive + s * block + b * h * n, h * n, lse + (b * heads + s * h) * n);
+    copy_rows(workspace_.memory(), lse + s * h * n, heads * n, 0, receive + s * block, h * n, 0, 1,
+              B, h * n);
 }
 
 void UlyssesAttention::forward(k::Ops& ops, float* out, float* lse, const float* q, const float* k,

@@ -13,8 +13,8 @@ namespace lattice::parallel {
 class UlyssesAttention final : public ContextGroupAttention {
  public:
   // As RingAttention's.
-  UlyssesAttention(comm::Communicator& cp, MemoryTracker* tracker)
-      : ContextGroupAttention(cp, tracker) {}
+  UlyssesAttention(comm::Communicator& cp, DeviceMemory& memory, MemoryTracker* tracker)
+      : ContextGroupAttention(cp, memory, tracker) {}
 
   void forward(kernels::Ops& ops, float* out, float* lse, const float* q, const float* k,
                const float* v, const kernels::AttentionShape& local,

@@ -228,7 +228,8 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
         break;
       case ActionKind::kRecvForward:
         if (f.hidden_in.numel() != elements)
-          f.hidden_in = Tensor({elements}, DType::f32, ctx.tracker, MemoryCategory::activations);
+          f.hidden_in = Tensor({elements}, DType::f32, ctx.ops.memory(), ctx.tracker,
+                               MemoryCategory::activations);
         f.hidden_in_arrival = pp_.irecv(f.hidden_in.f32(), elements, DType::f32, action.peer,
                                         tag(false, action.stage, action.microbatch));
         break;
@@ -239,7 +240,8 @@ double PipelineExecutor::run_step(const model::LayerContext& ctx, const Microbat
         break;
       case ActionKind::kRecvBackward:
         if (f.d_hidden_out.numel() != elements)
-          f.d_hidden_out = Tensor({elements}, DType::f32, ctx.tracker, MemoryCategory::activations);
+          f.d_hidden_out = Tensor({elements}, DType::f32, ctx.ops.memory(), ctx.tracker,
+                                  MemoryCategory::activations);
         f.gradient_arrival = pp_.irecv(f.d_hidden_out.f32(), elements, DType::f32, action.peer,
                                        tag(true, action.stage, action.microbatch));
         break;
@@ -280,7 +282,8 @@ double PipelineExecutor::evaluate(const model::LayerContext& ctx, const int32_t*
     if (s > 0) {
       const int from = schedule_.stage_owner[static_cast<size_t>(s - 1)];
       if (from != rank_) {
-        hidden = Tensor({elements}, DType::f32, ctx.tracker, MemoryCategory::activations);
+        hidden = Tensor({elements}, DType::f32, ctx.ops.memory(), ctx.tracker,
+                        MemoryCategory::activations);
         pp_.recv(hidden.f32(), elements, DType::f32, from, kEvaluateTag + s);
       }
     }
@@ -296,8 +299,9 @@ double PipelineExecutor::evaluate(const model::LayerContext& ctx, const int32_t*
     if (to != rank_) {
       pp_.send(saved.hidden_out(), elements, DType::f32, to, kEvaluateTag + s + 1);
     } else {
-      Tensor next({elements}, DType::f32, ctx.tracker, MemoryCategory::activations);
-      std::copy(saved.hidden_out(), saved.hidden_out() + elements, next.f32());
+      Tensor next({elements}, DType::f32, ctx.ops.memory(), ctx.tracker,
+                  MemoryCategory::activations);
+      ctx.ops.copy(next.f32(), saved.hidden_out(), elements);
       hidden = std::move(next);
     }
   }
