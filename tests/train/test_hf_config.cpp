@@ -154,6 +154,10 @@ TEST(HfConfig, RefusesRopeFieldsLatticeDoesNotCompute) {
   EXPECT_NE(error_of(j.dump()).find("rope_scaling of type llama3 has no factor"), std::string::npos)
       << error_of(j.dump());
   j = llama31(true);
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_NE(error_of(j.dump()).find("rope_scaling and rope_parameters differ"), std::string::npos)
+      << error_of(j.dump());
+  j = llama31(true);
   j["rope_parameters"]["partial_rotary_factor"] = 0.5;
   EXPECT_NE(error_of(j.dump()).find("partial_rotary_factor 0.5 rotates part of each head"),
             std::string::npos)

@@ -108,6 +108,9 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
 void read_hf_rope(const json& j, const std::string& source, model::ModelConfig& c) {
   const bool v5 = j.contains("rope_parameters") && j.at("rope_parameters").is_object();
   const bool v4 = j.contains("rope_scaling") && j.at("rope_scaling").is_object();
+  // transformers 5 lets a legacy rope_scaling replace rope_parameters; two that differ are refused.
+  check(!v5 || !v4 || j.at("rope_scaling") == j.at("rope_parameters"),
+        source + ": rope_scaling and rope_parameters differ; keep one of them");
   const std::string field = v5 ? "rope_parameters" : "rope_scaling";
   const json rope = v5 ? j.at("rope_parameters") : v4 ? j.at("rope_scaling") : json::object();
   c.rope_theta = rope.contains("rope_theta") && !rope.at("rope_theta").is_null()
