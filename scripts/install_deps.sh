@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Lattice needs to build, test and run its demo, from Debian's archive (and, for the
-# tests' reference checks, a few PyPI packages). `--demo`: only what scripts/demo.sh needs to build
-# and run the `lattice` program (no test frameworks, PyTorch or Python peers).
+# tests' reference checks, a few PyPI packages and two transformers venvs). `--demo`: only what
+# scripts/demo.sh needs to build and run the `lattice` program (no test frameworks, PyTorch or
+# Python peers).
 set -euo pipefail
 demo_only=false
 [ "${1:-}" = "--demo" ] && demo_only=true
@@ -42,6 +43,23 @@ install_hf_peer() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "transformers==4.46.3"; } \
     || echo "install_deps: warning: transformers not installed; the Hugging Face checks are skipped"
 }
+# transformers 5.x (PyPI) for the same checks against the newest config format (RoPE inside
+# rope_parameters), in a second venv with PyPI's torch 2.x: transformers 5 needs torch >= 2, and
+# Debian's is 1.13. LATTICE_HF5_VENV moves it (tests/train/test_hf_cli.cpp reads the same).
+# PyPI's Linux torch wheel is its CUDA build: with `--no-deps` it does not import
+# (libcufile.so.0, libcusparseLt.so.0, libnvshmem_host.so.3 missing even beside a CUDA
+# toolkit), so the full install it is, nvidia-* wheels included: about 5.6 GB on disk, 4 to 5
+# minutes on a clean machine (measured: 4m20s, 2026-12).
+install_hf5_peer() {
+  local venv="${LATTICE_HF5_VENV:-/opt/lattice/hf5-venv}"
+  "$venv/bin/python" -c 'import torch, transformers; assert int(transformers.__version__.split(".")[0]) >= 5' \
+    2>/dev/null && return 0
+  echo "install_deps: creating $venv with the newest transformers 5.x and torch 2.x (PyPI, about 5.6 GB)"
+  { mkdir -p "$(dirname "$venv")" && /usr/bin/python3 -m venv "$venv" &&
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+      'torch>=2,<3' 'transformers>=5,<6' numpy; } \
+    || echo "install_deps: warning: transformers 5.x not installed in $venv; its Hugging Face checks are skipped"
+}
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -59,3 +77,4 @@ fi
 $demo_only && exit 0
 install_python_peers
 install_hf_peer
+install_hf5_peer

@@ -8,12 +8,13 @@
   hf_interop.py tokenize EXPORT_DIR TEXT
       Loads the exported tokenizer files with AutoTokenizer and prints the ids of TEXT, one line.
   hf_interop.py make KIND OUT_DIR TOKENS...
-      Builds a small randomly initialised transformers model of KIND (gpt2, llama, qwen2, mixtral; fixed
-      seed), saves it with save_pretrained (sharded into small files, so the index is read too) and
+      Builds a small randomly initialised transformers model of KIND (gpt2, llama, qwen2, mixtral, or a
+      Llama with RoPE scaling: llama3, linear, dynamic, yarn; fixed seed), saves it with save_pretrained (sharded into small files, so the index is read too) and
       writes OUT_DIR/reference_logits.safetensors with its logits on TOKENS.
 
 Exit 3 when transformers cannot be imported (the caller skips). Runs under the interpreter
-scripts/install_deps.sh prepares (a venv over Debian's torch holding transformers from PyPI).
+scripts/install_deps.sh prepares: transformers 4.46.3 over Debian's torch, or transformers 5.x with
+PyPI's torch 2.x.
 """
 
 import os
@@ -33,9 +34,8 @@ except ImportError as e:  # pragma: no cover
 
 
 def check(export_dir, logits_file, tolerance):
-    model = AutoModelForCausalLM.from_pretrained(
-        export_dir, torch_dtype=torch.float32, attn_implementation="eager"
-    )
+    dtype = {"dtype" if TRANSFORMERS_5 else "torch_dtype": torch.float32}
+    model = AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation="eager", **dtype)
     model.eval()
     tensors, _ = read_safetensors(logits_file)
     tokens = tensors["tokens"].long()
@@ -58,6 +58,22 @@ def tokenize(export_dir, text):
     print(" ".join(str(i) for i in tokenizer(text)["input_ids"]))
 
 
+# The scaled-RoPE Llamas (rope_theta 500000, Llama 3's): KIND -> (max_position_embeddings, rope
+# scaling). The original context is 16 and the tests run 64 tokens, so the scaling matters. yarn
+# takes its base length from max_position_embeddings in transformers 4.46 and from
+# original_max_position_embeddings in 5.x: 16 for 4.x, 64 (as 5.x models are saved) for 5.x.
+TRANSFORMERS_5 = int(transformers.__version__.split(".")[0]) >= 5
+SCALED = {
+    "llama3": (64, dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                        original_max_position_embeddings=16)),
+    "linear": (64, dict(rope_type="linear", factor=4.0)),
+    "dynamic": (16, dict(rope_type="dynamic", factor=4.0)),  # grows beyond max_position_embeddings
+    "yarn": (64 if TRANSFORMERS_5 else 16,
+             dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                  original_max_position_embeddings=16)),
+}
+
+
 def make(kind, out_dir, tokens):
     torch.manual_seed(7)
     common = dict(vocab_size=256, tie_word_embeddings=kind == "gpt2")
@@ -67,10 +83,15 @@ def make(kind, out_dir, tokens):
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
         model = transformers.GPT2LMHeadModel(config)
     else:
+        # rope_theta 500000 (Llama 3's): transformers 5 saves it inside rope_parameters.
         llama = dict(hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                     rms_norm_eps=1e-5, rope_theta=10000.0, **common)
-        if kind == "llama":
+                     rms_norm_eps=1e-5, rope_theta=500000.0, **common)
+        if kind in SCALED:
+            llama["max_position_embeddings"], scaling = SCALED[kind]
+            model = transformers.LlamaForCausalLM(
+                transformers.LlamaConfig(rope_scaling=dict(scaling), **llama))
+        elif kind == "llama":
             model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**llama))
         elif kind == "qwen2":  # tied, as Qwen 2.5's small models are; q/k/v biases
             llama["tie_word_embeddings"] = True

@@ -456,6 +456,9 @@ def build_model(config, ops=TORCH_OPS):
     picks the products (TORCH_OPS, or LATTICE_BF16_OPS to emulate Lattice's bf16 rounding)."""
     config = dict(config)
     family = config["family"]
+    if "rope_scaling" in config:  # the twin's RoPE is the plain one; transformers checks scaling
+        raise ValueError(f"RoPE scaling {config['rope_scaling']['type']!r} is not in the twin: "
+                         "compare a scaled model with transformers (tests/reference/hf_interop.py)")
     if family == "gpt2":
         return Gpt2Model(config, ops)
     if family in ("llama", "qwen2"):  # Qwen 2: the Llama model with q/k/v biases

@@ -75,8 +75,9 @@ TEST(ConfigSchema, EveryDefaultParsesBackToItself) {
     // The whole loader (the checks of finalize included) accepts it as an override.
     EXPECT_EQ(refusal({k.dotted() + "=" + text}), "") << k.dotted() << " = " << text;
   }
-  EXPECT_EQ(unset, 1);
+  EXPECT_EQ(unset, 2);
   EXPECT_EQ(config_default_text(key("model", "moe_capacity_factor")), "unset");
+  EXPECT_EQ(config_default_text(key("model", "rope_attention_factor")), "unset");
 }
 
 // Defaults come from TrainConfig itself, floats shown as the float they are.
@@ -110,7 +111,8 @@ TEST(ConfigSchema, ResolvedTomlHoldsTheSchemasKeys) {
       ++written;
     }
   }
-  EXPECT_EQ(written, config_keys().size() - 1);  // all but the unset moe_capacity_factor
+  // All but the unset moe_capacity_factor and rope_attention_factor.
+  EXPECT_EQ(written, config_keys().size() - 2);
 }
 
 TEST(ConfigSchema, UnknownKeysNameTheClosestKeyAndHowToListThem) {

@@ -4,13 +4,17 @@
 // --logits-out`); an export of a pipeline run is the one-rank run's export byte for byte, and
 // exports of tensor- and expert-parallel runs hold every weight; `lattice import --format hf` reads
 // what transformers' save_pretrained wrote (sharded, with its index) with transformers' logits, and
-// a run trains from it; bad input is one line and leaves nothing behind.
+// a run trains from it; bad input is one line and leaves nothing behind. Every check in
+// transformers runs in each venv that is present: transformers 4.46.3 and 5.x (whose config.json
+// holds RoPE in rope_parameters); Llamas with RoPE scaling (llama3, linear, dynamic, yarn) import
+// with transformers' logits past the original context and export back with the same.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -22,13 +26,34 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The interpreter with transformers that scripts/install_deps.sh prepares.
-std::string hf_python() {
-  const char* venv = std::getenv("LATTICE_HF_VENV");
-  return std::string(venv ? venv : "/opt/lattice/hf-venv") + "/bin/python";
+// The interpreters with transformers that scripts/install_deps.sh prepares: 4.46.3 over Debian's
+// torch (LATTICE_HF_VENV) and 5.x over PyPI's torch 2.x (LATTICE_HF5_VENV). Those that cannot
+// import transformers are left out, with a line saying so.
+std::vector<std::string> hf_pythons() {
+  std::vector<std::string> found;
+  const std::pair<const char*, const char*> venvs[] = {
+      {"LATTICE_HF_VENV", "/opt/lattice/hf-venv"}, {"LATTICE_HF5_VENV", "/opt/lattice/hf5-venv"}};
+  for (const auto& [variable, fallback] : venvs) {
+    const char* venv = std::getenv(variable);
+    const std::string python = std::string(venv ? venv : fallback) + "/bin/python";
+    if (std::system((python + " -c 'import transformers' > /dev/null 2>&1").c_str()) == 0)
+      found.push_back(python);
+    else
+      std::cout << "[ skipped  ] " << python << " cannot import transformers (" << variable
+                << "): its checks do not run\n";
+  }
+  return found;
 }
 
 const char* const kPrompt = "Hello world, this is";
+// 64 tokens, four times the scaled models' original context of 16.
+const char* const kLongPrompt = "The quick brown fox jumps over the lazy dog, then sleeps. The qu";
+
+std::string byte_tokens(const std::string& text) {
+  std::string tokens;
+  for (const char c : text) tokens += " " + std::to_string(static_cast<int>(c));
+  return tokens;
+}
 
 class HfCli : public ::testing::Test {
  protected:
@@ -38,13 +63,10 @@ class HfCli : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  bool have_transformers() const {
-    return std::system((hf_python() + " -c 'import transformers' > /dev/null 2>&1").c_str()) == 0;
-  }
-  // Runs tests/reference/hf_interop.py with `args`; its output in `out`.
-  int interop(const std::string& args, std::string& out) const {
+  // Runs tests/reference/hf_interop.py under `python` with `args`; its output in `out`.
+  int interop(const std::string& python, const std::string& args, std::string& out) const {
     const fs::path log = dir_ / "interop.log";
-    const std::string command = hf_python() +
+    const std::string command = python +
                                 " '" LATTICE_SOURCE_DIR "/tests/reference/hf_interop.py' " + args +
                                 " > '" + log.string() + "' 2>&1";
     const int raw = std::system(command.c_str());
@@ -61,30 +83,55 @@ class HfCli : public ::testing::Test {
                            run + " " + extra,
                        dir_);
   }
-  // Lattice's logits of kPrompt (byte tokens) from a checkpoint, in `file`.
-  void logits(const std::string& checkpoint, const std::string& file) {
-    const CliResult r =
-        run_lattice("generate --checkpoint " + checkpoint + " --prompt '" + kPrompt +
-                        "' --max-tokens 0 --threads 1 --logits-out " + file,
-                    dir_);
+  // Lattice's logits of `prompt` (byte tokens) from a checkpoint, in `file`.
+  void logits(const std::string& checkpoint, const std::string& file,
+              const std::string& prompt = kPrompt) {
+    const CliResult r = run_lattice("generate --checkpoint " + checkpoint + " --prompt '" + prompt +
+                                        "' --max-tokens 0 --threads 1 --logits-out " + file,
+                                    dir_);
     ASSERT_EQ(r.status, 0) << r.out << r.err;
   }
   // Exports run `run` into `out` (small files: the index is written too) and checks it in
   // transformers against Lattice's logits. fp32 on both sides, the same operations in another
   // order (fused kernels here, eager PyTorch there): relative 1e-5 of the largest logit
-  // (measured 2.6e-7 to 3.9e-7).
-  void expect_loads_in_transformers(const std::string& run, const std::string& out) {
+  // (measured 2.6e-7 to 3.9e-7; the scaled-RoPE Llamas on 64 tokens 4e-7 to 5e-7).
+  void expect_loads_in_transformers(const std::vector<std::string>& pythons, const std::string& run,
+                                    const std::string& out, const std::string& prompt = kPrompt) {
     const CliResult e = run_lattice(
         "export --format hf --checkpoint " + run + " " + out + " --max-shard-mb 0.05", dir_);
     ASSERT_EQ(e.status, 0) << e.out << e.err;
     EXPECT_TRUE(fs::exists(dir_ / out / "model.safetensors.index.json")) << e.out;
-    logits(run, run + ".logits");
-    std::string report;
-    EXPECT_EQ(interop("check " + (dir_ / out).string() + " " + (dir_ / (run + ".logits")).string() +
-                          " 1e-5",
-                      report),
-              0)
-        << report;
+    logits(run, run + ".logits", prompt);
+    for (const std::string& python : pythons) {
+      SCOPED_TRACE(python);
+      std::string report;
+      EXPECT_EQ(interop(python,
+                        "check " + (dir_ / out).string() + " " +
+                            (dir_ / (run + ".logits")).string() + " 1e-5",
+                        report),
+                0)
+          << report;
+    }
+  }
+  // Lattice's logits of `prompt` from `run` against the transformers-saved model's own in `hf`:
+  // fp32 both sides, another operation order: relative 1e-5 of the largest logit (measured 4e-7 to
+  // 7e-7; 4e-7 to 5e-7 for the scaled-RoPE Llamas, which without their scaling are 14% to 50% off).
+  void expect_transformers_logits(const std::string& run, const std::string& hf,
+                                  const std::string& prompt) {
+    logits(run, run + ".logits", prompt);
+    lattice::SafetensorsFile ours((dir_ / (run + ".logits")).string()),
+        theirs((dir_ / hf / "reference_logits.safetensors").string());
+    const auto n = static_cast<int64_t>(prompt.size()) * 256;
+    std::vector<float> a(static_cast<size_t>(n)), b(a.size());
+    ours.read_f32("logits", a.data(), n);
+    theirs.read_f32("logits", b.data(), n);
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+      diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    }
+    EXPECT_GT(scale, 0.5);  // far from uniform: the comparison means something
+    EXPECT_LE(diff, 1e-5 * scale);
   }
 
   void expect_error(const std::string& args, const std::string& needle) {
@@ -102,13 +149,14 @@ std::vector<char> bytes(const fs::path& path) {
 }  // namespace
 
 TEST_F(HfCli, ExportsLoadInTransformersWithLatticesLogits) {
-  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
+  const std::vector<std::string> pythons = hf_pythons();
+  if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
   for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny"}) {
     SCOPED_TRACE(preset);
     const std::string run = std::string("run-") + preset;
     const CliResult r = train(preset, run, "");
     ASSERT_EQ(r.status, 0) << r.out << r.err;
-    expect_loads_in_transformers(run, std::string("hf-") + preset);
+    expect_loads_in_transformers(pythons, run, std::string("hf-") + preset);
   }
 }
 
@@ -121,10 +169,14 @@ TEST_F(HfCli, TheTokenizerGoesWithTheExportAndTransformersReadsIt) {
   EXPECT_NE(e.out.find("tokenizer: vocab.json, merges.txt"), std::string::npos) << e.out;
   EXPECT_TRUE(bytes(dir_ / "hf/vocab.json") == bytes(fs::path(gpt2) / "encoder.json"));
   EXPECT_TRUE(bytes(dir_ / "hf/merges.txt") == bytes(fs::path(gpt2) / "vocab.bpe"));
-  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
-  std::string ids;
-  ASSERT_EQ(interop("tokenize " + (dir_ / "hf").string() + " 'Hello world'", ids), 0) << ids;
-  EXPECT_NE(ids.find("15496 995"), std::string::npos) << ids;  // GPT-2's ids of "Hello world"
+  const std::vector<std::string> pythons = hf_pythons();
+  if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
+  for (const std::string& python : pythons) {
+    std::string ids;
+    ASSERT_EQ(interop(python, "tokenize " + (dir_ / "hf").string() + " 'Hello world'", ids), 0)
+        << ids;
+    EXPECT_NE(ids.find("15496 995"), std::string::npos) << ids;  // GPT-2's ids of "Hello world"
+  }
 }
 
 TEST_F(HfCli, ExportsOfShardedRunsHoldEveryWeight) {
@@ -146,51 +198,75 @@ TEST_F(HfCli, ExportsOfShardedRunsHoldEveryWeight) {
   const CliResult count = run_lattice("export --checkpoint ep hf-ep-count", dir_);
   EXPECT_NE(count.out.find(": 41 tensors"), std::string::npos)
       << count.out;  // 2 layers x 4 experts
-  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
-  expect_loads_in_transformers("tp", "hf-tp");
-  expect_loads_in_transformers("ep", "hf-ep");
+  const std::vector<std::string> pythons = hf_pythons();
+  if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
+  expect_loads_in_transformers(pythons, "tp", "hf-tp");
+  expect_loads_in_transformers(pythons, "ep", "hf-ep");
 }
 
 TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
-  if (!have_transformers()) GTEST_SKIP() << hf_python() << " cannot import transformers";
-  std::string tokens;
-  for (const char* c = kPrompt; *c; ++c) tokens += " " + std::to_string(static_cast<int>(*c));
-  for (const char* kind : {"gpt2", "llama", "qwen2", "mixtral"}) {
-    SCOPED_TRACE(kind);
-    const std::string hf = std::string("saved-") + kind, run = std::string("imported-") + kind;
-    std::string report;
-    ASSERT_EQ(interop("make " + std::string(kind) + " " + (dir_ / hf).string() + tokens, report), 0)
-        << report;
-    EXPECT_TRUE(fs::exists(dir_ / hf / "model.safetensors.index.json"));  // sharded
-    const CliResult imported = run_lattice("import --format hf " + hf + " --run-dir " + run, dir_);
-    ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
-    logits(run, run + ".logits");
-    // fp32 both sides, another operation order: relative 1e-5 (measured 4e-7 to 7e-7).
-    lattice::SafetensorsFile ours((dir_ / (run + ".logits")).string()),
-        theirs((dir_ / hf / "reference_logits.safetensors").string());
-    const auto n = static_cast<int64_t>(std::string(kPrompt).size()) * 256;
-    std::vector<float> a(static_cast<size_t>(n)), b(a.size());
-    ours.read_f32("logits", a.data(), n);
-    theirs.read_f32("logits", b.data(), n);
-    double scale = 0, diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
-      diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+  // rope_theta 500000 (Llama 3's) in each: transformers 5 writes it inside rope_parameters, and a
+  // base read as 10000 is about 1% off at position 20.
+  const std::vector<std::string> pythons = hf_pythons();
+  if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
+  for (size_t v = 0; v < pythons.size(); ++v)
+    for (const char* kind : {"gpt2", "llama", "qwen2", "mixtral"}) {
+      SCOPED_TRACE(pythons[v] + " " + kind);
+      const std::string suffix = std::string(kind) + "-" + std::to_string(v);
+      const std::string hf = "saved-" + suffix, run = "imported-" + suffix;
+      std::string report;
+      ASSERT_EQ(
+          interop(pythons[v],
+                  "make " + std::string(kind) + " " + (dir_ / hf).string() + byte_tokens(kPrompt),
+                  report),
+          0)
+          << report;
+      EXPECT_TRUE(fs::exists(dir_ / hf / "model.safetensors.index.json"));  // sharded
+      const CliResult imported =
+          run_lattice("import --format hf " + hf + " --run-dir " + run, dir_);
+      ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
+      expect_transformers_logits(run, hf, kPrompt);
+      // A run starts from the imported weights (step 0) with the settings import wrote.
+      const CliResult trained =
+          run_lattice("train " + run +
+                          "/import.toml --data.train_files=corpus.txt --data.val_fraction=0.1"
+                          " --training.seq_len=32 --training.steps=2 --training.threads=1"
+                          " --validation.freq=0 --metrics.log_freq=1",
+                      dir_);
+      ASSERT_EQ(trained.status, 0) << trained.out << trained.err;
+      EXPECT_NE(trained.out.find("resumed from " + run + "/checkpoints/step_00000000 at step 0"),
+                std::string::npos)
+          << trained.out;
     }
-    EXPECT_GT(scale, 0.5);  // far from uniform: the comparison means something
-    EXPECT_LE(diff, 1e-5 * scale);
-    // A run starts from the imported weights (step 0) with the settings import wrote.
-    const CliResult trained =
-        run_lattice("train " + run +
-                        "/import.toml --data.train_files=corpus.txt --data.val_fraction=0.1"
-                        " --training.seq_len=32 --training.steps=2 --training.threads=1"
-                        " --validation.freq=0 --metrics.log_freq=1",
-                    dir_);
-    ASSERT_EQ(trained.status, 0) << trained.out << trained.err;
-    EXPECT_NE(trained.out.find("resumed from " + run + "/checkpoints/step_00000000 at step 0"),
-              std::string::npos)
-        << trained.out;
-  }
+}
+
+TEST_F(HfCli, ScaledRopeLlamasImportAndExportWithTransformersLogits) {
+  // Each RoPE scaling type saved by each transformers (4.x: rope_scaling; 5.x: rope_parameters),
+  // original context 16, compared on 64 tokens; then exported and loaded by every transformers.
+  const std::vector<std::string> pythons = hf_pythons();
+  if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
+  for (size_t v = 0; v < pythons.size(); ++v)
+    for (const char* kind : {"llama3", "linear", "dynamic", "yarn"}) {
+      SCOPED_TRACE(pythons[v] + " " + kind);
+      const std::string suffix = std::string(kind) + "-" + std::to_string(v);
+      const std::string hf = "saved-" + suffix, run = "imported-" + suffix;
+      std::string report;
+      ASSERT_EQ(interop(pythons[v],
+                        "make " + std::string(kind) + " " + (dir_ / hf).string() +
+                            byte_tokens(kLongPrompt),
+                        report),
+                0)
+          << report;
+      const std::string config = slurp(dir_ / hf / "config.json");
+      EXPECT_NE(config.find("\"" + std::string(kind) + "\""), std::string::npos) << config;
+      const CliResult imported =
+          run_lattice("import --format hf " + hf + " --run-dir " + run, dir_);
+      ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
+      EXPECT_NE(slurp(dir_ / run / "import.toml").find("rope_type = '" + std::string(kind) + "'"),
+                std::string::npos);
+      expect_transformers_logits(run, hf, kLongPrompt);
+      expect_loads_in_transformers(pythons, run, "exported-" + suffix, kLongPrompt);
+    }
 }
 
 TEST_F(HfCli, BadInputIsOneLineAndLeavesNothingBehind) {

@@ -73,6 +73,8 @@ void ModelConfig::validate() const {
         "model.n_heads (" + std::to_string(n_heads) + ") is not a multiple of model.n_kv_heads (" +
             std::to_string(n_kv_heads) + "): grouped-query attention needs whole groups");
   if (family == Family::gpt2) {
+    check(!rope_scaling.scaled(),
+          "gpt2 models have learned positions, no RoPE: leave model.rope_type at default");
     check(n_kv_heads == n_heads,
           "gpt2 models have no grouped-query attention: set model.n_kv_heads "
           "equal to model.n_heads (" +
@@ -81,6 +83,7 @@ void ModelConfig::validate() const {
     check(head_dim() % 2 == 0, family_name(family) +
                                    " models need an even head dimension for RoPE, got " +
                                    std::to_string(head_dim()) + ": change d_model or n_heads");
+    rope_scaling.validate();
   }
   check(n_experts >= 1 && top_k >= 1 && top_k <= n_experts,
         "model.top_k (" + std::to_string(top_k) +

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lattice/kernels/moe_routing.hpp"
+#include "lattice/kernels/rope_scaling.hpp"
 #include "lattice/kernels/vocab_range.hpp"
 
 namespace lattice::model {
@@ -42,6 +43,8 @@ struct ModelConfig {
   int64_t ffn_hidden = 512;  // GPT-2: 4·d_model; Llama: SwiGLU inner size (per expert for MoE)
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
+  // RoPE scaling (context extension: linear, dynamic, llama3, yarn; kernels/rope_scaling.hpp).
+  kernels::RopeScaling rope_scaling;
   bool tied_embeddings = true;  // GPT-2 ties the head to the token embedding
   float init_std = 0.02f;
   // Mixture of experts (Llama family; docs/moe.md): routed experts per MoE layer (1 = dense) and

@@ -41,6 +41,22 @@ std::string model_config_to_json(const ModelConfig& c) {
       j["moe_activation"] = moe_activation_name(c.moe_activation);
   }
   if (c.dropout != 0) j["dropout"] = c.dropout;
+  // Only a scaled RoPE is written, so that the metadata of plain-RoPE models stays as it was.
+  if (c.rope_scaling.scaled()) {
+    const kernels::RopeScaling& s = c.rope_scaling;
+    nlohmann::json r = {{"type", kernels::rope_type_name(s.type)},
+                        {"factor", s.factor},
+                        {"original_max_positions", s.original_max_positions},
+                        {"low_freq_factor", s.low_freq_factor},
+                        {"high_freq_factor", s.high_freq_factor},
+                        {"beta_fast", s.beta_fast},
+                        {"beta_slow", s.beta_slow},
+                        {"mscale", s.mscale},
+                        {"mscale_all_dim", s.mscale_all_dim},
+                        {"truncate", s.truncate}};
+    if (s.attention_factor) r["attention_factor"] = *s.attention_factor;
+    j["rope_scaling"] = r;
+  }
   return j.dump();
 }
 
@@ -77,6 +93,22 @@ ModelConfig model_config_from_json(const std::string& json) {
     c.moe_names = parse_moe_names(j.value("moe_names", std::string("mixtral")));
     c.moe_activation = parse_moe_activation(j.value("moe_activation", std::string("swiglu")));
     c.dropout = j.value("dropout", 0.0f);
+    if (j.contains("rope_scaling")) {
+      const auto& r = j.at("rope_scaling");
+      kernels::RopeScaling& s = c.rope_scaling;
+      s.type = kernels::parse_rope_type(r.at("type").get<std::string>());
+      s.factor = r.at("factor").get<double>();
+      s.original_max_positions = r.at("original_max_positions").get<int64_t>();
+      s.low_freq_factor = r.at("low_freq_factor").get<double>();
+      s.high_freq_factor = r.at("high_freq_factor").get<double>();
+      s.beta_fast = r.at("beta_fast").get<double>();
+      s.beta_slow = r.at("beta_slow").get<double>();
+      s.mscale = r.at("mscale").get<double>();
+      s.mscale_all_dim = r.at("mscale_all_dim").get<double>();
+      s.truncate = r.at("truncate").get<bool>();
+      if (r.contains("attention_factor"))
+        s.attention_factor = r.at("attention_factor").get<double>();
+    }
     return c;
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("model configuration JSON is damaged: ") + e.what());

@@ -46,6 +46,19 @@ KeyCodec capacity_factor_codec() {
           }};
 }
 
+// yarn's attention factor: unset (from the factor, mscale and mscale_all_dim); nothing is written
+// back then.
+KeyCodec rope_attention_factor_codec() {
+  return {"number",
+          [](TrainConfig& c, const toml::node& n, const std::string& k) {
+            c.model.rope_scaling.attention_factor = as_double(n, k);
+          },
+          [](const TrainConfig& c, toml::table& t, const std::string& name) {
+            if (c.model.rope_scaling.attention_factor)
+              t.insert_or_assign(name, *c.model.rope_scaling.attention_factor);
+          }};
+}
+
 // AdamW is the one optimizer: the key is checked and always written as "AdamW".
 KeyCodec optimizer_name_codec() {
   return {"string",
@@ -61,6 +74,10 @@ KeyCodec optimizer_name_codec() {
 template <class... Members>
 auto model_field(Members... members) {
   return field(&TrainConfig::model, members...);
+}
+template <class... Members>
+auto rope_field(Members... members) {
+  return field(&TrainConfig::model, &ModelConfig::rope_scaling, members...);
 }
 template <class... Members>
 auto adamw_field(Members... members) {
@@ -104,6 +121,37 @@ std::vector<ConfigKey> build_keys() {
       "LayerNorm / RMSNorm epsilon; from the preset");
   add("model", "rope_theta", number_key(model_field(&ModelConfig::rope_theta)),
       "RoPE base (Llama); from the preset");
+  add("model", "rope_type",
+      enum_key(rope_field(&kernels::RopeScaling::type), kernels::parse_rope_type,
+               kernels::rope_type_name),
+      "RoPE scaling as transformers' rope_type: default (none), linear, dynamic (NTK, computed for "
+      "max_seq_len), llama3 (Llama 3.1+) or yarn; the rope_* keys below are its parameters");
+  add("model", "rope_factor", number_key(rope_field(&kernels::RopeScaling::factor)),
+      "RoPE scaling factor: the context extension ratio (linear, dynamic, llama3, yarn)");
+  add("model", "rope_original_max_position_embeddings",
+      int_key(rope_field(&kernels::RopeScaling::original_max_positions)),
+      "the pre-training context of llama3 and yarn; dynamic: the length beyond which the base "
+      "grows (0: unset)");
+  add("model", "rope_low_freq_factor",
+      number_key(rope_field(&kernels::RopeScaling::low_freq_factor)),
+      "llama3: wavelengths above original / low_freq_factor are divided by the factor");
+  add("model", "rope_high_freq_factor",
+      number_key(rope_field(&kernels::RopeScaling::high_freq_factor)),
+      "llama3: wavelengths below original / high_freq_factor are kept; a smooth ramp between");
+  add("model", "rope_beta_fast", number_key(rope_field(&kernels::RopeScaling::beta_fast)),
+      "yarn: rotations bounding the extrapolated dimensions");
+  add("model", "rope_beta_slow", number_key(rope_field(&kernels::RopeScaling::beta_slow)),
+      "yarn: rotations bounding the interpolated dimensions");
+  add("model", "rope_attention_factor", rope_attention_factor_codec(),
+      "yarn: cos and sin times this (unset: from factor, mscale and mscale_all_dim, 0.1 ln(factor) "
+      "+ 1 without them)");
+  add("model", "rope_mscale", number_key(rope_field(&kernels::RopeScaling::mscale)),
+      "yarn: with rope_mscale_all_dim, the attention factor is mscale(factor, mscale) / "
+      "mscale(factor, mscale_all_dim) (0: unset)");
+  add("model", "rope_mscale_all_dim", number_key(rope_field(&kernels::RopeScaling::mscale_all_dim)),
+      "yarn: see rope_mscale (0: unset)");
+  add("model", "rope_truncate", bool_key(rope_field(&kernels::RopeScaling::truncate)),
+      "yarn: round the correction range to whole dimensions");
   add("model", "init_std", number_key(model_field(&ModelConfig::init_std)),
       "standard deviation of the initial weights; from the preset");
   add("model", "tied_embeddings", bool_key(model_field(&ModelConfig::tied_embeddings)),

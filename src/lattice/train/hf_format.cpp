@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -100,17 +101,149 @@ std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string&
               "tokenizer files");
 }
 
-// RoPE's base: transformers 4.x writes rope_theta at the top level, 5.x inside rope_parameters
-// (with its rope_type, which must be the plain one).
-float hf_rope_theta(const json& j, const std::string& source) {
-  if (j.contains("rope_parameters") && j.at("rope_parameters").is_object()) {
-    const json& rope = j.at("rope_parameters");
-    const std::string type = rope.value("rope_type", std::string("default"));
-    check(type == "default", source + ": rope_parameters.rope_type \"" + type +
-                                 "\" scales RoPE; Lattice's RoPE has no scaling");
-    if (rope.contains("rope_theta")) return rope.at("rope_theta").get<float>();
+// RoPE's base and scaling into `c` (whose max_seq_len is set): transformers 4.x writes rope_theta
+// at the top level and the scaling as rope_scaling ({"type" or "rope_type", "factor", ...}), 5.x
+// both inside rope_parameters. Read as transformers 5 reads them; a type or a field Lattice cannot
+// express is refused, never dropped.
+void read_hf_rope(const json& j, const std::string& source, model::ModelConfig& c) {
+  const bool v5 = j.contains("rope_parameters") && j.at("rope_parameters").is_object();
+  const bool v4 = j.contains("rope_scaling") && j.at("rope_scaling").is_object();
+  // transformers 5 lets a legacy rope_scaling replace rope_parameters; two that differ are refused.
+  check(!v5 || !v4 || j.at("rope_scaling") == j.at("rope_parameters"),
+        source + ": rope_scaling and rope_parameters differ; keep one of them");
+  const std::string field = v5 ? "rope_parameters" : "rope_scaling";
+  const json rope = v5 ? j.at("rope_parameters") : v4 ? j.at("rope_scaling") : json::object();
+  c.rope_theta = rope.contains("rope_theta") && !rope.at("rope_theta").is_null()
+                     ? rope.at("rope_theta").get<float>()
+                     : j.value("rope_theta", 10000.0f);
+  const std::string type = rope.contains("rope_type") ? rope.at("rope_type").get<std::string>()
+                           : rope.contains("type")    ? rope.at("type").get<std::string>()
+                                                      : "default";
+  const std::set<std::string> known = {"default", "linear", "dynamic", "llama3", "yarn"};
+  check(known.count(type), source + ": " + field + ".rope_type \"" + type +
+                               "\" is a RoPE that Lattice does not compute (it reads default, "
+                               "linear, dynamic, llama3 and yarn): convert the model or drop it");
+  kernels::RopeScaling& s = c.rope_scaling;
+  s = {};
+  s.type = kernels::parse_rope_type(type);
+  // The fields each type reads (transformers' _validate_*_rope_parameters); any other is refused.
+  std::set<std::string> fields = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  const std::map<std::string, std::vector<std::string>> by_type = {
+      {"default", {}},
+      {"linear", {"factor"}},
+      // transformers' dynamic ignores original_max_position_embeddings (it grows beyond
+      // max_position_embeddings); so does Lattice.
+      {"dynamic", {"factor", "original_max_position_embeddings"}},
+      {"llama3",
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}},
+      {"yarn",
+       {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+        "mscale", "mscale_all_dim", "truncate"}}};
+  for (const std::string& f : by_type.at(type)) fields.insert(f);
+  for (const auto& [key, value] : rope.items())
+    check(fields.count(key), source + ": " + field + "." + key +
+                                 " is not a parameter of rope_type " + type +
+                                 " that Lattice computes: remove it or convert the model");
+  if (rope.contains("partial_rotary_factor") || j.contains("partial_rotary_factor")) {
+    const json& prf = rope.contains("partial_rotary_factor") ? rope.at("partial_rotary_factor")
+                                                             : j.at("partial_rotary_factor");
+    check(prf.is_null() || prf.get<double>() == 1.0,
+          source + ": partial_rotary_factor " + prf.dump() +
+              " rotates part of each head; Lattice's RoPE rotates all of it");
   }
-  return j.value("rope_theta", 10000.0f);
+  const auto number = [&](const char* key, double fallback) {
+    return rope.contains(key) && !rope.at(key).is_null() ? rope.at(key).get<double>() : fallback;
+  };
+  // transformers 5 takes the pre-training length from a top-level original_max_position_embeddings
+  // first (Phi 3), then rope_parameters, then max_position_embeddings.
+  const auto original = [&]() -> int64_t {
+    if (j.contains("original_max_position_embeddings") &&
+        j.at("original_max_position_embeddings").is_number_integer())
+      return j.at("original_max_position_embeddings").get<int64_t>();
+    if (rope.contains("original_max_position_embeddings") &&
+        !rope.at("original_max_position_embeddings").is_null())
+      return rope.at("original_max_position_embeddings").get<int64_t>();
+    return c.max_seq_len;
+  };
+  const auto extended = [&](double factor, int64_t base) {
+    return std::max(c.max_seq_len, static_cast<int64_t>(std::llround(factor * base)));
+  };
+  switch (s.type) {
+    case kernels::RopeType::plain:
+      break;
+    case kernels::RopeType::linear:
+      check(rope.contains("factor"), source + ": " + field + " of type linear has no factor");
+      s.factor = number("factor", 1.0);
+      break;
+    case kernels::RopeType::dynamic:
+      // The base grows beyond max_position_embeddings; Lattice computes it for max_seq_len, which
+      // becomes the length the factor extends it to.
+      check(rope.contains("factor"), source + ": " + field + " of type dynamic has no factor");
+      s.factor = number("factor", 1.0);
+      s.original_max_positions = c.max_seq_len;
+      c.max_seq_len = extended(s.factor, c.max_seq_len);
+      break;
+    case kernels::RopeType::llama3:
+      for (const char* key : {"factor", "low_freq_factor", "high_freq_factor"})
+        check(rope.contains(key), source + ": " + field + " of type llama3 has no " + key);
+      s.factor = number("factor", 1.0);
+      s.low_freq_factor = number("low_freq_factor", 1.0);
+      s.high_freq_factor = number("high_freq_factor", 4.0);
+      s.original_max_positions = original();
+      break;
+    case kernels::RopeType::yarn: {
+      s.original_max_positions = original();
+      // transformers 5: an unset factor is max_position_embeddings / original.
+      s.factor = number("factor", static_cast<double>(c.max_seq_len) /
+                                      static_cast<double>(s.original_max_positions));
+      if (rope.contains("attention_factor") && !rope.at("attention_factor").is_null())
+        s.attention_factor = rope.at("attention_factor").get<double>();
+      // transformers: beta_fast or 32, beta_slow or 1 (a 0 or null means the default).
+      s.beta_fast = number("beta_fast", 0) != 0 ? number("beta_fast", 0) : 32.0;
+      s.beta_slow = number("beta_slow", 0) != 0 ? number("beta_slow", 0) : 1.0;
+      s.mscale = number("mscale", 0);
+      s.mscale_all_dim = number("mscale_all_dim", 0);
+      s.truncate = rope.contains("truncate") && !rope.at("truncate").is_null()
+                       ? rope.at("truncate").get<bool>()
+                       : true;
+      c.max_seq_len = extended(s.factor, s.original_max_positions);
+      break;
+    }
+  }
+}
+
+// The RoPE keys of an exported config.json: the top-level rope_theta (4.x; 5.x moves it into
+// rope_parameters) and, when scaled, rope_scaling with rope_type (both read it: 5.x as its
+// rope_parameters). yarn and dynamic take their base length from max_position_embeddings in
+// transformers 4.46, so it is the original context there; yarn's attention factor is written
+// resolved, since 4.46 has no mscale.
+void write_hf_rope(const model::ModelConfig& c, json& j) {
+  j["rope_theta"] = float_json(c.rope_theta);
+  const kernels::RopeScaling& s = c.rope_scaling;
+  if (!s.scaled()) return;
+  json r = {{"rope_type", kernels::rope_type_name(s.type)}, {"factor", s.factor}};
+  switch (s.type) {
+    case kernels::RopeType::plain:
+    case kernels::RopeType::linear:
+      break;
+    case kernels::RopeType::dynamic:
+      j["max_position_embeddings"] = s.original_max_positions;
+      break;
+    case kernels::RopeType::llama3:
+      r["low_freq_factor"] = s.low_freq_factor;
+      r["high_freq_factor"] = s.high_freq_factor;
+      r["original_max_position_embeddings"] = s.original_max_positions;
+      break;
+    case kernels::RopeType::yarn:
+      r["original_max_position_embeddings"] = s.original_max_positions;
+      r["beta_fast"] = s.beta_fast;
+      r["beta_slow"] = s.beta_slow;
+      r["attention_factor"] = kernels::yarn_attention_factor(s, s.factor);
+      if (!s.truncate) r["truncate"] = false;  // transformers 5 (4.46 always truncates)
+      j["max_position_embeddings"] = s.original_max_positions;
+      break;
+  }
+  j["rope_scaling"] = r;
 }
 
 int64_t get_int(const json& j, const char* key, const std::string& source) {
@@ -166,7 +299,6 @@ std::string hf_config_json(const model::ModelConfig& c) {
          {"num_key_value_heads", c.n_kv_heads},
          {"max_position_embeddings", c.max_seq_len},
          {"rms_norm_eps", float_json(c.norm_eps)},
-         {"rope_theta", float_json(c.rope_theta)},
          {"hidden_act", "silu"},
          {"initializer_range", float_json(c.init_std)},
          {"tie_word_embeddings", c.tied_embeddings},
@@ -185,6 +317,7 @@ std::string hf_config_json(const model::ModelConfig& c) {
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
     }
+    write_hf_rope(c, j);
   }
   j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";
@@ -230,13 +363,11 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
                          : c.n_heads;
       c.max_seq_len = get_int(j, "max_position_embeddings", source);
       c.norm_eps = j.value("rms_norm_eps", 1e-6f);
-      c.rope_theta = hf_rope_theta(j, source);
+      read_hf_rope(j, source, c);
       c.tied_embeddings = j.value("tie_word_embeddings", false);
       const std::string act = j.value("hidden_act", std::string("silu"));
       check(act == "silu",
             source + ": hidden_act \"" + act + "\" is not SiLU, the gate of Lattice's SwiGLU MLPs");
-      check(!j.contains("rope_scaling") || j.at("rope_scaling").is_null(),
-            source + ": rope_scaling is set; Lattice's RoPE has no scaling");
       if (type == "qwen2") {
         const json window = j.value("sliding_window", json());
         check(!j.value("use_sliding_window", false) || window.is_null() ||
