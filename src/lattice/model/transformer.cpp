@@ -86,7 +86,8 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
   };
   if (has_embedding()) embedding_unit_ = close_unit(true);
   if (descriptions.front().attention.rope)
-    rope_.emplace(config_.max_seq_len, config_.head_dim(), config_.rope_theta, config_.rope_scaling);
+    rope_.emplace(config_.max_seq_len, config_.head_dim(), config_.rope_theta,
+                  config_.rope_scaling);
   first_block_unit_ = static_cast<int>(units_.size());
   const parallel::SequenceLayout layout(tp);
   for (int64_t i = range_.first_block; i < range_.last_block; ++i) {
