@@ -1,4 +1,4 @@
-// The Hugging Face config.json mapping (train/hf_format.hpp) without transformers: what export
+// The Hugging Face config.json mapping (train/hf_config.hpp) without transformers: what export
 // writes reads back as the same model (every RoPE scaling type too), transformers 5.x's
 // rope_parameters reads as 4.x's rope_theta and rope_scaling, and what Lattice cannot express is
 // refused with one line. The files themselves are checked in transformers by test_hf_cli.cpp.
@@ -9,7 +9,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/model/model_config.hpp"
-#include "lattice/train/hf_format.hpp"
+#include "lattice/train/hf_config.hpp"
 
 namespace lattice::train {
 namespace {

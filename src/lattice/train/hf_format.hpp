@@ -5,24 +5,16 @@
 // ones already (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM); what
 // differs is the layout of GPT-2's Conv1D weights (c_attn, c_proj, c_fc: [in, out] there, [out, in]
 // here), which is transposed both ways, and GPT-2's tied head, which Hugging Face stores only as
-// the embedding.
+// the embedding. The config.json mapping is hf_config.hpp's.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 #include "lattice/model/model_config.hpp"
+#include "lattice/train/hf_config.hpp"
 
 namespace lattice::train {
-
-// config.json for `config` (model_type gpt2, llama, qwen2 or mixtral). Throws Error naming what a
-// `transformers` model of that type cannot express (e.g. DeepSeek-style MoE, GELU experts, MoE
-// only in some layers, a sigmoid router).
-std::string hf_config_json(const model::ModelConfig& config);
-// The model configuration of a Hugging Face config.json (`source` names it in errors): gpt2,
-// llama, qwen2 and mixtral model types, RoPE's base at the top level (transformers 4.x) or in
-// rope_parameters (5.x); anything else is one Error line naming the supported ones.
-model::ModelConfig model_config_from_hf(const std::string& config_json, const std::string& source);
 
 // True for the GPT-2 weights that Hugging Face stores transposed (Conv1D).
 bool hf_transposed(const model::ModelConfig& config, const std::string& name);
