@@ -2,7 +2,8 @@
 
 The models (GPT-2 family: learned positions, LayerNorm, GELU (tanh), biases, tied head; Llama family:
 RMSNorm as Hugging Face's LlamaRMSNorm, RoPE with Hugging Face's half rotation, SwiGLU, grouped-query
-attention, no biases, untied head; Qwen 2: Llama's with q/k/v biases) have state_dict keys and shapes exactly equal to Lattice's parameter
+attention, no biases, untied head; Qwen 2: Llama's with q/k/v biases; Qwen 3: Llama's with per-head q/k
+RMSNorm and heads of their own width; Mistral: Llama's with a sliding window) have state_dict keys and shapes exactly equal to Lattice's parameter
 names and shapes: every Linear weight is [out, in] (also GPT-2's c_attn/c_proj/c_fc, which Hugging Face
 stores transposed as Conv1D). They are built from a dict with the keys of the "lattice.model" JSON that
 Lattice writes into model.safetensors (family, vocab_size, max_seq_len, d_model, n_layers, n_heads,
@@ -53,13 +54,21 @@ def round_bf16(x):
     return x.bfloat16().float()
 
 
-def causal_attention(q, k, v):
-    """Causal softmax attention on [B, H, T, D] tensors (k and v already repeated to H heads).
-    Scores and softmax in fp32; under autocast the two products run in bf16 (probabilities are cast
-    to v's dtype first, as Hugging Face does)."""
+def hidden_keys(T, window, device):
+    """[T, T] True where query i does not see key j: the future (j > i) and, under a sliding window
+    W > 0, the keys before the window (j <= i - W: each query sees itself and W - 1 before it)."""
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(T, device=device)[None, :]
+    return (j > i) | ((j <= i - window) if window > 0 else torch.zeros_like(j > i))
+
+
+def causal_attention(q, k, v, window=0):
+    """Causal softmax attention on [B, H, T, D] tensors (k and v already repeated to H heads), with a
+    sliding window of `window` positions or none (0). Scores and softmax in fp32; under autocast the
+    two products run in bf16 (probabilities are cast to v's dtype first, as Hugging Face does)."""
     T, D = q.shape[-2], q.shape[-1]
     scores = torch.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(D))
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    mask = hidden_keys(T, window, q.device)
     scores = scores.masked_fill(mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.matmul(probs, v)
@@ -96,11 +105,11 @@ class _RoundedBf16Attention(torch.autograd.Function):
     dS = P (dP - delta) scale, dQ = bf16(dS) bf16(k), dK = bf16(dS)^T bf16(q), dV = bf16(P)^T bf16(dO)."""
 
     @staticmethod
-    def forward(ctx, q, k, v):
+    def forward(ctx, q, k, v, window=0):
         T, D = q.shape[-2], q.shape[-1]
         scale = 1.0 / math.sqrt(D)
         qr, kr, vr = round_bf16(q.float()), round_bf16(k.float()), round_bf16(v.float())
-        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        mask = hidden_keys(T, window, q.device)
         s = (torch.matmul(qr, kr.transpose(-2, -1)) * scale).masked_fill(mask, float("-inf"))
         row_max = s.amax(-1, keepdim=True)
         p = torch.exp(s - row_max)
@@ -108,14 +117,14 @@ class _RoundedBf16Attention(torch.autograd.Function):
         out = torch.matmul(round_bf16(p), vr) / row_sum
         lse = row_max + torch.log(row_sum)
         ctx.save_for_backward(qr, kr, vr, out, lse)
-        ctx.scale = scale
+        ctx.scale, ctx.window = scale, window
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         qr, kr, vr, out, lse = ctx.saved_tensors
         T = qr.shape[-2]
-        mask = torch.ones(T, T, dtype=torch.bool, device=qr.device).triu(1)
+        mask = hidden_keys(T, ctx.window, qr.device)
         s = (torch.matmul(qr, kr.transpose(-2, -1)) * ctx.scale).masked_fill(mask, float("-inf"))
         p = torch.exp(s - lse)
         d_out_r = round_bf16(d_out)
@@ -126,7 +135,7 @@ class _RoundedBf16Attention(torch.autograd.Function):
         dq = torch.matmul(dsr, kr)
         dk = torch.matmul(dsr.transpose(-2, -1), qr)
         dv = torch.matmul(pr.transpose(-2, -1), d_out_r)
-        return dq, dk, dv
+        return dq, dk, dv, None
 
 
 class _SlopeRoundedGelu(torch.autograd.Function):
@@ -153,8 +162,8 @@ def gelu_tanh(x):
 
 
 class Ops:
-    """The product kinds a model uses: linear(x, weight, bias), causal attention(q, k, v) and the
-    GELU (whose backward Lattice's bf16 computes from a bf16 slope)."""
+    """The product kinds a model uses: linear(x, weight, bias), causal attention(q, k, v, window)
+    and the GELU (whose backward Lattice's bf16 computes from a bf16 slope)."""
 
     def __init__(self, name, linear, attention, gelu=gelu_tanh):
         self.name, self.linear, self.attention, self.gelu = name, linear, attention, gelu
@@ -319,26 +328,43 @@ class Gpt2Model(nn.Module):
 # Llama
 
 
+def head_dim_of(config):
+    """A head's width: the config's head_dim when set (Qwen 3), else d_model / n_heads."""
+    return config.get("head_dim") or config["d_model"] // config["n_heads"]
+
+
 class LlamaAttention(nn.Module):
+    """Llama's attention; Qwen 2 adds q/k/v biases, Qwen 3 a per-head RMSNorm of q and of k before
+    RoPE (q_norm, k_norm over head_dim, as Hugging Face's Qwen3Attention) and heads of their own width,
+    Mistral a sliding window (the config's sliding_window)."""
+
     def __init__(self, config, ops):
         super().__init__()
         C = config["d_model"]
         self.n_heads = config["n_heads"]
         self.n_kv_heads = config["n_kv_heads"]
         self.ops = ops
-        self.head_dim = C // self.n_heads
-        kv = self.n_kv_heads * self.head_dim
+        self.head_dim = head_dim_of(config)
+        self.window = config.get("sliding_window", 0)
+        A, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         qkv_bias = config["family"] == "qwen2"  # Qwen 2: biases on q, k and v only
-        self.q_proj = Linear(C, C, qkv_bias, ops)
+        self.q_proj = Linear(C, A, qkv_bias, ops)
         self.k_proj = Linear(C, kv, qkv_bias, ops)
         self.v_proj = Linear(C, kv, qkv_bias, ops)
-        self.o_proj = Linear(C, C, False, ops)
+        self.o_proj = Linear(A, C, False, ops)
+        self.qk_norm = config["family"] == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config["norm_eps"])
+            self.k_norm = RMSNorm(self.head_dim, config["norm_eps"])
 
     def forward(self, x, cos, sin):
         B, T, C = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        q = self.q_proj(x).reshape(B, T, H, D).transpose(1, 2)
-        k = self.k_proj(x).reshape(B, T, Hkv, D).transpose(1, 2)
+        q = self.q_proj(x).reshape(B, T, H, D)
+        k = self.k_proj(x).reshape(B, T, Hkv, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).reshape(B, T, Hkv, D).transpose(1, 2)
         # RoPE in fp32, as Lattice rotates its fp32 q and k (Hugging Face rotates in the activation
         # dtype; under autocast the next product rounds q and k to bf16 either way).
@@ -349,7 +375,7 @@ class LlamaAttention(nn.Module):
         group = H // Hkv
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        y = self.ops.attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+        y = self.ops.attention(q, k, v, self.window).transpose(1, 2).reshape(B, T, H * D)
         return self.o_proj(y)
 
 
@@ -417,7 +443,7 @@ class LlamaModel(nn.Module):
         self.tied = bool(config.get("tied_embeddings", False))
         if not self.tied:
             self.lm_head = Linear(config["d_model"], config["vocab_size"], False, ops)
-        head_dim = config["d_model"] // config["n_heads"]
+        head_dim = head_dim_of(config)
         cos, sin = rope_cos_sin(config["max_seq_len"], head_dim, float(config["rope_theta"]))
         # Buffers, not parameters: left out of state_dict so the keys stay Lattice's.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -461,9 +487,10 @@ def build_model(config, ops=TORCH_OPS):
                          "compare a scaled model with transformers (tests/reference/hf_interop.py)")
     if family == "gpt2":
         return Gpt2Model(config, ops)
-    if family in ("llama", "qwen2"):  # Qwen 2: the Llama model with q/k/v biases
+    if family in ("llama", "mistral", "qwen2", "qwen3"):  # Llama's model with their options
         return LlamaModel(config, ops)
-    raise ValueError(f"unknown model family {family!r}: use 'gpt2', 'llama' or 'qwen2'")
+    raise ValueError(f"unknown model family {family!r}: use 'gpt2', 'llama', 'mistral', 'qwen2' or "
+                     "'qwen3'")
 
 
 def init_like_lattice(model, seed=0):

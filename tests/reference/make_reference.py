@@ -71,7 +71,9 @@ def run(config, weights, tokens, targets, prefix, ops, bf16_autocast):
     out[prefix + "logits"] = logits.detach().float().reshape(-1, logits.shape[-1])
     out[prefix + "loss"] = loss.detach().float().reshape(())
     for name, p in model.named_parameters():
-        out[prefix + "grad/" + name] = p.grad.detach().float().clone()
+        # An expert no token was routed to has no gradient in PyTorch; Lattice's is zero.
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        out[prefix + "grad/" + name] = grad.detach().float().clone()
 
     model = lt.load_lattice_weights(lt.build_model(config, ops), weights)
     optimizer = lt.make_adamw(
@@ -87,6 +89,11 @@ def run(config, weights, tokens, targets, prefix, ops, bf16_autocast):
         with autocast:
             _, loss = model(tokens, targets)
         training_loss(model, loss).backward()
+        # An expert no token reached: a zero gradient, as in Lattice, so that AdamW still decays
+        # its weights and moves its moments (PyTorch skips a parameter whose grad is None).
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         norms.append(lt.clip_gradients(model, HYPER["max_grad_norm"]))
         optimizer.step()
         losses.append(float(loss))

@@ -467,8 +467,9 @@ TEST_P(PytorchParity, RegenerateCommittedData) {
 
 INSTANTIATE_TEST_SUITE_P(Families, PytorchParity,
                          ::testing::Values(std::string("gpt2"), std::string("llama"),
-                                           std::string("qwen2"), std::string("mixtral"),
-                                           std::string("deepseek_moe"),
+                                           std::string("qwen2"), std::string("qwen3"),
+                                           std::string("mistral"), std::string("qwen3_moe"),
+                                           std::string("mixtral"), std::string("deepseek_moe"),
                                            std::string("mixtral_capacity"),
                                            std::string("mixtral_gelu")),
                          [](const auto& info) { return info.param; });

@@ -14,7 +14,10 @@ BlockDescription describe_block(const ModelConfig& config, int64_t layer) {
                 "MoE preset: mixtral-tiny, deepseek-moe-tiny)");
       return gpt2_block(config, layer);
     case Family::llama:
+    case Family::mistral:
       return llama_block(config, layer);
+    case Family::qwen3:
+      return qwen3_block(config, layer);
     case Family::qwen2:
       check(!config.is_moe(), "model.n_experts = " + std::to_string(config.n_experts) +
                                   ": Qwen 2 MoE layers are not built yet; use model.family = "

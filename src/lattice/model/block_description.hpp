@@ -30,10 +30,12 @@ struct BlockDescription {
   parallel::ParallelizePlan plan = parallel::ParallelizePlan::megatron();
 };
 
-// The families' blocks (families/gpt2.cpp, families/llama.cpp).
+// The families' blocks (families/*.cpp). Mistral's is Llama's: the sliding window any RoPE
+// family takes from the config is what its Hugging Face type adds.
 BlockDescription gpt2_block(const ModelConfig& config, int64_t layer);
 BlockDescription llama_block(const ModelConfig& config, int64_t layer);
 BlockDescription qwen2_block(const ModelConfig& config, int64_t layer);
+BlockDescription qwen3_block(const ModelConfig& config, int64_t layer);
 
 // Block `layer` of a model of `config`, as its family describes it.
 BlockDescription describe_block(const ModelConfig& config, int64_t layer);

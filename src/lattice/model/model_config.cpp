@@ -13,6 +13,10 @@ std::string family_name(Family family) {
       return "llama";
     case Family::qwen2:
       return "qwen2";
+    case Family::qwen3:
+      return "qwen3";
+    case Family::mistral:
+      return "mistral";
   }
   return "unknown";
 }
@@ -21,7 +25,10 @@ Family parse_family(const std::string& name) {
   if (name == "gpt2") return Family::gpt2;
   if (name == "llama") return Family::llama;
   if (name == "qwen2") return Family::qwen2;
-  throw Error("unknown model family '" + name + "': use \"gpt2\", \"llama\" or \"qwen2\"");
+  if (name == "qwen3") return Family::qwen3;
+  if (name == "mistral") return Family::mistral;
+  throw Error("unknown model family '" + name +
+              "': use \"gpt2\", \"llama\", \"mistral\", \"qwen2\" or \"qwen3\"");
 }
 
 std::string moe_names_name(MoeNames names) {
@@ -66,9 +73,15 @@ void ModelConfig::validate() const {
   positive("n_heads", n_heads);
   positive("n_kv_heads", n_kv_heads);
   positive("ffn_hidden", ffn_hidden);
-  check(d_model % n_heads == 0, "model.d_model (" + std::to_string(d_model) +
-                                    ") is not divisible by model.n_heads (" +
-                                    std::to_string(n_heads) + "): choose heads that divide it");
+  check(explicit_head_dim >= 0,
+        "model.head_dim must not be negative (0: d_model / n_heads, else each head's width)");
+  check(explicit_head_dim > 0 || d_model % n_heads == 0,
+        "model.d_model (" + std::to_string(d_model) + ") is not divisible by model.n_heads (" +
+            std::to_string(n_heads) +
+            "): choose heads that divide it, or give each head its width (model.head_dim)");
+  check(sliding_window >= 0,
+        "model.sliding_window must not be negative (0: no window, else the "
+        "positions each query sees, itself included)");
   check(n_heads % n_kv_heads == 0,
         "model.n_heads (" + std::to_string(n_heads) + ") is not a multiple of model.n_kv_heads (" +
             std::to_string(n_kv_heads) + "): grouped-query attention needs whole groups");
@@ -79,6 +92,12 @@ void ModelConfig::validate() const {
           "gpt2 models have no grouped-query attention: set model.n_kv_heads "
           "equal to model.n_heads (" +
               std::to_string(n_heads) + ")");
+    check(explicit_head_dim == 0 || explicit_head_dim * n_heads == d_model,
+          "gpt2 models' heads are d_model / n_heads wide (one packed q | k | v projection): leave "
+          "model.head_dim at 0");
+    check(sliding_window == 0,
+          "gpt2 models attend to every earlier position: leave model.sliding_window at 0 (a "
+          "sliding window is Mistral's: model.family = \"mistral\")");
   } else {
     check(head_dim() % 2 == 0, family_name(family) +
                                    " models need an even head dimension for RoPE, got " +
@@ -117,7 +136,7 @@ void ModelConfig::validate() const {
 }
 
 int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
-  const int64_t C = d_model, kv = n_kv_heads * head_dim();
+  const int64_t C = d_model, kv = n_kv_heads * head_dim(), A = attention_width();
   int64_t per_layer = 0, embed = vocab_size * C, head = tied_embeddings ? 0 : vocab_size * C;
   if (family == Family::gpt2) {
     per_layer = 2 * C                          // ln_1
@@ -130,11 +149,12 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
     int64_t positions = with_position_embedding ? max_seq_len * C : 0;
     return embed + positions + n_layers * per_layer + final_norm + head;
   }
-  per_layer = C                                // input_layernorm
-              + C * C + 2 * kv * C             // q, k, v
-              + (qkv_bias() ? C + 2 * kv : 0)  // their biases (Qwen)
-              + C * C                          // o_proj
-              + C;                             // post_attention_layernorm
+  per_layer = C                                   // input_layernorm
+              + A * C + 2 * kv * C                // q, k, v
+              + (qkv_bias() ? A + 2 * kv : 0)     // their biases (Qwen 2)
+              + (qk_norm() ? 2 * head_dim() : 0)  // the q and k norms (Qwen 3)
+              + C * A                             // o_proj
+              + C;                                // post_attention_layernorm
   const int64_t dense_mlp = 3 * ffn_hidden * C;
   const int64_t expert = expert_matrices() * expert_ffn_hidden() * C;
   const int64_t shared = 3 * expert_ffn_hidden() * C;  // shared experts are SwiGLU
@@ -152,8 +172,8 @@ int64_t ModelConfig::active_parameter_count(bool with_position_embedding) const 
 
 double ModelConfig::flops_per_token(int64_t seq_len) const {
   return 6.0 * static_cast<double>(active_parameter_count(false)) +
-         12.0 * static_cast<double>(n_layers) * static_cast<double>(seq_len) *
-             static_cast<double>(d_model);
+         12.0 * static_cast<double>(n_layers) * static_cast<double>(attended_keys(seq_len)) *
+             static_cast<double>(attention_width());
 }
 
 ModelConfig gpt2_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
@@ -200,6 +220,24 @@ ModelConfig qwen2_config(const std::string& name, int64_t layers, int64_t d, int
   return c;
 }
 
+ModelConfig qwen3_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, int64_t ffn, int64_t vocab,
+                         int64_t seq, bool tied) {
+  ModelConfig c = qwen2_config(name, layers, d, heads, kv_heads, ffn, vocab, seq, tied);
+  c.family = Family::qwen3;
+  c.explicit_head_dim = head_dim == d / heads ? 0 : head_dim;
+  return c;
+}
+
+ModelConfig mistral_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
+                           int64_t kv_heads, int64_t ffn, int64_t vocab, int64_t seq,
+                           int64_t window) {
+  ModelConfig c = llama_config(name, layers, d, heads, kv_heads, ffn, vocab, seq);
+  c.family = Family::mistral;
+  c.sliding_window = window;
+  return c;
+}
+
 namespace {
 
 // The GPT models of the published Megatron-LM and Korthikanti tables: V = 51200, s = 2048, and
@@ -216,6 +254,18 @@ ModelConfig with_rope_theta(ModelConfig c, float theta) {
   return c;
 }
 
+// Llama 3.1 / 3.2's RoPE: base 500000, llama3 scaling of an 8192-token context by `factor`.
+ModelConfig with_llama3_scaling(ModelConfig c, double factor, bool tied) {
+  c.rope_theta = 500000.0f;
+  c.rope_scaling.type = kernels::RopeType::llama3;
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_positions = 8192;
+  c.tied_embeddings = tied;
+  return c;
+}
+
 std::vector<ModelConfig> build_presets() {
   std::vector<ModelConfig> p;
   // The trainer's small models (tests, the demo, benchmarks).
@@ -225,6 +275,10 @@ std::vector<ModelConfig> build_presets() {
   p.push_back(llama_config("llama-tiny", 2, 32, 4, 2, 64, 64, 32));
   p.push_back(llama_config("llama-small-test", 4, 256, 8, 4, 688, 8192, 256));
   p.push_back(qwen2_config("qwen2-tiny", 2, 32, 4, 2, 64, 64, 32, true));
+  // Qwen 3 with heads of their own width (4 x 16 = 64 query channels on a 32-wide model, as
+  // Qwen3-30B-A3B's 32 x 128 on 2048); Mistral with a window of 8 on 32 positions.
+  p.push_back(qwen3_config("qwen3-tiny", 2, 32, 4, 2, 16, 64, 64, 32, true));
+  p.push_back(mistral_config("mistral-tiny", 2, 32, 4, 2, 64, 64, 32, 8));
   // Mixture-of-experts test models on llama-tiny's trunk: Mixtral-style (4 experts of the dense
   // width, top-2, softmax, every layer) and DeepSeek/Qwen-MoE-style (8 fine-grained experts of a
   // quarter width, top-2, one shared expert, sigmoid scores, MoE in the second layer only).
@@ -243,6 +297,15 @@ std::vector<ModelConfig> build_presets() {
   deepseek_tiny.moe_names = MoeNames::deepseek;
   deepseek_tiny.moe_aux_loss_coef = 0.001;
   p.push_back(deepseek_tiny);
+  // Qwen3-MoE on qwen3-tiny's trunk: 8 experts of a quarter width, top-2 softmax, renormalised,
+  // every layer, no shared expert (Qwen3-30B-A3B's recipe).
+  ModelConfig qwen3_moe_tiny = qwen3_config("qwen3-moe-tiny", 2, 32, 4, 2, 16, 64, 64, 32, true);
+  qwen3_moe_tiny.n_experts = 8;
+  qwen3_moe_tiny.top_k = 2;
+  qwen3_moe_tiny.moe_ffn_hidden = 16;
+  qwen3_moe_tiny.moe_names = MoeNames::deepseek;
+  qwen3_moe_tiny.moe_aux_loss_coef = 0.001;
+  p.push_back(qwen3_moe_tiny);
   p.push_back(llama_config("llama-60m", 8, 512, 8, 4, 1376, 32000, 1024));
   p.push_back(llama_config("llama-1b", 16, 2048, 32, 8, 8192, 128256, 2048));
   // GPT-2 (Radford et al. 2019; Hugging Face configs): V = 50257, s = 1024, tied embeddings, and
@@ -264,10 +327,32 @@ std::vector<ModelConfig> build_presets() {
       with_rope_theta(llama_config("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192), 500000.0f));
   p.push_back(with_rope_theta(llama_config("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
                               500000.0f));
+  // Llama 3.1 8B and 3.2 1B / 3B (the models' config.json): s = 131072 by llama3 RoPE scaling of
+  // an 8192-token pre-training context (factor 8 for 3.1, 32 for 3.2); 3.2 ties its head.
+  p.push_back(with_llama3_scaling(
+      llama_config("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072), 8.0, false));
+  p.push_back(with_llama3_scaling(
+      llama_config("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072), 32.0, true));
+  p.push_back(with_llama3_scaling(
+      llama_config("llama3.2-3b", 28, 3072, 24, 8, 8192, 128256, 131072), 32.0, true));
+  // Mistral 7B v0.1 (Jiang et al. 2023, its config.json): a 4096-position sliding window,
+  // s = 32768.
+  p.push_back(mistral_config("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, 4096));
   // Qwen 2.5 (Qwen team 2024, the models' config.json): V = 151936 (0.5B) / 152064 (7B), RoPE
   // base 10^6, s = 32768; 0.5B ties its head to the embedding.
   p.push_back(qwen2_config("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, 32768, true));
   p.push_back(qwen2_config("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768, false));
+  // Qwen 3 (Qwen team 2025, the models' config.json): V = 151936, heads 128 wide, RoPE base 10^6,
+  // s = 40960; 30B-A3B: 128 experts of width 768, top-8, renormalised, in every layer.
+  p.push_back(qwen3_config("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, 40960, false));
+  ModelConfig qwen3_moe =
+      qwen3_config("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, 40960, false);
+  qwen3_moe.n_experts = 128;
+  qwen3_moe.top_k = 8;
+  qwen3_moe.moe_ffn_hidden = 768;
+  qwen3_moe.moe_names = MoeNames::deepseek;
+  qwen3_moe.moe_aux_loss_coef = 0.001;
+  p.push_back(qwen3_moe);
   // Mixtral 8x7B (Jiang et al. 2024): Mistral-7B blocks with 8 experts, top-2 routing.
   ModelConfig mixtral = with_rope_theta(
       llama_config("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096), 1000000.0f);

@@ -1,4 +1,5 @@
-// Model configuration: the architecture family (GPT-2, Llama or Qwen 2), its dimensions, the named
+// Model configuration: the architecture family (GPT-2, Llama, Mistral, Qwen 2 or Qwen 3), its
+// dimensions, the named
 // presets and the checks that refuse a model whose dimensions do not fit together. This is the one
 // model description of Lattice: the trainer builds it, the planner (`lattice
 // estimate/simulate/plan`) estimates it, and both read the same preset table.
@@ -19,7 +20,10 @@ namespace lattice::model {
 // gpt2: learned positions, LayerNorm with bias, biased projections, GELU MLP (2 matrices).
 // llama: RoPE, RMSNorm, no biases, SwiGLU MLP (3 matrices).
 // qwen2: Llama's block with biases on the q, k and v projections (Qwen 2 and 2.5).
-enum class Family { gpt2, llama, qwen2 };
+// qwen3: Llama's block with a per-head RMSNorm of q and of k before RoPE (Qwen 3), no biases.
+// mistral: Llama's block, saved as Hugging Face's MistralForCausalLM (its sliding window; any RoPE
+// family honours model.sliding_window, Mistral is the one whose Hugging Face type carries it).
+enum class Family { gpt2, llama, qwen2, qwen3, mistral };
 
 // How a MoE layer's parameters are named (Hugging Face): mixtral —
 // "block_sparse_moe.gate.weight", "block_sparse_moe.experts.<j>.w1/w3/w2.weight"; deepseek (also
@@ -39,7 +43,13 @@ struct ModelConfig {
   int64_t d_model = 128;
   int64_t n_layers = 2;
   int64_t n_heads = 4;
-  int64_t n_kv_heads = 4;    // grouped-query attention: n_heads must be a multiple of it
+  int64_t n_kv_heads = 4;  // grouped-query attention: n_heads must be a multiple of it
+  // A head's width when it is not d_model / n_heads (Qwen 3: 128 at any width); 0: d_model /
+  // n_heads. The q and o projections are then n_heads · head_dim wide.
+  int64_t explicit_head_dim = 0;
+  // Each query sees itself and the sliding_window - 1 positions before it (Mistral); 0: every
+  // earlier position. RoPE families only.
+  int64_t sliding_window = 0;
   int64_t ffn_hidden = 512;  // GPT-2: 4·d_model; Llama: SwiGLU inner size (per expert for MoE)
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
@@ -79,7 +89,14 @@ struct ModelConfig {
   // has no dropout yet and refuses a nonzero value.
   float dropout = 0.0f;
 
-  int64_t head_dim() const { return d_model / n_heads; }
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : d_model / n_heads; }
+  // The query heads' channels, n_heads · head_dim (d_model unless the head width is explicit).
+  int64_t attention_width() const { return n_heads * head_dim(); }
+  // The keys one query attends to at sequence length T, as the FLOP count takes them (every
+  // position, or the sliding window).
+  int64_t attended_keys(int64_t seq_len) const {
+    return sliding_window > 0 ? std::min(seq_len, sliding_window) : seq_len;
+  }
   // The vocabulary a tensor-parallel group of `tp` ranks splits: vocab_size itself at tp = 1,
   // else padded to a multiple of tp x 64 (Megatron's make-vocab-size-divisible-by), so that every
   // rank holds an equal slice; the padded rows are never looked up and their logits never count.
@@ -106,7 +123,8 @@ struct ModelConfig {
   bool learned_positions() const { return family == Family::gpt2; }  // a wpe table
   bool norm_has_bias() const { return family == Family::gpt2; }      // LayerNorm vs RMSNorm
   bool linear_bias() const { return family == Family::gpt2; }        // every projection biased
-  bool qkv_bias() const { return family != Family::llama; }          // q, k, v biased (GPT-2, Qwen)
+  bool qkv_bias() const { return family == Family::gpt2 || family == Family::qwen2; }  // q, k, v
+  bool qk_norm() const { return family == Family::qwen3; }  // per-head q/k RMSNorm (Qwen 3)
   // Throws lattice::Error naming the first inconsistency and how to fix it.
   void validate() const;
   // Number of parameters (the trainer's closed form, every expert counted);
@@ -115,9 +133,10 @@ struct ModelConfig {
   // each MoE layer; the same as parameter_count for a dense model).
   int64_t parameter_count(bool with_position_embedding = true) const;
   int64_t active_parameter_count(bool with_position_embedding = true) const;
-  // Model FLOPs per trained token at sequence length T: 6N + 12·L·T·d (forward + backward, the
+  // Model FLOPs per trained token at sequence length T: 6N + 12·L·T·A (forward + backward, the
   // attention score and value products counted as in PaLM's MFU definition; N the active
-  // parameters without positions).
+  // parameters without positions, A the attention width; under a sliding window W < T the
+  // products span W keys, not T).
   double flops_per_token(int64_t seq_len) const;
 };
 
@@ -131,8 +150,9 @@ MoeActivation parse_moe_activation(const std::string& name);
 kernels::RouterScore parse_router_score(const std::string& name);
 
 // A GPT-2-family model (learned positions, tied embeddings, 4·d MLP), a Llama-family model
-// (untied head) and a Qwen 2 model (Llama's with q/k/v biases, RoPE base 10^6, RMSNorm eps 10^-6,
-// the head tied as given) from their dimensions.
+// (untied head), a Qwen 2 model (Llama's with q/k/v biases, RoPE base 10^6, RMSNorm eps 10^-6,
+// the head tied as given), a Qwen 3 model (Qwen 2's defaults, q/k norms for its biases, its own
+// head width) and a Mistral model (Llama's with a sliding window; 0: none) from their dimensions.
 ModelConfig gpt2_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
                         int64_t vocab, int64_t max_seq_len);
 ModelConfig llama_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
@@ -140,6 +160,12 @@ ModelConfig llama_config(const std::string& name, int64_t layers, int64_t d_mode
 ModelConfig qwen2_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
                          int64_t kv_heads, int64_t ffn_hidden, int64_t vocab, int64_t max_seq_len,
                          bool tied_embeddings);
+ModelConfig qwen3_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, int64_t ffn_hidden, int64_t vocab,
+                         int64_t max_seq_len, bool tied_embeddings);
+ModelConfig mistral_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
+                           int64_t kv_heads, int64_t ffn_hidden, int64_t vocab, int64_t max_seq_len,
+                           int64_t sliding_window);
 
 // The presets, in table order: the trainer's small models (gpt2-tiny, gpt2-small-test, gpt2-demo,
 // llama-tiny, llama-small-test, qwen2-tiny, mixtral-tiny, deepseek-moe-tiny, llama-60m, llama-1b),

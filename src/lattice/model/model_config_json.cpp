@@ -41,6 +41,8 @@ std::string model_config_to_json(const ModelConfig& c) {
       j["moe_activation"] = moe_activation_name(c.moe_activation);
   }
   if (c.dropout != 0) j["dropout"] = c.dropout;
+  if (c.explicit_head_dim != 0) j["head_dim"] = c.explicit_head_dim;
+  if (c.sliding_window != 0) j["sliding_window"] = c.sliding_window;
   // Only a scaled RoPE is written, so that the metadata of plain-RoPE models stays as it was.
   if (c.rope_scaling.scaled()) {
     const kernels::RopeScaling& s = c.rope_scaling;
@@ -93,6 +95,8 @@ ModelConfig model_config_from_json(const std::string& json) {
     c.moe_names = parse_moe_names(j.value("moe_names", std::string("mixtral")));
     c.moe_activation = parse_moe_activation(j.value("moe_activation", std::string("swiglu")));
     c.dropout = j.value("dropout", 0.0f);
+    c.explicit_head_dim = j.value("head_dim", int64_t{0});
+    c.sliding_window = j.value("sliding_window", int64_t{0});
     if (j.contains("rope_scaling")) {
       const auto& r = j.at("rope_scaling");
       kernels::RopeScaling& s = c.rope_scaling;

@@ -9,14 +9,16 @@ ForwardFlops forward_flops_per_sequence(const ModelSpec& m) {
   const double s = static_cast<double>(m.seq_len);
   const double h = static_cast<double>(m.d_model);
   const double kv_width = static_cast<double>(m.n_kv_heads * m.head_dim());
+  const double a = static_cast<double>(m.attention_width());  // h unless heads are wider
   const double f = static_cast<double>(m.ffn_hidden);
   const double per_token_layer =
-      2 * (h * h + 2 * h * kv_width + h * h) +                      // QKV + out
+      2 * (h * a + 2 * h * kv_width + a * h) +                      // QKV + out
       2 * (m.gated_mlp() ? 3 : 2) * h * f * m.top_k +               // MLP
       (m.is_moe() ? 2 * h * static_cast<double>(m.n_experts) : 0);  // router
   ForwardFlops flops;
   flops.dense_gemms = per_token_layer * s * m.n_layers;
-  flops.attention_core = 4 * s * s * h * m.n_layers;
+  // QK^T and PV over the keys each query attends to (every position, or the sliding window).
+  flops.attention_core = 4 * s * static_cast<double>(m.attended_keys(m.seq_len)) * a * m.n_layers;
   flops.logits = 2 * s * h * static_cast<double>(m.vocab_size);
   return flops;
 }

@@ -54,6 +54,7 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
   const double f = static_cast<double>(m.ffn_hidden);
   const double hd = static_cast<double>(m.head_dim());
   const double kv_width = static_cast<double>(m.n_kv_heads * m.head_dim());
+  const double a = static_cast<double>(m.attention_width());  // h unless heads are wider
   const double heads_local = static_cast<double>(m.n_heads) / t;
   const double local_experts = static_cast<double>(m.n_experts) / l.ep;
   // Tokens each local expert sees (balanced routing); the dense MLP is one expert seeing every
@@ -62,17 +63,20 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
   const double up_width = f * (m.gated_mlp() ? 2 : 1) / t;
 
   // Forward GEMMs (backward runs the same shapes twice: input and weight gradients).
-  double dense_gemm = gemm_seconds(tokens, h, (h + 2 * kv_width) / t, hw, cost) +  // QKV
-                      gemm_seconds(tokens, h / t, h, hw, cost) +                   // output proj
+  double dense_gemm = gemm_seconds(tokens, h, (a + 2 * kv_width) / t, hw, cost) +  // QKV
+                      gemm_seconds(tokens, a / t, h, hw, cost) +                   // output proj
                       local_experts * (gemm_seconds(expert_tokens, h, up_width, hw, cost) +
                                        gemm_seconds(expert_tokens, f / t, h, hw, cost));  // MLP
   if (m.is_moe()) dense_gemm += gemm_seconds(tokens, h, static_cast<double>(m.n_experts), hw, cost);
   // QK^T and attention x V per head, queries local, keys all; FlashAttention skips the masked half.
-  const double causal_share = l.flash_attention ? 0.5 : 1.0;
+  // Under a sliding window shorter than the sequence each query's band of window keys is computed
+  // (the tiles beyond it skipped): no causal half to skip.
+  const bool windowed = m.attended_keys(m.seq_len) < m.seq_len;
+  const double keys = static_cast<double>(m.attended_keys(m.seq_len));
+  const double causal_share = l.flash_attention && !windowed ? 0.5 : 1.0;
   const double attention_gemm =
-      causal_share *
-      (gemm_seconds(s_local, hd, static_cast<double>(m.seq_len), hw, cost, b * heads_local) +
-       gemm_seconds(s_local, static_cast<double>(m.seq_len), hd, hw, cost, b * heads_local));
+      causal_share * (gemm_seconds(s_local, hd, keys, hw, cost, b * heads_local) +
+                      gemm_seconds(s_local, keys, hd, hw, cost, b * heads_local));
 
   // Memory-bound traffic, bytes per forward (counted kernel by kernel; bf16 = 2 bytes).
   const double dropout_mask = m.has_dropout() ? 1 : 0;
@@ -80,7 +84,7 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
                                       + 2 * (6 + dropout_mask) * h;  // two bias-dropout-residual
   const double sharded_per_token =
       (m.gated_mlp() ? 6 : 4) * f * m.top_k / t                // activation function
-      + (m.learned_positions() ? 0 : 4 * (h + kv_width) / t);  // rotary embedding on q, k
+      + (m.learned_positions() ? 0 : 4 * (a + kv_width) / t);  // rotary embedding on q, k
   const double score_bytes = l.flash_attention
                                  ? 0  // scores stay on chip
                                  : b * heads_local * s_local * static_cast<double>(m.seq_len) *

@@ -37,7 +37,9 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelLayout& l, Recom
   const double a = static_cast<double>(m.n_heads);
   const double t = l.tp;
   const double f = static_cast<double>(m.ffn_hidden);
-  const double kv_share = static_cast<double>(m.n_kv_heads) / m.n_heads;
+  // The query and key/value channels (h and kv_share · h unless the heads have their own width).
+  const double q_width = static_cast<double>(m.attention_width());
+  const double kv_width = static_cast<double>(m.n_kv_heads * m.head_dim());
   const double sbh = s * b * h;
   if (mode == Recompute::kFull)  // only the layer input is kept (sharded over tp with SP)
     return 2 * sbh / (l.sequence_parallel ? t : 1);
@@ -49,7 +51,7 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelLayout& l, Recom
   // Sharded over TP: Q, K, V, the projection input, and the MLP's activation inputs/outputs.
   const double mlp_per_token =
       (m.gated_mlp() ? 6 : 4) * f * m.top_k + (m.is_moe() ? 2 * h * m.top_k : 0);
-  const double sharded = sbh * (2 + 4 * kv_share + 2) + s * b * mlp_per_token;
+  const double sharded = s * b * (2 * q_width + 4 * kv_width + 2 * q_width) + s * b * mlp_per_token;
   // Attention scores: softmax output (2 bytes), with dropout also its mask (1) and output (2); none
   // with FlashAttention. FlashAttention keeps only the fp32 log-sum-exp per query and head.
   const double scores = l.flash_attention               ? b * a * s * 4

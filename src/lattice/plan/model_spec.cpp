@@ -32,16 +32,17 @@ void validate(const ModelSpec& m) {
 ParameterCount count_parameters(const ModelSpec& m) {
   validate(m);
   const int64_t h = m.d_model;
-  const int64_t kv_width = m.n_kv_heads * m.head_dim();
+  const int64_t kv_width = m.n_kv_heads * m.head_dim(), a = m.attention_width();
   const int64_t norm = m.norm_has_bias() ? 2 * h : h;
   ParameterCount count;
   count.embedding = m.vocab_size * h + (m.learned_positions() ? m.max_seq_len * h : 0);
-  int64_t attention = h * h + 2 * h * kv_width + h * h;  // Q, K, V, output projection
+  int64_t attention = h * a + 2 * h * kv_width + a * h;  // Q, K, V, output projection
   if (m.linear_bias())
-    attention += h + 2 * kv_width + h;
+    attention += a + 2 * kv_width + h;
   else if (m.qkv_bias())  // Qwen 2: biases on Q, K and V only
-    attention += h + 2 * kv_width;
-  auto mlp_of = [&](int64_t width) {  // one MLP of `width` hidden channels
+    attention += a + 2 * kv_width;
+  if (m.qk_norm()) attention += 2 * m.head_dim();  // Qwen 3's per-head q and k norms
+  auto mlp_of = [&](int64_t width) {               // one MLP of `width` hidden channels
     int64_t mlp = (m.gated_mlp() ? 3 : 2) * h * width;
     if (m.linear_bias()) mlp += (m.gated_mlp() ? 2 : 1) * width + h;
     return width > 0 ? mlp : 0;

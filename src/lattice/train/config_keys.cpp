@@ -102,19 +102,26 @@ std::vector<ConfigKey> build_keys() {
   add("model", "family",
       enum_key(model_field(&ModelConfig::family), model::parse_family, model::family_name),
       "gpt2 (learned positions, LayerNorm, GELU, biases), llama (RMSNorm, RoPE, SwiGLU, GQA, "
-      "no biases) or qwen2 (llama with q/k/v biases); from the preset");
+      "no biases), mistral (llama, saved with its sliding window), qwen2 (llama with q/k/v "
+      "biases) or qwen3 (llama with per-head q/k RMSNorm); from the preset");
   add("model", "vocab_size", int_key(model_field(&ModelConfig::vocab_size)),
       "vocabulary (>= 256 with the byte tokenizer); from the preset");
   add("model", "max_seq_len", int_key(model_field(&ModelConfig::max_seq_len)),
       "longest sequence: learned positions (GPT-2) or the RoPE table (Llama); from the preset");
   add("model", "d_model", int_key(model_field(&ModelConfig::d_model)),
-      "hidden width, a multiple of n_heads; from the preset");
+      "hidden width, a multiple of n_heads unless head_dim is set; from the preset");
   add("model", "n_layers", int_key(model_field(&ModelConfig::n_layers)),
       "transformer blocks; from the preset");
   add("model", "n_heads", int_key(model_field(&ModelConfig::n_heads)),
       "attention heads; from the preset");
   add("model", "n_kv_heads", int_key(model_field(&ModelConfig::n_kv_heads)),
       "key/value heads (grouped-query attention), dividing n_heads; from the preset");
+  add("model", "head_dim", int_key(model_field(&ModelConfig::explicit_head_dim)),
+      "each attention head's width when it is not d_model / n_heads (Qwen 3: 128); 0: d_model / "
+      "n_heads; from the preset");
+  add("model", "sliding_window", int_key(model_field(&ModelConfig::sliding_window)),
+      "positions each query sees, itself included (Mistral: 4096); 0: all earlier ones; RoPE "
+      "families; from the preset");
   add("model", "ffn_hidden", int_key(model_field(&ModelConfig::ffn_hidden)),
       "MLP inner width (GPT-2: 4 x d_model; Llama: the SwiGLU width); from the preset");
   add("model", "norm_eps", number_key(model_field(&ModelConfig::norm_eps)),
@@ -157,7 +164,8 @@ std::vector<ConfigKey> build_keys() {
   add("model", "tied_embeddings", bool_key(model_field(&ModelConfig::tied_embeddings)),
       "the head shares the token embedding's weights (GPT-2); from the preset");
   add("model", "n_experts", int_key(model_field(&ModelConfig::n_experts)),
-      "routed experts per MoE layer, Llama family only (1: dense); see docs/moe.md");
+      "routed experts per MoE layer, Llama, Mistral and Qwen 3 families (1: dense); see "
+      "docs/moe.md");
   add("model", "top_k", int_key(model_field(&ModelConfig::top_k)),
       "experts each token is routed to");
   add("model", "moe_layer_interval", int_key(model_field(&ModelConfig::moe_layer_interval)),

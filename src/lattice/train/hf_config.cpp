@@ -19,18 +19,35 @@ namespace {
 // Refuses a model `transformers` cannot express as the model type we write.
 void check_exportable(const model::ModelConfig& c) {
   auto refuse = [](const std::string& what) {
-    throw Error("Hugging Face export: " + what +
-                " has no transformers equivalent among gpt2, llama, qwen2 and mixtral; train with "
-                "settings that do, or export the Lattice checkpoint as it is");
+    throw Error(
+        "Hugging Face export: " + what +
+        " has no transformers equivalent among gpt2, llama, mistral, qwen2, qwen3, mixtral "
+        "and qwen3_moe; train with settings that do, or export the Lattice checkpoint as it "
+        "is");
   };
-  if (c.family == model::Family::gpt2 && c.n_kv_heads != c.n_heads)
+  using model::Family;
+  if (c.family == Family::gpt2 && c.n_kv_heads != c.n_heads)
     refuse("GPT-2 with grouped-query attention (n_kv_heads < n_heads)");
+  // A sliding window is saved by Mistral's and Mixtral's types only (Qwen 2's applies it to some
+  // layers only).
+  if (c.sliding_window > 0 && c.family != Family::mistral &&
+      !(c.is_moe() && c.family == Family::llama))
+    refuse("a " + model::family_name(c.family) +
+           " model with a sliding window (set model.family = \"mistral\": the same block)");
   if (!c.is_moe()) return;
-  if (c.moe_names != model::MoeNames::mixtral) refuse("a DeepSeek-style MoE (model.moe_names)");
+  if (c.family == Family::qwen3) {  // Qwen3-MoE: deepseek names, no shared experts
+    if (c.moe_names != model::MoeNames::deepseek) refuse("a Qwen 3 MoE with Mixtral's names");
+  } else if (c.family != Family::llama && c.family != Family::mistral) {
+    refuse("a " + model::family_name(c.family) + " MoE");
+  } else if (c.moe_names != model::MoeNames::mixtral) {
+    refuse("a DeepSeek-style MoE (model.moe_names)");
+  }
   if (c.moe_activation != model::MoeActivation::swiglu) refuse("GELU experts");
   if (c.moe_layer_interval != 1) refuse("MoE in every k-th layer only (k > 1)");
   if (c.moe_shared_experts > 0) refuse("shared experts");
-  if (c.moe_score != kernels::RouterScore::softmax || !c.moe_normalize || c.moe_scaling != 1.0f)
+  // Mixtral renormalises the chosen weights; Qwen3-MoE as norm_topk_prob says.
+  if (c.moe_score != kernels::RouterScore::softmax || c.moe_scaling != 1.0f ||
+      (!c.moe_normalize && c.family != Family::qwen3))
     refuse("a router other than softmax top-k with renormalised weights");
   if (c.moe_bias_update_rate > 0) refuse("the auxiliary-loss-free choice bias");
 }
@@ -194,6 +211,59 @@ int64_t get_int(const json& j, const char* key, const std::string& source) {
   return j.at(key).get<int64_t>();
 }
 
+// The sliding window of a config.json: Mistral's and Mixtral's sliding_window (null: none); Qwen's
+// only with use_sliding_window, and then (transformers applies it from layer max_window_layers on,
+// or as layer_types says) refused unless it reaches every position. A window at least as long as
+// the model's context changes nothing and is read as none.
+void read_hf_window(const json& j, const std::string& type, const std::string& source,
+                    model::ModelConfig& c) {
+  const json window = j.value("sliding_window", json());
+  check(window.is_null() || (window.is_number_integer() && window.get<int64_t>() > 0),
+        source + ": sliding_window " + window.dump() + " must be null or a positive length");
+  const int64_t length = window.is_null() ? 0 : window.get<int64_t>();
+  const bool reaches_all = length == 0 || length >= c.max_seq_len;
+  if (type == "mistral" || type == "mixtral") {
+    c.sliding_window = reaches_all ? 0 : length;
+    return;
+  }
+  if (j.contains("layer_types") && j.at("layer_types").is_array())
+    for (const json& layer : j.at("layer_types"))
+      check(layer == "full_attention" || reaches_all,
+            source + ": layer_types has " + layer.dump() + " layers; Lattice's " + type +
+                " blocks attend to every earlier position in every layer");
+  if (type == "llama") return;
+  check(!j.value("use_sliding_window", false) || reaches_all,
+        source + ": use_sliding_window is set; Lattice's " + type +
+            " blocks attend to every earlier position (set it to false to train the model "
+            "without its window)");
+}
+
+// The model_type a ModelConfig is saved as (check_exportable has refused the others).
+std::string hf_model_type(const model::ModelConfig& c) {
+  switch (c.family) {
+    case model::Family::gpt2:
+      return "gpt2";
+    case model::Family::llama:
+      return c.is_moe() ? "mixtral" : "llama";
+    case model::Family::mistral:
+      return c.is_moe() ? "mixtral" : "mistral";
+    case model::Family::qwen2:
+      return "qwen2";
+    case model::Family::qwen3:
+      return c.is_moe() ? "qwen3_moe" : "qwen3";
+  }
+  throw Error("unknown model family (internal error)");
+}
+
+std::string hf_architecture(const std::string& type) {
+  static const std::map<std::string, std::string> names = {
+      {"gpt2", "GPT2LMHeadModel"},         {"llama", "LlamaForCausalLM"},
+      {"mistral", "MistralForCausalLM"},   {"mixtral", "MixtralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},       {"qwen3", "Qwen3ForCausalLM"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+  return names.at(type);
+}
+
 }  // namespace
 
 std::string hf_config_json(const model::ModelConfig& c) {
@@ -217,14 +287,9 @@ std::string hf_config_json(const model::ModelConfig& c) {
          {"initializer_range", float_json(c.init_std)},
          {"tie_word_embeddings", c.tied_embeddings}};
   } else {
-    const bool qwen2 = c.family == model::Family::qwen2;
-    const char* architecture = c.is_moe() ? "MixtralForCausalLM"
-                               : qwen2    ? "Qwen2ForCausalLM"
-                                          : "LlamaForCausalLM";
-    j = {{"architectures", {architecture}},
-         {"model_type", c.is_moe() ? "mixtral"
-                        : qwen2    ? "qwen2"
-                                   : "llama"},
+    const std::string type = hf_model_type(c);
+    j = {{"architectures", {hf_architecture(type)}},
+         {"model_type", type},
          {"vocab_size", c.vocab_size},
          {"hidden_size", c.d_model},
          {"intermediate_size", c.is_moe() ? c.expert_ffn_hidden() : c.ffn_hidden},
@@ -237,20 +302,37 @@ std::string hf_config_json(const model::ModelConfig& c) {
          {"initializer_range", float_json(c.init_std)},
          {"tie_word_embeddings", c.tied_embeddings},
          {"attention_dropout", 0.0}};
-    if (c.is_moe()) {
+    const json window = c.sliding_window > 0 ? json(c.sliding_window) : json();
+    if (type == "mixtral") {
       j["num_local_experts"] = c.n_experts;
       j["num_experts_per_tok"] = c.top_k;
       j["router_aux_loss_coef"] = c.moe_aux_loss_coef;
       j["output_router_logits"] = false;
-      j["sliding_window"] = nullptr;
-    } else if (qwen2) {  // its q, k, v biases are implied by the model type
-      j["use_sliding_window"] = false;
-      j["sliding_window"] = nullptr;
-      j["max_window_layers"] = c.n_layers;
-    } else {
+      j["sliding_window"] = window;
+    } else if (type == "qwen3_moe") {  // 4.x reads num_experts, 5.x num_local_experts
+      j["num_experts"] = j["num_local_experts"] = c.n_experts;
+      j["num_experts_per_tok"] = c.top_k;
+      j["moe_intermediate_size"] = c.expert_ffn_hidden();
+      j["intermediate_size"] = c.ffn_hidden;
+      j["norm_topk_prob"] = c.moe_normalize;
+      j["decoder_sparse_step"] = c.moe_layer_interval;
+      j["mlp_only_layers"] = json::array();
+      j["router_aux_loss_coef"] = c.moe_aux_loss_coef;
+      j["output_router_logits"] = false;
+    } else if (type == "mistral") {
+      j["sliding_window"] = window;
+    } else if (type == "llama") {
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
     }
+    if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe") {
+      j["use_sliding_window"] = false;  // qwen2: its q, k, v biases are implied by the type
+      j["sliding_window"] = nullptr;
+      j["max_window_layers"] = c.n_layers;
+    }
+    if (type == "qwen3" || type == "qwen3_moe") j["attention_bias"] = false;
+    // transformers takes hidden_size / num_attention_heads without it (Qwen 3 defaults to 128).
+    j["head_dim"] = c.head_dim();
     write_hf_rope(c, j);
   }
   j["torch_dtype"] = "float32";
@@ -258,6 +340,8 @@ std::string hf_config_json(const model::ModelConfig& c) {
 }
 
 model::ModelConfig model_config_from_hf(const std::string& config_json, const std::string& source) {
+  static const std::set<std::string> llama_like = {"llama", "mistral", "mixtral",
+                                                   "qwen2", "qwen3",   "qwen3_moe"};
   json j;
   try {
     j = json::parse(config_json);
@@ -285,8 +369,11 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
       check(act == "gelu_new" || act == "gelu_pytorch_tanh",
             source + ": activation_function \"" + act +
                 "\" is not GPT-2's tanh GELU (gelu_new), the one Lattice's GPT-2 blocks compute");
-    } else if (type == "llama" || type == "mixtral" || type == "qwen2") {
-      c.family = type == "qwen2" ? model::Family::qwen2 : model::Family::llama;
+    } else if (llama_like.count(type)) {
+      c.family = type == "qwen2"                          ? model::Family::qwen2
+                 : type == "qwen3" || type == "qwen3_moe" ? model::Family::qwen3
+                 : type == "mistral"                      ? model::Family::mistral
+                                                          : model::Family::llama;
       c.vocab_size = get_int(j, "vocab_size", source);
       c.d_model = get_int(j, "hidden_size", source);
       c.ffn_hidden = get_int(j, "intermediate_size", source);
@@ -297,43 +384,55 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
                          : c.n_heads;
       c.max_seq_len = get_int(j, "max_position_embeddings", source);
       c.norm_eps = j.value("rms_norm_eps", 1e-6f);
+      // Heads of their own width (Qwen 3's 128; any of these types reads head_dim when set).
+      if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
+        const int64_t head_dim = j.at("head_dim").get<int64_t>();
+        check(head_dim > 0, source + ": head_dim must be positive");
+        if (head_dim * c.n_heads != c.d_model) c.explicit_head_dim = head_dim;
+      } else {
+        check(type != "qwen3" && type != "qwen3_moe",
+              source + ": a Qwen 3 config without head_dim (transformers takes 128): add it");
+      }
       read_hf_rope(j, source, c);
       c.tied_embeddings = j.value("tie_word_embeddings", false);
       const std::string act = j.value("hidden_act", std::string("silu"));
       check(act == "silu",
             source + ": hidden_act \"" + act + "\" is not SiLU, the gate of Lattice's SwiGLU MLPs");
-      if (type == "qwen2") {
-        const json window = j.value("sliding_window", json());
-        check(!j.value("use_sliding_window", false) || window.is_null() ||
-                  window.get<int64_t>() >= c.max_seq_len,
-              source +
-                  ": use_sliding_window is set; Lattice's Qwen 2 blocks attend to every earlier "
-                  "position (set it to false to train the model without its window)");
-      } else {
-        check(!j.value("attention_bias", false) && !j.value("mlp_bias", false),
-              source +
-                  ": attention_bias or mlp_bias is set; Lattice's Llama blocks have no biases "
-                  "(a Llama with q/k/v biases is model_type \"qwen2\")");
-      }
-      if (j.contains("head_dim") && !j.at("head_dim").is_null())
-        check(j.at("head_dim").get<int64_t>() == c.d_model / c.n_heads,
-              source +
-                  ": head_dim differs from hidden_size / num_attention_heads, which Lattice's "
-                  "attention assumes");
+      read_hf_window(j, type, source, c);
+      if (type == "llama")
+        check(!j.value("mlp_bias", false),
+              source + ": mlp_bias is set; Lattice's Llama MLPs have no biases");
+      if (type != "qwen2")  // Qwen 2's q, k, v biases are its type's; the others have none
+        check(!j.value("attention_bias", false),
+              source + ": attention_bias is set; Lattice's " + type +
+                  " blocks have no attention biases (a Llama with q/k/v biases is model_type "
+                  "\"qwen2\")");
       if (type == "mixtral") {
         c.n_experts = get_int(j, "num_local_experts", source);
         c.top_k = get_int(j, "num_experts_per_tok", source);
         c.moe_aux_loss_coef = j.value("router_aux_loss_coef", 0.0);
         c.moe_names = model::MoeNames::mixtral;
-        const json window = j.value("sliding_window", json());
-        check(window.is_null() || window.get<int64_t>() >= c.max_seq_len,
-              source +
-                  ": sliding_window attention is set; Lattice attends to every earlier "
-                  "position");
+      } else if (type == "qwen3_moe") {
+        // transformers 4.x writes num_experts, 5.x num_local_experts.
+        c.n_experts = j.contains("num_local_experts") ? get_int(j, "num_local_experts", source)
+                                                      : get_int(j, "num_experts", source);
+        c.top_k = get_int(j, "num_experts_per_tok", source);
+        c.moe_ffn_hidden = get_int(j, "moe_intermediate_size", source);
+        c.moe_normalize = j.value("norm_topk_prob", false);
+        c.moe_layer_interval = j.value("decoder_sparse_step", int64_t{1});
+        const json dense = j.value("mlp_only_layers", json::array());
+        check(dense.is_array() && dense.empty(),
+              source + ": mlp_only_layers " + dense.dump() +
+                  " keeps dense MLPs in chosen layers; Lattice's MoE layers are every "
+                  "decoder_sparse_step-th (set mlp_only_layers to [])");
+        c.moe_aux_loss_coef = j.value("router_aux_loss_coef", 0.0);
+        c.moe_names = model::MoeNames::deepseek;
       }
     } else {
-      throw Error(source + ": model_type \"" + type +
-                  "\" cannot be imported; Lattice reads gpt2, llama, qwen2 and mixtral models");
+      throw Error(
+          source + ": model_type \"" + type +
+          "\" cannot be imported; Lattice reads gpt2, llama, mistral, mixtral, qwen2, qwen3 "
+          "and qwen3_moe models");
     }
   } catch (const json::exception& e) {
     throw Error(source + " has a field of the wrong type (" + std::string(e.what()) +

@@ -16,10 +16,10 @@ namespace lattice::train {
 
 std::vector<BoundGemm> step_linears(const model::ModelConfig& m, int64_t M) {
   const int64_t d = m.d_model, L = m.n_layers;
-  const int64_t qkv = d + 2 * m.n_kv_heads * m.head_dim();
+  const int64_t a = m.attention_width(), qkv = a + 2 * m.n_kv_heads * m.head_dim();
   std::vector<BoundGemm> gemms;
   gemms.push_back({"qkv", M, d, qkv, L});
-  gemms.push_back({"attention out", M, d, d, L});
+  gemms.push_back({"attention out", M, a, d, L});
   if (m.gated_mlp()) {
     gemms.push_back({"mlp gate, up", M, d, m.ffn_hidden, 2 * L});
   } else {
@@ -120,7 +120,8 @@ double time_optimizer(kernels::Ops& ops, int64_t parameters, bool bf16_copy) {
 double time_attention_kernels(const model::ModelConfig& model, int64_t batch, int64_t seq_len,
                               kernels::Precision precision, kernels::Ops& ops) {
   const int64_t D = model.head_dim(), Hq = model.n_heads, Hkv = model.n_kv_heads;
-  const auto shape = kernels::AttentionShape::contiguous(batch, seq_len, Hq, Hkv, D);
+  auto shape = kernels::AttentionShape::contiguous(batch, seq_len, Hq, Hkv, D);
+  shape.window = model.sliding_window;
   const int64_t q_size = batch * seq_len * Hq * D, kv_size = batch * seq_len * Hkv * D;
   auto q = filled(q_size, 1e-2f), k = filled(kv_size, 2e-2f), v = filled(kv_size, 1e-2f);
   auto d_out = filled(q_size, 1e-4f);

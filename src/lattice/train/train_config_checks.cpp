@@ -68,10 +68,11 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
 // MoE layers: on Llama blocks (issue #24).
 void refuse_moe_misfit(const TrainConfig& c) {
   if (!c.model.is_moe()) return;
-  check(c.model.family == model::Family::llama,
+  const model::Family f = c.model.family;
+  check(f == model::Family::llama || f == model::Family::mistral || f == model::Family::qwen3,
         "model.n_experts = " + std::to_string(c.model.n_experts) +
-            ": MoE layers are built on Llama blocks; set model.family = \"llama\" (or use a MoE "
-            "preset: mixtral-tiny, deepseek-moe-tiny)");
+            ": MoE layers are built on Llama, Mistral and Qwen 3 blocks; set model.family = "
+            "\"llama\" (or use a MoE preset: mixtral-tiny, deepseek-moe-tiny, qwen3-moe-tiny)");
   check(c.model.moe_bias_update_rate == 0 || c.parallelism.zero < 3,
         "model.moe_bias_update_rate with parallelism.zero = 3 is not available yet: the bias is "
         "updated between steps on the whole parameters; use ZeRO 0-2");

@@ -66,10 +66,7 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
   if (qk_norm_) {
     check(!packed(), "a q/k norm needs q, k and v from separate projections (internal error)");
     // The norm weights are whole on every rank while the heads they scale are split: their
-    // gradients would be partial sums over the tensor-parallel group, not yet reduced.
-    check(layout.ranks() == 1,
-          "a per-head q/k norm under parallelism.tp = " + std::to_string(layout.ranks()) +
-              " is not supported yet: use parallelism.tp = 1 (dp, pp, cp and ep are fine)");
+    // gradients are partial sums over the tensor-parallel group, reduced in backward.
     q_norm_ = Norm(store, prefix + d.q_norm, NormKind::rms_norm, head_dim_, norm_eps);
     k_norm_ = Norm(store, prefix + d.k_norm, NormKind::rms_norm, head_dim_, norm_eps);
   }
@@ -358,10 +355,12 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
                      true);
       }
       if (qk_norm_) {
+        // Under tp each rank's heads give a partial sum of the weights' gradients (all-reduced).
+        float* partials = layout_.ranks() > 1 ? g.get(slot::qk_norm_partials, head_dim_) : nullptr;
         q_norm_.backward(ctx, layout_, a.q_norm, d[0], dq, a.q_raw.f32(), rows * heads_, nullptr,
-                         g.norm_partials);
+                         partials, /*over_split_heads=*/true);
         k_norm_.backward(ctx, layout_, a.k_norm, d[1], dk, a.k_raw.f32(), rows * kv_heads_, nullptr,
-                         g.norm_partials);
+                         partials, /*over_split_heads=*/true);
       }
     }
     // The input gradients summed in projection order: q's, then k's, then v's added.
@@ -446,7 +445,8 @@ int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) con
 
 int64_t Attention::scratch_floats(int64_t rows) const {
   // d_att; d q, k, v; behind a q/k norm the normed d q and d k
-  return rows * O_ + rows * (A_ + KV_ + V_) + (qk_norm_ ? rows * (A_ + KV_) : 0);
+  return rows * O_ + rows * (A_ + KV_ + V_) + (qk_norm_ ? rows * (A_ + KV_) : 0) +
+         (qk_norm_ && layout_.ranks() > 1 ? head_dim_ : 0);
 }
 
 int64_t Attention::pending_weight_floats(int64_t rows) const {

@@ -19,6 +19,7 @@ constexpr int attention_output_gradient = 7;  // [rows, A]
 constexpr int qkv_gradient = 8;               // packed [rows, 3A]; apart: q here, k and v next
 constexpr int normed_q_gradient = 15;         // [rows, A] behind a q/k norm: ∂loss/∂ normed q
 constexpr int normed_k_gradient = 16;         // [rows, kv] and k
+constexpr int qk_norm_partials = 17;          // [head_dim] tp > 1: a q/k norm's partial gradient
 // MLPs.
 constexpr int mlp_hidden_gradient = 11;  // [rows, F] (GELU: d_gelu, or bf16 c_proj's d_out)
 constexpr int mlp_input_gradient = 12;   // [rows, F] c_fc's / gate's d_out; up's next

@@ -53,16 +53,19 @@ void Norm::forward_bf16(const LayerContext& ctx, NormActivations& a, lattice::bf
 
 void Norm::backward(const LayerContext& ctx, const parallel::SequenceLayout& layout,
                     const NormActivations& a, float* d_x, const float* d_out, const float* x,
-                    int64_t rows, const float* residual_grad, float* partials) const {
+                    int64_t rows, const float* residual_grad, float* partials,
+                    bool over_split_heads) const {
   const float* w = store_->value(weight_);
   if (kind_ == NormKind::layer_norm) {
-    parallel::ReplicatedGradients grads(
-        layout, ctx.ops, {store_->grad(weight_), store_->grad(bias_)}, width_, partials);
+    parallel::ReplicatedGradients grads(layout, ctx.ops,
+                                        {store_->grad(weight_), store_->grad(bias_)}, width_,
+                                        partials, over_split_heads);
     ctx.ops.layernorm_backward(d_x, grads.target(0), grads.target(1), d_out, x, w, a.mean.f32(),
                                a.rstd.f32(), rows, width_, residual_grad);
     grads.finish();
   } else {
-    parallel::ReplicatedGradients grads(layout, ctx.ops, {store_->grad(weight_)}, width_, partials);
+    parallel::ReplicatedGradients grads(layout, ctx.ops, {store_->grad(weight_)}, width_, partials,
+                                        over_split_heads);
     ctx.ops.rmsnorm_backward(d_x, grads.target(0), d_out, x, w, a.rstd.f32(), rows, width_,
                              residual_grad);
     grads.finish();

@@ -51,10 +51,12 @@ class Norm {
                     const float* x, int64_t rows) const;
   // d_x = ∂loss/∂x given d_out (+ residual_grad when given, in the same pass); the weight (and
   // bias) gradients accumulate — summed over the layout's ranks when it is sharded, through
-  // `partials` (2 · width floats of scratch; unused on a whole layout).
+  // `partials` (2 · width floats of scratch; unused on a whole layout). `over_split_heads`: the
+  // rows are this rank's heads (a per-head q/k norm), summed over the ranks on every layout.
   void backward(const LayerContext& ctx, const parallel::SequenceLayout& layout,
                 const NormActivations& a, float* d_x, const float* d_out, const float* x,
-                int64_t rows, const float* residual_grad, float* partials) const;
+                int64_t rows, const float* residual_grad, float* partials,
+                bool over_split_heads = false) const;
 
  private:
   ParameterStore* store_ = nullptr;

@@ -2,7 +2,7 @@
 // RoPE(q), RoPE(k), v)) over RMSNorm(x), then + down_proj(silu(gate_proj(·)) · up_proj(·)) over
 // RMSNorm; grouped-query attention, no biases. A MoE layer (ModelConfig::is_moe_layer) has routed
 // experts (Mixtral's or DeepSeek's names) and, with shared experts, a SwiGLU of their width beside
-// them.
+// them. Heads of their own width (ModelConfig::head_dim) and a sliding window come from the config.
 #include "lattice/model/block_description.hpp"
 
 namespace lattice::model {
@@ -23,6 +23,7 @@ BlockDescription llama_block(const ModelConfig& config, int64_t layer) {
   a.kv_heads = config.n_kv_heads;
   a.head_dim = config.head_dim();
   a.rope = true;
+  a.sliding_window = config.sliding_window;
   const std::string norm = "post_attention_layernorm";
   if (!config.is_moe_layer(layer)) {
     d.mlp =

@@ -186,18 +186,24 @@ void GroupCollective::wait() {
 
 ReplicatedGradients::ReplicatedGradients(const SequenceLayout& layout, kernels::Ops& ops,
                                          std::initializer_list<float*> grads, int64_t n,
-                                         float* scratch)
-    : layout_(layout), ops_(ops), grads_(grads), n_(n), scratch_(scratch) {
-  const bool partial = layout.sharded() && layout.ranks() > 1;
+                                         float* scratch, bool over_split_heads)
+    : layout_(layout),
+      ops_(ops),
+      grads_(grads),
+      n_(n),
+      scratch_(scratch),
+      partial_((layout.sharded() || over_split_heads) && layout.ranks() > 1) {
+  check(!partial_ || scratch_ != nullptr,
+        "ReplicatedGradients: a partial gradient without scratch (internal error)");
   for (size_t i = 0; i < grads_.size(); ++i)
     targets_.push_back(grads_[i] == nullptr ? nullptr
-                       : partial            ? scratch_ + static_cast<int64_t>(i) * n_
+                       : partial_           ? scratch_ + static_cast<int64_t>(i) * n_
                                             : grads_[i]);
-  if (partial) ops_.fill_zero(scratch_, static_cast<int64_t>(grads_.size()) * n_);
+  if (partial_) ops_.fill_zero(scratch_, static_cast<int64_t>(grads_.size()) * n_);
 }
 
 void ReplicatedGradients::finish() {
-  if (!layout_.sharded() || layout_.ranks() == 1) return;
+  if (!partial_) return;
   // One all-reduce for all of them; then each partial sum of the whole batch onto its gradient.
   layout_.all_reduce(scratch_, static_cast<int64_t>(grads_.size()) * n_);
   for (size_t i = 0; i < grads_.size(); ++i)

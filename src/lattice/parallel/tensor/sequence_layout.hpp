@@ -111,13 +111,17 @@ class SequenceLayout {
 // The gradient of a parameter every rank holds whole (a norm's weight and bias) from this rank's
 // sequence rows is a partial sum. The backward writes it into zeroed scratch (target()), finish()
 // sums it over the group and adds it to the parameter gradients. On a whole layout the targets are
-// the gradients themselves and finish() does nothing.
+// the gradients themselves and finish() does nothing — unless the parameter scales split heads
+// (Qwen 3's per-head q/k norm: whole on every rank, each rank's heads its own), whose gradient is
+// a partial sum over the group on every layout.
 class ReplicatedGradients {
  public:
   // `grads`: the parameters' gradient buffers (null entries skipped), `n` floats each; `scratch`
-  // holds grads.size() · n floats (used on sharded layouts only).
+  // holds grads.size() · n floats (used where the gradient is partial). `over_split_heads`: the
+  // rows are this rank's heads, a partial sum whenever the group has more than one rank.
   ReplicatedGradients(const SequenceLayout& layout, kernels::Ops& ops,
-                      std::initializer_list<float*> grads, int64_t n, float* scratch);
+                      std::initializer_list<float*> grads, int64_t n, float* scratch,
+                      bool over_split_heads = false);
   float* target(size_t i) const { return targets_[i]; }
   void finish();
 
@@ -127,6 +131,7 @@ class ReplicatedGradients {
   std::vector<float*> grads_, targets_;
   int64_t n_;
   float* scratch_;
+  bool partial_ = false;
 };
 
 }  // namespace lattice::parallel

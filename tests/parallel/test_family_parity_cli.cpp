@@ -1,0 +1,69 @@
+// The families Hugging Face users bring (issue 44) under every kind of parallelism, through
+// `lattice parity` on local threads: Qwen 3 (per-head q/k RMSNorm, heads wider than d_model /
+// n_heads: its norm weights are whole on every tp rank while the heads they scale are split, so
+// their gradients are all-reduced over tp), Mistral (a sliding window of 8 on 32 positions: ring
+// attention skips the key blocks before every query's window, Ulysses passes the window on) and
+// Qwen3-MoE (expert parallelism). Each layout against one rank from the same weights and batches.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "../train/cli_runner.hpp"
+#include "dp_fixture.hpp"
+
+using namespace lattice::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The family's tiny preset on 32-token sequences, 8 steps.
+std::string family_flags(const fs::path& dir, const std::string& preset) {
+  return " --model.preset=" + preset +
+         " --model.vocab_size=256 --model.max_seq_len=32"
+         " --training.seq_len=32 --training.global_batch_size=8 --training.threads=1"
+         " --training.steps=8 --optimizer.lr=3e-3 --lr_scheduler.warmup_steps=1"
+         " --data.train_files=" +
+         (dir / "corpus.txt").string() +
+         " --data.val_fraction=0.1 --validation.freq=0 --metrics.peak_tflops=1"
+         " --parallelism.bucket_mb=0.05 --job.run_dir=" +
+         (dir / "run").string();
+}
+
+class FamilyParityCli : public CorpusDirectoryTest {
+ protected:
+  // Runs `layouts` (the first is one rank) and expects each listed one within the tolerance of it
+  // (and every layout to hold: the pipeline's may be bit for bit).
+  void expect_parity(const std::string& preset, const std::string& layouts,
+                     const std::vector<std::string>& within) {
+    SCOPED_TRACE(preset);
+    const CliResult r = run_lattice(
+        "parity --json --layouts " + layouts + " --tolerance 1e-4" + family_flags(dir_, preset),
+        dir_);
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_TRUE(parity_holds(r.out)) << r.out;
+    for (const std::string& layout : within)
+      EXPECT_EQ(parity_verdict(r.out, layout), "within_tolerance") << layout << "\n" << r.out;
+  }
+};
+
+}  // namespace
+
+// Relative 1e-4 against one rank, as for the other families: dp and cp change the gradient sums'
+// order, tp the row-parallel layers' sums and (Qwen 3) the q/k norm weights' sum over the heads;
+// the pipeline runs each stage's arithmetic as one rank does (its tied embedding's gradient is
+// summed between the first and last stage).
+TEST_F(FamilyParityCli, Qwen3UnderDpTpPpAndCp) {
+  expect_parity("qwen3-tiny", "dp1,dp2,dp2z3,dp1t2,dp1t2s,dp2t2z1,dp1p2,dp1c2,dp1c2u",
+                {"dp2", "dp1t2", "dp1t2s", "dp2t2z1", "dp1c2", "dp1c2u"});
+}
+
+TEST_F(FamilyParityCli, MistralsSlidingWindowUnderDpTpPpAndCp) {
+  expect_parity("mistral-tiny", "dp1,dp2z1,dp1t2s,dp1p2,dp1c2,dp1c2u,dp1c4",
+                {"dp2z1", "dp1t2s", "dp1c2", "dp1c2u", "dp1c4"});
+}
+
+TEST_F(FamilyParityCli, Qwen3MoeUnderEpTpAndPp) {
+  expect_parity("qwen3-moe-tiny", "dp1,dp2,dp2e2,dp1t2,dp1p2", {"dp2", "dp2e2", "dp1t2"});
+}
