@@ -8,11 +8,14 @@
   hf_interop.py tokenize EXPORT_DIR TEXT
       Loads the exported tokenizer files with AutoTokenizer and prints the ids of TEXT, one line.
   hf_interop.py make KIND OUT_DIR TOKENS...
-      Builds a small randomly initialised transformers model of KIND (gpt2, llama, qwen2, mixtral, or a
-      Llama with RoPE scaling: llama3, linear, dynamic, yarn; fixed seed), saves it with save_pretrained (sharded into small files, so the index is read too) and
-      writes OUT_DIR/reference_logits.safetensors with its logits on TOKENS.
+      Builds a small randomly initialised transformers model of KIND (gpt2, llama, mistral (a sliding
+      window of 8), qwen2, qwen3 (heads 16 wide on a 48-wide model), qwen3_moe, mixtral, or a Llama
+      with RoPE scaling: llama3, linear, dynamic, yarn; fixed seed), saves it with save_pretrained
+      (sharded into small files, so the index is read too) and writes
+      OUT_DIR/reference_logits.safetensors with its logits on TOKENS.
 
-Exit 3 when transformers cannot be imported (the caller skips). Runs under the interpreter
+Exit 3 when transformers cannot be imported, or has no model of KIND (Qwen 3 came in 4.51), so the
+caller skips. Runs under the interpreter
 scripts/install_deps.sh prepares: transformers 4.46.3 over Debian's torch, or transformers 5.x with
 PyPI's torch 2.x.
 """
@@ -74,9 +77,12 @@ SCALED = {
 }
 
 
-def make(kind, out_dir, tokens):
+def build(kind):
+    """The randomly initialised model of KIND (fixed seed), or None when this transformers has none."""
     torch.manual_seed(7)
     common = dict(vocab_size=256, tie_word_embeddings=kind == "gpt2")
+    if kind in ("qwen3", "qwen3_moe") and not hasattr(transformers, "Qwen3ForCausalLM"):
+        return None
     if kind == "gpt2":
         config = transformers.GPT2Config(
             n_embd=48, n_layer=2, n_head=4, n_positions=64, n_inner=96,
@@ -97,6 +103,17 @@ def make(kind, out_dir, tokens):
             llama["tie_word_embeddings"] = True
             model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
                 use_sliding_window=False, **llama))
+        elif kind == "mistral":  # a window of 8 positions on the 20-token prompt
+            model = transformers.MistralForCausalLM(transformers.MistralConfig(
+                sliding_window=8, **llama))
+        elif kind == "qwen3":  # tied; heads 16 wide: q_proj 48 -> 64
+            llama["tie_word_embeddings"] = True
+            model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+                head_dim=16, use_sliding_window=False, **llama))
+        elif kind == "qwen3_moe":  # 4 experts of width 32, top-2, renormalised
+            model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+                head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                norm_topk_prob=True, use_sliding_window=False, **llama))
         else:
             model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
                 num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **llama))
@@ -106,8 +123,24 @@ def make(kind, out_dir, tokens):
         for name, p in model.named_parameters():
             if p.dim() > 1 or name.endswith(".bias"):
                 p.normal_(0.0, 0.1)
-    model.eval()
-    model.save_pretrained(out_dir, max_shard_size="40KB", safe_serialization=True)
+            elif name.endswith("norm.weight"):  # the q/k norms' and the others' scales too
+                p.normal_(1.0, 0.1)
+    return model.eval()
+
+
+def make(kind, out_dir, tokens, dtype=torch.float32, max_shard_size="40KB"):
+    """Saves the model of KIND to OUT_DIR with weights of `dtype` (bf16, f16: the fp32 weights are
+    rounded to it first, and the logits are those of the rounded weights in fp32) and its logits on
+    `tokens` in reference_logits.safetensors."""
+    model = build(kind)
+    if model is None:
+        print(f"transformers {transformers.__version__} has no {kind} model")
+        sys.exit(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(dtype).float())
+    model.to(dtype).save_pretrained(out_dir, max_shard_size=max_shard_size, safe_serialization=True)
+    model.float()
     ids = torch.tensor([int(t) for t in tokens])
     with torch.no_grad():
         logits = model(ids[None]).logits[0]
