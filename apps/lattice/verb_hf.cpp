@@ -1,5 +1,6 @@
 // The `lattice export` and `lattice import` verbs: a checkpoint of any layout written as a Hugging
-// Face model directory, and such a directory read as the step-0 checkpoint of a new run
+// Face model directory (fp32, bf16 or fp16, with the run's tokenizer and its special-token ids),
+// and such a directory read as the step-0 checkpoint of a new run that takes its tokenizer along
 // (train/hf_format.hpp).
 #include <cstdio>
 #include <filesystem>
@@ -42,7 +43,8 @@ void register_export_verb(CLI::App& app) {
     double max_shard_mb = 5000, memory_limit_mb = 0;
   };
   auto o = std::make_shared<Options>();
-  verb->add_option("--format", o->format, "hf (config.json, safetensors, tokenizer files)")
+  verb->add_option("--format", o->format,
+                   "hf (config.json, safetensors, tokenizer files, generation_config.json)")
       ->capture_default_str();
   verb->add_option("--checkpoint", o->checkpoint, "checkpoint directory, or a run directory")
       ->required();
@@ -87,7 +89,10 @@ void register_import_verb(CLI::App& app) {
   auto o = std::make_shared<Options>();
   verb->add_option("--format", o->format, "hf (what save_pretrained writes)")
       ->capture_default_str();
-  verb->add_option("DIR", o->dir, "the Hugging Face model directory")->required();
+  verb->add_option("DIR", o->dir,
+                   "the Hugging Face model directory (its tokenizer files are copied to "
+                   "RUN_DIR/tokenizer and become the run's data.tokenizer)")
+      ->required();
   verb->add_option("--run-dir", o->run_dir, "the new run's directory")->required();
   verb->add_flag("--no-tokenizer", o->no_tokenizer,
                  "leave DIR's tokenizer files (tokenizer.json, or vocab.json + merges.txt) out: "

@@ -65,7 +65,7 @@ const char* torch_dtype_name(DType dtype) {
   }
 }
 
-// Writes `j` (one id or null) for an optional id.
+// An optional token id as JSON: the id, or null.
 json id_json(const std::optional<int32_t>& id) {
   return id ? json(*id) : json(nullptr);
 }
