@@ -1,10 +1,12 @@
 // The tokenizer and the dtype of Hugging Face interop without transformers (train/hf_format.hpp,
 // train/hf_tokenizer.hpp): an export with GPT-2's tokenizer names its end-of-text token (50256,
-// as GPT-2's own config.json does) as bos and eos in config.json and generation_config.json; an
-// import copies the directory's tokenizer files into the run and points data.tokenizer at the copy,
-// which loads and encodes "Hello world" as GPT-2's 15496 995; a tokenizer larger than the model's
-// vocabulary, or one that does not parse, is refused before anything is written; a bf16 export
-// holds the fp32 export's values rounded to nearest even.
+// as GPT-2's own config.json does) as bos and eos in config.json and generation_config.json, and
+// the pad token special_tokens_map.json names as pad; an import copies the directory's tokenizer
+// files into the run and points data.tokenizer at the copy, which loads and encodes "Hello world"
+// as GPT-2's 15496 995, and reports an eos_token_id of config.json that is not the tokenizer's
+// end-of-text token; a tokenizer larger than the model's vocabulary, or one that does not parse, is
+// refused before anything is written; a bf16 export holds the fp32 export's values rounded to
+// nearest even.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -108,6 +110,32 @@ TEST_F(HfTokenizer, ExportNamesTheEndOfTextTokenAndImportTakesTheTokenizer) {
   EXPECT_TRUE(bare.tokenizer.empty());
   EXPECT_FALSE(fs::exists(path("bare/tokenizer")));
   EXPECT_NE(read_file_text(path("bare/import.toml")).find("tokenizer = 'byte'"), std::string::npos);
+}
+
+TEST_F(HfTokenizer, APadTokenAndAnotherEosAreReadFromTheHuggingFaceFiles) {
+  // special_tokens_map.json beside vocab.json names the pad token: its id goes to config.json and
+  // generation_config.json, and the file goes along.
+  const std::string run = checkpoint("run", 50257);
+  fs::create_directories(path("tok"));
+  fs::copy_file(kGpt2 + "/encoder.json", path("tok/vocab.json"));
+  fs::copy_file(kGpt2 + "/vocab.bpe", path("tok/merges.txt"));
+  std::ofstream(path("tok/special_tokens_map.json"))
+      << R"({"eos_token": "<|endoftext|>", "pad_token": {"content": "<|endoftext|>"}})";
+  const train::HfExportSummary exported = train::export_hf(run, path("hf"), 1 << 30, path("tok"));
+  EXPECT_EQ(exported.tokenizer, "vocab.json, merges.txt, special_tokens_map.json");
+  EXPECT_EQ(read_json("hf/config.json")["pad_token_id"], 50256);
+  EXPECT_EQ(read_json("hf/generation_config.json")["pad_token_id"], 50256);
+  // A directory whose config.json names another eos than the tokenizer's end-of-text token: the
+  // import reports both (the verb prints the --stop-token to pass).
+  fs::remove(path("hf/generation_config.json"));
+  json config = read_json("hf/config.json");
+  config["eos_token_id"] = json::array({7, 50256});
+  std::ofstream(path("hf/config.json")) << config.dump(2);
+  const train::HfImportSummary imported = train::import_hf(path("hf"), path("imported"));
+  EXPECT_EQ(imported.tokenizer_files, "vocab.json, merges.txt, special_tokens_map.json");
+  EXPECT_EQ(imported.declared_eos, 7);
+  EXPECT_EQ(imported.end_of_text, 50256);
+  EXPECT_TRUE(fs::exists(path("imported/tokenizer/special_tokens_map.json")));
 }
 
 TEST_F(HfTokenizer, ATokenizerTheEmbeddingCannotServeIsRefusedBeforeAnythingIsWritten) {
