@@ -217,6 +217,47 @@ TEST_F(SafetensorsTest, ReadF32CopiesAndWidensHalfTypes) {
   EXPECT_NE(message.find("I32"), std::string::npos) << message;
 }
 
+TEST_F(SafetensorsTest, Fp32ValuesNarrowToBf16AndF16RoundingToNearestEven) {
+  // Bit patterns worked out by hand: 1 + 2^-8 lies halfway between bf16's 1 (0x3F80) and 1 + 2^-7
+  // (0x3F81) and goes to the even 0x3F80; 1 + 3 * 2^-8 lies halfway between 0x3F81 and 0x3F82 and
+  // goes to 0x3F82; pi (0x40490FDB) truncates to 0x4049; -2.5 is 0xC020 exactly.
+  const float values[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 3.14159274f, -2.5f};
+  const uint16_t bf16_bits[] = {0x3F80, 0x3F82, 0x4049, 0xC020};
+  const std::vector<uint8_t> b16 = f32_as_dtype(values, 4, DType::bf16, "w");
+  ASSERT_EQ(b16.size(), 8u);
+  EXPECT_EQ(std::memcmp(b16.data(), bf16_bits, 8), 0);
+  // fp16: 1 + 2^-11 (halfway between 1 and 1 + 2^-10) goes to 1 (0x3C00), 65504 is the largest
+  // normal (0x7BFF), 0.1 is 0x2E66, -2.5 is 0xC100.
+  const float half_values[] = {1.0f + 0x1p-11f, 65504.0f, 0.1f, -2.5f};
+  const uint16_t f16_bits[] = {0x3C00, 0x7BFF, 0x2E66, 0xC100};
+  const std::vector<uint8_t> f16 = f32_as_dtype(half_values, 4, DType::f16, "w");
+  EXPECT_EQ(std::memcmp(f16.data(), f16_bits, 8), 0);
+  // F32 is the bytes themselves; a file of the narrowed bytes reads back as the rounded values.
+  const std::vector<uint8_t> f32 = f32_as_dtype(values, 4, DType::f32, "w");
+  EXPECT_EQ(std::memcmp(f32.data(), values, 16), 0);
+  write_safetensors(path("n.safetensors"), {{"b", DType::bf16, {2, 2}, b16.data(), b16.size()},
+                                            {"h", DType::f16, {4}, f16.data(), f16.size()}});
+  SafetensorsFile file(path("n.safetensors"));
+  float out[4] = {};
+  file.read_f32("b", out, 4);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f + 0x1p-6f);
+  EXPECT_EQ(out[2], 3.140625f);
+  EXPECT_EQ(out[3], -2.5f);
+  file.read_f32("h", out, 4);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 65504.0f);
+  EXPECT_EQ(out[2], 0.0999755859375f);
+  // Beyond fp16's range: refused, naming the tensor and the fix.
+  const float big[] = {1.0f, -70000.0f};
+  const std::string message = message_of([&] { f32_as_dtype(big, 2, DType::f16, "wte.weight"); });
+  EXPECT_NE(message.find("'wte.weight'"), std::string::npos) << message;
+  EXPECT_NE(message.find("65504"), std::string::npos) << message;
+  EXPECT_NE(message.find("bf16"), std::string::npos) << message;
+  EXPECT_NE(message_of([&] { f32_as_dtype(big, 2, DType::i32, "x"); }).find("I32"),
+            std::string::npos);
+}
+
 TEST_F(SafetensorsTest, WriterRejectsBadEntries) {
   Tensor t({2}, DType::f32);
   const std::string target = path("bad.safetensors");

@@ -7,6 +7,15 @@
       TOLERANCE x the largest |logit|. Prints the measured difference.
   hf_interop.py tokenize EXPORT_DIR TEXT
       Loads the exported tokenizer files with AutoTokenizer and prints the ids of TEXT, one line.
+  hf_interop.py generate EXPORT_DIR PROMPT MAX_NEW
+      Loads the export and its tokenizer (AutoTokenizer), encodes PROMPT and runs greedy
+      model.generate(do_sample=False, max_new_tokens=MAX_NEW) with the generation_config.json the
+      export wrote. Prints "prompt ids: ...", "new ids: ...", "eos: ID" (generation_config's),
+      "stopped at eos: yes|no" and "text: " + the new tokens decoded (the eos left out) as JSON.
+  hf_interop.py narrowed FP32_DIR NARROW_DIR
+      Loads both exports with dtype "auto" and fails unless the second's parameters are in the dtype
+      its config.json names (bfloat16 or float16) and equal the first's converted by torch
+      (round to nearest even), bit for bit.
   hf_interop.py make KIND OUT_DIR TOKENS...
       Builds a small randomly initialised transformers model of KIND (gpt2, llama, mistral (a sliding
       window of 8), qwen2, qwen3 (heads 16 wide on a 48-wide model), qwen3_moe, mixtral, or a Llama
@@ -20,6 +29,7 @@ scripts/install_deps.sh prepares: transformers 4.46.3 over Debian's torch, or tr
 PyPI's torch 2.x.
 """
 
+import json
 import os
 import sys
 
@@ -59,6 +69,58 @@ def check(export_dir, logits_file, tolerance):
 def tokenize(export_dir, text):
     tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
     print(" ".join(str(i) for i in tokenizer(text)["input_ids"]))
+
+
+def without_fsdp_probe():
+    """transformers 4.46's generate asks whether the model is FSDP-managed by importing
+    torch.distributed.fsdp, which Debian's torch 1.13 cannot import under Python 3.11 (a dataclass
+    with a mutable default). No model here is: where the import fails, answer no without it."""
+    try:
+        import torch.distributed.fsdp  # noqa: F401
+    except Exception:  # pragma: no cover (depends on the torch build)
+        import transformers.generation.utils as generation_utils
+        if hasattr(generation_utils, "is_fsdp_managed_module"):
+            generation_utils.is_fsdp_managed_module = lambda module: False
+
+
+def generate(export_dir, prompt, max_new):
+    without_fsdp_probe()
+    dtype = {"dtype" if TRANSFORMERS_5 else "torch_dtype": torch.float32}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export_dir)
+    model = AutoModelForCausalLM.from_pretrained(export_dir, attn_implementation="eager", **dtype)
+    model.eval()
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new)
+    new = out[0, ids.shape[1]:].tolist()
+    eos = model.generation_config.eos_token_id
+    stopped = bool(new) and new[-1] == eos
+    print("prompt ids: " + " ".join(str(i) for i in ids[0].tolist()))
+    print("new ids: " + " ".join(str(i) for i in new))
+    print(f"eos: {eos}")
+    print(f"stopped at eos: {'yes' if stopped else 'no'}")
+    print("text: " + json.dumps(tokenizer.decode(new[:-1] if stopped else new)))
+
+
+def narrowed(fp32_dir, narrow_dir):
+    auto = {"dtype" if TRANSFORMERS_5 else "torch_dtype": "auto"}
+    exact = AutoModelForCausalLM.from_pretrained(fp32_dir, **auto)
+    narrow = AutoModelForCausalLM.from_pretrained(narrow_dir, **auto)
+    with open(os.path.join(narrow_dir, "config.json")) as f:
+        want = getattr(torch, json.load(f)["torch_dtype"])
+    theirs = dict(narrow.named_parameters())
+    count = 0
+    for name, p in exact.named_parameters():
+        q = theirs[name]
+        if q.dtype != want or p.dtype != torch.float32:
+            print(f"FAIL: {name} is {q.dtype} (want {want}), the fp32 export's {p.dtype}")
+            sys.exit(1)
+        if not torch.equal(p.detach().to(want), q.detach()):
+            print(f"FAIL: {name} differs from torch's rounding of the fp32 export")
+            sys.exit(1)
+        count += 1
+    print(f"{count} parameters of {type(narrow).__name__} are the fp32 export's in {want}")
 
 
 # The scaled-RoPE Llamas (rope_theta 500000, Llama 3's): KIND -> (max_position_embeddings, rope
@@ -154,6 +216,10 @@ if __name__ == "__main__":
         check(sys.argv[2], sys.argv[3], float(sys.argv[4]))
     elif len(sys.argv) == 4 and sys.argv[1] == "tokenize":
         tokenize(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "generate":
+        generate(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "narrowed":
+        narrowed(sys.argv[2], sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:

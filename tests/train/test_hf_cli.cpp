@@ -7,14 +7,21 @@
 // a run trains from it; bad input is one line and leaves nothing behind. Every check in
 // transformers runs in each venv that is present: transformers 4.46.3 and 5.x (whose config.json
 // holds RoPE in rope_parameters); Llamas with RoPE scaling (llama3, linear, dynamic, yarn) import
-// with transformers' logits past the original context and export back with the same.
+// with transformers' logits past the original context and export back with the same. A GPT-2 run
+// trained on GPT-2's tokenizer exports with it (bos = eos = <|endoftext|> in config.json and
+// generation_config.json) and transformers' greedy generate makes the tokens `lattice generate`
+// makes and stops where it stops, also from the export imported back (its tokenizer taken along);
+// bf16 and fp16 exports hold the fp32 export's weights as torch rounds them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -55,6 +62,16 @@ std::string byte_tokens(const std::string& text) {
   return tokens;
 }
 
+const std::string kGpt2Tokenizer = LATTICE_TESTDATA_DIR "/gpt2";
+
+// The text after "`key`: " on its line of `report` ("" when there is none).
+std::string report_field(const std::string& report, const std::string& key) {
+  const size_t at = report.find("\n" + key + ": ");
+  if (at == std::string::npos) return "";
+  const size_t begin = at + key.size() + 3;
+  return report.substr(begin, report.find('\n', begin) - begin);
+}
+
 class HfCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -82,6 +99,44 @@ class HfCli : public ::testing::Test {
                            " --validation.freq=0 --metrics.log_freq=100 --job.run_dir=" +
                            run + " " + extra,
                        dir_);
+  }
+  // A gpt2-tiny run on GPT-2's tokenizer (vocabulary 50257): 300 documents "Hello world. The cat
+  // sat.", each after <|endoftext|> (what `data prepare` puts between documents), learnt in
+  // `steps` steps well enough that greedy generation from "Hello" ends the sentence and then emits
+  // <|endoftext|>.
+  void train_gpt2_tokenized(const std::string& run, int steps) {
+    {
+      std::ofstream out(dir_ / "sentences.txt");
+      for (int i = 0; i < 300; ++i) out << "Hello world. The cat sat.\n%\n";
+    }
+    const CliResult p = run_lattice(
+        "data prepare --input sentences.txt --separator '\\n%\\n'"
+        " --val-fraction 0.05 --tokenizer " +
+            kGpt2Tokenizer + " --out gpt2-data",
+        dir_);
+    ASSERT_EQ(p.status, 0) << p.out << p.err;
+    const CliResult r = run_lattice(
+        "train --model.preset=gpt2-tiny --model.vocab_size=50257 --model.max_seq_len=32"
+        " --training.seq_len=32 --training.global_batch_size=8 --training.threads=1"
+        " --training.steps=" +
+            std::to_string(steps) +
+            " --optimizer.lr=1e-2 --lr_scheduler.warmup_steps=1 --data.dataset=gpt2-data"
+            " --validation.freq=0 --metrics.log_freq=100 --job.run_dir=" +
+            run,
+        dir_);
+    ASSERT_EQ(r.status, 0) << r.out << r.err;
+  }
+  // `python` makes a transformers model of `kind` in `hf` (tests/reference/hf_interop.py make,
+  // with its logits on `tokens`), and `lattice import` reads it into the run `run`.
+  void make_and_import(const std::string& python, const std::string& kind, const std::string& hf,
+                       const std::string& run, const std::string& tokens) {
+    std::string report;
+    ASSERT_EQ(interop(python, "make " + kind + " " + (dir_ / hf).string() + tokens, report), 0)
+        << report;
+    const CliResult imported = run_lattice("import --format hf " + hf + " --run-dir " + run, dir_);
+    ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
+    // transformers' make saves no tokenizer: the run uses bytes, and the import says so.
+    EXPECT_NE(imported.out.find("no tokenizer found in " + hf), std::string::npos) << imported.out;
   }
   // Lattice's logits of `prompt` (byte tokens) from a checkpoint, in `file`.
   void logits(const std::string& checkpoint, const std::string& file,
@@ -161,14 +216,24 @@ TEST_F(HfCli, ExportsLoadInTransformersWithLatticesLogits) {
 }
 
 TEST_F(HfCli, TheTokenizerGoesWithTheExportAndTransformersReadsIt) {
-  // GPT-2's files (encoder.json + vocab.bpe) become vocab.json + merges.txt, byte for byte.
-  ASSERT_EQ(train("gpt2-tiny", "run", "").status, 0);
-  const std::string gpt2 = LATTICE_TESTDATA_DIR "/gpt2";
+  // GPT-2's files (encoder.json + vocab.bpe) become vocab.json + merges.txt, byte for byte, and
+  // config.json and generation_config.json name <|endoftext|> (50256) as bos and eos, as GPT-2's
+  // own config.json does.
+  train_gpt2_tokenized("run", 2);
+  if (HasFatalFailure()) return;
+  const std::string gpt2 = kGpt2Tokenizer;
   const CliResult e = run_lattice("export --checkpoint run hf --tokenizer " + gpt2, dir_);
   ASSERT_EQ(e.status, 0) << e.out << e.err;
   EXPECT_NE(e.out.find("tokenizer: vocab.json, merges.txt"), std::string::npos) << e.out;
   EXPECT_TRUE(bytes(dir_ / "hf/vocab.json") == bytes(fs::path(gpt2) / "encoder.json"));
   EXPECT_TRUE(bytes(dir_ / "hf/merges.txt") == bytes(fs::path(gpt2) / "vocab.bpe"));
+  const auto config = nlohmann::json::parse(slurp(dir_ / "hf/config.json"));
+  EXPECT_EQ(config["bos_token_id"], 50256);
+  EXPECT_EQ(config["eos_token_id"], 50256);
+  EXPECT_TRUE(config["pad_token_id"].is_null());
+  EXPECT_EQ(nlohmann::json::parse(slurp(dir_ / "hf/generation_config.json")),
+            nlohmann::json(
+                {{"_from_model_config", true}, {"bos_token_id", 50256}, {"eos_token_id", 50256}}));
   const std::vector<std::string> pythons = hf_pythons();
   if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
   for (const std::string& python : pythons) {
@@ -177,6 +242,95 @@ TEST_F(HfCli, TheTokenizerGoesWithTheExportAndTransformersReadsIt) {
         << ids;
     EXPECT_NE(ids.find("15496 995"), std::string::npos) << ids;  // GPT-2's ids of "Hello world"
   }
+}
+
+TEST_F(HfCli, GreedyGenerationStopsWhereTransformersStops) {
+  // Greedy decoding from "Hello" in transformers (model.generate, do_sample=False, with the
+  // export's generation_config.json) and in `lattice generate --temperature 0`: the same prompt
+  // ids, the same new tokens, and both stop at <|endoftext|> after the sentence (the stop token
+  // counted, not printed). The export imported back takes its tokenizer and generates the same.
+  train_gpt2_tokenized("run", 30);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(run_lattice("export --checkpoint run hf", dir_).status, 0);  // the run's tokenizer
+  const CliResult imported = run_lattice("import hf --run-dir imported", dir_);
+  ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
+  EXPECT_NE(imported.out.find("tokenizer: vocab.json, merges.txt copied to"), std::string::npos)
+      << imported.out;
+  EXPECT_EQ(imported.out.find("note:"), std::string::npos) << imported.out;  // the eos agrees
+  const int max_new = 20;
+  struct Generation {
+    std::string text;
+    int64_t tokens = 0;
+  };
+  const auto lattice_generate = [&](const std::string& checkpoint) {
+    const CliResult r =
+        run_lattice("generate --checkpoint " + checkpoint +
+                        " --prompt Hello --temperature 0 --threads 1 --max-tokens " +
+                        std::to_string(max_new) + " --logits-out " + checkpoint + ".logits",
+                    dir_);
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    const size_t count = r.err.find("generated ");  // "generated N tokens in ..."
+    return Generation{r.out,
+                      count == std::string::npos ? -1 : std::stoll(r.err.substr(count + 10))};
+  };
+  const Generation ours = lattice_generate("run");
+  EXPECT_LT(ours.tokens, max_new) << ours.text;  // it stopped at <|endoftext|>
+  const Generation again = lattice_generate("imported");
+  EXPECT_EQ(again.text, ours.text);
+  EXPECT_EQ(again.tokens, ours.tokens);
+  lattice::SafetensorsFile prompt((dir_ / "run.logits").string());
+  std::vector<int32_t> prompt_ids(static_cast<size_t>(prompt.entry("tokens").shape[0]));
+  std::memcpy(prompt_ids.data(), prompt.entry("tokens").data, prompt_ids.size() * sizeof(int32_t));
+  std::string prompt_text;
+  for (const int32_t id : prompt_ids)
+    prompt_text += (prompt_text.empty() ? "" : " ") + std::to_string(id);
+  const std::vector<std::string> pythons = hf_pythons();
+  if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
+  for (const std::string& python : pythons) {
+    SCOPED_TRACE(python);
+    std::string report;
+    ASSERT_EQ(
+        interop(python, "generate " + (dir_ / "hf").string() + " Hello " + std::to_string(max_new),
+                report),
+        0)
+        << report;
+    EXPECT_EQ(report_field(report, "prompt ids"), prompt_text) << report;
+    EXPECT_EQ(report_field(report, "eos"), "50256") << report;
+    EXPECT_EQ(report_field(report, "stopped at eos"), "yes") << report;
+    const std::string new_ids = report_field(report, "new ids");
+    EXPECT_EQ(std::count(new_ids.begin(), new_ids.end(), ' ') + 1, ours.tokens) << report;
+    const std::string text = report_field(report, "text");
+    ASSERT_FALSE(text.empty()) << report;
+    EXPECT_EQ("Hello" + nlohmann::json::parse(text).get<std::string>() + "\n", ours.text) << report;
+  }
+}
+
+TEST_F(HfCli, Bf16AndFp16ExportsHoldTorchsRoundingOfTheWeights) {
+  // transformers loads each export in the dtype its config.json names, and every parameter equals
+  // the fp32 export's converted by torch (round to nearest even), bit for bit.
+  ASSERT_EQ(train("llama-tiny", "run", "").status, 0);
+  for (const char* dtype : {"fp32", "bf16", "fp16"}) {
+    const CliResult e =
+        run_lattice(std::string("export --checkpoint run hf-") + dtype + " --dtype " + dtype, dir_);
+    ASSERT_EQ(e.status, 0) << e.out << e.err;
+  }
+  EXPECT_NE(slurp(dir_ / "hf-bf16/config.json").find("\"torch_dtype\": \"bfloat16\""),
+            std::string::npos);
+  EXPECT_LT(fs::file_size(dir_ / "hf-bf16/model.safetensors"),
+            fs::file_size(dir_ / "hf-fp32/model.safetensors") / 2 + 4096);
+  const std::vector<std::string> pythons = hf_pythons();
+  if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
+  for (const std::string& python : pythons)
+    for (const char* dtype : {"bf16", "fp16"}) {
+      SCOPED_TRACE(python + " " + dtype);
+      std::string report;
+      EXPECT_EQ(interop(python,
+                        "narrowed " + (dir_ / "hf-fp32").string() + " " +
+                            (dir_ / (std::string("hf-") + dtype)).string(),
+                        report),
+                0)
+          << report;
+    }
 }
 
 TEST_F(HfCli, ExportsOfShardedRunsHoldEveryWeight) {
@@ -214,17 +368,9 @@ TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
       SCOPED_TRACE(pythons[v] + " " + kind);
       const std::string suffix = std::string(kind) + "-" + std::to_string(v);
       const std::string hf = "saved-" + suffix, run = "imported-" + suffix;
-      std::string report;
-      ASSERT_EQ(
-          interop(pythons[v],
-                  "make " + std::string(kind) + " " + (dir_ / hf).string() + byte_tokens(kPrompt),
-                  report),
-          0)
-          << report;
+      make_and_import(pythons[v], kind, hf, run, byte_tokens(kPrompt));
+      if (HasFatalFailure()) return;
       EXPECT_TRUE(fs::exists(dir_ / hf / "model.safetensors.index.json"));  // sharded
-      const CliResult imported =
-          run_lattice("import --format hf " + hf + " --run-dir " + run, dir_);
-      ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
       expect_transformers_logits(run, hf, kPrompt);
       // A run starts from the imported weights (step 0) with the settings import wrote.
       const CliResult trained =
@@ -250,18 +396,10 @@ TEST_F(HfCli, ScaledRopeLlamasImportAndExportWithTransformersLogits) {
       SCOPED_TRACE(pythons[v] + " " + kind);
       const std::string suffix = std::string(kind) + "-" + std::to_string(v);
       const std::string hf = "saved-" + suffix, run = "imported-" + suffix;
-      std::string report;
-      ASSERT_EQ(interop(pythons[v],
-                        "make " + std::string(kind) + " " + (dir_ / hf).string() +
-                            byte_tokens(kLongPrompt),
-                        report),
-                0)
-          << report;
+      make_and_import(pythons[v], kind, hf, run, byte_tokens(kLongPrompt));
+      if (HasFatalFailure()) return;
       const std::string config = slurp(dir_ / hf / "config.json");
       EXPECT_NE(config.find("\"" + std::string(kind) + "\""), std::string::npos) << config;
-      const CliResult imported =
-          run_lattice("import --format hf " + hf + " --run-dir " + run, dir_);
-      ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
       EXPECT_NE(slurp(dir_ / run / "import.toml").find("rope_type = '" + std::string(kind) + "'"),
                 std::string::npos);
       expect_transformers_logits(run, hf, kLongPrompt);
@@ -283,6 +421,11 @@ TEST_F(HfCli, BadInputIsOneLineAndLeavesNothingBehind) {
                "in memory at once (its largest file and tensor), more than the 0 MiB available: "
                "lower --max-shard-mb");
   EXPECT_FALSE(fs::exists(dir_ / "big"));
+  // GPT-2's tokenizer (50257 tokens) for a model of 256; an unknown --dtype.
+  expect_error("export --checkpoint llama hf-gpt2 --tokenizer " + kGpt2Tokenizer,
+               "has 50257 tokens but the model's vocab_size is 256");
+  EXPECT_FALSE(fs::exists(dir_ / "hf-gpt2"));
+  expect_error("export --checkpoint llama hf-f8 --dtype f8", "--dtype f8 is not known");
   // Imports: no config.json, an unknown model type, a weight missing from the files.
   fs::create_directories(dir_ / "empty");
   expect_error("import empty --run-dir r1", "empty has no config.json");
@@ -301,6 +444,17 @@ TEST_F(HfCli, BadInputIsOneLineAndLeavesNothingBehind) {
   // One more layer than the weights hold.
   edited("hf-deeper", "\"num_hidden_layers\": 2", "\"num_hidden_layers\": 3");
   expect_error("import hf-deeper --run-dir r3", "lacks the weight 'model.layers.2.");
+  // A tokenizer larger than the vocabulary, and one that does not parse: refused before anything
+  // is written.
+  fs::copy(dir_ / "hf-llama", dir_ / "hf-big-tokenizer");
+  fs::copy_file(kGpt2Tokenizer + "/encoder.json", dir_ / "hf-big-tokenizer/vocab.json");
+  fs::copy_file(kGpt2Tokenizer + "/vocab.bpe", dir_ / "hf-big-tokenizer/merges.txt");
+  expect_error("import hf-big-tokenizer --run-dir r4",
+               "has 50257 tokens but the model's vocab_size is 256");
+  fs::copy(dir_ / "hf-llama", dir_ / "hf-bad-tokenizer");
+  std::ofstream(dir_ / "hf-bad-tokenizer/tokenizer.json") << "{\"model\": [";
+  expect_error("import hf-bad-tokenizer --run-dir r5", "the tokenizer does not load");
+  for (const char* run : {"r4", "r5"}) EXPECT_FALSE(fs::exists(dir_ / run)) << run;
   for (const char* run : {"r1", "r2", "r3"})
     EXPECT_FALSE(fs::exists(dir_ / run / "checkpoints")) << run;
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -396,6 +397,35 @@ Tensor SafetensorsFile::read(const std::string& name, MemoryTracker* tracker,
   Tensor result(stored.shape, stored.dtype, tracker, category);
   if (stored.nbytes) std::memcpy(result.raw(), stored.data, stored.nbytes);
   return result;
+}
+
+std::vector<uint8_t> f32_as_dtype(const float* values, int64_t n, DType dtype,
+                                  const std::string& name) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(dtype));
+  switch (dtype) {
+    case DType::f32:
+      if (n > 0) std::memcpy(bytes.data(), values, bytes.size());
+      return bytes;
+    case DType::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t bits = to_bf16(values[i]).bits;
+        std::memcpy(bytes.data() + 2 * i, &bits, 2);
+      }
+      return bytes;
+    case DType::f16:
+      for (int64_t i = 0; i < n; ++i) {
+        check(!(std::fabs(values[i]) > 65504.0f) || std::isinf(values[i]),
+              "tensor " + single_quoted(name) + " holds " + std::to_string(values[i]) +
+                  " at element " + std::to_string(i) +
+                  ", beyond fp16's range of +-65504: export it as bf16 or fp32");
+        const uint16_t bits = float_to_f16(values[i]);
+        std::memcpy(bytes.data() + 2 * i, &bits, 2);
+      }
+      return bytes;
+    default:
+      throw Error("tensor " + single_quoted(name) + ": fp32 values cannot be stored as " +
+                  std::string(safetensors_dtype_name(dtype)) + "; use F32, BF16 or F16");
+  }
 }
 
 void SafetensorsFile::read_f32(const std::string& name, float* dst, int64_t n) const {

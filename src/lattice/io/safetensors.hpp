@@ -45,6 +45,13 @@ std::optional<DType> parse_safetensors_dtype(std::string_view name);
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata = {});
 
+// The bytes of `n` fp32 values stored as `dtype` (what a SafetensorsEntry of that dtype holds):
+// F32 is copied, BF16 and F16 are rounded to nearest even, so read_f32 gives back the values
+// rounded. F16 refuses a finite value beyond its range (|v| > 65504) with an Error naming the
+// tensor `name`; any other dtype is an Error.
+std::vector<uint8_t> f32_as_dtype(const float* values, int64_t n, DType dtype,
+                                  const std::string& name);
+
 // An open, fully validated safetensors file (memory-mapped read-only). The constructor rejects any
 // truncated or corrupt file with one Error line that names the file and what is wrong: header
 // length beyond the file, invalid JSON, unknown dtype, shape/size disagreement, offsets outside the

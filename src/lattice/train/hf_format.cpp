@@ -1,8 +1,6 @@
 // Hugging Face interop: see hf_format.hpp.
 #include "lattice/train/hf_format.hpp"
 
-#include "lattice/train/hf_config.hpp"
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/data/dataset_manifest.hpp"
 #include "lattice/io/atomic_file.hpp"
 #include "lattice/io/safetensors.hpp"
 #include "lattice/kernels/make_ops.hpp"
@@ -21,6 +20,8 @@
 #include "lattice/optim/adamw_optimizer.hpp"
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/checkpoint_reader.hpp"
+#include "lattice/train/hf_config.hpp"
+#include "lattice/train/hf_tokenizer.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::train {
@@ -52,28 +53,21 @@ void transpose(const float* in, int64_t rows, int64_t cols, float* out) {
     for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
 }
 
-// The tokenizer files a spec names: {source path, name in a Hugging Face directory}.
-std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string& spec) {
-  if (spec.empty() || spec == "byte") return {};
-  fs::path path(spec.rfind("tiktoken:", 0) == 0 ? spec.substr(9) : spec);
-  check(fs::exists(path), "Hugging Face export: the tokenizer " + spec +
-                              " does not exist: pass --tokenizer with its path, or --tokenizer "
-                              "byte to export without tokenizer files");
-  if (fs::is_directory(path)) {
-    for (const char* name : {"tokenizer.json", "encoder.json", "vocab.json"})
-      if (fs::exists(path / name)) return tokenizer_files((path / name).string());
-    throw Error("Hugging Face export: " + spec +
-                " holds no tokenizer.json, encoder.json or vocab.json: pass the tokenizer's path");
+// The name transformers gives `dtype` in config.json's torch_dtype (4.x) and dtype (5.x).
+const char* torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f16:
+      return "float16";
+    default:
+      return "float32";
   }
-  const std::string name = path.filename().string();
-  if (name == "encoder.json")
-    return {{path, "vocab.json"}, {path.parent_path() / "vocab.bpe", "merges.txt"}};
-  if (name == "vocab.json")
-    return {{path, "vocab.json"}, {path.parent_path() / "merges.txt", "merges.txt"}};
-  if (path.extension() == ".json") return {{path, "tokenizer.json"}};
-  throw Error("Hugging Face export: the tokenizer " + spec +
-              " has no Hugging Face form (tiktoken ranks): pass --tokenizer byte to export without "
-              "tokenizer files");
+}
+
+// An optional token id as JSON: the id, or null.
+json id_json(const std::optional<int32_t>& id) {
+  return id ? json(*id) : json(nullptr);
 }
 
 }  // namespace
@@ -88,14 +82,36 @@ bool hf_transposed(const model::ModelConfig& config, const std::string& name) {
 
 HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
                           int64_t max_shard_bytes, const std::string& tokenizer_spec,
-                          int64_t memory_limit_bytes) {
+                          int64_t memory_limit_bytes, DType dtype) {
   check(max_shard_bytes > 0, "--max-shard-mb must be positive");
+  check(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+        "Hugging Face export: weights cannot be written as " + std::string(dtype_name(dtype)) +
+            ": use --dtype fp32, bf16 or fp16");
   check(!fs::exists(out_dir),
         "Hugging Face export: " + out_dir + " already exists: choose a new --out or remove it");
   CheckpointReader reader(checkpoint_dir);
   const model::ModelConfig& config = reader.model_config();
-  const std::string config_json = hf_config_json(config);
-  const auto tokenizer = tokenizer_files(tokenizer_spec);
+  // config.json: the mapping's keys, the weights' dtype, and with a tokenizer its special ids.
+  json config_json = json::parse(hf_config_json(config));
+  config_json["torch_dtype"] = torch_dtype_name(dtype);  // transformers 4.x
+  config_json["dtype"] = torch_dtype_name(dtype);        // transformers 5.x
+  const std::vector<HfTokenizerFile> tokenizer = hf_export_tokenizer_files(tokenizer_spec);
+  std::optional<json> generation_config;
+  if (!tokenizer.empty()) {
+    const std::unique_ptr<data::Tokenizer> loaded = load_tokenizer_for_model(
+        tokenizer_spec, config.vocab_size, "Hugging Face export",
+        "pass --tokenizer with the tokenizer the run trained with, or --tokenizer byte to export "
+        "without one");
+    const HfSpecialTokenIds ids = hf_special_token_ids(*loaded, tokenizer[0].source.parent_path());
+    config_json["bos_token_id"] = id_json(ids.bos);
+    config_json["eos_token_id"] = id_json(ids.eos);
+    config_json["pad_token_id"] = id_json(ids.pad);
+    json generation = {{"_from_model_config", true}};
+    if (ids.bos) generation["bos_token_id"] = *ids.bos;
+    if (ids.eos) generation["eos_token_id"] = *ids.eos;
+    if (ids.pad) generation["pad_token_id"] = *ids.pad;
+    generation_config = generation;
+  }
   // Every weight the model declares must be in the checkpoint, and nothing else: a lost expert or
   // shard is an error here, not a smaller export.
   const auto declared = model::Transformer::declared_only(config);
@@ -113,11 +129,12 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
                                       std::to_string(stored) + " weights but the model declares " +
                                       std::to_string(weights.size()) +
                                       ": it does not match its own configuration");
-  // Files of at most max_shard_bytes, in the model's order.
+  // Files of at most max_shard_bytes (of `dtype`), in the model's order.
+  const auto element_bytes = static_cast<int64_t>(dtype_size(dtype));
   std::vector<std::vector<const model::ParameterInfo*>> files(1);
   int64_t in_file = 0;
   for (const model::ParameterInfo* p : weights) {
-    const int64_t bytes = p->numel * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = p->numel * element_bytes;
     if (in_file > 0 && in_file + bytes > max_shard_bytes) {
       files.emplace_back();
       in_file = 0;
@@ -125,15 +142,17 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
     files.back().push_back(p);
     in_file += bytes;
   }
-  // What is in memory at once: the largest file's tensors, and a transposed copy of its largest.
+  // What is in memory at once: the largest file's tensors (of `dtype`), and fp32 copies of its
+  // largest: a transposed one (fp32), or the read values and their transpose (bf16, f16).
+  const int64_t fp32_copies = dtype == DType::f32 ? 1 : 2;
   int64_t peak = 0;
   for (const auto& file : files) {
     int64_t bytes = 0, largest = 0;
     for (const model::ParameterInfo* p : file) {
-      bytes += p->numel * static_cast<int64_t>(sizeof(float));
+      bytes += p->numel * element_bytes;
       largest = std::max(largest, p->numel * static_cast<int64_t>(sizeof(float)));
     }
-    peak = std::max(peak, bytes + largest);
+    peak = std::max(peak, bytes + fp32_copies * largest);
   }
   const int64_t limit = memory_limit_bytes > 0 ? memory_limit_bytes : available_memory_bytes();
   check(limit <= 0 || peak <= limit,
@@ -144,6 +163,7 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
             "exported on this host)");
   HfExportSummary summary;
   summary.files = static_cast<int>(files.size());
+  summary.dtype = dtype;
   StagedDirectory stage(out_dir);
   json weight_map = json::object();
   for (size_t f = 0; f < files.size(); ++f) {
@@ -152,14 +172,15 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
       std::snprintf(name, sizeof name, "model.safetensors");
     else
       std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", f + 1, files.size());
-    std::vector<std::vector<float>> buffers;
+    std::vector<std::vector<float>> f32_buffers;       // fp32: the values as read
+    std::vector<std::vector<uint8_t>> narrow_buffers;  // bf16, f16: their rounded bytes
     std::vector<SafetensorsEntry> entries;
     for (const model::ParameterInfo* p : files[f]) {
-      std::vector<float>& values = buffers.emplace_back(static_cast<size_t>(p->numel));
+      std::vector<float> values(static_cast<size_t>(p->numel));
       reader.read(p->name, p->global_shape, values.data());
       SafetensorsEntry e;
       e.name = p->name;
-      e.dtype = DType::f32;
+      e.dtype = dtype;
       e.shape = p->global_shape;
       if (hf_transposed(config, p->name)) {  // Conv1D: [in, out]
         std::vector<float> out(values.size());
@@ -167,8 +188,15 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
         values.swap(out);
         e.shape = {p->global_shape[1], p->global_shape[0]};
       }
-      e.data = values.data();
-      e.nbytes = values.size() * sizeof(float);
+      if (dtype == DType::f32) {
+        e.data = f32_buffers.emplace_back(std::move(values)).data();
+        e.nbytes = static_cast<size_t>(p->numel) * sizeof(float);
+      } else {
+        const std::vector<uint8_t>& stored =
+            narrow_buffers.emplace_back(f32_as_dtype(values.data(), p->numel, dtype, p->name));
+        e.data = stored.data();
+        e.nbytes = stored.size();
+      }
       summary.bytes += static_cast<int64_t>(e.nbytes);
       ++summary.tensors;
       weight_map[p->name] = name;
@@ -180,7 +208,9 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
     const json index = {{"metadata", {{"total_size", summary.bytes}}}, {"weight_map", weight_map}};
     write_text_atomic(stage.file_path("model.safetensors.index.json"), index.dump(2) + "\n");
   }
-  write_text_atomic(stage.file_path("config.json"), config_json);
+  write_text_atomic(stage.file_path("config.json"), config_json.dump(2) + "\n");
+  if (generation_config)
+    write_text_atomic(stage.file_path("generation_config.json"), generation_config->dump(2) + "\n");
   for (const auto& [source, name] : tokenizer) {
     check(fs::exists(source), "Hugging Face export: " + source.string() +
                                   " (the tokenizer's) does not exist: pass --tokenizer with a "
@@ -192,7 +222,8 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
   return summary;
 }
 
-model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_dir) {
+HfImportSummary import_hf(const std::string& hf_dir, const std::string& run_dir,
+                          bool with_tokenizer) {
   const fs::path dir(hf_dir);
   const fs::path config_path = dir / "config.json";
   check(fs::exists(config_path), hf_dir +
@@ -202,6 +233,24 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
       model_config_from_hf(read_file_text(config_path.string()), config_path.string());
   check(latest_checkpoint(run_dir).empty(),
         run_dir + " already holds checkpoints: import into a new run directory");
+  // The tokenizer, loaded (and checked against the model) where it lies, before anything is
+  // written; the run gets a copy in run_dir/tokenizer.
+  HfImportSummary summary;
+  summary.config = config;
+  const std::vector<HfTokenizerFile> tokenizer_files =
+      with_tokenizer ? hf_directory_tokenizer_files(dir) : std::vector<HfTokenizerFile>{};
+  if (!tokenizer_files.empty()) {
+    const std::unique_ptr<data::Tokenizer> tokenizer = load_tokenizer_for_model(
+        tokenizer_files[0].source.string(), config.vocab_size, "import of " + hf_dir,
+        "repair or remove the tokenizer files, or pass --no-tokenizer to import the weights "
+        "alone");
+    summary.tokenizer = data::absolute_tokenizer_spec((fs::path(run_dir) / "tokenizer").string());
+    for (const HfTokenizerFile& file : tokenizer_files)
+      summary.tokenizer_files += (summary.tokenizer_files.empty() ? "" : ", ") + file.name;
+    summary.tokenizer_name = tokenizer->name();
+    summary.end_of_text = tokenizer->end_of_text();
+    summary.declared_eos = hf_declared_eos(dir);
+  }
   // Which file holds each tensor.
   std::map<std::string, std::string> file_of;
   const fs::path index_path = dir / "model.safetensors.index.json";
@@ -259,6 +308,7 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
   // The step-0 checkpoint (moments zero), and the settings to train from it.
   TrainConfig settings = load_train_config("", {"job.run_dir=" + run_dir});
   settings.model = config;
+  if (!summary.tokenizer.empty()) settings.data.tokenizer = summary.tokenizer;
   // The [model] keys in full; without the default preset's name, which would describe another
   // model.
   std::string toml = settings.to_toml();
@@ -266,9 +316,20 @@ model::ModelConfig import_hf(const std::string& hf_dir, const std::string& run_d
   if (preset != std::string::npos) toml.erase(preset + 1, toml.find('\n', preset + 1) - preset);
   const std::unique_ptr<kernels::Ops> ops = kernels::make_ops(Device::cpu);
   optim::AdamWOptimizer adamw(*ops, store, settings.optimizer.adamw, nullptr);
+  // The tokenizer's copy is staged first and published after the checkpoint: an error in between
+  // leaves no tokenizer folder behind.
+  std::optional<StagedDirectory> tokenizer_stage;
+  if (!tokenizer_files.empty()) {
+    fs::create_directories(run_dir);
+    tokenizer_stage.emplace(summary.tokenizer);
+    for (const HfTokenizerFile& file : tokenizer_files)
+      write_text_atomic(tokenizer_stage->file_path(file.name),
+                        read_file_text(file.source.string()));
+  }
   save_checkpoint(run_dir, model, adamw, TrainerState{0, 0, settings.training.seed}, toml, 2);
+  if (tokenizer_stage) tokenizer_stage->commit();
   write_text_atomic((fs::path(run_dir) / "import.toml").string(), toml);
-  return config;
+  return summary;
 }
 
 }  // namespace lattice::train
