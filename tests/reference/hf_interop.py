@@ -201,11 +201,12 @@ def make(kind, out_dir, tokens, dtype=torch.float32, max_shard_size="40KB"):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(dtype).float())
-    model.to(dtype).save_pretrained(out_dir, max_shard_size=max_shard_size, safe_serialization=True)
-    model.float()
+    # The logits before the model is cast for saving: the cast would round its RoPE inv_freq buffer
+    # too, which transformers computes in fp32 when it loads the model.
     ids = torch.tensor([int(t) for t in tokens])
     with torch.no_grad():
         logits = model(ids[None]).logits[0]
+    model.to(dtype).save_pretrained(out_dir, max_shard_size=max_shard_size, safe_serialization=True)
     write_safetensors(os.path.join(out_dir, "reference_logits.safetensors"),
                       {"tokens": ids.to(torch.int32), "logits": logits.float()})
     print(f"{type(model).__name__}: saved to {out_dir}")
