@@ -16,6 +16,8 @@
       Loads both exports with dtype "auto" and fails unless the second's parameters are in the dtype
       its config.json names (bfloat16 or float16) and equal the first's converted by torch
       (round to nearest even), bit for bit.
+  hf_interop.py has MODEL_TYPE
+      Exits 0 when this transformers has models of MODEL_TYPE (a config.json's model_type), else 3.
   hf_interop.py make KIND OUT_DIR TOKENS...
       Builds a small randomly initialised transformers model of KIND (gpt2, llama, mistral (a sliding
       window of 8), qwen2, qwen3 (heads 16 wide on a 48-wide model), qwen3_moe, mixtral, or a Llama
@@ -139,11 +141,17 @@ SCALED = {
 }
 
 
+def has(model_type):
+    """Whether this transformers knows the model_type (Qwen 3's came in 4.51)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return model_type in CONFIG_MAPPING_NAMES
+
+
 def build(kind):
     """The randomly initialised model of KIND (fixed seed), or None when this transformers has none."""
     torch.manual_seed(7)
     common = dict(vocab_size=256, tie_word_embeddings=kind == "gpt2")
-    if kind in ("qwen3", "qwen3_moe") and not hasattr(transformers, "Qwen3ForCausalLM"):
+    if kind in ("qwen3", "qwen3_moe") and not has(kind):
         return None
     if kind == "gpt2":
         config = transformers.GPT2Config(
@@ -221,6 +229,8 @@ if __name__ == "__main__":
         generate(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif len(sys.argv) == 4 and sys.argv[1] == "narrowed":
         narrowed(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 3 and sys.argv[1] == "has":
+        sys.exit(0 if has(sys.argv[2]) else 3)
     elif len(sys.argv) >= 4 and sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
