@@ -105,6 +105,7 @@ void register_import_verb(CLI::App& app) {
     std::printf("imported %s (%s, %lld layers, d_model %lld) as the step-0 checkpoint of %s\n",
                 o->dir.c_str(), config.name.c_str(), static_cast<long long>(config.n_layers),
                 static_cast<long long>(config.d_model), o->run_dir.c_str());
+    for (const std::string& line : s.ignored) std::printf("note: %s\n", line.c_str());
     if (s.tokenizer.empty()) {
       std::printf(o->no_tokenizer ? "tokenizer of %s left out (--no-tokenizer): the run uses the "
                                     "byte tokenizer\n"

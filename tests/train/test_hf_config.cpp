@@ -29,6 +29,13 @@ void expect_same_model(const model::ModelConfig& a, const model::ModelConfig& b)
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_TRUE(a.rope_scaling == b.rope_scaling);
   EXPECT_EQ(a.tied_embeddings, b.tied_embeddings);
+  EXPECT_EQ(a.head_dim(), b.head_dim());
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.n_experts, b.n_experts);
+  EXPECT_EQ(a.top_k, b.top_k);
+  EXPECT_EQ(a.expert_ffn_hidden(), b.expert_ffn_hidden());
+  EXPECT_EQ(a.moe_normalize, b.moe_normalize);
+  EXPECT_EQ(a.moe_names, b.moe_names);
   EXPECT_EQ(a.parameter_count(), b.parameter_count());
 }
 
@@ -43,7 +50,9 @@ std::string error_of(const std::string& config_json) {
 
 TEST(HfConfig, ExportedConfigsReadBackAsTheSameModel) {
   for (const char* preset :
-       {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny", "qwen2.5-0.5b", "qwen2.5-7b"}) {
+       {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny", "qwen2.5-0.5b", "qwen2.5-7b",
+        "qwen3-tiny", "mistral-tiny", "qwen3-moe-tiny", "llama3.1-8b", "llama3.2-1b", "llama3.2-3b",
+        "mistral-7b", "qwen3-8b", "qwen3-30b-a3b"}) {
     SCOPED_TRACE(preset);
     const model::ModelConfig c = model::model_preset(preset);
     expect_same_model(model_config_from_hf(hf_config_json(c), "config.json"), c);
@@ -177,6 +186,136 @@ TEST(HfConfig, RefusesWhatTheBlocksCannotCompute) {
       << error_of(qwen.dump());
   qwen["sliding_window"] = 32;  // a window as long as the context is no window
   EXPECT_EQ(error_of(qwen.dump()), "");
+}
+
+// The config.json files of published models (their Hugging Face repositories' config.json, keys and
+// values as released) read as Lattice's presets of them.
+TEST(HfConfig, PublishedConfigsReadAsThePresets) {
+  const std::pair<const char*, const char*> published[] = {
+      {"llama3.2-1b", R"({"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+        "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+        "use_cache": true, "vocab_size": 128256})"},
+      {"mistral-7b", R"({"architectures": ["MistralForCausalLM"], "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0",
+        "use_cache": true, "vocab_size": 32000})"},
+      {"qwen2.5-7b", R"({"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
+        "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 32768,
+        "max_window_layers": 28, "model_type": "qwen2", "num_attention_heads": 28,
+        "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
+        "use_sliding_window": false, "vocab_size": 152064})"},
+      {"qwen3-8b", R"({"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 12288, "max_position_embeddings": 40960, "max_window_layers": 36,
+        "model_type": "qwen3", "num_attention_heads": 32, "num_hidden_layers": 36,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null,
+        "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+        "use_sliding_window": false, "vocab_size": 151936})"},
+      {"qwen3-30b-a3b", R"({"architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 151643, "decoder_sparse_step": 1,
+        "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+        "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+        "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+        "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+        "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+        "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 151936})"}};
+  for (const auto& [preset, config] : published) {
+    SCOPED_TRACE(preset);
+    model::ModelConfig expected = model::model_preset(preset);
+    const model::ModelConfig read = model_config_from_hf(config, "config.json");
+    expected.norm_eps = read.norm_eps;  // the presets leave eps at the family's default
+    expect_same_model(read, expected);
+  }
+}
+
+TEST(HfConfig, EveryKeyIsReadOrKnownToLeaveTheArithmeticAlone) {
+  for (const char* preset : {"gpt2-tiny", "llama-tiny", "qwen3-tiny", "qwen3-moe-tiny"}) {
+    SCOPED_TRACE(preset);
+    json j = json::parse(hf_config_json(model::model_preset(preset)));
+    // Bookkeeping and generation defaults pass; an unknown key is named.
+    j["_name_or_path"] = "somewhere";
+    j["temperature"] = 0.7;
+    EXPECT_EQ(error_of(j.dump()), "");
+    j["attn_logit_softcapping"] = 50.0;  // Gemma 2's: it would change every score
+    const std::string error = error_of(j.dump());
+    EXPECT_NE(error.find("\"attn_logit_softcapping\" (50.0) is not a key Lattice reads"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos);
+  }
+  json llama = json::parse(hf_config_json(model::model_preset("llama-tiny")));
+  llama["quantization_config"] = json::object({{"quant_method", "gptq"}});
+  EXPECT_NE(error_of(llama.dump()).find("the weights are quantized"), std::string::npos);
+  llama.erase("quantization_config");
+  llama["auto_map"] = json::object({{"AutoModelForCausalLM", "modeling.Model"}});
+  EXPECT_NE(error_of(llama.dump()).find("trust_remote_code"), std::string::npos);
+  // Dropout is read and reported, not applied.
+  json gpt2 = json::parse(hf_config_json(model::model_preset("gpt2-tiny")));
+  gpt2["resid_pdrop"] = 0.1;
+  gpt2["scale_attn_by_inverse_layer_idx"] = false;
+  std::vector<std::string> ignored;
+  model_config_from_hf(gpt2.dump(), "config.json", &ignored);
+  ASSERT_EQ(ignored.size(), 1u);
+  EXPECT_NE(ignored[0].find("resid_pdrop = 0.1 is not applied"), std::string::npos) << ignored[0];
+  gpt2["scale_attn_by_inverse_layer_idx"] = true;
+  EXPECT_NE(error_of(gpt2.dump()).find("scale_attn_by_inverse_layer_idx is set"),
+            std::string::npos);
+}
+
+TEST(HfConfig, NewFamiliesAreWrittenAsTheirOwnTypes) {
+  const json qwen3 = json::parse(hf_config_json(model::model_preset("qwen3-tiny")));
+  EXPECT_EQ(qwen3.at("model_type"), "qwen3");
+  EXPECT_EQ(qwen3.at("head_dim"), 16);  // 4 heads of 16 on a 32-wide model
+  const json moe = json::parse(hf_config_json(model::model_preset("qwen3-moe-tiny")));
+  EXPECT_EQ(moe.at("architectures")[0], "Qwen3MoeForCausalLM");
+  EXPECT_EQ(moe.at("num_experts"), 8);
+  EXPECT_EQ(moe.at("num_local_experts"), 8);
+  EXPECT_EQ(moe.at("moe_intermediate_size"), 16);
+  const json mistral = json::parse(hf_config_json(model::model_preset("mistral-tiny")));
+  EXPECT_EQ(mistral.at("model_type"), "mistral");
+  EXPECT_EQ(mistral.at("sliding_window"), 8);
+  // A Llama with a window has no Llama config to say so.
+  model::ModelConfig windowed = model::model_preset("llama-tiny");
+  windowed.sliding_window = 8;
+  EXPECT_THROW(hf_config_json(windowed), Error);
+}
+
+TEST(HfConfig, RefusesWhatTheNewFamiliesCannotCompute) {
+  json qwen3 = json::parse(hf_config_json(model::model_preset("qwen3-tiny")));
+  qwen3.erase("head_dim");
+  EXPECT_NE(error_of(qwen3.dump()).find("without head_dim"), std::string::npos);
+  json moe = json::parse(hf_config_json(model::model_preset("qwen3-moe-tiny")));
+  moe["mlp_only_layers"] = json::array({0});
+  EXPECT_NE(error_of(moe.dump()).find("mlp_only_layers [0]"), std::string::npos);
+  json qwen = json::parse(hf_config_json(model::model_preset("qwen3-tiny")));
+  qwen["layer_types"] = json::array({"sliding_attention", "full_attention"});
+  qwen["sliding_window"] = 8;
+  EXPECT_NE(error_of(qwen.dump()).find("layer_types has \"sliding_attention\""), std::string::npos)
+      << error_of(qwen.dump());
+  // Mistral's window below the context is read; one as long as the context is none.
+  json mistral = json::parse(hf_config_json(model::model_preset("mistral-tiny")));
+  EXPECT_EQ(model_config_from_hf(mistral.dump(), "config.json").sliding_window, 8);
+  mistral["sliding_window"] = 32;
+  EXPECT_EQ(model_config_from_hf(mistral.dump(), "config.json").sliding_window, 0);
 }
 
 }  // namespace

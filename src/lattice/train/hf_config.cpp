@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lattice/core/error.hpp"
+#include "lattice/train/hf_config_keys.hpp"
 
 namespace lattice::train {
 
@@ -339,7 +340,8 @@ std::string hf_config_json(const model::ModelConfig& c) {
   return j.dump(2) + "\n";
 }
 
-model::ModelConfig model_config_from_hf(const std::string& config_json, const std::string& source) {
+model::ModelConfig model_config_from_hf(const std::string& config_json, const std::string& source,
+                                        std::vector<std::string>* ignored) {
   static const std::set<std::string> llama_like = {"llama", "mistral", "mixtral",
                                                    "qwen2", "qwen3",   "qwen3_moe"};
   json j;
@@ -354,6 +356,7 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
   model::ModelConfig c;
   c.name = type + "-imported";
   try {
+    if (type == "gpt2" || llama_like.count(type)) check_hf_config_keys(j, type, source, ignored);
     if (type == "gpt2") {
       c.family = model::Family::gpt2;
       c.vocab_size = get_int(j, "vocab_size", source);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "lattice/model/model_config.hpp"
 
@@ -17,7 +18,10 @@ namespace lattice::train {
 std::string hf_config_json(const model::ModelConfig& config);
 // The model configuration of a Hugging Face config.json (`source` names it in errors): gpt2,
 // llama, qwen2 and mixtral model types, RoPE's base at the top level (transformers 4.x) or in
-// rope_parameters (5.x); anything else is one Error line naming the supported ones.
-model::ModelConfig model_config_from_hf(const std::string& config_json, const std::string& source);
+// rope_parameters (5.x); anything else is one Error line naming the supported ones. Every key is
+// either read or known not to change the arithmetic (hf_config_keys.hpp); the settings read but not
+// applied (a nonzero dropout) are appended to `ignored` as one line each, when given.
+model::ModelConfig model_config_from_hf(const std::string& config_json, const std::string& source,
+                                        std::vector<std::string>* ignored = nullptr);
 
 }  // namespace lattice::train

@@ -229,14 +229,16 @@ HfImportSummary import_hf(const std::string& hf_dir, const std::string& run_dir,
   check(fs::exists(config_path), hf_dir +
                                      " has no config.json: point at a Hugging Face model "
                                      "directory (what save_pretrained writes)");
+  std::vector<std::string> ignored;
   const model::ModelConfig config =
-      model_config_from_hf(read_file_text(config_path.string()), config_path.string());
+      model_config_from_hf(read_file_text(config_path.string()), config_path.string(), &ignored);
   check(latest_checkpoint(run_dir).empty(),
         run_dir + " already holds checkpoints: import into a new run directory");
   // The tokenizer, loaded (and checked against the model) where it lies, before anything is
   // written; the run gets a copy in run_dir/tokenizer.
   HfImportSummary summary;
   summary.config = config;
+  summary.ignored = ignored;
   const std::vector<HfTokenizerFile> tokenizer_files =
       with_tokenizer ? hf_directory_tokenizer_files(dir) : std::vector<HfTokenizerFile>{};
   if (!tokenizer_files.empty()) {

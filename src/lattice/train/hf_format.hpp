@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "lattice/core/dtype.hpp"
 #include "lattice/model/model_config.hpp"
@@ -56,6 +57,8 @@ struct HfImportSummary {
   std::string tokenizer_name;           // data::Tokenizer::name()
   std::optional<int32_t> end_of_text;   // where `lattice generate` stops
   std::optional<int32_t> declared_eos;  // where transformers stops (hf_declared_eos)
+  // config.json's settings read but not applied (a nonzero dropout), one line each.
+  std::vector<std::string> ignored;
 };
 
 // Reads a Hugging Face model directory (config.json and model.safetensors, or the sharded files
