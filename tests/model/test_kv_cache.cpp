@@ -20,10 +20,12 @@ using namespace lattice::model;
 
 namespace {
 
-// gpt2-tiny and llama-tiny (4 query heads over 2 KV heads: grouped-query attention), max_seq_len
-// 32, vocabulary 64, with larger weights than GPT-2's 0.02 so that every position matters.
+// gpt2-tiny, llama-tiny (4 query heads over 2 KV heads: grouped-query attention), mistral-tiny (its
+// sliding window of 8: cached queries see only the window's keys) and qwen3-tiny (q/k norms on
+// heads of 16 over a 32-wide model), max_seq_len 32, vocabulary 64, with larger weights than
+// GPT-2's 0.02 so that every position matters.
 ModelConfig tiny(Family family) {
-  ModelConfig c = model_preset(family == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+  ModelConfig c = model_preset(family_name(family) + "-tiny");
   c.init_std = 0.2f;
   return c;
 }
@@ -207,5 +209,7 @@ TEST_P(CachedForward, RefusesACacheOfAnotherShape) {
   EXPECT_EQ(good.length(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, CachedForward, ::testing::Values(Family::gpt2, Family::llama),
+INSTANTIATE_TEST_SUITE_P(Families, CachedForward,
+                         ::testing::Values(Family::gpt2, Family::llama, Family::mistral,
+                                           Family::qwen3),
                          [](const auto& info) { return family_name(info.param); });
