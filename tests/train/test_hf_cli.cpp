@@ -430,6 +430,62 @@ TEST_F(HfCli, ScaledRopeLlamasImportAndExportWithTransformersLogits) {
     }
 }
 
+TEST_F(HfCli, FineTuningAnImportedModelWithConfigsFinetuneToml) {
+  // The README's workflow on a transformers-saved Qwen 3 (the committed fixture, F32 weights):
+  // import, configs/finetune.toml under tp 2 x pp 2 (the model and its weights from the
+  // import, the learning rate, warmup and data from the config and its overrides), export, and
+  // the export loads in transformers with Lattice's logits (where a venv has Qwen 3) and imports
+  // back as the same model.
+  const std::string saved = LATTICE_SOURCE_DIR "/tests/reference/hf_fixtures/qwen3";
+  const CliResult imported = run_lattice("import " + saved + " --run-dir hf-import", dir_);
+  ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
+  const CliResult trained =
+      run_lattice("train " LATTICE_SOURCE_DIR
+                  "/configs/finetune.toml --checkpoint.init_from=hf-import"
+                  " --job.run_dir=finetune --data.dataset= --data.train_files=corpus.txt"
+                  " --data.val_fraction=0.1 --validation.freq=0 --training.seq_len=32"
+                  " --training.micro_batch_size=2 --training.steps=4 --training.precision=fp32"
+                  " --training.threads=1 --parallelism.tp=2 --parallelism.pp=2 --optimizer.lr=1e-3"
+                  " --lr_scheduler.warmup_steps=2 --metrics.log_freq=1",
+                  dir_);
+  ASSERT_EQ(trained.status, 0) << trained.out << trained.err;
+  EXPECT_NE(trained.out.find("resumed from hf-import/checkpoints/step_00000000 at step 0"),
+            std::string::npos)
+      << trained.out;
+  EXPECT_NE(trained.out.find("model qwen3-imported"), std::string::npos) << trained.out;
+  // The schedule is the config's: linear warmup over 2 steps to lr 1e-3.
+  const auto records = read_jsonl(dir_ / "finetune" / "metrics.jsonl");
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_NEAR(records[0].at("lr").get<double>(), 5e-4, 1e-9);
+  EXPECT_NEAR(records[1].at("lr").get<double>(), 1e-3, 1e-9);
+  // A [model] key that describes another model is refused: the import's is the model.
+  expect_error("train " LATTICE_SOURCE_DIR
+               "/configs/finetune.toml --checkpoint.init_from=hf-import --model.n_layers=3",
+               "brings its model settings");
+  const CliResult exported = run_lattice("export --checkpoint finetune finetune-hf", dir_);
+  ASSERT_EQ(exported.status, 0) << exported.out << exported.err;
+  logits("finetune", "finetune.logits");
+  for (const std::string& python : hf_pythons()) {
+    SCOPED_TRACE(python);
+    if (!knows(python, "qwen3")) continue;
+    std::string report;
+    // fp32 both sides, another operation order: relative 1e-5 (as expect_loads_in_transformers).
+    EXPECT_EQ(interop(python,
+                      "check " + (dir_ / "finetune-hf").string() + " " +
+                          (dir_ / "finetune.logits").string() + " 1e-5",
+                      report),
+              0)
+        << report;
+  }
+  const CliResult again = run_lattice("import finetune-hf --run-dir reimported", dir_);
+  ASSERT_EQ(again.status, 0) << again.out << again.err;
+  logits("reimported", "reimported.logits");
+  EXPECT_EQ(bytes(dir_ / "reimported.logits"), bytes(dir_ / "finetune.logits"));
+  // Trained: the logits moved from the imported model's.
+  logits("hf-import", "imported.logits");
+  EXPECT_NE(bytes(dir_ / "imported.logits"), bytes(dir_ / "finetune.logits"));
+}
+
 TEST_F(HfCli, BadInputIsOneLineAndLeavesNothingBehind) {
   ASSERT_EQ(train("deepseek-moe-tiny", "deepseek", "").status, 0);
   expect_error("export --checkpoint deepseek hf-deepseek",

@@ -336,6 +336,10 @@ std::vector<ConfigKey> build_keys() {
   add("checkpoint", "resume_from",
       string_key(field(&TrainConfig::checkpoint, &CheckpointConfig::resume_from)),
       "resume from this checkpoint or run directory instead");
+  add("checkpoint", "init_from",
+      string_key(field(&TrainConfig::checkpoint, &CheckpointConfig::init_from)),
+      "fine-tune: start from this step-0 checkpoint or run directory (`lattice import`'s) when "
+      "run_dir has none; the model settings are its own (no [model] keys)");
 
   add("metrics", "log_freq", int_key(field(&TrainConfig::metrics, &MetricsConfig::log_freq)),
       "steps between log lines (> 0; the first, last and validation steps always log)");

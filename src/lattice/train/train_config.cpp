@@ -8,6 +8,9 @@
 #include <sstream>
 
 #include "lattice/core/error.hpp"
+#include "lattice/model/model_config_json.hpp"
+#include "lattice/train/checkpoint.hpp"
+#include "lattice/train/checkpoint_reader.hpp"
 #include "lattice/train/config_schema.hpp"
 
 namespace lattice::train {
@@ -99,6 +102,7 @@ std::string TrainConfig::to_toml() const {
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
   TrainConfig config;
+  bool model_in_file = false;  // the file has a [model] table
   if (!path.empty()) {
     toml::table root;
     try {
@@ -112,6 +116,7 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
                   "): " + std::string(e.description()));
     }
     apply_table(config, root, " in " + path);
+    model_in_file = root.contains("model");
   }
   toml::table override_root;
   for (std::string item : overrides) {
@@ -132,6 +137,26 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
     override_root[section].as_table()->insert_or_assign(key, *parsed.get("v"));
   }
   apply_table(config, override_root, " (command-line override)");
+  if (!config.checkpoint.init_from.empty()) {
+    // Fine-tuning: the model is the checkpoint's.
+    const std::string& from = config.checkpoint.init_from;
+    check(config.checkpoint.resume_from.empty(),
+          "checkpoint.init_from and checkpoint.resume_from both name a checkpoint: keep "
+          "resume_from to continue a run, or init_from to start a new one from weights");
+    const CheckpointReader reader(resolve_checkpoint(from));
+    check(reader.state().step == 0,
+          "checkpoint.init_from = " + from + " is a step-" + std::to_string(reader.state().step) +
+              " checkpoint of a run: continue it with checkpoint.resume_from, or start from a "
+              "step-0 checkpoint (lattice import's)");
+    // [model] keys may only repeat the checkpoint's model (a run's own config.toml does).
+    const bool model_given = model_in_file || override_root.contains("model");
+    check(!model_given || model::model_config_to_json(config.model) ==
+                              model::model_config_to_json(reader.model_config()),
+          "checkpoint.init_from = " + from +
+              " brings its model settings, and the [model] keys describe another model: remove "
+              "them (the model section and model.* overrides)");
+    config.model = reader.model_config();
+  }
   config.finalize();
   return config;
 }

@@ -94,6 +94,10 @@ struct CheckpointConfig {
   bool async = false;
   bool resume = true;       // resume from run_dir's latest checkpoint when there is one
   std::string resume_from;  // explicit checkpoint directory to resume from
+  // Fine-tuning: a step-0 checkpoint (what `lattice import` writes) or its run directory whose
+  // weights start this run when it has no checkpoint of its own; its model settings are the run's
+  // (a config giving [model] keys too is refused).
+  std::string init_from;
 };
 
 struct MetricsConfig {

@@ -112,6 +112,9 @@ void Trainer::resume() {
     candidates.push_back(resolve_checkpoint(config_.checkpoint.resume_from));
   else if (config_.checkpoint.resume && config_.checkpoint.enable)
     candidates = checkpoint_candidates(config_.job.run_dir);
+  // Fine-tuning: without a checkpoint of its own the run starts from init_from's (step 0).
+  if (candidates.empty() && !config_.checkpoint.init_from.empty())
+    candidates.push_back(resolve_checkpoint(config_.checkpoint.init_from));
   comm::Communicator& world = mesh_->world();
   // Staging directories of saves a kill interrupted are never published: removed here.
   if (printing_) remove_unpublished_checkpoints(config_.job.run_dir);
