@@ -462,6 +462,13 @@ TEST_F(HfCli, FineTuningAnImportedModelWithConfigsFinetuneToml) {
   expect_error("train " LATTICE_SOURCE_DIR
                "/configs/finetune.toml --checkpoint.init_from=hf-import --model.n_layers=3",
                "brings its model settings");
+  // A trained run is continued (resume_from), not started from; and one of the two only.
+  expect_error("train " LATTICE_SOURCE_DIR "/configs/finetune.toml --checkpoint.init_from=finetune",
+               "is a step-4 checkpoint of a run: continue it with checkpoint.resume_from");
+  expect_error("train " LATTICE_SOURCE_DIR
+               "/configs/finetune.toml --checkpoint.init_from=hf-import"
+               " --checkpoint.resume_from=finetune",
+               "keep resume_from to continue a run, or init_from");
   const CliResult exported = run_lattice("export --checkpoint finetune finetune-hf", dir_);
   ASSERT_EQ(exported.status, 0) << exported.out << exported.err;
   logits("finetune", "finetune.logits");
