@@ -123,8 +123,10 @@ void register_import_verb(CLI::App& app) {
             "transformers does\n",
             *s.declared_eos, id_text(s.end_of_text).c_str(), *s.declared_eos);
     }
-    std::printf("train from it: lattice train %s --data.dataset=... (settings in that file)\n",
-                toml.c_str());
+    std::printf(
+        "train from it: lattice train %s --data.dataset=... (settings in that file), or with a "
+        "config of your own: checkpoint.init_from = \"%s\" (configs/finetune.toml)\n",
+        toml.c_str(), o->run_dir.c_str());
   });
 }
 
