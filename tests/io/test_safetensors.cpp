@@ -385,6 +385,7 @@ TEST_F(SafetensorsCorruptionTest, UnknownDtype) {
   std::string message = open_error(file_image(
       R"({"a": {"dtype": "F64", "shape": [1], "data_offsets": [0, 8]}})", data_bytes(8)));
   EXPECT_CONTAINS(message, "tensor 'a' with unknown dtype \"F64\"");
+  EXPECT_CONTAINS(message, "convert it");
   EXPECT_CONTAINS(message, "supported: F32, BF16");
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli_runner.hpp"
+#include "lattice/core/dtype.hpp"
 #include "lattice/io/safetensors.hpp"
 
 using namespace lattice::testing;
@@ -89,5 +90,65 @@ TEST_F(HfFixturesCli, EveryFamilyImportsWithTransformersLogitsAndExportsBackUnch
         run_lattice("import --format hf exported-" + kind + " --run-dir " + again, dir_);
     ASSERT_EQ(reimported.status, 0) << reimported.out << reimported.err;
     EXPECT_EQ(logits(again, prompt), ours);
+  }
+}
+
+// Weights that do not fit the config, or of a dtype Lattice does not import: one line each, and
+// nothing in the run directory. The qwen3 fixture (one F32 file) rewritten with one tensor changed.
+TEST_F(HfFixturesCli, WrongWeightsAreOneLineAndWriteNothing) {
+  const fs::path fixture = kFixtures / "qwen3";
+  lattice::SafetensorsFile original((fixture / "model.safetensors").string());
+  // Every tensor in fp32, so that one can be dropped, added or stored as another dtype.
+  std::vector<std::vector<float>> values;
+  std::vector<lattice::SafetensorsEntry> entries;
+  for (const std::string& name : original.names()) {
+    const lattice::SafetensorsEntry& e = original.entry(name);
+    int64_t n = 1;
+    for (int64_t d : e.shape) n *= d;
+    values.emplace_back(static_cast<size_t>(n));
+    original.read_f32(name, values.back().data(), n);
+    entries.push_back({name, lattice::DType::f32, e.shape, values.back().data(),
+                       static_cast<size_t>(n) * sizeof(float), 0});
+  }
+  const std::string victim = "model.layers.0.self_attn.q_norm.weight";
+  std::vector<int32_t> integers(16, 1);
+  const auto variant = [&](const std::string& name, auto&& change) {
+    const fs::path dir = dir_ / name;
+    fs::create_directories(dir);
+    fs::copy_file(fixture / "config.json", dir / "config.json");
+    std::vector<lattice::SafetensorsEntry> changed = entries;
+    change(changed);
+    lattice::write_safetensors((dir / "model.safetensors").string(), changed, {{"format", "pt"}});
+    return dir.string();
+  };
+  const auto erase = [&](std::vector<lattice::SafetensorsEntry>& v) {
+    std::erase_if(v, [&](const auto& e) { return e.name == victim; });
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {variant("missing", erase), "lacks the weight '" + victim + "'"},
+      {variant("extra",
+               [&](auto& v) {
+                 auto e = v.front();
+                 e.name = "model.layers.0.self_attn.q_bias";
+                 v.push_back(e);
+               }),
+       "has the weight 'model.layers.0.self_attn.q_bias'"},
+      {variant("integer",
+               [&](auto& v) {
+                 erase(v);
+                 v.push_back({victim,
+                              lattice::DType::i32,
+                              {16},
+                              integers.data(),
+                              integers.size() * sizeof(int32_t),
+                              0});
+               }),
+       "'" + victim + "' is i32; Lattice imports F32, BF16 and F16 weights"}};
+  for (const auto& [dir, needle] : cases) {
+    SCOPED_TRACE(dir);
+    expect_one_error_line(
+        run_lattice("import " + dir + " --run-dir run-" + fs::path(dir).filename().string(), dir_),
+        needle);
+    EXPECT_FALSE(fs::exists(dir_ / ("run-" + fs::path(dir).filename().string())));
   }
 }

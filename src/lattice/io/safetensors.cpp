@@ -66,10 +66,12 @@ class HeaderChecker {
     if (!dtype.is_string())
       fail("has tensor " + single_quoted(name) + " whose dtype is not a string");
     std::optional<DType> parsed = parse_safetensors_dtype(dtype.get<std::string>());
-    if (!parsed) {
-      fail("has tensor " + single_quoted(name) + " with unknown dtype \"" +
-           dtype.get<std::string>() + "\" (supported: F32, BF16, F16, I32, I64, U8)");
-    }
+    // A dtype of the format Lattice does not read (F64, I8, ...) is not damage: say what to do.
+    if (!parsed)
+      throw Error("safetensors file " + path_ + " has tensor " + single_quoted(name) +
+                  " with unknown dtype \"" + dtype.get<std::string>() +
+                  "\" (supported: F32, BF16, F16, I32, I64, U8): convert it (a Hugging Face model: "
+                  "save it in float32, bfloat16 or float16)");
     entry.dtype = *parsed;
 
     const nlohmann::json& shape = spec["shape"];

@@ -285,6 +285,10 @@ HfImportSummary import_hf(const std::string& hf_dir, const std::string& run_dir,
     auto& file = files[it->second];
     if (!file) file = std::make_unique<SafetensorsFile>((dir / it->second).string());
     const SafetensorsEntry& entry = file->entry(p.name);
+    check(entry.dtype == DType::f32 || entry.dtype == DType::bf16 || entry.dtype == DType::f16,
+          hf_dir + ": '" + p.name + "' is " + std::string(dtype_name(entry.dtype)) +
+              "; Lattice imports F32, BF16 and F16 weights: save the model in float32, bfloat16 "
+              "or float16");
     const bool transposed = hf_transposed(config, p.name);
     const Shape want = transposed ? Shape{p.shape[1], p.shape[0]} : p.shape;
     check(entry.shape == want, hf_dir + ": '" + p.name + "' has another shape than its " +
