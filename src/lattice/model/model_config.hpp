@@ -1,8 +1,7 @@
 // Model configuration: the architecture family (GPT-2, Llama, Mistral, Qwen 2 or Qwen 3), its
-// dimensions, the named
-// presets and the checks that refuse a model whose dimensions do not fit together. This is the one
-// model description of Lattice: the trainer builds it, the planner (`lattice
-// estimate/simulate/plan`) estimates it, and both read the same preset table.
+// dimensions, the named presets and the checks that refuse a model whose dimensions do not fit
+// together. This is the one model description of Lattice: the trainer builds it, the planner
+// (`lattice estimate/simulate/plan`) estimates it, and both read the same preset table.
 #pragma once
 
 #include <algorithm>
@@ -168,10 +167,11 @@ ModelConfig mistral_config(const std::string& name, int64_t layers, int64_t d_mo
                            int64_t sliding_window);
 
 // The presets, in table order: the trainer's small models (gpt2-tiny, gpt2-small-test, gpt2-demo,
-// llama-tiny, llama-small-test, qwen2-tiny, mixtral-tiny, deepseek-moe-tiny, llama-60m, llama-1b),
-// GPT-2 124M-1.5B, GPT-3 175B, Llama 2 and 3 (7B-405B), Qwen 2.5 (0.5B, 7B), Mixtral 8x7B, the
-// Megatron-LM weak-scaling models (Narayanan et al. 2021, Table 1) and the Korthikanti et al.
-// (2023, Table 3) models. Throws lattice::Error listing the names for an unknown one.
+// llama-tiny, llama-small-test, qwen2-tiny, qwen3-tiny, mistral-tiny, mixtral-tiny,
+// deepseek-moe-tiny, qwen3-moe-tiny, llama-60m, llama-1b), GPT-2 124M-1.5B, GPT-3 175B, Llama 2
+// and 3 (7B-405B), Llama 3.1 8B and 3.2 1B / 3B, Mistral 7B, Qwen 2.5 (0.5B, 7B), Qwen 3 8B and
+// 30B-A3B, Mixtral 8x7B, the Megatron-LM weak-scaling models (Narayanan et al. 2021, Table 1) and
+// the Korthikanti et al. (2023, Table 3) models. Throws lattice::Error listing the names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 const std::vector<ModelConfig>& model_presets();
 std::vector<std::string> model_preset_names();
