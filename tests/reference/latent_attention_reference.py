@@ -19,7 +19,12 @@ gradients of loss = sum(out * g): "input_gradient" and "grad/<parameter name>". 
 (tests/model/test_latent_attention.cpp) loads the weights into a Lattice block of the same shape and
 checks its output and every gradient. Run with /usr/bin/python3 (torch 1.13 or later):
 
-    python3 tests/reference/latent_attention_reference.py
+    /usr/bin/python3 tests/reference/latent_attention_reference.py
+
+With --against-transformers (under a venv with transformers 5.x, e.g. /opt/lattice/hf5-venv) it
+instead runs transformers' own DeepseekV3Attention (eager, rope_interleave off) on the committed
+weights and prints its largest difference from this reference's attention output (2e-7 when
+written).
 """
 
 import math
@@ -137,12 +142,43 @@ def reference_case(case, q_rank, seed):
     return tensors
 
 
+def check_against_transformers(path):
+    """Prints max |DeepseekV3Attention - latent_attention| for each case of the committed data."""
+    from lattice_torch import read_safetensors
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
+    from transformers.models.deepseek_v3.configuration_deepseek_v3 import DeepseekV3Config
+
+    tensors, _ = read_safetensors(path)
+    for case, q_rank in (("with_q_rank", Q_RANK), ("without_q_rank", 0)):
+        config = DeepseekV3Config(
+            hidden_size=D_MODEL, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+            q_lora_rank=q_rank or None, kv_lora_rank=KV_RANK, qk_nope_head_dim=NOPE,
+            qk_rope_head_dim=ROPE, v_head_dim=V_HEAD, rope_interleave=False, attention_bias=False,
+            rope_theta=THETA, max_position_embeddings=64)
+        config._attn_implementation = "eager"
+        attention = hf.DeepseekV3Attention(config, 0)
+        at = f"{case}/{PREFIX}self_attn."
+        attention.load_state_dict(
+            {k[len(at):]: v for k, v in tensors.items() if k.startswith(at)}, strict=True)
+        params = {k[len(case) + 1:]: v for k, v in tensors.items() if k.startswith(case + "/")}
+        h = rms_norm(tensors[f"{case}/input"], params[PREFIX + "input_layernorm.weight"])
+        positions = torch.arange(T).unsqueeze(0).expand(B, -1)
+        cos, sin = hf.DeepseekV3RotaryEmbedding(config)(h, positions)
+        mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+        with torch.no_grad():
+            theirs, _ = attention(h, (cos, sin), mask)
+            ours = latent_attention(params, h, q_rank)
+        print(f"{case}: max |DeepseekV3Attention - reference| = {(theirs - ours).abs().max():.3g}")
+
+
 def main():
-    tensors = {}
-    tensors.update(reference_case("with_q_rank", Q_RANK, 1))
-    tensors.update(reference_case("without_q_rank", 0, 2))
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                         "latent_attention_reference.safetensors")
+    if "--against-transformers" in sys.argv[1:]:
+        check_against_transformers(path)
+        return
+    tensors = reference_case("with_q_rank", Q_RANK, 1)
+    tensors.update(reference_case("without_q_rank", 0, 2))
     write_safetensors(path, tensors, {"generator": "tests/reference/latent_attention_reference.py",
                                       "torch": torch.__version__})
     print(f"wrote {path} ({len(tensors)} tensors)")

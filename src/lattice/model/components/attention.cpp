@@ -151,9 +151,11 @@ LinearActivations* Attention::reader_saved(AttentionActivations& a) const {
 }
 
 const lattice::bf16* Attention::shared_input(const AttentionActivations& a) const {
-  const LinearActivations* reader = latent()          ? &a.latent.q_input
-                                    : a.input.empty() ? nullptr
-                                                      : &a.input[0];
+  const LinearActivations* reader = nullptr;  // q_proj's (q_a_proj's under latent attention)
+  if (latent())
+    reader = &a.latent.q_input;
+  else if (!a.input.empty())
+    reader = &a.input[0];
   check(reader != nullptr && !reader->in16.empty(),
         "Attention: the shared bf16 input of q, k, v is gone (internal error)");
   return reader->in16.data<lattice::bf16>();
