@@ -4,7 +4,8 @@
 // (tests/reference/latent_attention_reference.py, committed data), bf16 stays within its rounding
 // of fp32, the input and weight halves and selective recomputation equal the whole backward bit
 // for bit, what its forward keeps is what saved_bytes says, and what it does not support yet
-// (tensor parallelism, KV-cached generation, yarn's softmax scale) is refused in one line.
+// (tensor parallelism, context parallelism, KV-cached generation, yarn's softmax scale) is refused
+// in one line.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "lattice/io/safetensors.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
 #include "lattice/model/block_description.hpp"
+#include "lattice/model/context_parallel.hpp"
 #include "lattice/model/kv_cache.hpp"
 #include "lattice/model/transformer_block.hpp"
 
@@ -63,6 +65,24 @@ const kernels::RopeTable& rope_table() {
   static const kernels::RopeTable table{64, kRope, 10000.0f};
   return table;
 }
+
+// A context-parallel attention that must never be reached (the latent attention refuses first).
+class UnreachedContextAttention : public ContextAttention {
+ public:
+  int size() const override { return 2; }
+  int rank() const override { return 0; }
+  std::vector<PositionRun> runs(int64_t local_len) const override { return {{0, 0, local_len}}; }
+  void forward(kernels::Ops&, float*, float*, const float*, const float*, const float*,
+               const kernels::AttentionShape&, kernels::Precision) override {
+    ADD_FAILURE() << "context-parallel attention reached";
+  }
+  void backward(kernels::Ops&, float*, float*, float*, const float*, const float*, const float*,
+                const float*, const float*, const float*, const kernels::AttentionShape&,
+                kernels::Precision) override {
+    ADD_FAILURE() << "context-parallel attention reached";
+  }
+  double take_wait_seconds() override { return 0; }
+};
 
 // The first line of what `f` throws as lattice::Error ("" when nothing).
 template <typename F>
@@ -295,6 +315,18 @@ TEST(LatentAttention, RefusesWhatItDoesNotSupportYetInOneLine) {
   EXPECT_NE(cached.find("KV-cached generation with multi-head latent attention is not built yet"),
             std::string::npos)
       << cached;
-  for (const std::string& line : {tp, table, scale, cached})
+  // Context parallelism.
+  UnreachedContextAttention ring;
+  LayerContext split_context{ops, kernels::Precision::fp32, nullptr};
+  split_context.context = &ring;
+  const int64_t T = 4;
+  std::vector<float> sequence(T * kWidth, 0.5f), sequence_out(T * kWidth);
+  auto saved = t.block->make_activations();
+  const std::string cp = error_of(
+      [&] { t.block->forward(split_context, *saved, sequence_out.data(), sequence.data(), 1, T); });
+  EXPECT_NE(cp.find("multi-head latent attention does not run under context parallelism yet"),
+            std::string::npos)
+      << cp;
+  for (const std::string& line : {tp, table, scale, cached, cp})
     EXPECT_EQ(line.find('\n'), std::string::npos) << line;
 }
