@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "block_gradient_check.hpp"
 #include "lattice/core/memory.hpp"
 #include "lattice/core/rng.hpp"
 #include "lattice/kernels/cpu/cpu_ops.hpp"
@@ -89,17 +90,6 @@ std::vector<float> random_values(int64_t n, uint64_t seed) {
   return v;
 }
 
-// loss = Σ out · weights: its gradient at the output is `weights`.
-double weighted_output(TransformerBlock& block, const LayerContext& ctx, const float* x,
-                       const std::vector<float>& weights, int64_t B, int64_t T) {
-  auto saved = block.make_activations();
-  std::vector<float> out(weights.size());
-  block.forward(ctx, *saved, out.data(), x, B, T);
-  double loss = 0;
-  for (size_t i = 0; i < out.size(); ++i) loss += static_cast<double>(out[i]) * weights[i];
-  return loss;
-}
-
 }  // namespace
 
 TEST(BlockDescription, FamiliesNameTheirParametersAsHuggingFace) {
@@ -126,52 +116,11 @@ TEST(BlockDescription, FamiliesNameTheirParametersAsHuggingFace) {
   EXPECT_NO_THROW(moe.index_of("model.layers.1.post_attention_layernorm.weight"));
 }
 
-// The block's parameter and input gradients against central differences of its forward.
+// The block's parameter and input gradients against central differences of its forward
+// (block_gradient_check.hpp).
 void expect_gradients_match_finite_differences(const BlockDescription& d) {
-  BlockUnderTest t(d);
-  kernels::CpuOps ops;
-  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
-  const int64_t B = 2, T = 7, n = B * T * kWidth;
-  std::vector<float> x = random_values(n, 1), weights = random_values(n, 2);
-  auto saved = t.block->make_activations();
-  std::vector<float> out(static_cast<size_t>(n)), d_x(static_cast<size_t>(n));
-  t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
-  BackwardScratch scratch;
-  t.block->backward(ctx, *saved, d_x.data(), weights.data(), x.data(), B, T, scratch);
-  const std::vector<float> analytic(t.store.grads(), t.store.grads() + t.store.size());
-
-  // fp32 evaluation noise (~1e-6 of a loss of order 1) over 2·step = 0.02 gives ~5e-5, the
-  // truncation term is of the same order: 3e-4 absolute + 2% relative.
-  const float step = 1e-2f;
-  Rng pick(3);
-  int checked = 0;
-  for (const auto& p : t.store.parameters()) {
-    for (int probe = 0; probe < 3; ++probe) {
-      const int64_t index =
-          p.offset + static_cast<int64_t>(pick.below(static_cast<uint64_t>(p.numel)));
-      auto value = [&]() -> float& { return t.store.mutable_values()[index]; };
-      const float kept = value();
-      value() = kept + step;
-      const double plus = weighted_output(*t.block, ctx, x.data(), weights, B, T);
-      value() = kept - step;
-      const double minus = weighted_output(*t.block, ctx, x.data(), weights, B, T);
-      value() = kept;
-      const double numeric = (plus - minus) / (2.0 * step);
-      EXPECT_NEAR(analytic[static_cast<size_t>(index)], numeric, 3e-4 + 0.02 * std::fabs(numeric))
-          << p.name << " element " << index - p.offset;
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 3 * static_cast<int>(t.store.parameters().size()));
-  for (int64_t i : {int64_t{0}, n / 3, n - 1}) {  // the input gradient too
-    std::vector<float> probe = x;
-    probe[static_cast<size_t>(i)] += step;
-    const double plus = weighted_output(*t.block, ctx, probe.data(), weights, B, T);
-    probe[static_cast<size_t>(i)] -= 2 * step;
-    const double minus = weighted_output(*t.block, ctx, probe.data(), weights, B, T);
-    const double numeric = (plus - minus) / (2.0 * step);
-    EXPECT_NEAR(d_x[static_cast<size_t>(i)], numeric, 3e-4 + 0.02 * std::fabs(numeric)) << i;
-  }
+  const kernels::RopeTable rope{64, kWidth / kHeads, 10000.0f};
+  lattice::testing::expect_block_gradients_match_finite_differences(d, &rope);
 }
 
 TEST(TransformerBlock, ComposedBlockMatchesFiniteDifferences) {

@@ -11,6 +11,7 @@ namespace k = lattice::kernels;
 void AttentionActivations::release() {
   norm.release();
   for (Tensor* t : {&qkv, &qkv16, &q, &k, &v, &q_raw, &k_raw, &att, &lse, &d_out}) t->reset();
+  latent.release();
   q_norm.release();
   k_norm.release();
   for (LinearActivations& l : input) l.release();
@@ -44,6 +45,25 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
   O_ = heads_ * v_head_dim_;
   V_ = kv_heads_ * v_head_dim_;
   norm_ = Norm(store, prefix + d.norm, d.norm_kind, C_, norm_eps);
+  if (d.latent.enabled()) {
+    // Multi-head latent attention: q, k, v of `heads` heads each from its latent projections.
+    check(
+        layout.ranks() == 1,
+        "multi-head latent attention runs on one tensor-parallel rank (parallelism.tp = " +
+            std::to_string(layout.ranks()) +
+            "): its kv_a_proj_with_mqa and latent norms are not split yet; set parallelism.tp = 1");
+    check(d.packed.empty() && d.k.empty() && d.v.empty() && d.q_norm.empty() && !d.input_bias,
+          "multi-head latent attention takes no packed, k or v projection, q/k norm or input bias "
+          "(internal error)");
+    check(d.head_dim == d.latent.qk_head_dim() && d.kv_heads == d.heads && d.rope,
+          "multi-head latent attention has head_dim = qk_nope_head_dim + qk_rope_head_dim, as many "
+          "key/value heads as query heads and RoPE (internal error)");
+    latent_ = LatentProjection(store, prefix, d.latent, d.q, C_, heads_, v_head_dim_, rope);
+    rope_ = nullptr;  // the latent projections rotate their own rope channels
+    output_ = Linear(store, prefix + d.out, O_, C_, d.output_bias, InitKind::normal_residual,
+                     layout.split(output_split));
+    return;
+  }
   const int64_t q_width = d.heads * head_dim_, kv_width = d.kv_heads * head_dim_;
   const int64_t v_width = d.kv_heads * v_head_dim_, out_width = d.heads * v_head_dim_;
   // q, k, v column-split by heads (a packed projection: each rank its heads of each of the three
@@ -115,15 +135,30 @@ void Attention::prepare(const LayerContext& ctx, AttentionActivations& a, int64_
       q_norm_.prepare(ctx, a.q_norm, rows * heads_, false, false);
       k_norm_.prepare(ctx, a.k_norm, rows * kv_heads_, false, false);
     }
+    if (latent()) latent_.prepare(ctx, a.latent, rows);
   }
   ensure_activation(a.att, {rows, O_}, ctx);
   ensure_activation(a.lse, {B, heads_, T}, ctx);
 }
 
+Linear* Attention::bf16_reader(k::Precision precision) {
+  if (!bf16_input(precision)) return nullptr;
+  return latent() ? &latent_.input_reader() : &input_[0];
+}
+
+LinearActivations* Attention::reader_saved(AttentionActivations& a) const {
+  return latent() ? &a.latent.q_input : &a.input[0];
+}
+
 const lattice::bf16* Attention::shared_input(const AttentionActivations& a) const {
-  check(!a.input.empty() && !a.input[0].in16.empty(),
+  const LinearActivations* reader = nullptr;  // q_proj's (q_a_proj's under latent attention)
+  if (latent())
+    reader = &a.latent.q_input;
+  else if (!a.input.empty())
+    reader = &a.input[0];
+  check(reader != nullptr && !reader->in16.empty(),
         "Attention: the shared bf16 input of q, k, v is gone (internal error)");
-  return a.input[0].in16.data<lattice::bf16>();
+  return reader->in16.data<lattice::bf16>();
 }
 
 float* Attention::projection_output(AttentionActivations& a, size_t i) const {
@@ -228,11 +263,20 @@ void Attention::project_out(const LayerContext& ctx, AttentionActivations& a, fl
 void Attention::forward(const LayerContext& ctx, AttentionActivations& a, float* x_out,
                         const float* x, int64_t B, int64_t T, Tensor& partial) {
   const int64_t rows = B * T;
+  check(!latent() || ctx.context == nullptr,
+        "multi-head latent attention does not run under context parallelism yet: train it with "
+        "one context-parallel rank");
   {
     Tensor gathered;  // fp32 sharded layouts: the norm's output over all rows, for the GEMMs
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
-                              bf16_input(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
-    project(ctx, a, in, rows, /*cached=*/false);
+                              bf16_reader(ctx.precision), reader_saved(a));
+    if (latent()) {  // one rank: nothing is gathered
+      in.gather.wait();
+      latent_.forward(ctx, a.latent, a.q.f32(), a.k.f32(), a.v.f32(), in.all,
+                      shares_input(ctx.precision) ? shared_input(a) : nullptr, B, T);
+    } else {
+      project(ctx, a, in, rows, /*cached=*/false);
+    }
   }
   normalize_q_and_k(ctx, a, rows);
   if (rope_ != nullptr) {
@@ -249,6 +293,9 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
                                int64_t cache_layer, Tensor& partial) {
   check(layout_.ranks() == 1,
         "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
+  check(!latent(),
+        "KV-cached generation with multi-head latent attention is not built yet (its cache would "
+        "hold the compressed latent): generate from a model without it");
   check(v_head_dim_ == head_dim_,
         "KV-cached generation with value heads narrower or wider than the key heads is not built "
         "yet: the KV cache holds head_dim-wide values");
@@ -256,7 +303,7 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
   {
     Tensor gathered;
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
-                              bf16_input(ctx.precision) ? &input_[0] : nullptr, &a.input[0]);
+                              bf16_reader(ctx.precision), reader_saved(a));
     project(ctx, a, in, rows, /*cached=*/true);
   }
   normalize_q_and_k(ctx, a, rows);
@@ -312,14 +359,24 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
   const float* in = nullptr;  // the input projections' fp32 input over all rows
   parallel::GroupCollective in_gather;
   if (!g.defer)
-    in_gather = regather(ctx, layout_, a.norm, g.regathered, rows, &in,
-                         fused || shared ? &input_[0] : nullptr, &a.input[0]);
+    in_gather = regather(ctx, layout_, a.norm, g.regathered, rows, &in, bf16_reader(ctx.precision),
+                         reader_saved(a));
   float* d_att = g.get(slot::attention_output_gradient, rows * O_);
   output_projection_backward(ctx, g, output_, a.output, d_att, d_out, a.att.f32());
   const k::AttentionShape s = shape(g.B, g.T);
   ContextAttention& attention = core(ctx);
   std::function<void()> weight_halves;
-  if (fused) {
+  if (latent()) {
+    // The latent projections' backward from the attention core's d q, k, v (one rank: the input
+    // gradient needs no reduction, and their weight halves run in it unless deferred).
+    const LatentGradients d = latent_.attention_gradients(g, a.latent);
+    attention.backward(ctx.ops, d.q, d.k, d.v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
+                       a.lse.f32(), s, ctx.precision);
+    latent_.backward(ctx, a.latent, g, d, in, shared ? shared_input(a) : nullptr);
+    weight_halves = [&] {
+      latent_.weight_pass(ctx, a.latent, in, shared ? shared_input(a) : nullptr, rows);
+    };
+  } else if (fused) {
     // The projection's bias gradient comes out of the attention backward (the column sums of the
     // unrounded d q, k, v, in an order fixed by the shape).
     auto* d_qkv16 = reinterpret_cast<lattice::bf16*>(
@@ -393,11 +450,12 @@ void Attention::weight_pass(const LayerContext& ctx, AttentionActivations& a, in
                             float* gathered) {
   const bool fused = this->fused(ctx.precision), shared = shares_input(ctx.precision);
   const float* in = nullptr;
-  regather(ctx, layout_, a.norm, gathered, rows, &in, fused || shared ? &input_[0] : nullptr,
-           &a.input[0])
+  regather(ctx, layout_, a.norm, gathered, rows, &in, bf16_reader(ctx.precision), reader_saved(a))
       .wait();
   output_.backward_weight(ctx, a.output, a.d_out.f32(), a.att.f32(), rows);
-  if (fused) {
+  if (latent()) {
+    latent_.weight_pass(ctx, a.latent, in, shared ? shared_input(a) : nullptr, rows);
+  } else if (fused) {
     input_[0].backward_rounded(ctx, a.input[0], nullptr,
                                reinterpret_cast<const lattice::bf16*>(a.d_input[0].f32()), nullptr,
                                rows);
@@ -434,6 +492,7 @@ int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) con
       local * ((shared ? 2 : 4) * C_ + stats) + rows * 4 * qkv + attention_output_bytes(B, T);
   // A q/k norm's raw q and k and its statistics per head.
   if (qk_norm_) bytes += rows * 4 * (A_ + KV_) + rows * 4 * (heads_ + kv_heads_);
+  if (latent()) bytes += latent_.saved_bytes(precision, rows);
   // bf16 without the fused paths: the output projection's rounding of att, and each input
   // projection's rounding of the norm output (not kept on a sharded layout: gathered again).
   if (precision == k::Precision::bf16)
@@ -445,18 +504,22 @@ int64_t Attention::saved_bytes(k::Precision precision, int64_t B, int64_t T) con
 
 int64_t Attention::scratch_floats(int64_t rows) const {
   // d_att; d q, k, v; behind a q/k norm the normed d q and d k
+  if (latent()) return rows * O_ + latent_.scratch_floats(rows);
   return rows * O_ + rows * (A_ + KV_ + V_) + (qk_norm_ ? rows * (A_ + KV_) : 0) +
          (qk_norm_ && layout_.ranks() > 1 ? head_dim_ : 0);
 }
 
 int64_t Attention::pending_weight_floats(int64_t rows) const {
+  if (latent()) return rows * C_ + latent_.pending_weight_floats(rows);
   return rows * C_ + rows * (A_ + KV_ + V_);  // the output projection's d_out; d q, k, v
 }
 
 int64_t Attention::entry_transient_bytes(k::Precision precision, int64_t rows) const {
   // Sharded layouts: the norm output gathered for the input projections (fp32, or bf16 in the
   // fused projection's prepared input, freed after the GEMM), and without the fused paths in bf16
-  // each projection's rounding of it.
+  // each projection's rounding of it. Multi-head latent attention (one rank): its forward's kv_a
+  // and kv_b outputs.
+  if (latent()) return latent_.forward_transient_bytes(rows);
   if (!layout_.sharded()) return 0;
   if (fused(precision) || shares_input(precision)) return rows * C_ * 2;
   return rows * C_ *

@@ -4,7 +4,8 @@
 // key/value heads shared by groups of query heads), rotary positions on q and k or none, biases on
 // the input or output projections or none, a sliding window (Mistral's) or none, a per-head q/k
 // RMSNorm (Qwen 3's) or none, value heads as wide as the query-key heads or of their own width
-// (DeepSeek's multi-head latent attention has narrower values). The attention
+// (DeepSeek's multi-head latent attention has narrower values), or DeepSeek-V2/V3's multi-head
+// latent attention, whose q, k, v come from LatentProjection's low-rank projections. The attention
 // itself is the ContextAttention the context hands it (one rank: LocalAttention; ring or Ulysses
 // under context parallelism), and the projections' split and the residual rows' layout come from
 // the SequenceLayout it is built with: the code is the one-rank code either way. In bf16 a packed
@@ -21,6 +22,7 @@
 
 #include "lattice/core/tensor.hpp"
 #include "lattice/kernels/rope_table.hpp"
+#include "lattice/model/components/latent_projection.hpp"
 #include "lattice/model/components/normed_input.hpp"
 #include "lattice/model/kv_cache.hpp"
 #include "lattice/model/local_attention.hpp"
@@ -47,6 +49,11 @@ struct AttentionDescription {
   // A per-head RMSNorm of q and of k over head_dim, before RoPE (Qwen 3's "self_attn.q_norm",
   // "self_attn.k_norm"), or none (empty). q, k, v apart only.
   std::string q_norm, k_norm;
+  // DeepSeek's multi-head latent attention (enabled(): kv_lora_rank > 0): q, k, v from its latent
+  // projections, with head_dim = qk_head_dim(), kv_heads = heads, v_head_dim its values' width;
+  // `q` names q_proj when it has no query rank; rope on its qk_rope_head_dim channels only (the
+  // table is that wide); no input bias, one tensor-parallel rank.
+  LatentAttentionDescription latent;
 };
 
 // What its forward saves (rows = B·T; A = heads · head_dim and kv = kv_heads · head_dim on this
@@ -58,6 +65,7 @@ struct AttentionActivations {
   Tensor qkv16;          // packed: [rows, A + 2kv] bf16 (fused bf16 training; qkv not kept)
   Tensor q, k, v;        // apart: [rows, A], [rows, kv], [rows, V] fp32, q and k after RoPE
   Tensor q_raw, k_raw;   // behind a q/k norm: the projections' q and k, before it
+  LatentActivations latent;        // multi-head latent attention's projections
   NormActivations q_norm, k_norm;  // the q/k norm's statistics ([rows · heads], [rows · kv_heads])
   Tensor att, lse;                 // [rows, O], [B, heads, T]: dropped by selective checkpointing
   std::vector<LinearActivations> input;  // the input projections' (one packed, or q, k, v)
@@ -141,6 +149,11 @@ class Attention {
 
  private:
   bool packed() const { return input_.size() == 1; }
+  bool latent() const { return latent_.enabled(); }
+  // The projection whose bf16 input the norm writes (bf16_input precisions; null otherwise) and
+  // its saved state.
+  Linear* bf16_reader(kernels::Precision precision);
+  LinearActivations* reader_saved(AttentionActivations& a) const;
   // The attention call's shape for B sequences of T tokens (q, k, v in the packed buffer or apart).
   kernels::AttentionShape shape(int64_t B, int64_t T) const;
   // The attention this context computes with (its context-parallel one, or this rank's own).
@@ -176,6 +189,7 @@ class Attention {
   bool qk_norm_ = false;
   Norm q_norm_, k_norm_;  // per head, over head_dim
   bool fusable_ = false;
+  LatentProjection latent_;  // multi-head latent attention's q, k, v (input_ then empty)
 };
 
 }  // namespace lattice::model

@@ -20,6 +20,15 @@ constexpr int qkv_gradient = 8;               // packed [rows, 3A]; apart: q her
 constexpr int normed_q_gradient = 15;         // [rows, A] behind a q/k norm: ∂loss/∂ normed q
 constexpr int normed_k_gradient = 16;         // [rows, kv] and k
 constexpr int qk_norm_partials = 17;          // [head_dim] tp > 1: a q/k norm's partial gradient
+// Multi-head latent attention (LatentProjection; qkv_gradient holds q_proj's or q_a_proj's d_out,
+// the two after it d k and d v).
+constexpr int latent_q_gradient = 18;           // [rows, heads·qk] d q with a query rank
+constexpr int latent_kv_a_gradient = 19;        // [rows, kv_rank + rope] kv_a_proj's d_out
+constexpr int latent_kv_b_gradient = 20;        // [rows, heads·(nope + v)] kv_b_proj's d_out
+constexpr int latent_normed_gradient = 21;      // [rows, rank] a latent norm's d_out
+constexpr int latent_compressed_gradient = 22;  // [rows, kv_rank] d c, the latent norm's d_in
+constexpr int latent_rope_gradient = 23;        // [rows, rope] d k_pe summed over the heads
+constexpr int latent_rope_head_gradient = 24;   // [rows, rope] one head's d k_pe
 // MLPs.
 constexpr int mlp_hidden_gradient = 11;  // [rows, F] (GELU: d_gelu, or bf16 c_proj's d_out)
 constexpr int mlp_input_gradient = 12;   // [rows, F] c_fc's / gate's d_out; up's next

@@ -1,0 +1,249 @@
+// Multi-head latent attention's input projections: see latent_projection.hpp.
+#include "lattice/model/components/latent_projection.hpp"
+
+#include <algorithm>
+
+#include "lattice/core/error.hpp"
+#include "lattice/model/block.hpp"
+#include "lattice/model/components/backward_slots.hpp"
+
+namespace lattice::model {
+
+namespace k = lattice::kernels;
+
+namespace {
+
+// The first `width` columns of the [rows, from_width] rows at `from` into the first `width`
+// columns of the [rows, to_width] rows at `to` (offset the pointers for other columns): one
+// strided copy.
+void copy_columns(const LayerContext& ctx, float* to, int64_t to_width, const float* from,
+                  int64_t from_width, int64_t width, int64_t rows) {
+  ctx.ops.memory().copy_rows(to, sizeof(float) * static_cast<size_t>(to_width), from,
+                             sizeof(float) * static_cast<size_t>(from_width),
+                             sizeof(float) * static_cast<size_t>(width), static_cast<size_t>(rows),
+                             CopyKind::device_to_device);
+}
+
+}  // namespace
+
+void LatentActivations::release() {
+  for (Tensor* t : {&q_a, &compressed, &d_q_input, &d_kv_a}) t->reset();
+  q_a_norm.release();
+  kv_a_norm.release();
+  for (LinearActivations* l : {&q_input, &kv_a, &q_b, &kv_b}) l->release();
+}
+
+LatentProjection::LatentProjection(ParameterStore& store, const std::string& prefix,
+                                   const LatentAttentionDescription& d, const std::string& q_name,
+                                   int64_t d_model, int64_t heads, int64_t v_head_dim,
+                                   const k::RopeTable* rope)
+    : rope_(rope),
+      C_(d_model),
+      heads_(heads),
+      nope_(d.qk_nope_head_dim),
+      rope_dim_(d.qk_rope_head_dim),
+      qk_(d.qk_head_dim()),
+      v_(v_head_dim),
+      q_rank_(d.q_lora_rank),
+      kv_rank_(d.kv_lora_rank) {
+  check(d.kv_lora_rank > 0 && d.q_lora_rank >= 0 && d.qk_nope_head_dim >= 0,
+        "multi-head latent attention needs kv_lora_rank > 0, q_lora_rank >= 0 (0: q_proj) and "
+        "qk_nope_head_dim >= 0");
+  check(d.qk_rope_head_dim > 0 && d.qk_rope_head_dim % 2 == 0,
+        "multi-head latent attention's qk_rope_head_dim (" + std::to_string(d.qk_rope_head_dim) +
+            ") must be a positive even number of rotated channels");
+  check(rope != nullptr && rope->head_dim() == rope_dim_,
+        "multi-head latent attention rotates qk_rope_head_dim = " + std::to_string(rope_dim_) +
+            " channels per head: build its RoPE table with head_dim qk_rope_head_dim");
+  check(d.softmax_scale_factor == 1.0f,
+        "multi-head latent attention's softmax scale factor (yarn's mscale) is not built yet: "
+        "only 1 (the scale 1/sqrt(qk_head_dim)) is supported");
+  // Hugging Face's module order: q (q_proj, or q_a_proj, q_a_layernorm, q_b_proj), then kv.
+  if (has_q_rank()) {
+    q_a_ = Linear(store, prefix + d.q_a, C_, q_rank_, false, InitKind::normal);
+    q_a_norm_ = Norm(store, prefix + d.q_a_norm, NormKind::rms_norm, q_rank_, d.norm_eps);
+    q_b_ = Linear(store, prefix + d.q_b, q_rank_, heads_ * qk_, false, InitKind::normal);
+  } else {
+    q_ = Linear(store, prefix + q_name, C_, heads_ * qk_, false, InitKind::normal);
+  }
+  kv_a_ = Linear(store, prefix + d.kv_a, C_, kv_rank_ + rope_dim_, false, InitKind::normal);
+  kv_a_norm_ = Norm(store, prefix + d.kv_a_norm, NormKind::rms_norm, kv_rank_, d.norm_eps);
+  kv_b_ = Linear(store, prefix + d.kv_b, kv_rank_, heads_ * (nope_ + v_), false, InitKind::normal);
+}
+
+void LatentProjection::prepare(const LayerContext& ctx, LatentActivations& a, int64_t rows) const {
+  // In bf16 the latent norms write their bf16 output straight into q_b's and kv_b's prepared input.
+  const bool fp32_out = ctx.precision != k::Precision::bf16;
+  if (has_q_rank()) {
+    ensure_activation(a.q_a, {rows, q_rank_}, ctx);
+    q_a_norm_.prepare(ctx, a.q_a_norm, rows, fp32_out, false);
+  }
+  ensure_activation(a.compressed, {rows, kv_rank_}, ctx);
+  kv_a_norm_.prepare(ctx, a.kv_a_norm, rows, fp32_out, false);
+}
+
+void LatentProjection::rotate_queries(const LayerContext& ctx, float* q, int64_t B, int64_t T,
+                                      bool inverse) const {
+  // Each head's last qk_rope_head_dim channels, one head at a time (rows of heads·qk floats).
+  const int64_t width = heads_ * qk_;
+  for (int64_t h = 0; h < heads_; ++h)
+    ctx.ops.rope(*rope_, q + h * qk_ + nope_, B, T, 1, width, T * width, 0, inverse);
+}
+
+void LatentProjection::forward(const LayerContext& ctx, LatentActivations& a, float* q, float* k,
+                               float* v, const float* in, const lattice::bf16* in16, int64_t B,
+                               int64_t T) {
+  const int64_t rows = B * T, kv_a_width = kv_rank_ + rope_dim_, kv_b_width = nope_ + v_;
+  const bool bf16 = ctx.precision == k::Precision::bf16;
+  check(bf16 ? in16 != nullptr : in != nullptr,
+        "multi-head latent attention: its normed input is missing (internal error)");
+  // The x-reading projections: on the shared bf16 input in bf16, on the fp32 one otherwise.
+  auto project_input = [&](Linear& l, LinearActivations& saved, float* out) {
+    if (bf16)
+      l.forward_shared_rows(ctx, saved, out, in16, rows, 0, rows);
+    else
+      l.forward(ctx, saved, out, in, rows);
+  };
+  // An inner projection behind a latent norm (bf16: the norm writes its bf16 input).
+  auto project_normed = [&](const Norm& norm, NormActivations& normed, const float* x, Linear& l,
+                            LinearActivations& saved, float* out) {
+    if (bf16) {
+      norm.forward_bf16(ctx, normed, l.prepare_bf16_input(ctx, saved, rows), x, rows);
+      l.forward_prepared(ctx, saved, out, rows);
+    } else {
+      norm.forward(ctx, normed, normed.out.f32(), x, rows);
+      l.forward(ctx, saved, out, normed.out.f32(), rows);
+    }
+  };
+  if (has_q_rank()) {
+    project_input(q_a_, a.q_input, a.q_a.f32());
+    project_normed(q_a_norm_, a.q_a_norm, a.q_a.f32(), q_b_, a.q_b, q);
+  } else {
+    project_input(q_, a.q_input, q);
+  }
+  rotate_queries(ctx, q, B, T, false);
+  // kv_a's output [c | k_pe] and kv_b's per-head [k_nope | v] live only through the forward.
+  Tensor kv_a_out, kv_b_out;
+  ensure_activation(kv_a_out, {rows, kv_a_width}, ctx);
+  ensure_activation(kv_b_out, {rows, heads_ * kv_b_width}, ctx);
+  project_input(kv_a_, a.kv_a, kv_a_out.f32());
+  copy_columns(ctx, a.compressed.f32(), kv_rank_, kv_a_out.f32(), kv_a_width, kv_rank_, rows);
+  project_normed(kv_a_norm_, a.kv_a_norm, a.compressed.f32(), kv_b_, a.kv_b, kv_b_out.f32());
+  float* k_pe = kv_a_out.f32() + kv_rank_;
+  ctx.ops.rope(*rope_, k_pe, B, T, 1, kv_a_width, T * kv_a_width, 0, false);
+  // k per head [k_nope | k_pe] and v, as [rows · heads, ·] rows.
+  copy_columns(ctx, k, qk_, kv_b_out.f32(), kv_b_width, nope_, rows * heads_);
+  copy_columns(ctx, v, v_, kv_b_out.f32() + nope_, kv_b_width, v_, rows * heads_);
+  for (int64_t h = 0; h < heads_; ++h)
+    copy_columns(ctx, k + h * qk_ + nope_, heads_ * qk_, k_pe, kv_a_width, rope_dim_, rows);
+}
+
+LatentGradients LatentProjection::attention_gradients(const SublayerBackward& g,
+                                                      LatentActivations& a) const {
+  const int64_t rows = g.rows, width = heads_ * qk_;
+  LatentGradients d;
+  // Without a query rank d q is q_proj's output gradient: kept for its weight half.
+  d.q = has_q_rank() ? g.get(slot::latent_q_gradient, rows * width)
+                     : g.kept(a.d_q_input, slot::qkv_gradient, rows * width);
+  d.k = g.get(slot::qkv_gradient + 1, rows * width);
+  d.v = g.get(slot::qkv_gradient + 2, rows * heads_ * v_);
+  return d;
+}
+
+void LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
+                                const SublayerBackward& g, const LatentGradients& d,
+                                const float* in, const lattice::bf16* in16) {
+  const int64_t rows = g.rows, B = g.B, T = g.T;
+  const int64_t kv_a_width = kv_rank_ + rope_dim_, kv_b_width = nope_ + v_, width = heads_ * qk_;
+  const bool bf16 = ctx.precision == k::Precision::bf16;
+  // The inner projections read the latent norms' fp32 outputs (bf16: their prepared inputs).
+  auto inner_input = [&](const NormActivations& normed) {
+    return bf16 ? nullptr : normed.out.f32();
+  };
+  // Queries: RoPE's inverse, then (with a rank) q_b_proj and the query norm into q_a's d_out.
+  rotate_queries(ctx, d.q, B, T, true);
+  float* d_q_input = d.q;
+  if (has_q_rank()) {
+    float* d_normed = g.get(slot::latent_normed_gradient, rows * std::max(q_rank_, kv_rank_));
+    q_b_.backward(ctx, a.q_b, d_normed, d.q, inner_input(a.q_a_norm), rows);
+    d_q_input = g.kept(a.d_q_input, slot::qkv_gradient, rows * q_rank_);
+    q_a_norm_.backward(ctx, parallel::SequenceLayout{}, a.q_a_norm, d_q_input, d_normed,
+                       a.q_a.f32(), rows, nullptr, nullptr);
+  }
+  // Keys and values: d [k_nope | v] per head for kv_b_proj; d k_pe summed over the heads.
+  float* d_kv_b = g.get(slot::latent_kv_b_gradient, rows * heads_ * kv_b_width);
+  copy_columns(ctx, d_kv_b, kv_b_width, d.k, qk_, nope_, rows * heads_);
+  copy_columns(ctx, d_kv_b + nope_, kv_b_width, d.v, v_, v_, rows * heads_);
+  float* d_k_pe = g.get(slot::latent_rope_gradient, rows * rope_dim_);
+  float* d_head = g.get(slot::latent_rope_head_gradient, rows * rope_dim_);
+  for (int64_t h = 0; h < heads_; ++h) {
+    copy_columns(ctx, h == 0 ? d_k_pe : d_head, rope_dim_, d.k + h * qk_ + nope_, width, rope_dim_,
+                 rows);
+    if (h > 0) ctx.ops.add_inplace(d_k_pe, d_head, rows * rope_dim_);
+  }
+  ctx.ops.rope(*rope_, d_k_pe, B, T, 1, rope_dim_, T * rope_dim_, 0, true);
+  // kv_a_proj_with_mqa's d_out [d c | d k_pe], d c through kv_b_proj and the latent norm.
+  float* d_kv_a = g.kept(a.d_kv_a, slot::latent_kv_a_gradient, rows * kv_a_width);
+  copy_columns(ctx, d_kv_a + kv_rank_, kv_a_width, d_k_pe, rope_dim_, rope_dim_, rows);
+  float* d_normed = g.get(slot::latent_normed_gradient, rows * std::max(q_rank_, kv_rank_));
+  float* d_compressed = g.get(slot::latent_compressed_gradient, rows * kv_rank_);
+  kv_b_.backward(ctx, a.kv_b, d_normed, d_kv_b, inner_input(a.kv_a_norm), rows);
+  kv_a_norm_.backward(ctx, parallel::SequenceLayout{}, a.kv_a_norm, d_compressed, d_normed,
+                      a.compressed.f32(), rows, nullptr, nullptr);
+  copy_columns(ctx, d_kv_a, kv_a_width, d_compressed, kv_rank_, kv_rank_, rows);
+  // The x-reading projections' input gradients, summed in module order into g.d_rows (and their
+  // weight halves unless split).
+  float* d_part = g.get(slot::projection_gradient, rows * C_);
+  Linear& q_in = input_reader();
+  if (bf16) {
+    const lattice::bf16* weights_in = g.split ? nullptr : in16;
+    q_in.backward_shared(ctx, a.q_input, g.d_rows, d_q_input, weights_in, rows);
+    kv_a_.backward_shared(ctx, a.kv_a, d_part, d_kv_a, weights_in, rows);
+  } else {
+    input_projection_backward(ctx, g, q_in, a.q_input, g.d_rows, d_q_input, in);
+    input_projection_backward(ctx, g, kv_a_, a.kv_a, d_part, d_kv_a, in);
+  }
+  ctx.ops.add_inplace(g.d_rows, d_part, rows * C_);
+}
+
+void LatentProjection::weight_pass(const LayerContext& ctx, LatentActivations& a, const float* in,
+                                   const lattice::bf16* in16, int64_t rows) {
+  Linear& q_in = input_reader();
+  if (ctx.precision == k::Precision::bf16) {
+    q_in.backward_shared(ctx, a.q_input, nullptr, a.d_q_input.f32(), in16, rows);
+    kv_a_.backward_shared(ctx, a.kv_a, nullptr, a.d_kv_a.f32(), in16, rows);
+  } else {
+    q_in.backward_weight(ctx, a.q_input, a.d_q_input.f32(), in, rows);
+    kv_a_.backward_weight(ctx, a.kv_a, a.d_kv_a.f32(), in, rows);
+  }
+  a.d_q_input.reset();
+  a.d_kv_a.reset();
+}
+
+int64_t LatentProjection::saved_bytes(k::Precision precision, int64_t rows) const {
+  // q_a's output and the compressed c (fp32), each latent norm's rstd, and its output: fp32, or in
+  // bf16 the inner projection's prepared bf16 input.
+  const int64_t normed = precision == k::Precision::bf16 ? 2 : 4;
+  int64_t bytes = rows * (4 * kv_rank_ + 4 + normed * kv_rank_);
+  if (has_q_rank()) bytes += rows * (4 * q_rank_ + 4 + normed * q_rank_);
+  return bytes;
+}
+
+int64_t LatentProjection::scratch_floats(int64_t rows) const {
+  // d q (its own slot with a rank, plus q_a's d_out), d k, d v, d [k_nope | v], d k_pe and one
+  // head's, kv_a's d_out, a latent norm's d_out and d c.
+  const int64_t width = heads_ * qk_;
+  return rows *
+         ((has_q_rank() ? width + q_rank_ : width) + width + heads_ * v_ + heads_ * (nope_ + v_) +
+          2 * rope_dim_ + kv_rank_ + rope_dim_ + std::max(q_rank_, kv_rank_) + kv_rank_);
+}
+
+int64_t LatentProjection::pending_weight_floats(int64_t rows) const {
+  return rows * (q_input_width() + kv_rank_ + rope_dim_);
+}
+
+int64_t LatentProjection::forward_transient_bytes(int64_t rows) const {
+  return rows * 4 * (kv_rank_ + rope_dim_ + heads_ * (nope_ + v_));
+}
+
+}  // namespace lattice::model

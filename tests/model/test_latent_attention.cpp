@@ -1,0 +1,332 @@
+// Tests of DeepSeek-V2/V3's multi-head latent attention (AttentionDescription::latent,
+// LatentProjection) in a transformer block: its gradients match finite differences with and
+// without a query rank, its output and every gradient match PyTorch's DeepseekV3Attention
+// (tests/reference/latent_attention_reference.py, committed data), bf16 stays within its rounding
+// of fp32, the input and weight halves and selective recomputation equal the whole backward bit
+// for bit, what its forward keeps is what saved_bytes says, and what it does not support yet
+// (tensor parallelism, context parallelism, KV-cached generation, yarn's softmax scale) is refused
+// in one line.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "block_gradient_check.hpp"
+#include "lattice/core/error.hpp"
+#include "lattice/core/memory.hpp"
+#include "lattice/io/safetensors.hpp"
+#include "lattice/kernels/cpu/cpu_ops.hpp"
+#include "lattice/model/block_description.hpp"
+#include "lattice/model/context_parallel.hpp"
+#include "lattice/model/kv_cache.hpp"
+#include "lattice/model/transformer_block.hpp"
+
+using namespace lattice;
+using namespace lattice::model;
+using lattice::testing::RandomizedBlock;
+using lattice::testing::uniform_values;
+
+namespace {
+
+// The shapes of latent_attention_reference.py (keep in step).
+constexpr int64_t kWidth = 32, kHeads = 4, kNope = 4, kRope = 4, kValue = 6, kKvRank = 12;
+constexpr int64_t kQRank = 10, kHidden = 48;
+
+// A DeepSeek-style block: multi-head latent attention (query rank `q_rank`, 0: q_proj) and a
+// SwiGLU MLP, block RMSNorms of eps 1e-5 (the latent norms keep their own 1e-6).
+BlockDescription latent_block(int64_t q_rank) {
+  BlockDescription d;
+  d.prefix = "model.layers.0.";
+  d.d_model = kWidth;
+  d.norm_eps = 1e-5f;
+  AttentionDescription& a = d.attention;
+  a.norm = "input_layernorm";
+  a.norm_kind = NormKind::rms_norm;
+  a.q = "self_attn.q_proj";
+  a.out = "self_attn.o_proj";
+  a.heads = a.kv_heads = kHeads;
+  a.head_dim = kNope + kRope;
+  a.v_head_dim = kValue;
+  a.rope = true;
+  a.latent.q_lora_rank = q_rank;
+  a.latent.kv_lora_rank = kKvRank;
+  a.latent.qk_nope_head_dim = kNope;
+  a.latent.qk_rope_head_dim = kRope;
+  d.mlp = SwiGluMlpDescription{"post_attention_layernorm",
+                               NormKind::rms_norm,
+                               {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", kHidden}};
+  return d;
+}
+
+// The RoPE table of the rope channels (qk_rope_head_dim wide).
+const kernels::RopeTable& rope_table() {
+  static const kernels::RopeTable table{64, kRope, 10000.0f};
+  return table;
+}
+
+// A context-parallel attention that must never be reached (the latent attention refuses first).
+class UnreachedContextAttention : public ContextAttention {
+ public:
+  int size() const override { return 2; }
+  int rank() const override { return 0; }
+  std::vector<PositionRun> runs(int64_t local_len) const override { return {{0, 0, local_len}}; }
+  void forward(kernels::Ops&, float*, float*, const float*, const float*, const float*,
+               const kernels::AttentionShape&, kernels::Precision) override {
+    ADD_FAILURE() << "context-parallel attention reached";
+  }
+  void backward(kernels::Ops&, float*, float*, float*, const float*, const float*, const float*,
+                const float*, const float*, const float*, const kernels::AttentionShape&,
+                kernels::Precision) override {
+    ADD_FAILURE() << "context-parallel attention reached";
+  }
+  double take_wait_seconds() override { return 0; }
+};
+
+// The first line of what `f` throws as lattice::Error ("" when nothing).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ||a - b|| / ||b||.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// The block's output, input gradient and parameter gradients for x and d_out in `precision`.
+struct BlockRun {
+  std::vector<float> out, d_x, grads;
+};
+BlockRun run_block(RandomizedBlock& t, kernels::Precision precision, const std::vector<float>& x,
+                   const std::vector<float>& d_out, int64_t B, int64_t T) {
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, precision, nullptr};
+  t.store.zero_grads();
+  BlockRun r{std::vector<float>(x.size()), std::vector<float>(x.size()), {}};
+  auto saved = t.block->make_activations();
+  t.block->forward(ctx, *saved, r.out.data(), x.data(), B, T);
+  BackwardScratch scratch;
+  t.block->backward(ctx, *saved, r.d_x.data(), d_out.data(), x.data(), B, T, scratch);
+  r.grads.assign(t.store.grads(), t.store.grads() + t.store.size());
+  return r;
+}
+
+}  // namespace
+
+TEST(LatentAttention, GradientsMatchFiniteDifferencesWithAndWithoutAQueryRank) {
+  for (int64_t q_rank : {kQRank, int64_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "q_lora_rank " << q_rank);
+    lattice::testing::expect_block_gradients_match_finite_differences(latent_block(q_rank),
+                                                                      &rope_table());
+  }
+}
+
+TEST(LatentAttention, NamesAndShapesItsParametersAsHuggingFace) {
+  RandomizedBlock with_rank(latent_block(kQRank), &rope_table());
+  std::set<std::string> names;
+  for (const auto& p : with_rank.store.parameters()) names.insert(p.name);
+  const std::string at = "model.layers.0.self_attn.";
+  const auto numel = [&](ParameterStore& store, const std::string& name) {
+    return store.parameters()[static_cast<size_t>(store.index_of(at + name))].numel;
+  };
+  const int64_t qk = kNope + kRope;
+  EXPECT_EQ(numel(with_rank.store, "q_a_proj.weight"), kQRank * kWidth);
+  EXPECT_EQ(numel(with_rank.store, "q_a_layernorm.weight"), kQRank);
+  EXPECT_EQ(numel(with_rank.store, "q_b_proj.weight"), kHeads * qk * kQRank);
+  EXPECT_EQ(numel(with_rank.store, "kv_a_proj_with_mqa.weight"), (kKvRank + kRope) * kWidth);
+  EXPECT_EQ(numel(with_rank.store, "kv_a_layernorm.weight"), kKvRank);
+  EXPECT_EQ(numel(with_rank.store, "kv_b_proj.weight"), kHeads * (kNope + kValue) * kKvRank);
+  EXPECT_EQ(numel(with_rank.store, "o_proj.weight"), kWidth * kHeads * kValue);
+  EXPECT_FALSE(names.count(at + "q_proj.weight"));
+  RandomizedBlock without_rank(latent_block(0), &rope_table());
+  EXPECT_EQ(numel(without_rank.store, "q_proj.weight"), kHeads * qk * kWidth);
+  EXPECT_THROW(without_rank.store.index_of(at + "q_a_proj.weight"), Error);
+}
+
+TEST(LatentAttention, MatchesThePyTorchReferenceOutputAndEveryGradient) {
+  // DeepseekV3Attention in fp32 autograd (latent_attention_reference.py): the same arithmetic in
+  // another order, so fp32 rounding only (outputs of order 1): 2e-5 absolute + 1e-4 relative.
+  const SafetensorsFile reference(std::string(LATTICE_SOURCE_DIR) +
+                                  "/tests/reference/data/latent_attention_reference.safetensors");
+  const int64_t B = 2, T = 7, n = B * T * kWidth;
+  for (const auto& [name, q_rank] :
+       {std::pair<std::string, int64_t>{"with_q_rank", kQRank}, {"without_q_rank", 0}}) {
+    SCOPED_TRACE(name);
+    RandomizedBlock t(latent_block(q_rank), &rope_table());
+    for (const auto& p : t.store.parameters())
+      reference.read_f32(name + "/" + p.name, t.store.mutable_values() + p.offset, p.numel);
+    auto read = [&](const std::string& key, int64_t count) {
+      std::vector<float> v(static_cast<size_t>(count));
+      reference.read_f32(name + "/" + key, v.data(), count);
+      return v;
+    };
+    const std::vector<float> x = read("input", n), d_out = read("output_gradient", n);
+    const BlockRun r = run_block(t, kernels::Precision::fp32, x, d_out, B, T);
+    auto expect_close = [](const std::vector<float>& got, const std::vector<float>& want,
+                           const std::string& what) {
+      ASSERT_EQ(got.size(), want.size()) << what;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 2e-5 + 1e-4 * std::fabs(want[i])) << what << " element " << i;
+    };
+    expect_close(r.out, read("output", n), "output");
+    expect_close(r.d_x, read("input_gradient", n), "input gradient");
+    for (const auto& p : t.store.parameters()) {
+      const std::vector<float> got(r.grads.begin() + p.offset,
+                                   r.grads.begin() + p.offset + p.numel);
+      expect_close(got, read("grad/" + p.name, p.numel), "gradient of " + p.name);
+    }
+  }
+}
+
+TEST(LatentAttention, Bf16StaysWithinItsRoundingOfFp32) {
+  // bf16 rounds every GEMM operand to 8 significant bits (relative 2^-9 each): the output's
+  // attention and MLP terms pass through 3 to 4 chained roundings and the gradients through twice
+  // as many, so the whole vectors stay within ~1% of fp32 in norm (0.7% at most here, the output
+  // 0.05%: its residual term is exact); 3% bounds them with room for other GEMM backends.
+  const int64_t B = 2, T = 8, n = B * T * kWidth;
+  const std::vector<float> x = uniform_values(n, 7), d_out = uniform_values(n, 8);
+  for (int64_t q_rank : {kQRank, int64_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "q_lora_rank " << q_rank);
+    RandomizedBlock t(latent_block(q_rank), &rope_table());
+    const BlockRun fp32 = run_block(t, kernels::Precision::fp32, x, d_out, B, T);
+    const BlockRun bf16 = run_block(t, kernels::Precision::bf16, x, d_out, B, T);
+    EXPECT_LT(relative_difference(bf16.out, fp32.out), 3e-2);
+    EXPECT_LT(relative_difference(bf16.d_x, fp32.d_x), 3e-2);
+    for (const auto& p : t.store.parameters()) {
+      const std::vector<float> a(bf16.grads.begin() + p.offset,
+                                 bf16.grads.begin() + p.offset + p.numel);
+      const std::vector<float> b(fp32.grads.begin() + p.offset,
+                                 fp32.grads.begin() + p.offset + p.numel);
+      EXPECT_LT(relative_difference(a, b), 3e-2) << p.name;
+    }
+  }
+}
+
+TEST(LatentAttention, HalvesAndRecomputationEqualTheWholeBackwardBitForBit) {
+  for (int64_t q_rank : {kQRank, int64_t{0}})
+    for (kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << kernels::precision_name(precision) << " q_lora_rank " << q_rank);
+      kernels::CpuOps ops;
+      LayerContext ctx{ops, precision, nullptr};
+      const int64_t B = 2, T = 8, n = B * T * kWidth;
+      const std::vector<float> x = uniform_values(n, 4), d_out = uniform_values(n, 6);
+      // run(mode): 0 the whole backward, 1 input then weight halves, 2 with selective recompute.
+      auto run = [&](int mode, std::vector<float>& d_x) {
+        RandomizedBlock t(latent_block(q_rank), &rope_table());
+        auto saved = t.block->make_activations();
+        saved->recompute_attention = mode == 2;
+        std::vector<float> out(static_cast<size_t>(n));
+        t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
+        BackwardScratch scratch;
+        d_x.assign(static_cast<size_t>(n), 0.0f);
+        if (mode == 1) {
+          t.block->backward_input(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
+          t.block->backward_weight(ctx, *saved, x.data(), B, T);
+        } else {
+          t.block->backward(ctx, *saved, d_x.data(), d_out.data(), x.data(), B, T, scratch);
+        }
+        return std::vector<float>(t.store.grads(), t.store.grads() + t.store.size());
+      };
+      std::vector<float> d_whole, d_halves, d_recomputed;
+      const std::vector<float> whole = run(0, d_whole);
+      EXPECT_EQ(run(1, d_halves), whole);
+      EXPECT_EQ(d_halves, d_whole);
+      EXPECT_EQ(run(2, d_recomputed), whole);
+      EXPECT_EQ(d_recomputed, d_whole);
+    }
+}
+
+TEST(LatentAttention, WhatTheForwardKeepsIsWhatSavedBytesSaysAndBackwardFitsItsScratch) {
+  for (int64_t q_rank : {kQRank, int64_t{0}})
+    for (kernels::Precision precision : {kernels::Precision::fp32, kernels::Precision::bf16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << kernels::precision_name(precision) << " q_lora_rank " << q_rank);
+      RandomizedBlock t(latent_block(q_rank), &rope_table());
+      kernels::CpuOps ops;
+      MemoryTracker tracker;
+      LayerContext ctx{ops, precision, &tracker};
+      const int64_t B = 2, T = 8, n = B * T * kWidth;
+      const std::vector<float> x = uniform_values(n, 4);
+      std::vector<float> out(static_cast<size_t>(n)), d_x(static_cast<size_t>(n));
+      auto saved = t.block->make_activations();
+      t.block->forward(ctx, *saved, out.data(), x.data(), B, T);
+      const int64_t kept = tracker.current(MemoryCategory::activations);
+      EXPECT_EQ(kept, t.block->saved_bytes(precision, B, T));
+      // The forward's transients (kv_a's and kv_b's outputs) are within transient_bytes.
+      EXPECT_LE(tracker.peak(MemoryCategory::activations) - kept,
+                t.block->transient_bytes(precision, B, T));
+      BackwardScratch scratch;
+      t.block->backward(ctx, *saved, d_x.data(), x.data(), x.data(), B, T, scratch);
+      // What backward grew beyond the saved tensors (its scratch slots) is what scratch_bytes says.
+      EXPECT_LE(tracker.current(MemoryCategory::activations) - kept,
+                t.block->scratch_bytes(precision, B, T));
+    }
+}
+
+TEST(LatentAttention, RefusesWhatItDoesNotSupportYetInOneLine) {
+  // Tensor parallelism: kv_a_proj_with_mqa and the latent norms would be replicated.
+  parallel::TensorParallelGroup two_ranks;
+  two_ranks.size = 2;
+  ParameterStore store;
+  const std::string tp = error_of([&] {
+    TransformerBlock(store, latent_block(kQRank), 0, parallel::SequenceLayout(two_ranks),
+                     &rope_table());
+  });
+  EXPECT_NE(tp.find("multi-head latent attention runs on one tensor-parallel rank"),
+            std::string::npos)
+      << tp;
+  // A RoPE table of the whole head's width instead of the rope channels'.
+  const kernels::RopeTable wide{64, kNope + kRope, 10000.0f};
+  ParameterStore other;
+  const std::string table = error_of(
+      [&] { TransformerBlock(other, latent_block(kQRank), 0, parallel::SequenceLayout{}, &wide); });
+  EXPECT_NE(table.find("build its RoPE table with head_dim qk_rope_head_dim"), std::string::npos)
+      << table;
+  // Yarn's softmax scale factor.
+  BlockDescription yarn = latent_block(0);
+  yarn.attention.latent.softmax_scale_factor = 1.2f;
+  ParameterStore third;
+  const std::string scale = error_of(
+      [&] { TransformerBlock(third, yarn, 0, parallel::SequenceLayout{}, &rope_table()); });
+  EXPECT_NE(scale.find("softmax scale factor (yarn's mscale) is not built yet"), std::string::npos)
+      << scale;
+  // KV-cached generation.
+  RandomizedBlock t(latent_block(kQRank), &rope_table());
+  kernels::CpuOps ops;
+  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
+  KvCache cache(1, 1, 8, kHeads, kNope + kRope, host_memory(), nullptr);
+  std::vector<float> x(kWidth, 0.5f), out(kWidth);
+  auto work = t.block->make_activations();
+  const std::string cached =
+      error_of([&] { t.block->forward_cached(ctx, *work, out.data(), x.data(), 1, 1, cache, 0); });
+  EXPECT_NE(cached.find("KV-cached generation with multi-head latent attention is not built yet"),
+            std::string::npos)
+      << cached;
+  // Context parallelism.
+  UnreachedContextAttention ring;
+  LayerContext split_context{ops, kernels::Precision::fp32, nullptr};
+  split_context.context = &ring;
+  const int64_t T = 4;
+  std::vector<float> sequence(T * kWidth, 0.5f), sequence_out(T * kWidth);
+  auto saved = t.block->make_activations();
+  const std::string cp = error_of(
+      [&] { t.block->forward(split_context, *saved, sequence_out.data(), sequence.data(), 1, T); });
+  EXPECT_NE(cp.find("multi-head latent attention does not run under context parallelism yet"),
+            std::string::npos)
+      << cp;
+  for (const std::string& line : {tp, table, scale, cached, cp})
+    EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+}
