@@ -380,8 +380,9 @@ TEST_F(HfCli, ExportsOfShardedRunsHoldEveryWeight) {
 }
 
 TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
-  // rope_theta 500000 (Llama 3's) in each: transformers 5 writes it inside rope_parameters, and a
-  // base read as 10000 is about 1% off at position 20.
+  // Each family saved by each transformers imports with its logits, trains under tp x pp and
+  // loads back. rope_theta 500000 (Llama 3's) in each: transformers 5 writes it inside
+  // rope_parameters, and a base read as 10000 is about 1% off at position 20.
   const std::vector<std::string> pythons = hf_pythons();
   if (pythons.empty()) GTEST_SKIP() << "no venv can import transformers";
   for (size_t v = 0; v < pythons.size(); ++v)
@@ -395,17 +396,20 @@ TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
       if (HasFatalFailure()) return;
       EXPECT_TRUE(fs::exists(dir_ / hf / "model.safetensors.index.json"));  // sharded
       expect_transformers_logits(run, hf, kPrompt);
-      // A run starts from the imported weights (step 0) with the settings import wrote.
+      // A run starts from the imported weights (step 0) with the settings import wrote, here
+      // under tp 2 x pp 2, and its export loads in the same transformers with Lattice's logits.
       const CliResult trained =
           run_lattice("train " + run +
                           "/import.toml --data.train_files=corpus.txt --data.val_fraction=0.1"
                           " --training.seq_len=32 --training.steps=2 --training.threads=1"
+                          " --parallelism.tp=2 --parallelism.pp=2 --optimizer.lr=1e-3"
                           " --validation.freq=0 --metrics.log_freq=1",
                       dir_);
       ASSERT_EQ(trained.status, 0) << trained.out << trained.err;
       EXPECT_NE(trained.out.find("resumed from " + run + "/checkpoints/step_00000000 at step 0"),
                 std::string::npos)
           << trained.out;
+      expect_loads_in_transformers({pythons[v]}, run, "trained-" + suffix);
     }
 }
 
