@@ -62,10 +62,69 @@ TEST(ModelConfig, ParameterCountsMatchPublishedModels) {
   EXPECT_EQ(total, model_preset("qwen2-tiny").parameter_count());
 }
 
+TEST(ModelConfig, DeepSeekV3CountsMatchThePublishedModel) {
+  // DeepSeek-V3 (its Hugging Face checkpoint without the multi-token-prediction module, embeddings
+  // and head included): 671B parameters, 37B activated per token.
+  const ModelConfig v3 = model_preset("deepseek-v3");
+  EXPECT_NEAR(static_cast<double>(v3.parameter_count()) / 671e9, 1.0, 0.01);
+  EXPECT_NEAR(static_cast<double>(v3.active_parameter_count()) / 37e9, 1.0, 0.03);
+  EXPECT_EQ(Transformer::parameter_count(v3), v3.parameter_count());
+  // The first three layers are dense, every later one a MoE layer; the RoPE table is the rope
+  // channels' width, a head the nope and rope channels'.
+  EXPECT_FALSE(v3.is_moe_layer(2));
+  EXPECT_TRUE(v3.is_moe_layer(3));
+  EXPECT_EQ(v3.moe_layers(), 58);
+  EXPECT_EQ(v3.head_dim(), 192);
+  EXPECT_EQ(v3.rope_head_dim(), 64);
+  // The tiny one built for real holds exactly its closed form.
+  MemoryTracker tracker;
+  const ModelConfig tiny = model_preset("deepseek-v3-tiny");
+  Transformer built(tiny, &tracker);
+  int64_t total = 0;
+  for (const auto& p : built.parameters().parameters()) total += p.numel;
+  EXPECT_EQ(total, tiny.parameter_count());
+}
+
+TEST(ModelConfig, RefusesInconsistentLatentAttention) {
+  auto refused = [](ModelConfig c, const std::string& fragment) {
+    try {
+      c.validate();
+      ADD_FAILURE() << "accepted; expected a refusal naming " << fragment;
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(fragment), std::string::npos) << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  };
+  const ModelConfig tiny = model_preset("deepseek-v3-tiny");
+  EXPECT_NO_THROW(tiny.validate());
+  ModelConfig c = tiny;
+  c.qk_rope_head_dim = 7;
+  refused(c, "qk_rope_head_dim (7) must be even");
+  c = tiny;
+  c.family = Family::llama;
+  refused(c, "deepseek family only");
+  c = tiny;
+  c.n_kv_heads = 2;
+  refused(c, "model.n_kv_heads = model.n_heads");
+  c = tiny;
+  c.v_head_dim = 0;
+  refused(c, "v_head_dim");
+  c = tiny;
+  c.explicit_head_dim = 16;
+  refused(c, "leave it at 0");
+  c = model_preset("llama-tiny");
+  c.qk_nope_head_dim = 8;
+  refused(c, "model.kv_lora_rank > 0");
+  c = tiny;
+  c.moe_first_dense_layers = 3;
+  refused(c, "moe_first_dense_layers = 3");
+}
+
 TEST(Transformer, ParameterCountDeclaresWithoutAllocating) {
   // The declare-only count equals the built store's elements, for both families, tied and untied,
   // and for stages (an untied copy of a tied head on the last stage counts on that stage).
-  for (const char* name : {"gpt2-tiny", "llama-tiny", "qwen2-tiny"}) {
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "deepseek-v3-tiny"}) {
     for (bool tied : {true, false}) {
       ModelConfig c = model_preset(name);
       c.tied_embeddings = tied;

@@ -3,7 +3,9 @@
 // n_heads: its norm weights are whole on every tp rank while the heads they scale are split, so
 // their gradients are all-reduced over tp), Mistral (a sliding window of 8 on 32 positions: ring
 // attention skips the key blocks before every query's window, Ulysses passes the window on) and
-// Qwen3-MoE (expert parallelism). Each layout against one rank from the same weights and batches.
+// Qwen3-MoE (expert parallelism) and DeepSeek-V3 (multi-head latent attention, a dense first
+// layer, sigmoid-routed experts with a shared one; tp and cp refused). Each layout against one rank
+// from the same weights and batches.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -66,4 +68,14 @@ TEST_F(FamilyParityCli, MistralsSlidingWindowUnderDpTpPpAndCp) {
 
 TEST_F(FamilyParityCli, Qwen3MoeUnderEpTpAndPp) {
   expect_parity("qwen3-moe-tiny", "dp1,dp2,dp2e2,dp1t2,dp1p2", {"dp2", "dp2e2", "dp1t2"});
+}
+
+// DeepSeek-V3's latent attention runs on one tensor-parallel rank and without context
+// parallelism: dp (ZeRO-3 included), ep and the pipeline hold, and tp is refused in one line.
+TEST_F(FamilyParityCli, DeepSeekV3UnderDpEpAndPp) {
+  // dp2z3 and dp2e2 are compared with dp2 (ZeRO-3 bit for bit), dp1p2 with one rank.
+  expect_parity("deepseek-v3-tiny", "dp1,dp2,dp2z3,dp2e2,dp1p2", {"dp2", "dp2e2"});
+  const CliResult r =
+      run_lattice("train --parallelism.tp=2" + family_flags(dir_, "deepseek-v3-tiny"), dir_);
+  expect_one_error_line(r, "multi-head latent attention runs on one tensor-parallel rank");
 }

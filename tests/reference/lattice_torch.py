@@ -3,7 +3,8 @@
 The models (GPT-2 family: learned positions, LayerNorm, GELU (tanh), biases, tied head; Llama family:
 RMSNorm as Hugging Face's LlamaRMSNorm, RoPE with Hugging Face's half rotation, SwiGLU, grouped-query
 attention, no biases, untied head; Qwen 2: Llama's with q/k/v biases; Qwen 3: Llama's with per-head q/k
-RMSNorm and heads of their own width; Mistral: Llama's with a sliding window) have state_dict keys and shapes exactly equal to Lattice's parameter
+RMSNorm and heads of their own width; Mistral: Llama's with a sliding window; DeepSeek-V3: Llama's with
+multi-head latent attention and dense first layers) have state_dict keys and shapes exactly equal to Lattice's parameter
 names and shapes: every Linear weight is [out, in] (also GPT-2's c_attn/c_proj/c_fc, which Hugging Face
 stores transposed as Conv1D). They are built from a dict with the keys of the "lattice.model" JSON that
 Lattice writes into model.safetensors (family, vocab_size, max_seq_len, d_model, n_layers, n_heads,
@@ -379,6 +380,65 @@ class LlamaAttention(nn.Module):
         return self.o_proj(y)
 
 
+class LatentAttention(nn.Module):
+    """DeepSeek-V2/V3's multi-head latent attention (family deepseek with kv_lora_rank > 0), as
+    tests/reference/latent_attention_reference.py and Hugging Face's DeepseekV3Attention compute it:
+    q = q_b_proj(q_a_layernorm(q_a_proj(x))) (or q_proj(x) without q_lora_rank), [c | k_pe] =
+    kv_a_proj_with_mqa(x), [k_nope | v] per head = kv_b_proj(kv_a_layernorm(c)); RoPE (half layout)
+    on the qk_rope_head_dim channels of q and on k_pe (one head shared by all), the scores scaled by
+    1/sqrt(qk_nope + qk_rope). The latent norms keep DeepseekV3RMSNorm's eps 1e-6."""
+
+    LATENT_EPS = 1e-6
+
+    def __init__(self, config, ops):
+        super().__init__()
+        C, H = config["d_model"], config["n_heads"]
+        self.ops, self.n_heads = ops, H
+        self.q_rank, self.kv_rank = config.get("q_lora_rank", 0), config["kv_lora_rank"]
+        self.nope, self.rope = config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+        self.v_dim = config["v_head_dim"]
+        qk = self.nope + self.rope
+        if self.q_rank > 0:
+            self.q_a_proj = Linear(C, self.q_rank, False, ops)
+            self.q_a_layernorm = RMSNorm(self.q_rank, self.LATENT_EPS)
+            self.q_b_proj = Linear(self.q_rank, H * qk, False, ops)
+        else:
+            self.q_proj = Linear(C, H * qk, False, ops)
+        self.kv_a_proj_with_mqa = Linear(C, self.kv_rank + self.rope, False, ops)
+        self.kv_a_layernorm = RMSNorm(self.kv_rank, self.LATENT_EPS)
+        self.kv_b_proj = Linear(self.kv_rank, H * (self.nope + self.v_dim), False, ops)
+        self.o_proj = Linear(H * self.v_dim, C, False, ops)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        H, qk = self.n_heads, self.nope + self.rope
+        if self.q_rank > 0:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            q = self.q_proj(x)
+        q = q.float().reshape(B, T, H, qk).transpose(1, 2)
+        q_pass, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
+        compressed = self.kv_a_proj_with_mqa(x).float()
+        latent, k_rot = torch.split(compressed, [self.kv_rank, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).float()
+        kv = kv.reshape(B, T, H, self.nope + self.v_dim).transpose(1, 2)
+        k_nope, v = torch.split(kv, [self.nope, self.v_dim], dim=-1)
+        # RoPE in fp32 on the rope channels only (cos, sin are qk_rope_head_dim wide).
+        cos, sin = cos[:T], sin[:T]
+        k_rot = k_rot.reshape(B, 1, T, self.rope)
+        q_rot = q_rot * cos + rotate_half(q_rot) * sin
+        k_rot = k_rot * cos + rotate_half(k_rot) * sin
+        q = torch.cat((q_pass, q_rot), dim=-1)
+        k = torch.cat((k_nope, k_rot.expand(-1, H, -1, -1)), dim=-1)
+        y = self.ops.attention(q, k, v.contiguous(), 0)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * self.v_dim))
+
+
+def latent_attention_of(config):
+    """Whether the config's attention is multi-head latent attention (DeepSeek-V3)."""
+    return config["family"] == "deepseek" and config.get("kv_lora_rank", 0) > 0
+
+
 class LlamaMlp(nn.Module):
     def __init__(self, config, ops):
         super().__init__()
@@ -392,8 +452,13 @@ class LlamaMlp(nn.Module):
 
 
 def is_moe_layer(config, layer):
-    """Lattice's ModelConfig::is_moe_layer (Hugging Face's decoder_sparse_step)."""
-    return config.get("n_experts", 1) > 1 and (layer + 1) % config.get("moe_layer_interval", 1) == 0
+    """Lattice's ModelConfig::is_moe_layer (Hugging Face's decoder_sparse_step; the first
+    moe_first_dense_layers layers, DeepSeek's first_k_dense_replace, stay dense)."""
+    return (
+        config.get("n_experts", 1) > 1
+        and layer >= config.get("moe_first_dense_layers", 0)
+        and (layer + 1) % config.get("moe_layer_interval", 1) == 0
+    )
 
 
 class LlamaBlock(nn.Module):
@@ -403,7 +468,8 @@ class LlamaBlock(nn.Module):
     def __init__(self, config, ops, layer=0):
         super().__init__()
         self.input_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
-        self.self_attn = LlamaAttention(config, ops)
+        latent = latent_attention_of(config)
+        self.self_attn = LatentAttention(config, ops) if latent else LlamaAttention(config, ops)
         self.post_attention_layernorm = RMSNorm(config["d_model"], config["norm_eps"])
         self.moe = is_moe_layer(config, layer)
         if not self.moe:
@@ -443,7 +509,8 @@ class LlamaModel(nn.Module):
         self.tied = bool(config.get("tied_embeddings", False))
         if not self.tied:
             self.lm_head = Linear(config["d_model"], config["vocab_size"], False, ops)
-        head_dim = head_dim_of(config)
+        # The RoPE table: a head's width, or the rope channels' under latent attention.
+        head_dim = config["qk_rope_head_dim"] if latent_attention_of(config) else head_dim_of(config)
         cos, sin = rope_cos_sin(config["max_seq_len"], head_dim, float(config["rope_theta"]))
         # Buffers, not parameters: left out of state_dict so the keys stay Lattice's.
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -487,10 +554,10 @@ def build_model(config, ops=TORCH_OPS):
                          "compare a scaled model with transformers (tests/reference/hf_interop.py)")
     if family == "gpt2":
         return Gpt2Model(config, ops)
-    if family in ("llama", "mistral", "qwen2", "qwen3"):  # Llama's model with their options
+    if family in ("llama", "mistral", "qwen2", "qwen3", "deepseek"):  # Llama's with their options
         return LlamaModel(config, ops)
-    raise ValueError(f"unknown model family {family!r}: use 'gpt2', 'llama', 'mistral', 'qwen2' or "
-                     "'qwen3'")
+    raise ValueError(f"unknown model family {family!r}: use 'gpt2', 'llama', 'mistral', 'qwen2', "
+                     "'qwen3' or 'deepseek'")
 
 
 def init_like_lattice(model, seed=0):

@@ -471,5 +471,5 @@ INSTANTIATE_TEST_SUITE_P(Families, PytorchParity,
                                            std::string("mistral"), std::string("qwen3_moe"),
                                            std::string("mixtral"), std::string("deepseek_moe"),
                                            std::string("mixtral_capacity"),
-                                           std::string("mixtral_gelu")),
+                                           std::string("mixtral_gelu"), std::string("deepseek_v3")),
                          [](const auto& info) { return info.param; });

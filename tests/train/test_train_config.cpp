@@ -201,8 +201,9 @@ TEST(LayoutConfig, MoeModelsAndTheirBadInputAreOneLineEach) {
       {moe({"model.moe_activation=relu"}), "use \"swiglu\" or \"gelu\""},
       {moe({"model.moe_aux_loss_coef=-0.1"}), "must not be negative"},
       {moe({"model.family=gpt2", "model.n_kv_heads=4"}),
-       "MoE layers are built on Llama, Mistral and Qwen 3 blocks"},
-      {moe({"model.family=qwen2"}), "MoE layers are built on Llama, Mistral and Qwen 3 blocks"},
+       "MoE layers are built on Llama, Mistral, Qwen 3 and DeepSeek blocks"},
+      {moe({"model.family=qwen2"}),
+       "MoE layers are built on Llama, Mistral, Qwen 3 and DeepSeek blocks"},
   };
   for (const auto& [overrides, expected] : cases) {
     const std::string message = refusal(overrides);

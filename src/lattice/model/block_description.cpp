@@ -18,6 +18,8 @@ BlockDescription describe_block(const ModelConfig& config, int64_t layer) {
       return llama_block(config, layer);
     case Family::qwen3:
       return qwen3_block(config, layer);
+    case Family::deepseek:
+      return deepseek_block(config, layer);
     case Family::qwen2:
       check(!config.is_moe(), "model.n_experts = " + std::to_string(config.n_experts) +
                                   ": Qwen 2 MoE layers are not built yet; use model.family = "

@@ -36,6 +36,7 @@ BlockDescription gpt2_block(const ModelConfig& config, int64_t layer);
 BlockDescription llama_block(const ModelConfig& config, int64_t layer);
 BlockDescription qwen2_block(const ModelConfig& config, int64_t layer);
 BlockDescription qwen3_block(const ModelConfig& config, int64_t layer);
+BlockDescription deepseek_block(const ModelConfig& config, int64_t layer);
 
 // Block `layer` of a model of `config`, as its family describes it.
 BlockDescription describe_block(const ModelConfig& config, int64_t layer);

@@ -17,6 +17,8 @@ std::string family_name(Family family) {
       return "qwen3";
     case Family::mistral:
       return "mistral";
+    case Family::deepseek:
+      return "deepseek";
   }
   return "unknown";
 }
@@ -27,8 +29,9 @@ Family parse_family(const std::string& name) {
   if (name == "qwen2") return Family::qwen2;
   if (name == "qwen3") return Family::qwen3;
   if (name == "mistral") return Family::mistral;
+  if (name == "deepseek") return Family::deepseek;
   throw Error("unknown model family '" + name +
-              "': use \"gpt2\", \"llama\", \"mistral\", \"qwen2\" or \"qwen3\"");
+              "': use \"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\" or \"deepseek\"");
 }
 
 std::string moe_names_name(MoeNames names) {
@@ -98,6 +101,9 @@ void ModelConfig::validate() const {
     check(sliding_window == 0,
           "gpt2 models attend to every earlier position: leave model.sliding_window at 0 (a "
           "sliding window is Mistral's: model.family = \"mistral\")");
+  } else if (latent_attention()) {
+    validate_latent_attention();
+    rope_scaling.validate();
   } else {
     check(head_dim() % 2 == 0, family_name(family) +
                                    " models need an even head dimension for RoPE, got " +
@@ -109,6 +115,13 @@ void ModelConfig::validate() const {
             ") must be in [1, model.n_experts = " + std::to_string(n_experts) +
             "]: route each token to at least one and at most every "
             "expert (n_experts = 1: a dense model)");
+  check(latent_attention() ||
+            (q_lora_rank == 0 && qk_nope_head_dim == 0 && qk_rope_head_dim == 0 && v_head_dim == 0),
+        "model.q_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim are multi-head "
+        "latent attention's: set model.kv_lora_rank > 0 (family deepseek) or leave them at 0");
+  check(moe_first_dense_layers >= 0 && moe_first_dense_layers <= n_layers,
+        "model.moe_first_dense_layers = " + std::to_string(moe_first_dense_layers) +
+            " must be in [0, model.n_layers = " + std::to_string(n_layers) + "]");
   if (is_moe()) {
     check(moe_layer_interval >= 1 && moe_layer_interval <= n_layers,
           "model.moe_layer_interval = " + std::to_string(moe_layer_interval) +
@@ -135,8 +148,59 @@ void ModelConfig::validate() const {
   check(init_std > 0, "model.init_std must be positive");
 }
 
+void ModelConfig::validate_latent_attention() const {
+  check(
+      family == Family::deepseek,
+      "model.kv_lora_rank > 0 (multi-head latent attention) is built in the deepseek family only, "
+      "not " +
+          family_name(family) + ": set model.family = \"deepseek\" or model.kv_lora_rank = 0");
+  check(q_lora_rank >= 0, "model.q_lora_rank must not be negative (0: one q_proj)");
+  check(qk_nope_head_dim > 0 && qk_rope_head_dim > 0 && v_head_dim > 0,
+        "multi-head latent attention needs model.qk_nope_head_dim, qk_rope_head_dim and v_head_dim "
+        "positive (DeepSeek-V3: 128, 64, 128)");
+  check(qk_rope_head_dim % 2 == 0, "model.qk_rope_head_dim (" + std::to_string(qk_rope_head_dim) +
+                                       ") must be even: RoPE rotates channel pairs");
+  check(explicit_head_dim == 0,
+        "model.head_dim is qk_nope_head_dim + qk_rope_head_dim under multi-head latent attention: "
+        "leave it at 0");
+  check(n_kv_heads == n_heads,
+        "multi-head latent attention has as many key/value heads as query "
+        "heads: set model.n_kv_heads = model.n_heads (" +
+            std::to_string(n_heads) + ")");
+  check(sliding_window == 0,
+        "multi-head latent attention has no sliding window: leave model.sliding_window at 0");
+}
+
+int64_t ModelConfig::attention_parameter_count() const {
+  const int64_t C = d_model, H = n_heads;
+  if (latent_attention()) {
+    const int64_t qk = head_dim(), r = q_lora_rank, c = kv_lora_rank;
+    const int64_t q = r > 0 ? C * r + r + r * H * qk : C * H * qk;  // q_a, its norm, q_b / q_proj
+    return q + C * (c + qk_rope_head_dim)                           // kv_a_proj_with_mqa
+           + c                                                      // kv_a_layernorm
+           + c * H * (qk_nope_head_dim + v_head_dim)                // kv_b_proj
+           + H * v_head_dim * C;                                    // o_proj
+  }
+  const int64_t kv = n_kv_heads * head_dim(), A = attention_width();
+  return A * C + 2 * kv * C                  // q, k, v
+         + (qkv_bias() ? A + 2 * kv : 0)     // their biases (Qwen 2)
+         + (qk_norm() ? 2 * head_dim() : 0)  // the q and k norms (Qwen 3)
+         + C * A;                            // o_proj
+}
+
+int64_t ModelConfig::attention_projection_macs() const {
+  const int64_t C = d_model, H = n_heads;
+  if (latent_attention()) {
+    const int64_t qk = head_dim(), r = q_lora_rank, c = kv_lora_rank;
+    return (r > 0 ? C * r + r * H * qk : C * H * qk) + C * (c + qk_rope_head_dim) +
+           c * H * (qk_nope_head_dim + v_head_dim) + H * v_head_dim * C;
+  }
+  const int64_t kv = n_kv_heads * head_dim(), A = attention_width();
+  return C * A + 2 * C * kv + A * C;
+}
+
 int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
-  const int64_t C = d_model, kv = n_kv_heads * head_dim(), A = attention_width();
+  const int64_t C = d_model;
   int64_t per_layer = 0, embed = vocab_size * C, head = tied_embeddings ? 0 : vocab_size * C;
   if (family == Family::gpt2) {
     per_layer = 2 * C                          // ln_1
@@ -149,12 +213,9 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
     int64_t positions = with_position_embedding ? max_seq_len * C : 0;
     return embed + positions + n_layers * per_layer + final_norm + head;
   }
-  per_layer = C                                   // input_layernorm
-              + A * C + 2 * kv * C                // q, k, v
-              + (qkv_bias() ? A + 2 * kv : 0)     // their biases (Qwen 2)
-              + (qk_norm() ? 2 * head_dim() : 0)  // the q and k norms (Qwen 3)
-              + C * A                             // o_proj
-              + C;                                // post_attention_layernorm
+  per_layer = C                              // input_layernorm
+              + attention_parameter_count()  // projections (and MLA's latent norms)
+              + C;                           // post_attention_layernorm
   const int64_t dense_mlp = 3 * ffn_hidden * C;
   const int64_t expert = expert_matrices() * expert_ffn_hidden() * C;
   const int64_t shared = 3 * expert_ffn_hidden() * C;  // shared experts are SwiGLU
@@ -171,9 +232,13 @@ int64_t ModelConfig::active_parameter_count(bool with_position_embedding) const 
 }
 
 double ModelConfig::flops_per_token(int64_t seq_len) const {
+  // Under latent attention the scores span qk_head_dim and the values v_head_dim channels per
+  // head: 6·L·T·H·(qk + v), which is 12·L·T·A when both are head_dim.
+  const double width = latent_attention()
+                           ? 0.5 * static_cast<double>(n_heads * (head_dim() + v_head_dim))
+                           : static_cast<double>(attention_width());
   return 6.0 * static_cast<double>(active_parameter_count(false)) +
-         12.0 * static_cast<double>(n_layers) * static_cast<double>(attended_keys(seq_len)) *
-             static_cast<double>(attention_width());
+         12.0 * static_cast<double>(n_layers) * static_cast<double>(attended_keys(seq_len)) * width;
 }
 
 ModelConfig gpt2_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
@@ -235,6 +300,36 @@ ModelConfig mistral_config(const std::string& name, int64_t layers, int64_t d, i
   ModelConfig c = llama_config(name, layers, d, heads, kv_heads, ffn, vocab, seq);
   c.family = Family::mistral;
   c.sliding_window = window;
+  return c;
+}
+
+ModelConfig deepseek_config(const std::string& name, int64_t layers, int64_t d, int64_t heads,
+                            const LatentDims& latent, int64_t ffn, int64_t vocab, int64_t seq) {
+  ModelConfig c = llama_config(name, layers, d, heads, heads, ffn, vocab, seq);
+  c.family = Family::deepseek;
+  c.norm_eps = 1e-6f;
+  c.q_lora_rank = latent.q_lora_rank;
+  c.kv_lora_rank = latent.kv_lora_rank;
+  c.qk_nope_head_dim = latent.qk_nope_head_dim;
+  c.qk_rope_head_dim = latent.qk_rope_head_dim;
+  c.v_head_dim = latent.v_head_dim;
+  c.moe_names = MoeNames::deepseek;
+  return c;
+}
+
+// DeepSeek-V3's MoE recipe on `c`: `experts` routed experts of width `expert_ffn`, top `k`, one
+// shared expert, sigmoid scores renormalised and scaled by 2.5, the first `dense` layers dense.
+static ModelConfig with_deepseek_moe(ModelConfig c, int64_t experts, int64_t k, int64_t expert_ffn,
+                                     int64_t dense) {
+  c.n_experts = experts;
+  c.top_k = k;
+  c.moe_ffn_hidden = expert_ffn;
+  c.moe_shared_experts = 1;
+  c.moe_first_dense_layers = dense;
+  c.moe_score = kernels::RouterScore::sigmoid;
+  c.moe_normalize = true;
+  c.moe_scaling = 2.5f;
+  c.moe_names = MoeNames::deepseek;
   return c;
 }
 
@@ -306,6 +401,11 @@ std::vector<ModelConfig> build_presets() {
   qwen3_moe_tiny.moe_names = MoeNames::deepseek;
   qwen3_moe_tiny.moe_aux_loss_coef = 0.001;
   p.push_back(qwen3_moe_tiny);
+  // DeepSeek-V3 in miniature: multi-head latent attention (query and key/value ranks 16, heads of
+  // 8 + 8 query/key channels and 8 value channels), the first layer dense, then 8 routed experts
+  // of width 16, top-2, one shared expert, sigmoid scores renormalised and scaled by 2.5.
+  p.push_back(with_deepseek_moe(
+      deepseek_config("deepseek-v3-tiny", 2, 32, 4, {16, 16, 8, 8, 8}, 64, 64, 32), 8, 2, 16, 1));
   p.push_back(llama_config("llama-60m", 8, 512, 8, 4, 1376, 32000, 1024));
   p.push_back(llama_config("llama-1b", 16, 2048, 32, 8, 8192, 128256, 2048));
   // GPT-2 (Radford et al. 2019; Hugging Face configs): V = 50257, s = 1024, tied embeddings, and
@@ -359,6 +459,17 @@ std::vector<ModelConfig> build_presets() {
   mixtral.n_experts = 8;
   mixtral.top_k = 2;
   p.push_back(mixtral);
+  // DeepSeek-V3 (DeepSeek-AI 2024, its config.json): 61 layers, hidden 7168, 128 heads of MLA
+  // (q rank 1536, kv rank 512, 128 + 64 query/key and 128 value channels), the first 3 layers dense
+  // (18432), then 256 routed experts of width 2048, top-8, one shared expert, sigmoid scores
+  // renormalised and scaled by 2.5; V = 129280, s = 163840, untied. Its counts are the Hugging
+  // Face checkpoint's without the multi-token-prediction module (~671B total, ~37B activated; the
+  // published 671B leaves the 14B MTP module out as well). Not built: group-limited routing
+  // (n_group 8, topk_group 4: here every expert competes) and yarn's mscale of the softmax scale
+  // (the preset keeps plain RoPE).
+  p.push_back(with_deepseek_moe(deepseek_config("deepseek-v3", 61, 7168, 128,
+                                                {1536, 512, 128, 64, 128}, 18432, 129280, 163840),
+                                256, 8, 2048, 3));
   // Megatron-LM weak scaling (Narayanan et al., SC21, Table 1): V = 51200, s = 2048.
   p.push_back(megatron_gpt("megatron-1.7b", 24, 2304, 24));
   p.push_back(megatron_gpt("megatron-3.6b", 30, 3072, 32));

@@ -1,4 +1,5 @@
-// Model configuration: the architecture family (GPT-2, Llama, Mistral, Qwen 2 or Qwen 3), its
+// Model configuration: the architecture family (GPT-2, Llama, Mistral, Qwen 2, Qwen 3 or
+// DeepSeek-V3), its
 // dimensions, the named presets and the checks that refuse a model whose dimensions do not fit
 // together. This is the one model description of Lattice: the trainer builds it, the planner
 // (`lattice estimate/simulate/plan`) estimates it, and both read the same preset table.
@@ -22,7 +23,9 @@ namespace lattice::model {
 // qwen3: Llama's block with a per-head RMSNorm of q and of k before RoPE (Qwen 3), no biases.
 // mistral: Llama's block, saved as Hugging Face's MistralForCausalLM (its sliding window; any RoPE
 // family honours model.sliding_window, Mistral is the one whose Hugging Face type carries it).
-enum class Family { gpt2, llama, qwen2, qwen3, mistral };
+// deepseek: Llama's block with DeepSeek-V2/V3's multi-head latent attention when kv_lora_rank > 0
+// (Hugging Face's DeepseekV3 names) and DeepSeek-style MoE layers after the first dense ones.
+enum class Family { gpt2, llama, qwen2, qwen3, mistral, deepseek };
 
 // How a MoE layer's parameters are named (Hugging Face): mixtral —
 // "block_sparse_moe.gate.weight", "block_sparse_moe.experts.<j>.w1/w3/w2.weight"; deepseek (also
@@ -64,6 +67,9 @@ struct ModelConfig {
   // decoder_sparse_step: 1 = every layer, 2 = every second one); the others keep a dense MLP of
   // ffn_hidden.
   int64_t moe_layer_interval = 1;
+  // Layers below this keep a dense MLP of ffn_hidden whatever the interval (DeepSeek's
+  // first_k_dense_replace; 0: none).
+  int64_t moe_first_dense_layers = 0;
   int64_t moe_ffn_hidden = 0;      // each routed expert's SwiGLU width (0: ffn_hidden)
   int64_t moe_shared_experts = 0;  // always-on experts (DeepSeek): one SwiGLU of this many widths
   kernels::RouterScore moe_score = kernels::RouterScore::softmax;
@@ -87,8 +93,25 @@ struct ModelConfig {
   // recipe, 0.1 in the published GPT tables). The planner counts the masks it stores; the trainer
   // has no dropout yet and refuses a nonzero value.
   float dropout = 0.0f;
+  // Multi-head latent attention (DeepSeek-V2/V3, family deepseek; all 0: none): the query's
+  // low-rank width (0: one q_proj), the compressed key/value width (> 0 turns MLA on), each
+  // query/key head's channels without and with RoPE, and each value head's width.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
 
-  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : d_model / n_heads; }
+  bool latent_attention() const { return kv_lora_rank > 0; }
+  // A query/key head's width: explicit, qk_nope + qk_rope under latent attention, else
+  // d_model / n_heads.
+  int64_t head_dim() const {
+    if (explicit_head_dim > 0) return explicit_head_dim;
+    return latent_attention() ? qk_nope_head_dim + qk_rope_head_dim : d_model / n_heads;
+  }
+  // The channels RoPE rotates per head (the RopeTable's width) and a value head's width.
+  int64_t rope_head_dim() const { return latent_attention() ? qk_rope_head_dim : head_dim(); }
+  int64_t value_head_dim() const { return latent_attention() ? v_head_dim : head_dim(); }
   // The query heads' channels, n_heads · head_dim (d_model unless the head width is explicit).
   int64_t attention_width() const { return n_heads * head_dim(); }
   // The keys one query attends to at sequence length T, as the FLOP count takes them (every
@@ -112,9 +135,12 @@ struct ModelConfig {
   bool is_moe() const { return n_experts > 1; }
   // Whether layer `layer` (0-based) holds a MoE MLP.
   bool is_moe_layer(int64_t layer) const {
-    return is_moe() && (layer + 1) % moe_layer_interval == 0;
+    return is_moe() && layer >= moe_first_dense_layers && (layer + 1) % moe_layer_interval == 0;
   }
-  int64_t moe_layers() const { return is_moe() ? n_layers / moe_layer_interval : 0; }
+  int64_t moe_layers() const {
+    return is_moe() ? n_layers / moe_layer_interval - moe_first_dense_layers / moe_layer_interval
+                    : 0;
+  }
   int64_t expert_ffn_hidden() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
   bool has_dropout() const { return dropout > 0; }
   // What the family implies for parameter and activation counts.
@@ -124,8 +150,15 @@ struct ModelConfig {
   bool linear_bias() const { return family == Family::gpt2; }        // every projection biased
   bool qkv_bias() const { return family == Family::gpt2 || family == Family::qwen2; }  // q, k, v
   bool qk_norm() const { return family == Family::qwen3; }  // per-head q/k RMSNorm (Qwen 3)
+  // One layer's attention parameters (projections and, under latent attention, its latent norms;
+  // not the block's pre-norm): the closed form parameter_count and the planner share.
+  int64_t attention_parameter_count() const;
+  // Multiply-accumulates per token of one layer's attention projections (q, k, v and output, or
+  // MLA's five): its forward GEMM FLOPs are twice this.
+  int64_t attention_projection_macs() const;
   // Throws lattice::Error naming the first inconsistency and how to fix it.
   void validate() const;
+  void validate_latent_attention() const;  // validate()'s MLA refusals
   // Number of parameters (the trainer's closed form, every expert counted);
   // `with_position_embedding=false` leaves out GPT-2's learned positions (the N of the 6N FLOP
   // formula). active_parameter_count: those one token's forward uses (top_k routed experts of
@@ -165,13 +198,23 @@ ModelConfig qwen3_config(const std::string& name, int64_t layers, int64_t d_mode
 ModelConfig mistral_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
                            int64_t kv_heads, int64_t ffn_hidden, int64_t vocab, int64_t max_seq_len,
                            int64_t sliding_window);
+// A DeepSeek-V3 model: Llama's trunk with multi-head latent attention of the given ranks and head
+// widths (as many key/value heads as query heads), RMSNorm eps 1e-6, an untied head; the MoE
+// fields are the caller's.
+struct LatentDims {
+  int64_t q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+};
+ModelConfig deepseek_config(const std::string& name, int64_t layers, int64_t d_model, int64_t heads,
+                            const LatentDims& latent, int64_t ffn_hidden, int64_t vocab,
+                            int64_t max_seq_len);
 
 // The presets, in table order: the trainer's small models (gpt2-tiny, gpt2-small-test, gpt2-demo,
 // llama-tiny, llama-small-test, qwen2-tiny, qwen3-tiny, mistral-tiny, mixtral-tiny,
-// deepseek-moe-tiny, qwen3-moe-tiny, llama-60m, llama-1b), GPT-2 124M-1.5B, GPT-3 175B, Llama 2
-// and 3 (7B-405B), Llama 3.1 8B and 3.2 1B / 3B, Mistral 7B, Qwen 2.5 (0.5B, 7B), Qwen 3 8B and
-// 30B-A3B, Mixtral 8x7B, the Megatron-LM weak-scaling models (Narayanan et al. 2021, Table 1) and
-// the Korthikanti et al. (2023, Table 3) models. Throws lattice::Error listing the names for an unknown one.
+// deepseek-moe-tiny, qwen3-moe-tiny, deepseek-v3-tiny, llama-60m, llama-1b), GPT-2 124M-1.5B, GPT-3
+// 175B, Llama 2 and 3 (7B-405B), Llama 3.1 8B and 3.2 1B / 3B, Mistral 7B, Qwen 2.5 (0.5B, 7B),
+// Qwen 3 8B and 30B-A3B, Mixtral 8x7B, DeepSeek-V3 671B, the Megatron-LM weak-scaling models
+// (Narayanan et al. 2021, Table 1) and the Korthikanti et al. (2023, Table 3) models. Throws
+// lattice::Error listing the names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 const std::vector<ModelConfig>& model_presets();
 std::vector<std::string> model_preset_names();

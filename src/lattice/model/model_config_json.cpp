@@ -40,6 +40,15 @@ std::string model_config_to_json(const ModelConfig& c) {
     if (c.moe_activation != MoeActivation::swiglu)
       j["moe_activation"] = moe_activation_name(c.moe_activation);
   }
+  if (c.moe_first_dense_layers != 0) j["moe_first_dense_layers"] = c.moe_first_dense_layers;
+  if (c.latent_attention() || c.q_lora_rank != 0 || c.qk_nope_head_dim != 0 ||
+      c.qk_rope_head_dim != 0 || c.v_head_dim != 0) {
+    j["q_lora_rank"] = c.q_lora_rank;
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+  }
   if (c.dropout != 0) j["dropout"] = c.dropout;
   if (c.explicit_head_dim != 0) j["head_dim"] = c.explicit_head_dim;
   if (c.sliding_window != 0) j["sliding_window"] = c.sliding_window;
@@ -94,6 +103,12 @@ ModelConfig model_config_from_json(const std::string& json) {
     c.moe_bias_update_rate = j.value("moe_bias_update_rate", 0.0);
     c.moe_names = parse_moe_names(j.value("moe_names", std::string("mixtral")));
     c.moe_activation = parse_moe_activation(j.value("moe_activation", std::string("swiglu")));
+    c.moe_first_dense_layers = j.value("moe_first_dense_layers", int64_t{0});
+    c.q_lora_rank = j.value("q_lora_rank", int64_t{0});
+    c.kv_lora_rank = j.value("kv_lora_rank", int64_t{0});
+    c.qk_nope_head_dim = j.value("qk_nope_head_dim", int64_t{0});
+    c.qk_rope_head_dim = j.value("qk_rope_head_dim", int64_t{0});
+    c.v_head_dim = j.value("v_head_dim", int64_t{0});
     c.dropout = j.value("dropout", 0.0f);
     c.explicit_head_dim = j.value("head_dim", int64_t{0});
     c.sliding_window = j.value("sliding_window", int64_t{0});

@@ -86,7 +86,7 @@ Transformer::Transformer(const ModelConfig& config, StageRange range, TensorPara
   };
   if (has_embedding()) embedding_unit_ = close_unit(true);
   if (descriptions.front().attention.rope)
-    rope_.emplace(config_.max_seq_len, config_.head_dim(), config_.rope_theta,
+    rope_.emplace(config_.max_seq_len, config_.rope_head_dim(), config_.rope_theta,
                   config_.rope_scaling);
   first_block_unit_ = static_cast<int>(units_.size());
   const parallel::SequenceLayout layout(tp);

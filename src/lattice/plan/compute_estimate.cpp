@@ -19,6 +19,22 @@ ForwardFlops forward_flops_per_sequence(const ModelSpec& m) {
   flops.dense_gemms = per_token_layer * s * m.n_layers;
   // QK^T and PV over the keys each query attends to (every position, or the sliding window).
   flops.attention_core = 4 * s * static_cast<double>(m.attended_keys(m.seq_len)) * a * m.n_layers;
+  if (m.family == model::Family::deepseek) {
+    // DeepSeek: the attention projections as they are (MLA's five GEMMs), the MLPs a token runs
+    // (dense layers' ffn_hidden, MoE layers' top_k routed and shared experts, the router), and the
+    // scores over qk_head_dim, the values over v_head_dim channels per head.
+    const double L = static_cast<double>(m.n_layers), moe = static_cast<double>(m.moe_layers());
+    const double expert = static_cast<double>(m.expert_ffn_hidden());
+    const double mlp_macs =
+        (L - moe) * 3 * h * f +
+        moe * (3 * h * expert * static_cast<double>(m.top_k + m.moe_shared_experts) +
+               h * static_cast<double>(m.n_experts));
+    flops.dense_gemms =
+        s * (2 * L * static_cast<double>(m.attention_projection_macs()) + 2 * mlp_macs);
+    const double head_widths = static_cast<double>(m.head_dim() + m.value_head_dim());
+    flops.attention_core = 2 * s * static_cast<double>(m.attended_keys(m.seq_len)) *
+                           static_cast<double>(m.n_heads) * head_widths * L;
+  }
   flops.logits = 2 * s * h * static_cast<double>(m.vocab_size);
   return flops;
 }

@@ -68,6 +68,20 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
                       local_experts * (gemm_seconds(expert_tokens, h, up_width, hw, cost) +
                                        gemm_seconds(expert_tokens, f / t, h, hw, cost));  // MLP
   if (m.is_moe()) dense_gemm += gemm_seconds(tokens, h, static_cast<double>(m.n_experts), hw, cost);
+  if (m.latent_attention()) {
+    // Multi-head latent attention (one tp rank): its five projections instead of QKV and out.
+    const double H = static_cast<double>(m.n_heads), qk = hd, r = m.q_lora_rank;
+    const double c = m.kv_lora_rank, rope = m.qk_rope_head_dim, nope = m.qk_nope_head_dim;
+    const double v = m.v_head_dim;
+    dense_gemm -= gemm_seconds(tokens, h, (a + 2 * kv_width) / t, hw, cost) +
+                  gemm_seconds(tokens, a / t, h, hw, cost);
+    dense_gemm +=
+        (r > 0 ? gemm_seconds(tokens, h, r, hw, cost) + gemm_seconds(tokens, r, H * qk, hw, cost)
+               : gemm_seconds(tokens, h, H * qk, hw, cost)) +
+        gemm_seconds(tokens, h, c + rope, hw, cost) +        // kv_a_proj_with_mqa
+        gemm_seconds(tokens, c, H * (nope + v), hw, cost) +  // kv_b_proj
+        gemm_seconds(tokens, H * v, h, hw, cost);            // o_proj
+  }
   // QK^T and attention x V per head, queries local, keys all; FlashAttention skips the masked half.
   // Under a sliding window shorter than the sequence each query's band of window keys is computed
   // (the tiles beyond it skipped): no causal half to skip.
@@ -76,7 +90,8 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
   const double causal_share = l.flash_attention && !windowed ? 0.5 : 1.0;
   const double attention_gemm =
       causal_share * (gemm_seconds(s_local, hd, keys, hw, cost, b * heads_local) +
-                      gemm_seconds(s_local, keys, hd, hw, cost, b * heads_local));
+                      gemm_seconds(s_local, keys, static_cast<double>(m.value_head_dim()), hw, cost,
+                                   b * heads_local));  // scores over qk, values over v
 
   // Memory-bound traffic, bytes per forward (counted kernel by kernel; bf16 = 2 bytes).
   const double dropout_mask = m.has_dropout() ? 1 : 0;

@@ -42,7 +42,9 @@ ParameterCount count_parameters(const ModelSpec& m) {
   else if (m.qkv_bias())  // Qwen 2: biases on Q, K and V only
     attention += a + 2 * kv_width;
   if (m.qk_norm()) attention += 2 * m.head_dim();  // Qwen 3's per-head q and k norms
-  auto mlp_of = [&](int64_t width) {               // one MLP of `width` hidden channels
+  // Multi-head latent attention: its five projections and two latent norms.
+  if (m.latent_attention()) attention = m.attention_parameter_count();
+  auto mlp_of = [&](int64_t width) {  // one MLP of `width` hidden channels
     int64_t mlp = (m.gated_mlp() ? 3 : 2) * h * width;
     if (m.linear_bias()) mlp += (m.gated_mlp() ? 2 : 1) * width + h;
     return width > 0 ? mlp : 0;

@@ -103,7 +103,8 @@ std::vector<ConfigKey> build_keys() {
       enum_key(model_field(&ModelConfig::family), model::parse_family, model::family_name),
       "gpt2 (learned positions, LayerNorm, GELU, biases), llama (RMSNorm, RoPE, SwiGLU, GQA, "
       "no biases), mistral (llama, saved with its sliding window), qwen2 (llama with q/k/v "
-      "biases) or qwen3 (llama with per-head q/k RMSNorm); from the preset");
+      "biases), qwen3 (llama with per-head q/k RMSNorm) or deepseek (llama with multi-head latent "
+      "attention when kv_lora_rank > 0); from the preset");
   add("model", "vocab_size", int_key(model_field(&ModelConfig::vocab_size)),
       "vocabulary (>= 256 with the byte tokenizer); from the preset");
   add("model", "max_seq_len", int_key(model_field(&ModelConfig::max_seq_len)),
@@ -122,6 +123,20 @@ std::vector<ConfigKey> build_keys() {
   add("model", "sliding_window", int_key(model_field(&ModelConfig::sliding_window)),
       "positions each query sees, itself included (Mistral: 4096); 0: all earlier ones; RoPE "
       "families; from the preset");
+  add("model", "q_lora_rank", int_key(model_field(&ModelConfig::q_lora_rank)),
+      "multi-head latent attention (deepseek): the query's low rank (DeepSeek-V3: 1536); 0: one "
+      "q_proj; from the preset");
+  add("model", "kv_lora_rank", int_key(model_field(&ModelConfig::kv_lora_rank)),
+      "multi-head latent attention's compressed key/value width (DeepSeek-V3: 512); > 0 turns it "
+      "on (family deepseek, tp = cp = 1); 0: none; from the preset");
+  add("model", "qk_nope_head_dim", int_key(model_field(&ModelConfig::qk_nope_head_dim)),
+      "multi-head latent attention: each query/key head's channels without RoPE (DeepSeek-V3: "
+      "128); from the preset");
+  add("model", "qk_rope_head_dim", int_key(model_field(&ModelConfig::qk_rope_head_dim)),
+      "multi-head latent attention: each query/key head's RoPE channels, even (DeepSeek-V3: 64); "
+      "from the preset");
+  add("model", "v_head_dim", int_key(model_field(&ModelConfig::v_head_dim)),
+      "multi-head latent attention: each value head's width (DeepSeek-V3: 128); from the preset");
   add("model", "ffn_hidden", int_key(model_field(&ModelConfig::ffn_hidden)),
       "MLP inner width (GPT-2: 4 x d_model; Llama: the SwiGLU width); from the preset");
   add("model", "norm_eps", number_key(model_field(&ModelConfig::norm_eps)),
@@ -170,6 +185,9 @@ std::vector<ConfigKey> build_keys() {
       "experts each token is routed to");
   add("model", "moe_layer_interval", int_key(model_field(&ModelConfig::moe_layer_interval)),
       "layer i is a MoE layer when (i + 1) % interval == 0; the others keep a dense MLP");
+  add("model", "moe_first_dense_layers", int_key(model_field(&ModelConfig::moe_first_dense_layers)),
+      "layers below this keep a dense MLP of ffn_hidden (DeepSeek's first_k_dense_replace: 3); 0: "
+      "none");
   add("model", "moe_ffn_hidden", int_key(model_field(&ModelConfig::moe_ffn_hidden)),
       "each routed expert's MLP width (0: ffn_hidden)");
   add("model", "moe_shared_experts", int_key(model_field(&ModelConfig::moe_shared_experts)),

@@ -69,13 +69,28 @@ void refuse_tensor_parallel_misfit(const TrainConfig& c) {
 void refuse_moe_misfit(const TrainConfig& c) {
   if (!c.model.is_moe()) return;
   const model::Family f = c.model.family;
-  check(f == model::Family::llama || f == model::Family::mistral || f == model::Family::qwen3,
+  check(f == model::Family::llama || f == model::Family::mistral || f == model::Family::qwen3 ||
+            f == model::Family::deepseek,
         "model.n_experts = " + std::to_string(c.model.n_experts) +
-            ": MoE layers are built on Llama, Mistral and Qwen 3 blocks; set model.family = "
-            "\"llama\" (or use a MoE preset: mixtral-tiny, deepseek-moe-tiny, qwen3-moe-tiny)");
+            ": MoE layers are built on Llama, Mistral, Qwen 3 and DeepSeek blocks; set "
+            "model.family = \"llama\" (or use a MoE preset: mixtral-tiny, deepseek-moe-tiny, "
+            "qwen3-moe-tiny, deepseek-v3-tiny)");
   check(c.model.moe_bias_update_rate == 0 || c.parallelism.zero < 3,
         "model.moe_bias_update_rate with parallelism.zero = 3 is not available yet: the bias is "
         "updated between steps on the whole parameters; use ZeRO 0-2");
+}
+
+// Multi-head latent attention (DeepSeek-V3): one tensor-parallel rank, no context parallelism.
+void refuse_latent_attention_misfit(const TrainConfig& c) {
+  if (!c.model.latent_attention()) return;
+  check(c.parallelism.tp == 1,
+        "multi-head latent attention runs on one tensor-parallel rank (parallelism.tp = " +
+            std::to_string(c.parallelism.tp) +
+            "): its kv_a_proj_with_mqa and latent norms are not split yet; set parallelism.tp = 1");
+  check(
+      c.parallelism.cp == 1,
+      "multi-head latent attention does not run under context parallelism yet (parallelism.cp = " +
+          std::to_string(c.parallelism.cp) + "): set parallelism.cp = 1");
 }
 
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
@@ -239,6 +254,7 @@ void TrainConfig::finalize() {
   refuse_tensor_parallel_misfit(*this);
   refuse_context_parallel_misfit(*this);
   refuse_moe_misfit(*this);
+  refuse_latent_attention_misfit(*this);
 }
 
 }  // namespace lattice::train
