@@ -27,6 +27,8 @@ void check_exportable(const model::ModelConfig& c) {
         "is");
   };
   using model::Family;
+  if (c.family == Family::deepseek)  // deepseek_v3's import and export are not built yet
+    refuse("DeepSeek's multi-head latent attention (model.family = deepseek)");
   if (c.family == Family::gpt2 && c.n_kv_heads != c.n_heads)
     refuse("GPT-2 with grouped-query attention (n_kv_heads < n_heads)");
   // A sliding window is saved by Mistral's and Mixtral's types only (Qwen 2's applies it to some
