@@ -361,6 +361,17 @@ ModelConfig with_llama3_scaling(ModelConfig c, double factor, bool tied) {
   return c;
 }
 
+// Qwen3-MoE's layers on a Qwen 3 trunk: `experts` routed experts of `width`, top `top_k` softmax,
+// renormalised, in every layer, no shared expert, Hugging Face's names and aux-loss coefficient.
+ModelConfig with_qwen3_experts(ModelConfig c, int64_t experts, int64_t top_k, int64_t width) {
+  c.n_experts = experts;
+  c.top_k = top_k;
+  c.moe_ffn_hidden = width;
+  c.moe_names = MoeNames::deepseek;
+  c.moe_aux_loss_coef = 0.001;
+  return c;
+}
+
 std::vector<ModelConfig> build_presets() {
   std::vector<ModelConfig> p;
   // The trainer's small models (tests, the demo, benchmarks).
@@ -394,13 +405,8 @@ std::vector<ModelConfig> build_presets() {
   p.push_back(deepseek_tiny);
   // Qwen3-MoE on qwen3-tiny's trunk: 8 experts of a quarter width, top-2 softmax, renormalised,
   // every layer, no shared expert (Qwen3-30B-A3B's recipe).
-  ModelConfig qwen3_moe_tiny = qwen3_config("qwen3-moe-tiny", 2, 32, 4, 2, 16, 64, 64, 32, true);
-  qwen3_moe_tiny.n_experts = 8;
-  qwen3_moe_tiny.top_k = 2;
-  qwen3_moe_tiny.moe_ffn_hidden = 16;
-  qwen3_moe_tiny.moe_names = MoeNames::deepseek;
-  qwen3_moe_tiny.moe_aux_loss_coef = 0.001;
-  p.push_back(qwen3_moe_tiny);
+  p.push_back(with_qwen3_experts(qwen3_config("qwen3-moe-tiny", 2, 32, 4, 2, 16, 64, 64, 32, true),
+                                 8, 2, 16));
   // DeepSeek-V3 in miniature: multi-head latent attention (query and key/value ranks 16, heads of
   // 8 + 8 query/key channels and 8 value channels), the first layer dense, then 8 routed experts
   // of width 16, top-2, one shared expert, sigmoid scores renormalised and scaled by 2.5.
@@ -445,14 +451,9 @@ std::vector<ModelConfig> build_presets() {
   // Qwen 3 (Qwen team 2025, the models' config.json): V = 151936, heads 128 wide, RoPE base 10^6,
   // s = 40960; 30B-A3B: 128 experts of width 768, top-8, renormalised, in every layer.
   p.push_back(qwen3_config("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, 40960, false));
-  ModelConfig qwen3_moe =
-      qwen3_config("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, 40960, false);
-  qwen3_moe.n_experts = 128;
-  qwen3_moe.top_k = 8;
-  qwen3_moe.moe_ffn_hidden = 768;
-  qwen3_moe.moe_names = MoeNames::deepseek;
-  qwen3_moe.moe_aux_loss_coef = 0.001;
-  p.push_back(qwen3_moe);
+  p.push_back(with_qwen3_experts(
+      qwen3_config("qwen3-30b-a3b", 48, 2048, 32, 4, 128, 6144, 151936, 40960, false), 128, 8,
+      768));
   // Mixtral 8x7B (Jiang et al. 2024): Mistral-7B blocks with 8 experts, top-2 routing.
   ModelConfig mixtral = with_rope_theta(
       llama_config("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 4096), 1000000.0f);
