@@ -3,7 +3,8 @@
 // scaling factor, a bias that steers the choice only, ties to the lower index); the statistics
 // (counts, score sums, z sum); the backward against central differences of that reference's loss
 // (through the weights, the load-balancing term and the z-loss); bit-identical results for 1, 2
-// and 3 OpenMP threads; and the refusal of top_k above the experts.
+// and 3 OpenMP threads; group-limited routing (DeepSeek-V3's n_group / topk_group); and the
+// refusal of top_k above the experts or of groups that cannot hold the choice.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,11 +41,27 @@ TokenRoute route_token(const double* x, const float* bias, const RouterShape& s)
   for (int e = 0; e < E; ++e)
     r.scores.push_back(s.score == RouterScore::softmax ? std::exp(x[e] - r.lse)
                                                        : 1.0 / (1.0 + std::exp(-x[e])));
+  const auto key = [&](int e) { return r.scores[e] + (bias ? bias[e] : 0); };
   std::vector<int> order(E);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return r.scores[a] + (bias ? bias[a] : 0) > r.scores[b] + (bias ? bias[b] : 0);
-  });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return key(a) > key(b); });
+  if (s.groups > 1) {  // keep the experts of the best groups (by their two best keys), in order
+    const int G = static_cast<int>(s.groups), per = E / G;
+    std::vector<double> group_score(G);
+    for (int g = 0; g < G; ++g) {
+      std::vector<double> keys;
+      for (int j = 0; j < per; ++j) keys.push_back(key(g * per + j));
+      std::sort(keys.rbegin(), keys.rend());
+      group_score[g] = keys[0] + keys[1];
+    }
+    std::vector<int> groups(G);
+    std::iota(groups.begin(), groups.end(), 0);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [&](int a, int b) { return group_score[a] > group_score[b]; });
+    std::vector<bool> kept(G, false);
+    for (int n = 0; n < s.top_groups; ++n) kept[groups[n]] = true;
+    std::erase_if(order, [&](int e) { return !kept[e / per]; });
+  }
   r.experts.assign(order.begin(), order.begin() + s.top_k);
   double chosen = 0;
   for (int e : r.experts) chosen += r.scores[e];
@@ -73,6 +90,7 @@ struct Case {
   float scaling;
   int64_t tokens, experts, top_k;
   bool bias;
+  int64_t groups = 1, top_groups = 1;
 };
 
 const Case kCases[] = {
@@ -81,6 +99,10 @@ const Case kCases[] = {
     {RouterScore::sigmoid, true, 2.5f, 19, 64, 6, true},     // DeepSeek-V3 with its bias
     {RouterScore::softmax, true, 1.0f, 5, 4, 4, false},      // every expert chosen
     {RouterScore::softmax, true, 1.0f, 3, 1, 1, false},      // one expert
+    // DeepSeek-V3's group-limited routing: 8 groups, the best 4 (as its 256 experts), and a
+    // choice that fills the chosen groups (4 groups of 2, the best 2, top 4).
+    {RouterScore::sigmoid, true, 2.5f, 41, 64, 6, true, 8, 4},
+    {RouterScore::sigmoid, true, 2.5f, 23, 8, 4, false, 4, 2},
 };
 
 RouterShape shape_of(const Case& c) {
@@ -91,6 +113,8 @@ RouterShape shape_of(const Case& c) {
   s.score = c.score;
   s.normalize = c.normalize;
   s.scaling = c.scaling;
+  s.groups = c.groups;
+  s.top_groups = c.top_groups;
   return s;
 }
 
@@ -220,6 +244,54 @@ TEST(MoeRouter, ResultsDoNotDependOnTheThreadCount) {
     EXPECT_EQ(runs[i].d, runs[0].d);
     EXPECT_EQ(runs[i].sums, runs[0].sums);
   }
+}
+
+TEST(MoeRouter, GroupLimitedRoutingChoosesWithinTheBestGroupsOnly) {
+  // Four experts in two groups, top 2 from the best group: group 0's two scores sum to 1.0
+  // (.9 + .1), group 1's to 1.1 (.6 + .5), so the token takes experts 2 and 3 although expert 0
+  // scores highest; without groups it takes 0 and 2. A bias of +.3 on expert 1 lifts group 0's
+  // keys to 1.3 and the choice back to it (weighted by the scores, not the keys).
+  RouterShape s;
+  s.tokens = 1;
+  s.experts = 4;
+  s.top_k = 2;
+  s.score = RouterScore::sigmoid;
+  s.normalize = false;
+  float logits[4];
+  const float want[4] = {0.9f, 0.1f, 0.6f, 0.5f};
+  for (int e = 0; e < 4; ++e) logits[e] = std::log(want[e] / (1 - want[e]));  // sigmoid's inverse
+  int32_t experts[2];
+  float weights[2], scores[4];
+  moe_router_forward(experts, weights, scores, logits, nullptr, s);
+  EXPECT_EQ(experts[0], 0);
+  EXPECT_EQ(experts[1], 2);
+  s.groups = 2;
+  moe_router_forward(experts, weights, scores, logits, nullptr, s);
+  EXPECT_EQ(experts[0], 2);
+  EXPECT_EQ(experts[1], 3);
+  EXPECT_NEAR(weights[0], 0.6f, 1e-6);  // the scores, not the keys
+  const float bias[4] = {0.0f, 0.3f, 0.0f, 0.0f};
+  moe_router_forward(experts, weights, scores, logits, bias, s);
+  EXPECT_EQ(experts[0], 0);
+  EXPECT_EQ(experts[1], 1);
+  EXPECT_NEAR(weights[1], 0.1f, 1e-6);
+}
+
+TEST(MoeRouter, RefusesGroupsThatCannotHoldTheChoice) {
+  RouterShape s;
+  s.tokens = 1;
+  s.experts = 8;
+  s.top_k = 4;
+  int32_t experts[4];
+  float weights[4], scores[8], logits[8] = {};
+  for (auto [groups, top] : {std::pair{3, 1}, {8, 2}, {4, 1}, {4, 5}}) {
+    s.groups = groups;  // 3 does not divide 8; groups of 1; 2 experts < top_k; 5 > 4 groups
+    s.top_groups = top;
+    EXPECT_THROW(moe_router_forward(experts, weights, scores, logits, nullptr, s), Error);
+  }
+  s.groups = 4;
+  s.top_groups = 2;
+  EXPECT_NO_THROW(moe_router_forward(experts, weights, scores, logits, nullptr, s));
 }
 
 TEST(MoeRouter, RefusesTopKAboveTheExperts) {

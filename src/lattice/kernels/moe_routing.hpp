@@ -17,6 +17,10 @@ struct RouterShape {
   RouterScore score = RouterScore::softmax;
   bool normalize = true;  // weights = chosen scores / their sum (else the chosen scores)
   float scaling = 1.0f;   // every weight times this (DeepSeek-V3's routed scaling factor)
+  // Group-limited routing (DeepSeek-V3's n_group, topk_group): the experts form `groups` equal
+  // groups, each scored by the sum of its two largest choice keys (score + bias); a token's top_k
+  // are chosen within its `top_groups` best groups (ties to the lower index). 1, 1: no groups.
+  int64_t groups = 1, top_groups = 1;
 };
 
 // What the forward counts for the balancing losses and the metrics (each null to skip): per

@@ -152,6 +152,12 @@ double yarn_attention_factor(const RopeScaling& s, double factor) {
   return yarn_get_mscale(factor, 1.0);
 }
 
+double yarn_softmax_scale_factor(const RopeScaling& s) {
+  if (s.type != RopeType::yarn || s.mscale_all_dim == 0) return 1.0;
+  const double m = yarn_get_mscale(s.factor, s.mscale_all_dim);
+  return m * m;
+}
+
 RopeFrequencies rope_frequencies(int64_t head_dim, float theta, const RopeScaling& s,
                                  int64_t seq_len) {
   check(head_dim > 0 && head_dim % 2 == 0,

@@ -56,4 +56,9 @@ RopeFrequencies rope_frequencies(int64_t head_dim, float theta, const RopeScalin
 // yarn's resolved attention factor (transformers' attention_factor or the mscale formula).
 double yarn_attention_factor(const RopeScaling& scaling, double factor);
 
+// The factor on the attention's softmax scale that DeepSeek's multi-head latent attention takes
+// from yarn (transformers' yarn_apply_mscale): mscale(factor, mscale_all_dim)² when the scaling
+// is yarn with mscale_all_dim set, else 1.
+double yarn_softmax_scale_factor(const RopeScaling& scaling);
+
 }  // namespace lattice::kernels

@@ -137,6 +137,17 @@ void ModelConfig::validate() const {
               "copies); leave it out for dropless routing");
     check(moe_bias_update_rate >= 0,
           "model.moe_bias_update_rate must not be negative (0: no auxiliary-loss-free bias)");
+    check(moe_groups >= 1 && n_experts % moe_groups == 0 &&
+              (moe_groups == 1 || n_experts / moe_groups >= 2),
+          "model.moe_groups = " + std::to_string(moe_groups) +
+              " must divide model.n_experts = " + std::to_string(n_experts) +
+              " into groups of at least 2 experts (a group scores by its two best; 1: no groups)");
+    check(moe_top_groups >= 1 && moe_top_groups <= moe_groups &&
+              top_k <= moe_top_groups * (n_experts / moe_groups),
+          "model.moe_top_groups = " + std::to_string(moe_top_groups) + " must be in [1, " +
+              "model.moe_groups = " + std::to_string(moe_groups) +
+              "] and its groups must hold at least model.top_k = " + std::to_string(top_k) +
+              " experts");
     check(moe_aux_loss_coef >= 0 && moe_z_loss_coef >= 0,
           "model.moe_aux_loss_coef and model.moe_z_loss_coef must not be negative (0: off)");
     check(moe_scaling > 0,
@@ -219,8 +230,8 @@ int64_t ModelConfig::parameter_count(bool with_position_embedding) const {
   const int64_t dense_mlp = 3 * ffn_hidden * C;
   const int64_t expert = expert_matrices() * expert_ffn_hidden() * C;
   const int64_t shared = 3 * expert_ffn_hidden() * C;  // shared experts are SwiGLU
-  const int64_t moe_mlp =
-      n_experts * (C + expert) + moe_shared_experts * shared;  // router, experts
+  const int64_t moe_mlp = n_experts * (C + expert) + moe_shared_experts * shared  // router, experts
+                          + (has_choice_bias() ? n_experts : 0);  // e_score_correction_bias
   const int64_t moe = moe_layers();
   return embed + n_layers * per_layer + (n_layers - moe) * dense_mlp + moe * moe_mlp + C + head;
 }

@@ -86,6 +86,15 @@ struct ModelConfig {
   // towards balance: + rate where the expert got fewer copies than the mean over the step's
   // global batch, - rate where more. 0: no bias.
   double moe_bias_update_rate = 0;
+  // Keeps the choice bias even at update rate 0, held as it is (an imported DeepSeek-V3's
+  // trained e_score_correction_bias); a rate > 0 implies it.
+  bool moe_choice_bias = false;
+  bool has_choice_bias() const { return moe_choice_bias || moe_bias_update_rate > 0; }
+  // Group-limited routing (DeepSeek-V3's n_group / topk_group; 1 / 1: every expert competes):
+  // the experts form moe_groups equal groups, each scored by the sum of its two best choice
+  // scores (score + bias), and a token picks its top_k experts within its moe_top_groups best.
+  int64_t moe_groups = 1;
+  int64_t moe_top_groups = 1;
   MoeNames moe_names = MoeNames::mixtral;
   MoeActivation moe_activation = MoeActivation::swiglu;
   int64_t expert_matrices() const { return moe_activation == MoeActivation::gelu ? 2 : 3; }

@@ -36,6 +36,11 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["moe_aux_loss_coef"] = c.moe_aux_loss_coef;
     j["moe_z_loss_coef"] = c.moe_z_loss_coef;
     if (c.moe_bias_update_rate != 0) j["moe_bias_update_rate"] = c.moe_bias_update_rate;
+    if (c.moe_choice_bias) j["moe_choice_bias"] = true;
+    if (c.moe_groups != 1) {
+      j["moe_groups"] = c.moe_groups;
+      j["moe_top_groups"] = c.moe_top_groups;
+    }
     j["moe_names"] = moe_names_name(c.moe_names);
     if (c.moe_activation != MoeActivation::swiglu)
       j["moe_activation"] = moe_activation_name(c.moe_activation);
@@ -101,6 +106,9 @@ ModelConfig model_config_from_json(const std::string& json) {
     c.moe_aux_loss_coef = j.value("moe_aux_loss_coef", 0.0);
     c.moe_z_loss_coef = j.value("moe_z_loss_coef", 0.0);
     c.moe_bias_update_rate = j.value("moe_bias_update_rate", 0.0);
+    c.moe_choice_bias = j.value("moe_choice_bias", false);
+    c.moe_groups = j.value("moe_groups", int64_t{1});
+    c.moe_top_groups = j.value("moe_top_groups", int64_t{1});
     c.moe_names = parse_moe_names(j.value("moe_names", std::string("mixtral")));
     c.moe_activation = parse_moe_activation(j.value("moe_activation", std::string("swiglu")));
     c.moe_first_dense_layers = j.value("moe_first_dense_layers", int64_t{0});

@@ -18,7 +18,9 @@ MoeSettings moe_settings(const ModelConfig& config) {
   s.normalize = config.moe_normalize;
   s.scaling = config.moe_scaling;
   s.capacity_factor = config.moe_capacity_factor.value_or(0.0);
-  s.choice_bias = config.moe_bias_update_rate > 0;
+  s.choice_bias = config.has_choice_bias();
+  s.groups = config.moe_groups;
+  s.top_groups = config.moe_top_groups;
   s.gelu = config.moe_activation == MoeActivation::gelu;
   return s;
 }
@@ -121,6 +123,8 @@ k::RouterShape MoeMlp::router_shape(int64_t rows) const {
   s.score = settings_.score;
   s.normalize = settings_.normalize;
   s.scaling = settings_.scaling;
+  s.groups = settings_.groups;
+  s.top_groups = settings_.top_groups;
   return s;
 }
 

@@ -31,6 +31,7 @@ struct MoeSettings {
   float scaling = 1.0f;
   double capacity_factor = 0;  // 0: dropless; else each expert keeps ceil(factor·T·k/E) copies
   bool choice_bias = false;    // a per-expert bias steers the choice (auxiliary-loss-free)
+  int64_t groups = 1, top_groups = 1;  // group-limited routing (kernels::RouterShape)
   bool gelu = false;           // GELU experts (in, GELU, out: 2 matrices) instead of SwiGLU
 };
 // A model's MoE layers' settings.

@@ -171,7 +171,8 @@ std::vector<ConfigKey> build_keys() {
       "yarn: with rope_mscale_all_dim, the attention factor is mscale(factor, mscale) / "
       "mscale(factor, mscale_all_dim) (0: unset)");
   add("model", "rope_mscale_all_dim", number_key(rope_field(&kernels::RopeScaling::mscale_all_dim)),
-      "yarn: see rope_mscale (0: unset)");
+      "yarn: see rope_mscale; the deepseek family's softmax scale is also multiplied by "
+      "mscale(factor, mscale_all_dim)^2 (0: unset)");
   add("model", "rope_truncate", bool_key(rope_field(&kernels::RopeScaling::truncate)),
       "yarn: round the correction range to whole dimensions");
   add("model", "init_std", number_key(model_field(&ModelConfig::init_std)),
@@ -210,6 +211,14 @@ std::vector<ConfigKey> build_keys() {
   add("model", "moe_bias_update_rate", number_key(model_field(&ModelConfig::moe_bias_update_rate)),
       "auxiliary-loss-free balancing (DeepSeek-V3): each expert's choice bias moves this much per "
       "step towards balance (0: none; not with ZeRO-3)");
+  add("model", "moe_choice_bias", bool_key(model_field(&ModelConfig::moe_choice_bias)),
+      "keep the per-expert choice bias (e_score_correction_bias) even at update rate 0, held "
+      "fixed (an imported DeepSeek-V3's); implied by moe_bias_update_rate > 0");
+  add("model", "moe_groups", int_key(model_field(&ModelConfig::moe_groups)),
+      "group-limited routing (DeepSeek-V3's n_group: 8): experts in this many equal groups, each "
+      "scored by its two best choice scores (1: none)");
+  add("model", "moe_top_groups", int_key(model_field(&ModelConfig::moe_top_groups)),
+      "the groups a token may route to, its best by group score (DeepSeek-V3's topk_group: 4)");
   add("model", "moe_activation",
       enum_key(model_field(&ModelConfig::moe_activation), model::parse_moe_activation,
                model::moe_activation_name),

@@ -19,6 +19,42 @@ void check_shape(const RouterShape& s) {
         "moe router: top_k (" + std::to_string(s.top_k) +
             ") must be in [1, experts = " + std::to_string(s.experts) + "] and tokens (" +
             std::to_string(s.tokens) + ") non-negative");
+  check(s.groups >= 1 && s.experts % s.groups == 0 &&
+            (s.groups == 1 || s.experts / s.groups >= 2) && s.top_groups >= 1 &&
+            s.top_groups <= s.groups && s.top_k <= s.top_groups * (s.experts / s.groups),
+        "moe router: " + std::to_string(s.groups) + " groups of " + std::to_string(s.experts) +
+            " experts (at least 2 each), the best " + std::to_string(s.top_groups) +
+            " of them holding at least top_k = " + std::to_string(s.top_k));
+}
+
+// Group-limited routing: marks `taken` (1: not eligible) every expert outside the token's
+// `top_groups` best groups, a group scored by the sum of its two largest keys (score + bias).
+void exclude_groups(std::vector<char>& taken, const float* s, const float* bias,
+                    const RouterShape& shape) {
+  const int64_t G = shape.groups, per_group = shape.experts / G;
+  std::vector<float> group_score(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) {
+    float first = 0, second = 0;
+    for (int64_t j = 0; j < per_group; ++j) {
+      const int64_t e = g * per_group + j;
+      const float key = s[e] + (bias ? bias[e] : 0.0f);
+      if (j == 0 || key > first) {
+        if (j > 0) second = first;
+        first = key;
+      } else if (j == 1 || key > second) {
+        second = key;
+      }
+    }
+    group_score[g] = first + second;
+  }
+  std::vector<char> kept(static_cast<size_t>(G), 0);
+  for (int64_t n = 0; n < shape.top_groups; ++n) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < G; ++g)
+      if (!kept[g] && (best < 0 || group_score[g] > group_score[best])) best = g;
+    kept[best] = 1;
+  }
+  for (int64_t e = 0; e < shape.experts; ++e) taken[e] = kept[e / per_group] ? 0 : 1;
 }
 
 // log Σ_e exp(x_e), in double.
@@ -53,7 +89,10 @@ void moe_router_forward(int32_t* experts, float* weights, float* scores, const f
                    ? static_cast<float>(std::exp(static_cast<double>(x[e]) - lse))
                    : static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x[e]))));
       // Top-k by score + bias, ties to the lower index.
-      std::fill(taken.begin(), taken.end(), 0);
+      if (shape.groups > 1)
+        exclude_groups(taken, s, bias, shape);
+      else
+        std::fill(taken.begin(), taken.end(), 0);
       double chosen_sum = 0;
       for (int64_t k = 0; k < K; ++k) {
         int64_t best = -1;

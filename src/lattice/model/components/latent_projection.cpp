@@ -45,7 +45,8 @@ LatentProjection::LatentProjection(ParameterStore& store, const std::string& pre
       qk_(d.qk_head_dim()),
       v_(v_head_dim),
       q_rank_(d.q_lora_rank),
-      kv_rank_(d.kv_lora_rank) {
+      kv_rank_(d.kv_lora_rank),
+      softmax_scale_factor_(d.softmax_scale_factor) {
   check(d.kv_lora_rank > 0 && d.q_lora_rank >= 0 && d.qk_nope_head_dim >= 0,
         "multi-head latent attention needs kv_lora_rank > 0, q_lora_rank >= 0 (0: q_proj) and "
         "qk_nope_head_dim >= 0");
@@ -55,9 +56,8 @@ LatentProjection::LatentProjection(ParameterStore& store, const std::string& pre
   check(rope != nullptr && rope->head_dim() == rope_dim_,
         "multi-head latent attention rotates qk_rope_head_dim = " + std::to_string(rope_dim_) +
             " channels per head: build its RoPE table with head_dim qk_rope_head_dim");
-  check(d.softmax_scale_factor == 1.0f,
-        "multi-head latent attention's softmax scale factor (yarn's mscale) is not built yet: "
-        "only 1 (the scale 1/sqrt(qk_head_dim)) is supported");
+  check(d.softmax_scale_factor > 0,
+        "multi-head latent attention's softmax scale factor must be positive (internal error)");
   // Hugging Face's module order: q (q_proj, or q_a_proj, q_a_layernorm, q_b_proj), then kv.
   if (has_q_rank()) {
     q_a_ = Linear(store, prefix + d.q_a, C_, q_rank_, false, InitKind::normal);
@@ -122,6 +122,8 @@ void LatentProjection::forward(const LayerContext& ctx, LatentActivations& a, fl
     project_input(q_, a.q_input, q);
   }
   rotate_queries(ctx, q, B, T, false);
+  if (softmax_scale_factor_ != 1.0f)
+    ctx.ops.scale_copy(q, q, rows * heads_ * qk_, softmax_scale_factor_);
   // kv_a's output [c | k_pe] and kv_b's per-head [k_nope | v] live only through the forward.
   Tensor kv_a_out, kv_b_out;
   ensure_activation(kv_a_out, {rows, kv_a_width}, ctx);
@@ -161,6 +163,8 @@ void LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
     return bf16 ? nullptr : normed.out.f32();
   };
   // Queries: RoPE's inverse, then (with a rank) q_b_proj and the query norm into q_a's d_out.
+  if (softmax_scale_factor_ != 1.0f)
+    ctx.ops.scale_copy(d.q, d.q, rows * width, softmax_scale_factor_);
   rotate_queries(ctx, d.q, B, T, true);
   float* d_q_input = d.q;
   if (has_q_rank()) {

@@ -40,8 +40,9 @@ struct LatentAttentionDescription {
   // The latent norms' epsilon: Hugging Face's DeepseekV3RMSNorm default, which they keep whatever
   // the config's rms_norm_eps (the block's norms take that one).
   float norm_eps = 1e-6f;
-  // The factor on the softmax scale 1/sqrt(qk_head_dim): yarn's mscale (Hugging Face's
-  // yarn_apply_mscale, DeepSeek-V3's long-context checkpoints). Only 1 is built yet.
+  // The factor on the softmax scale 1/sqrt(qk_head_dim): yarn's mscale² (Hugging Face's
+  // yarn_apply_mscale, DeepSeek-V3's long-context checkpoints). Applied to the queries after
+  // RoPE (q·k·scale·f = (f·q)·k·scale), and to their gradient before RoPE's inverse.
   float softmax_scale_factor = 1.0f;
 
   bool enabled() const { return kv_lora_rank > 0; }
@@ -115,6 +116,7 @@ class LatentProjection {
   Norm q_a_norm_, kv_a_norm_;
   // heads; qk = nope + rope channels of a query-key head; v of a value head; the ranks.
   int64_t C_ = 0, heads_ = 0, nope_ = 0, rope_dim_ = 0, qk_ = 0, v_ = 0, q_rank_ = 0, kv_rank_ = 0;
+  float softmax_scale_factor_ = 1.0f;  // on the queries after RoPE (see the description)
 };
 
 }  // namespace lattice::model
