@@ -205,7 +205,8 @@ TEST(LatentAttention, TheSoftmaxScaleFactorIsTheQueriesScaledByIt) {
   }
   BlockDescription scaled = latent_block(0);
   scaled.attention.latent.softmax_scale_factor = f;
-  RandomizedBlock with_factor(scaled, &rope_table()), scaled_weights(latent_block(0), &rope_table());
+  RandomizedBlock with_factor(scaled, &rope_table()),
+      scaled_weights(latent_block(0), &rope_table());
   const std::string q_proj = "model.layers.0.self_attn.q_proj.weight";
   const model::ParameterInfo& q =
       scaled_weights.store.parameters()[static_cast<size_t>(scaled_weights.store.index_of(q_proj))];

@@ -20,7 +20,9 @@
       Exits 0 when this transformers has models of MODEL_TYPE (a config.json's model_type), else 3.
   hf_interop.py make KIND OUT_DIR TOKENS...
       Builds a small randomly initialised transformers model of KIND (gpt2, llama, mistral (a sliding
-      window of 8), qwen2, qwen3 (heads 16 wide on a 48-wide model), qwen3_moe, mixtral, or a Llama
+      window of 8), qwen2, qwen3 (heads 16 wide on a 48-wide model), qwen3_moe, mixtral,
+      deepseek_v3 (latent attention, group-limited routing, yarn; deepseek_v3_plain: q_proj, plain
+      RoPE, rope channels not interleaved, no groups), or a Llama
       with RoPE scaling: llama3, linear, dynamic, yarn; fixed seed), saves it with save_pretrained
       (sharded into small files, so the index is read too) and writes
       OUT_DIR/reference_logits.safetensors with its logits on TOKENS.
@@ -153,6 +155,8 @@ def build(kind):
     common = dict(vocab_size=256, tie_word_embeddings=kind == "gpt2")
     if kind in ("qwen3", "qwen3_moe") and not has(kind):
         return None
+    if kind.startswith("deepseek_v3") and not has("deepseek_v3"):
+        return None
     if kind == "gpt2":
         config = transformers.GPT2Config(
             n_embd=48, n_layer=2, n_head=4, n_positions=64, n_inner=96,
@@ -184,18 +188,46 @@ def build(kind):
             model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
                 head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                 norm_topk_prob=True, use_sliding_window=False, **llama))
+        elif kind == "deepseek_v3":
+            model = transformers.DeepseekV3ForCausalLM(deepseek_v3_config(llama, True))
+        elif kind == "deepseek_v3_plain":
+            model = transformers.DeepseekV3ForCausalLM(deepseek_v3_config(llama, False))
         else:
             model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
                 num_local_experts=4, num_experts_per_tok=2, sliding_window=None, **llama))
     # Larger than the default init, so that the logits are far from uniform.
-    # Biases too (transformers starts them at zero), so that importing them is checked.
+    # Biases too (transformers starts them at zero), so that importing them is checked; and
+    # DeepSeek's choice bias (a buffer), so that it steers the routing.
     with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
         for name, p in model.named_parameters():
             if p.dim() > 1 or name.endswith(".bias"):
                 p.normal_(0.0, 0.1)
             elif name.endswith("norm.weight"):  # the q/k norms' and the others' scales too
                 p.normal_(1.0, 0.1)
     return model.eval()
+
+
+def deepseek_v3_config(llama, full):
+    """DeepSeek-V3 in miniature on the Llama fixtures' trunk: three layers (the first dense), 4 heads of
+    multi-head latent attention (8 + 8 query/key channels, 12 value channels, kv rank 16), 8 routed
+    experts of width 16, top-3, one shared expert, sigmoid scores renormalised and scaled by 2.5.
+    `full`: as DeepSeek-V3 itself: a query rank (12), rope channels interleaved, group-limited
+    routing (4 groups, the best 2) and yarn (factor 4 over 16 positions) with mscale_all_dim, so
+    that the softmax scale changes too. Else q_proj, rope_interleave false, plain RoPE, no groups."""
+    rope = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=16,
+                mscale=1.0, mscale_all_dim=1.0) if full else dict(rope_type="default", rope_theta=10000.0)
+    shape = {k: v for k, v in llama.items() if k not in ("rope_theta", "num_key_value_heads")}
+    shape.update(num_hidden_layers=3, rms_norm_eps=1e-6)
+    return transformers.DeepseekV3Config(
+        num_key_value_heads=4, q_lora_rank=12 if full else None, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+        num_experts_per_tok=3, moe_intermediate_size=16, n_shared_experts=1,
+        routed_scaling_factor=2.5, n_group=4 if full else 1, topk_group=2 if full else 1,
+        first_k_dense_replace=1, norm_topk_prob=True, rope_interleave=full,
+        rope_parameters=rope, **shape)
 
 
 def make(kind, out_dir, tokens, dtype=torch.float32, max_shard_size="40KB"):
@@ -209,6 +241,9 @@ def make(kind, out_dir, tokens, dtype=torch.float32, max_shard_size="40KB"):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(p.to(dtype).float())
+        for name, b in model.named_buffers():  # DeepSeek's choice bias is saved too
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(b.to(dtype).float())
     # The logits before the model is cast for saving: the cast would round its RoPE inv_freq buffer
     # too, which transformers computes in fp32 when it loads the model.
     ids = torch.tensor([int(t) for t in tokens])

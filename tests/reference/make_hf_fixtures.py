@@ -36,6 +36,8 @@ FIXTURES = {
     "qwen3": ("float32", None, PROMPT),
     "qwen3_moe": ("bfloat16", "100KB", PROMPT),
     "mixtral": ("float16", None, PROMPT),
+    "deepseek_v3": ("bfloat16", "100KB", LONG_PROMPT),
+    "deepseek_v3_plain": ("float32", None, PROMPT),
 }
 
 

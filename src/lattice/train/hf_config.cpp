@@ -10,6 +10,7 @@
 
 #include "lattice/core/error.hpp"
 #include "lattice/train/hf_config_keys.hpp"
+#include "lattice/train/hf_deepseek.hpp"
 
 namespace lattice::train {
 
@@ -22,13 +23,16 @@ void check_exportable(const model::ModelConfig& c) {
   auto refuse = [](const std::string& what) {
     throw Error(
         "Hugging Face export: " + what +
-        " has no transformers equivalent among gpt2, llama, mistral, qwen2, qwen3, mixtral "
-        "and qwen3_moe; train with settings that do, or export the Lattice checkpoint as it "
-        "is");
+        " has no transformers equivalent among gpt2, llama, mistral, qwen2, qwen3, mixtral, "
+        "qwen3_moe and deepseek_v3; train with settings that do, or export the Lattice "
+        "checkpoint as it is");
   };
   using model::Family;
-  if (c.family == Family::deepseek)  // deepseek_v3's import and export are not built yet
-    refuse("DeepSeek's multi-head latent attention (model.family = deepseek)");
+  // transformers' routers are dropless: a capacity that drops copies computes another model.
+  if (c.is_moe() && c.moe_capacity_factor)
+    refuse("a MoE with a capacity factor (model.moe_capacity_factor drops tokens)");
+  if (c.family == Family::deepseek) return check_deepseek_v3_exportable(c);
+  if (c.moe_groups != 1 || c.moe_choice_bias) refuse("DeepSeek-V3's router (groups, choice bias)");
   if (c.family == Family::gpt2 && c.n_kv_heads != c.n_heads)
     refuse("GPT-2 with grouped-query attention (n_kv_heads < n_heads)");
   // A sliding window is saved by Mistral's and Mixtral's types only (Qwen 2's applies it to some
@@ -254,16 +258,18 @@ std::string hf_model_type(const model::ModelConfig& c) {
       return "qwen2";
     case model::Family::qwen3:
       return c.is_moe() ? "qwen3_moe" : "qwen3";
+    case model::Family::deepseek:
+      return "deepseek_v3";
   }
   throw Error("unknown model family (internal error)");
 }
 
 std::string hf_architecture(const std::string& type) {
   static const std::map<std::string, std::string> names = {
-      {"gpt2", "GPT2LMHeadModel"},         {"llama", "LlamaForCausalLM"},
-      {"mistral", "MistralForCausalLM"},   {"mixtral", "MixtralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"},       {"qwen3", "Qwen3ForCausalLM"},
-      {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+      {"gpt2", "GPT2LMHeadModel"},          {"llama", "LlamaForCausalLM"},
+      {"mistral", "MistralForCausalLM"},    {"mixtral", "MixtralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},        {"qwen3", "Qwen3ForCausalLM"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"deepseek_v3", "DeepseekV3ForCausalLM"}};
   return names.at(type);
 }
 
@@ -337,6 +343,10 @@ std::string hf_config_json(const model::ModelConfig& c) {
     // transformers takes hidden_size / num_attention_heads without it (Qwen 3 defaults to 128).
     j["head_dim"] = c.head_dim();
     write_hf_rope(c, j);
+    if (type == "deepseek_v3") {  // its dense width, latent attention, MoE and yarn's mscale
+      j["intermediate_size"] = c.ffn_hidden;
+      write_hf_deepseek_v3(c, j);
+    }
   }
   j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";
@@ -358,7 +368,8 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
   model::ModelConfig c;
   c.name = type + "-imported";
   try {
-    if (type == "gpt2" || llama_like.count(type)) check_hf_config_keys(j, type, source, ignored);
+    if (type == "gpt2" || type == "deepseek_v3" || llama_like.count(type))
+      check_hf_config_keys(j, type, source, ignored);
     if (type == "gpt2") {
       c.family = model::Family::gpt2;
       c.vocab_size = get_int(j, "vocab_size", source);
@@ -433,11 +444,14 @@ model::ModelConfig model_config_from_hf(const std::string& config_json, const st
         c.moe_aux_loss_coef = j.value("router_aux_loss_coef", 0.0);
         c.moe_names = model::MoeNames::deepseek;
       }
+    } else if (type == "deepseek_v3") {
+      read_hf_deepseek_v3(j, source, c, ignored);
+      read_hf_rope(j, source, c);
     } else {
       throw Error(
           source + ": model_type \"" + type +
-          "\" cannot be imported; Lattice reads gpt2, llama, mistral, mixtral, qwen2, qwen3 "
-          "and qwen3_moe models");
+          "\" cannot be imported; Lattice reads gpt2, llama, mistral, mixtral, qwen2, qwen3, "
+          "qwen3_moe and deepseek_v3 models");
     }
   } catch (const json::exception& e) {
     throw Error(source + " has a field of the wrong type (" + std::string(e.what()) +

@@ -83,12 +83,47 @@ const std::set<std::string>& read_keys(const std::string& type) {
       {"mixtral", {"num_local_experts", "num_experts_per_tok", "router_aux_loss_coef"}},
       {"qwen3_moe",
        {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
-        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef"}}};
+        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef"}},
+      // head_dim and qk_head_dim are derived (transformers sets them from qk_rope_head_dim and
+      // qk_nope + qk_rope); topk_method, scoring_func, moe_layer_freq, ep_size, aux_loss_alpha
+      // and seq_aux are DeepSeek's remote-code names, checked or reported by the reader
+      // (ep_size: how the original code split the experts, not what they compute).
+      {"deepseek_v3",
+       {"q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "qk_head_dim",
+        "n_routed_experts",
+        "num_local_experts",
+        "n_shared_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "routed_scaling_factor",
+        "n_group",
+        "topk_group",
+        "norm_topk_prob",
+        "first_k_dense_replace",
+        "rope_interleave",
+        "num_nextn_predict_layers",
+        "num_mtp_layers",
+        "topk_method",
+        "scoring_func",
+        "moe_layer_freq",
+        "ep_size",
+        "aux_loss_alpha",
+        "seq_aux"}}};
+  // DeepSeek has no sliding window: its keys would be read by nothing.
+  static const std::set<std::string> window_keys = {"sliding_window", "use_sliding_window",
+                                                    "max_window_layers", "layer_types"};
   static std::map<std::string, std::set<std::string>> keys;
   if (keys.empty())
     for (const auto& [name, own] : extra) {
       keys[name] = own;
       if (name != "gpt2") keys[name].insert(llama_common.begin(), llama_common.end());
+      if (name == "deepseek_v3")
+        for (const std::string& key : window_keys) keys[name].erase(key);
     }
   return keys.at(type);
 }

@@ -21,6 +21,7 @@
 #include "lattice/train/checkpoint.hpp"
 #include "lattice/train/checkpoint_reader.hpp"
 #include "lattice/train/hf_config.hpp"
+#include "lattice/train/hf_deepseek.hpp"
 #include "lattice/train/hf_tokenizer.hpp"
 #include "lattice/train/train_config.hpp"
 
@@ -129,6 +130,21 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
                                       std::to_string(stored) + " weights but the model declares " +
                                       std::to_string(weights.size()) +
                                       ": it does not match its own configuration");
+  // The tensors transformers' type has and the model does not (zero: DeepSeek-V3's choice bias
+  // of a model without one), after the model's own.
+  std::vector<model::ParameterInfo> zero_tensors;
+  for (const auto& [name, shape] : hf_zero_tensors(config)) {
+    model::ParameterInfo& p = zero_tensors.emplace_back();
+    p.name = p.init_stream = name;
+    p.shape = p.global_shape = shape;
+    p.numel = 1;
+    for (int64_t extent : shape) p.numel *= extent;
+  }
+  std::set<std::string> zero_names;
+  for (const model::ParameterInfo& p : zero_tensors) {
+    weights.push_back(&p);
+    zero_names.insert(p.name);
+  }
   // Files of at most max_shard_bytes (of `dtype`), in the model's order.
   const auto element_bytes = static_cast<int64_t>(dtype_size(dtype));
   std::vector<std::vector<const model::ParameterInfo*>> files(1);
@@ -177,7 +193,10 @@ HfExportSummary export_hf(const std::string& checkpoint_dir, const std::string& 
     std::vector<SafetensorsEntry> entries;
     for (const model::ParameterInfo* p : files[f]) {
       std::vector<float> values(static_cast<size_t>(p->numel));
-      reader.read(p->name, p->global_shape, values.data());
+      if (!zero_names.count(p->name)) reader.read(p->name, p->global_shape, values.data());
+      // DeepSeek's rope channels in its interleaved pairs (the config says rope_interleave).
+      if (p->global_shape.size() == 2)
+        reorder_rope_rows(config, p->name, values.data(), p->global_shape[1], true);
       SafetensorsEntry e;
       e.name = p->name;
       e.dtype = dtype;
@@ -230,8 +249,10 @@ HfImportSummary import_hf(const std::string& hf_dir, const std::string& run_dir,
                                      " has no config.json: point at a Hugging Face model "
                                      "directory (what save_pretrained writes)");
   std::vector<std::string> ignored;
+  const std::string config_text = read_file_text(config_path.string());
   const model::ModelConfig config =
-      model_config_from_hf(read_file_text(config_path.string()), config_path.string(), &ignored);
+      model_config_from_hf(config_text, config_path.string(), &ignored);
+  const HfWeightLayout layout = hf_weight_layout(json::parse(config_text));
   check(latest_checkpoint(run_dir).empty(),
         run_dir + " already holds checkpoints: import into a new run directory");
   // The tokenizer, loaded (and checked against the model) where it lies, before anything is
@@ -301,8 +322,24 @@ HfImportSummary import_hf(const std::string& hf_dir, const std::string& run_dir,
     } else {
       file->read_f32(p.name, dst, p.numel);
     }
+    if (layout.interleaved_rope && p.shape.size() == 2)
+      reorder_rope_rows(config, p.name, dst, p.shape[1], false);
     used.insert(p.name);
   }
+  // Multi-token-prediction layers (DeepSeek-V3's model.layers.61.*): transformers does not load
+  // them either; reported, not imported.
+  int64_t prediction_weights = 0;
+  for (const auto& [name, file] : file_of)
+    if (!used.count(name) && layout.is_prediction_weight(name)) {
+      used.insert(name);
+      ++prediction_weights;
+    }
+  if (prediction_weights > 0)
+    summary.ignored.push_back(
+        std::to_string(prediction_weights) + " weights of the multi-token-prediction layer(s) " +
+        "model.layers." + std::to_string(layout.n_layers) +
+        ".* are not imported (transformers does not load them either): the run trains the " +
+        "next-token model alone");
   for (const auto& [name, file] : file_of) {
     const bool buffer = ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
                         ends_with(name, "rotary_emb.inv_freq");
