@@ -36,6 +36,17 @@ void expect_same_model(const model::ModelConfig& a, const model::ModelConfig& b)
   EXPECT_EQ(a.expert_ffn_hidden(), b.expert_ffn_hidden());
   EXPECT_EQ(a.moe_normalize, b.moe_normalize);
   EXPECT_EQ(a.moe_names, b.moe_names);
+  EXPECT_EQ(a.moe_first_dense_layers, b.moe_first_dense_layers);
+  EXPECT_EQ(a.moe_shared_experts, b.moe_shared_experts);
+  EXPECT_EQ(a.moe_score, b.moe_score);
+  EXPECT_EQ(a.moe_scaling, b.moe_scaling);
+  EXPECT_EQ(a.moe_groups, b.moe_groups);
+  EXPECT_EQ(a.moe_top_groups, b.moe_top_groups);
+  EXPECT_EQ(a.q_lora_rank, b.q_lora_rank);
+  EXPECT_EQ(a.kv_lora_rank, b.kv_lora_rank);
+  EXPECT_EQ(a.qk_nope_head_dim, b.qk_nope_head_dim);
+  EXPECT_EQ(a.qk_rope_head_dim, b.qk_rope_head_dim);
+  EXPECT_EQ(a.v_head_dim, b.v_head_dim);
   EXPECT_EQ(a.parameter_count(), b.parameter_count());
 }
 
@@ -52,11 +63,19 @@ TEST(HfConfig, ExportedConfigsReadBackAsTheSameModel) {
   for (const char* preset :
        {"gpt2-tiny", "llama-tiny", "qwen2-tiny", "mixtral-tiny", "qwen2.5-0.5b", "qwen2.5-7b",
         "qwen3-tiny", "mistral-tiny", "qwen3-moe-tiny", "llama3.1-8b", "llama3.2-1b", "llama3.2-3b",
-        "mistral-7b", "qwen3-8b", "qwen3-30b-a3b"}) {
+        "mistral-7b", "qwen3-8b", "qwen3-30b-a3b", "deepseek-v3"}) {
     SCOPED_TRACE(preset);
     const model::ModelConfig c = model::model_preset(preset);
     expect_same_model(model_config_from_hf(hf_config_json(c), "config.json"), c);
   }
+  // A DeepSeek-V3 trained without the choice bias is read back with one (transformers' router
+  // always has it; the export writes zeros): one parameter per expert and MoE layer more.
+  const model::ModelConfig tiny = model::model_preset("deepseek-v3-tiny");
+  model::ModelConfig read = model_config_from_hf(hf_config_json(tiny), "config.json");
+  EXPECT_TRUE(read.moe_choice_bias);
+  EXPECT_EQ(read.parameter_count(), tiny.parameter_count() + tiny.moe_layers() * tiny.n_experts);
+  read.moe_choice_bias = false;
+  expect_same_model(read, tiny);
 }
 
 TEST(HfConfig, Qwen2IsWrittenAsItsOwnModelType) {
@@ -237,7 +256,25 @@ TEST(HfConfig, PublishedConfigsReadAsThePresets) {
         "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
         "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
         "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
-        "vocab_size": 151936})"}};
+        "vocab_size": 151936})"},
+      // DeepSeek-V3's, less auto_map and quantization_config (its FP8 weights; a BF16 conversion
+      // saved by transformers has neither; both are refused below).
+      {"deepseek-v3", R"({"architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1,
+        "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168,
+        "initializer_range": 0.02, "intermediate_size": 18432, "kv_lora_rank": 512,
+        "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+        "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+        "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 61, "num_key_value_heads": 128,
+        "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_scaling": {"beta_fast": 32,
+        "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096, "type": "yarn"}, "rope_theta": 10000,
+        "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true,
+        "tie_word_embeddings": false, "topk_group": 4, "topk_method": "noaux_tc",
+        "torch_dtype": "bfloat16", "transformers_version": "4.33.1", "use_cache": true,
+        "v_head_dim": 128, "vocab_size": 129280})"}};
   for (const auto& [preset, config] : published) {
     SCOPED_TRACE(preset);
     model::ModelConfig expected = model::model_preset(preset);
@@ -245,6 +282,20 @@ TEST(HfConfig, PublishedConfigsReadAsThePresets) {
     expected.norm_eps = read.norm_eps;  // the presets leave eps at the family's default
     expect_same_model(read, expected);
   }
+  // DeepSeek-V3 as released: FP8 weights and its own modeling code, one line each; its sequence-wise
+  // balance loss is reported, not applied.
+  json released = json::parse(published[5].second);
+  std::vector<std::string> ignored;
+  model_config_from_hf(released.dump(), "config.json", &ignored);
+  ASSERT_EQ(ignored.size(), 1u);
+  EXPECT_NE(ignored[0].find("aux_loss_alpha = 0.001 (DeepSeek's sequence-wise balance loss)"),
+            std::string::npos)
+      << ignored[0];
+  released["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}};
+  EXPECT_NE(error_of(released.dump()).find("the weights are quantized"), std::string::npos);
+  released.erase("quantization_config");
+  released["auto_map"] = {{"AutoModelForCausalLM", "modeling_deepseek.DeepseekV3ForCausalLM"}};
+  EXPECT_NE(error_of(released.dump()).find("trust_remote_code"), std::string::npos);
 }
 
 TEST(HfConfig, EveryKeyIsReadOrKnownToLeaveTheArithmeticAlone) {
@@ -297,14 +348,33 @@ TEST(HfConfig, NewFamiliesAreWrittenAsTheirOwnTypes) {
   model::ModelConfig windowed = model::model_preset("llama-tiny");
   windowed.sliding_window = 8;
   EXPECT_THROW(hf_config_json(windowed), Error);
-  // DeepSeek's latent attention has no exported type yet: one line, not an internal error.
-  try {
-    hf_config_json(model::model_preset("deepseek-v3-tiny"));
-    ADD_FAILURE() << "a deepseek model exported";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("multi-head latent attention"), std::string::npos)
-        << e.what();
-  }
+  // DeepSeek-V3: transformers' rotary width is the rope channels', the rope rows interleaved (as
+  // the export writes them), its MoE keys; no multi-token-prediction layers.
+  const json deepseek = json::parse(hf_config_json(model::model_preset("deepseek-v3-tiny")));
+  EXPECT_EQ(deepseek.at("architectures")[0], "DeepseekV3ForCausalLM");
+  EXPECT_EQ(deepseek.at("head_dim"), 8);
+  EXPECT_EQ(deepseek.at("q_lora_rank"), 16);
+  EXPECT_EQ(deepseek.at("rope_interleave"), true);
+  EXPECT_EQ(deepseek.at("first_k_dense_replace"), 1);
+  EXPECT_EQ(deepseek.at("n_routed_experts"), 8);
+  EXPECT_EQ(deepseek.at("moe_intermediate_size"), 16);
+  EXPECT_EQ(deepseek.at("intermediate_size"), 64);
+  EXPECT_EQ(deepseek.at("num_nextn_predict_layers"), 0);
+  // Its yarn keeps mscale_all_dim, which the softmax scale reads.
+  const json v3 = json::parse(hf_config_json(model::model_preset("deepseek-v3")));
+  EXPECT_EQ(v3.at("rope_scaling").at("mscale_all_dim"), 1.0);
+  EXPECT_EQ(v3.at("n_group"), 8);
+  EXPECT_EQ(v3.at("topk_group"), 4);
+  // What deepseek_v3 cannot express, and DeepSeek's router in another family's type.
+  model::ModelConfig softmax = model::model_preset("deepseek-v3-tiny");
+  softmax.moe_score = kernels::RouterScore::softmax;
+  EXPECT_THROW(hf_config_json(softmax), Error);
+  model::ModelConfig grouped = model::model_preset("qwen3-moe-tiny");
+  grouped.moe_groups = 2;
+  EXPECT_THROW(hf_config_json(grouped), Error);
+  model::ModelConfig dropping = model::model_preset("mixtral-tiny");
+  dropping.moe_capacity_factor = 1.25;
+  EXPECT_THROW(hf_config_json(dropping), Error);
 }
 
 TEST(HfConfig, RefusesWhatTheNewFamiliesCannotCompute) {
@@ -324,6 +394,23 @@ TEST(HfConfig, RefusesWhatTheNewFamiliesCannotCompute) {
   EXPECT_EQ(model_config_from_hf(mistral.dump(), "config.json").sliding_window, 8);
   mistral["sliding_window"] = 32;
   EXPECT_EQ(model_config_from_hf(mistral.dump(), "config.json").sliding_window, 0);
+  // DeepSeek-V3: another router, key/value heads of their own, a window, no shared expert.
+  const json deepseek = json::parse(hf_config_json(model::model_preset("deepseek-v3-tiny")));
+  EXPECT_EQ(error_of(deepseek.dump()), "");
+  const std::pair<std::pair<const char*, json>, const char*> refused[] = {
+      {{"topk_method", "greedy"}, "topk_method \"greedy\" is not DeepSeek-V3's noaux_tc"},
+      {{"scoring_func", "softmax"}, "scoring_func \"softmax\" is not DeepSeek-V3's sigmoid"},
+      {{"num_key_value_heads", 2}, "num_key_value_heads differs from num_attention_heads"},
+      {{"sliding_window", 8}, "\"sliding_window\" (8) is not a key Lattice reads"},
+      {{"n_shared_experts", 0}, "always has a shared expert"},
+      {{"attention_bias", true}, "attention_bias is set"}};
+  for (const auto& [change, needle] : refused) {
+    json j = deepseek;
+    j[change.first] = change.second;
+    const std::string error = error_of(j.dump());
+    EXPECT_NE(error.find(needle), std::string::npos) << change.first << ": " << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -1,14 +1,17 @@
 // What the newest transformers saves, checked in every CI run without transformers: the committed
 // fixtures of tests/reference/hf_fixtures (one tiny random model per family Lattice imports —
 // GPT-2, Llama, scaled-RoPE Llamas (llama3, yarn), Mistral with its sliding window, Qwen 2, Qwen 3,
-// Qwen3-MoE, Mixtral — saved by transformers 5.x's save_pretrained with F32, BF16 or F16 weights,
+// Qwen3-MoE, Mixtral, DeepSeek-V3 (with and without its query rank, interleaved rope rows, groups
+// and yarn) — saved by transformers 5.x's save_pretrained with F32, BF16 or F16 weights,
 // in one file or sharded, with transformers' logits; tests/reference/make_hf_fixtures.py writes
 // them) import through `lattice import` with transformers' logits, and an fp32 export of the
-// imported run imports again as the same model, logit for logit.
+// imported run imports again as the same model, logit for logit. DeepSeek-V3's multi-token-
+// prediction layers are reported and left out.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -56,7 +59,7 @@ class HfFixturesCli : public ::testing::Test {
 TEST_F(HfFixturesCli, EveryFamilyImportsWithTransformersLogitsAndExportsBackUnchanged) {
   const nlohmann::json manifest =
       nlohmann::json::parse(slurp(kFixtures / "fixtures.json")).at("fixtures");
-  ASSERT_GE(manifest.size(), 9u);
+  ASSERT_GE(manifest.size(), 11u);
   for (const auto& [kind, fixture] : manifest.items()) {
     SCOPED_TRACE(kind + " (" + fixture.at("dtype").get<std::string>() + ")");
     const std::string prompt = fixture.at("prompt").get<std::string>();
@@ -151,4 +154,57 @@ TEST_F(HfFixturesCli, WrongWeightsAreOneLineAndWriteNothing) {
         needle);
     EXPECT_FALSE(fs::exists(dir_ / ("run-" + fs::path(dir).filename().string())));
   }
+}
+
+// DeepSeek-V3's checkpoints carry num_nextn_predict_layers multi-token-prediction layers after the
+// model's (model.layers.61.* of the 61-layer model), which transformers does not load: the import
+// reports them in one line and imports the rest, with transformers' logits; a config that
+// declares none makes the same weights extra, refused in one line with nothing written.
+TEST_F(HfFixturesCli, DeepSeekPredictionLayersAreReportedAndLeftOut) {
+  const fs::path fixture = kFixtures / "deepseek_v3";
+  const auto with_prediction_layer = [&](const std::string& name, int64_t declared) {
+    const fs::path dir = dir_ / name;
+    fs::create_directories(dir);
+    for (const auto& entry : fs::directory_iterator(fixture))
+      if (entry.path().filename() != "model.safetensors.index.json")
+        fs::copy_file(entry.path(), dir / entry.path().filename());
+    // Layer 3 of the 3-layer model: two weights of DeepSeek's MTP module, in a file of their own.
+    std::vector<float> values(48 * 96, 0.25f);
+    const std::vector<lattice::SafetensorsEntry> mtp = {
+        {"model.layers.3.eh_proj.weight", lattice::DType::f32, {48, 96}, values.data(),
+         values.size() * sizeof(float), 0},
+        {"model.layers.3.enorm.weight", lattice::DType::f32, {48}, values.data(),
+         48 * sizeof(float), 0}};
+    lattice::write_safetensors((dir / "mtp.safetensors").string(), mtp, {{"format", "pt"}});
+    nlohmann::json index = nlohmann::json::parse(slurp(fixture / "model.safetensors.index.json"));
+    for (const auto& e : mtp) index["weight_map"][e.name] = "mtp.safetensors";
+    std::ofstream(dir / "model.safetensors.index.json") << index.dump(2);
+    nlohmann::json config = nlohmann::json::parse(slurp(fixture / "config.json"));
+    config["num_nextn_predict_layers"] = declared;
+    std::ofstream(dir / "config.json") << config.dump(2);
+    return dir.string();
+  };
+  const CliResult imported =
+      run_lattice("import " + with_prediction_layer("with-mtp", 1) + " --run-dir run-mtp", dir_);
+  ASSERT_EQ(imported.status, 0) << imported.out << imported.err;
+  EXPECT_NE(imported.out.find("note: 2 weights of the multi-token-prediction layer(s) "
+                              "model.layers.3.* are not imported"),
+            std::string::npos)
+      << imported.out;
+  const std::string prompt =
+      nlohmann::json::parse(slurp(kFixtures / "fixtures.json"))["fixtures"]["deepseek_v3"]["prompt"];
+  const std::vector<float> ours = logits("run-mtp", prompt);
+  const std::vector<float> theirs = read_logits(fixture / "reference_logits.safetensors",
+                                                static_cast<int64_t>(ours.size()));
+  double scale = 0, diff = 0;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::fabs(theirs[i])));
+    diff = std::max(diff, static_cast<double>(std::fabs(ours[i] - theirs[i])));
+  }
+  EXPECT_LE(diff, 1e-5 * scale);  // as the fixture test: the MTP weights changed nothing
+  expect_one_error_line(
+      run_lattice("import " + with_prediction_layer("undeclared", 0) + " --run-dir run-undeclared",
+                  dir_),
+      "has the weight 'model.layers.3.e");
+  EXPECT_FALSE(fs::exists(dir_ / "run-undeclared"));
 }

@@ -476,12 +476,21 @@ std::vector<ModelConfig> build_presets() {
   // (18432), then 256 routed experts of width 2048, top-8, one shared expert, sigmoid scores
   // renormalised and scaled by 2.5; V = 129280, s = 163840, untied. Its counts are the Hugging
   // Face checkpoint's without the multi-token-prediction module (~671B total, ~37B activated; the
-  // published 671B leaves the 14B MTP module out as well). Not built: group-limited routing
-  // (n_group 8, topk_group 4: here every expert competes) and yarn's mscale of the softmax scale
-  // (the preset keeps plain RoPE).
-  p.push_back(with_deepseek_moe(deepseek_config("deepseek-v3", 61, 7168, 128,
-                                                {1536, 512, 128, 64, 128}, 18432, 129280, 163840),
-                                256, 8, 2048, 3));
+  // published 671B leaves the 14B MTP module out as well). Group-limited routing (8 groups, the
+  // best 4), the choice bias, and yarn over its 4096-token pre-training context (factor 40,
+  // mscale and mscale_all_dim 1: the softmax scale times 1.369^2).
+  ModelConfig deepseek_v3 =
+      with_deepseek_moe(deepseek_config("deepseek-v3", 61, 7168, 128, {1536, 512, 128, 64, 128},
+                                        18432, 129280, 163840),
+                        256, 8, 2048, 3);
+  deepseek_v3.moe_groups = 8;
+  deepseek_v3.moe_top_groups = 4;
+  deepseek_v3.moe_choice_bias = true;
+  deepseek_v3.rope_scaling.type = kernels::RopeType::yarn;
+  deepseek_v3.rope_scaling.factor = 40;
+  deepseek_v3.rope_scaling.original_max_positions = 4096;
+  deepseek_v3.rope_scaling.mscale = deepseek_v3.rope_scaling.mscale_all_dim = 1.0;
+  p.push_back(deepseek_v3);
   // Megatron-LM weak scaling (Narayanan et al., SC21, Table 1): V = 51200, s = 2048.
   p.push_back(megatron_gpt("megatron-1.7b", 24, 2304, 24));
   p.push_back(megatron_gpt("megatron-3.6b", 30, 3072, 32));

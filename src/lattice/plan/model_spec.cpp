@@ -55,11 +55,12 @@ ParameterCount count_parameters(const ModelSpec& m) {
                              ? 2 * h * m.expert_ffn_hidden()
                              : mlp_of(m.expert_ffn_hidden());
   // Everything but the routed experts: attention, norms, the dense layers' MLPs and the MoE
-  // layers' routers and shared experts; the routed experts (a dense model: its MLPs). Per layer:
-  // the mean over the layers (exact when every layer is alike).
+  // layers' routers (and choice biases) and shared experts; the routed experts (a dense model: its
+  // MLPs). Per layer: the mean over the layers (exact when every layer is alike).
+  const int64_t router = (h + (m.has_choice_bias() ? 1 : 0)) * m.n_experts;
   const int64_t dense_total =
       L * (attention + 2 * norm) +
-      moe_layers * (h * m.n_experts + mlp_of(m.moe_shared_experts * m.expert_ffn_hidden())) +
+      moe_layers * (router + mlp_of(m.moe_shared_experts * m.expert_ffn_hidden())) +
       (m.is_moe() ? dense_layers * mlp_of(m.ffn_hidden) : 0);
   const int64_t experts_total =
       m.is_moe() ? moe_layers * m.n_experts * expert : L * mlp_of(m.ffn_hidden);

@@ -149,12 +149,13 @@ void write_hf_deepseek_v3(const model::ModelConfig& c, json& j) {
   j["norm_topk_prob"] = moe ? c.moe_normalize : true;
   j["n_group"] = moe ? c.moe_groups : 1;
   j["topk_group"] = moe ? c.moe_top_groups : 1;
-  // Yarn's mscale keys: the softmax scale reads mscale_all_dim (the cos/sin factor is written
-  // resolved as attention_factor, which transformers takes before them).
+  // Yarn's mscale keys: the softmax scale reads mscale_all_dim, and transformers 5 derives the
+  // cos/sin factor from them as Lattice does (written resolved only when the model sets it).
   const kernels::RopeScaling& s = c.rope_scaling;
   if (s.type == kernels::RopeType::yarn && j.contains("rope_scaling")) {
     if (s.mscale != 0) j["rope_scaling"]["mscale"] = s.mscale;
     if (s.mscale_all_dim != 0) j["rope_scaling"]["mscale_all_dim"] = s.mscale_all_dim;
+    if (!s.attention_factor) j["rope_scaling"].erase("attention_factor");
   }
 }
 
