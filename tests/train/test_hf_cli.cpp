@@ -402,6 +402,7 @@ TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
       // and its export loads in the same transformers with Lattice's logits.
       const std::string layout = std::string(kind) == "deepseek_v3"
                                      ? " --parallelism.dp=2 --parallelism.pp=2 --parallelism.ep=2"
+                                       " --training.micro_batch_size=4"
                                      : " --parallelism.tp=2 --parallelism.pp=2";
       const CliResult trained =
           run_lattice("train " + run +

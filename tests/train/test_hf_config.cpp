@@ -282,8 +282,8 @@ TEST(HfConfig, PublishedConfigsReadAsThePresets) {
     expected.norm_eps = read.norm_eps;  // the presets leave eps at the family's default
     expect_same_model(read, expected);
   }
-  // DeepSeek-V3 as released: FP8 weights and its own modeling code, one line each; its sequence-wise
-  // balance loss is reported, not applied.
+  // DeepSeek-V3 as released: FP8 weights and its own modeling code, one line each; its
+  // sequence-wise balance loss is reported, not applied.
   json released = json::parse(published[5].second);
   std::vector<std::string> ignored;
   model_config_from_hf(released.dump(), "config.json", &ignored);

@@ -170,11 +170,18 @@ TEST_F(HfFixturesCli, DeepSeekPredictionLayersAreReportedAndLeftOut) {
         fs::copy_file(entry.path(), dir / entry.path().filename());
     // Layer 3 of the 3-layer model: two weights of DeepSeek's MTP module, in a file of their own.
     std::vector<float> values(48 * 96, 0.25f);
-    const std::vector<lattice::SafetensorsEntry> mtp = {
-        {"model.layers.3.eh_proj.weight", lattice::DType::f32, {48, 96}, values.data(),
-         values.size() * sizeof(float), 0},
-        {"model.layers.3.enorm.weight", lattice::DType::f32, {48}, values.data(),
-         48 * sizeof(float), 0}};
+    const std::vector<lattice::SafetensorsEntry> mtp = {{"model.layers.3.eh_proj.weight",
+                                                         lattice::DType::f32,
+                                                         {48, 96},
+                                                         values.data(),
+                                                         values.size() * sizeof(float),
+                                                         0},
+                                                        {"model.layers.3.enorm.weight",
+                                                         lattice::DType::f32,
+                                                         {48},
+                                                         values.data(),
+                                                         48 * sizeof(float),
+                                                         0}};
     lattice::write_safetensors((dir / "mtp.safetensors").string(), mtp, {{"format", "pt"}});
     nlohmann::json index = nlohmann::json::parse(slurp(fixture / "model.safetensors.index.json"));
     for (const auto& e : mtp) index["weight_map"][e.name] = "mtp.safetensors";
@@ -191,11 +198,11 @@ TEST_F(HfFixturesCli, DeepSeekPredictionLayersAreReportedAndLeftOut) {
                               "model.layers.3.* are not imported"),
             std::string::npos)
       << imported.out;
-  const std::string prompt =
-      nlohmann::json::parse(slurp(kFixtures / "fixtures.json"))["fixtures"]["deepseek_v3"]["prompt"];
+  const std::string prompt = nlohmann::json::parse(
+      slurp(kFixtures / "fixtures.json"))["fixtures"]["deepseek_v3"]["prompt"];
   const std::vector<float> ours = logits("run-mtp", prompt);
-  const std::vector<float> theirs = read_logits(fixture / "reference_logits.safetensors",
-                                                static_cast<int64_t>(ours.size()));
+  const std::vector<float> theirs =
+      read_logits(fixture / "reference_logits.safetensors", static_cast<int64_t>(ours.size()));
   double scale = 0, diff = 0;
   for (size_t i = 0; i < ours.size(); ++i) {
     scale = std::max(scale, static_cast<double>(std::fabs(theirs[i])));
