@@ -88,8 +88,9 @@ void register_generate_verb(CLI::App& app) {
   verb->add_option("--threads", o->threads, "kernel threads (0 = every core)")
       ->capture_default_str();
   verb->add_option("--logits-out", o->logits_out,
-                   "also write the prompt's tokens and the full forward's logits [T, vocab] to "
-                   "this safetensors file (for comparisons with other implementations)");
+                   "also write the prompt's tokens, the full forward's logits [T, vocab] and the "
+                   "generated tokens to this safetensors file (for comparisons with other "
+                   "implementations)");
   verb->callback([o, stop_option] {
     check(o->threads >= 0, "--threads must not be negative");
     if (o->threads > 0) omp_set_num_threads(o->threads);
@@ -125,6 +126,7 @@ void register_generate_verb(CLI::App& app) {
     std::vector<int32_t> tokens = prompt_tokens(*tokenizer, prompt);
 
     kernels::CpuOps ops;
+    std::vector<float> prompt_logits;
     if (!o->logits_out.empty()) {
       const auto T = static_cast<int64_t>(tokens.size());
       check(T <= config.max_seq_len, "--logits-out: the prompt has " + std::to_string(T) +
@@ -133,15 +135,10 @@ void register_generate_verb(CLI::App& app) {
                                          ": give a shorter --prompt");
       model::LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
       const float* logits = model.logits(ctx, tokens.data(), 1, T);
-      SafetensorsEntry ids{
-          "tokens", DType::i32, {T}, tokens.data(), tokens.size() * sizeof(int32_t)};
-      SafetensorsEntry values{"logits",
-                              DType::f32,
-                              {T, config.vocab_size},
-                              logits,
-                              static_cast<size_t>(T * config.vocab_size) * sizeof(float)};
-      write_safetensors(o->logits_out, {ids, values});
+      prompt_logits.assign(logits, logits + T * config.vocab_size);
     }
+    const std::vector<int32_t> prompt_ids = tokens;
+    std::vector<int32_t> generated;
     data::StreamingDecoder decoder(*tokenizer);
     const auto print = [](const std::string& text) {
       std::fwrite(text.data(), 1, text.size(), stdout);
@@ -151,9 +148,27 @@ void register_generate_verb(CLI::App& app) {
     const int32_t stop = o->sampling.stop_token;
     const train::GenerationStats stats =
         train::generate(model, ops, tokens, o->sampling, [&](int32_t token) {
+          generated.push_back(token);
           if (token != stop) print(decoder.push(token));  // the stop token is not printed
         });
     print(decoder.flush() + "\n");
+    if (!o->logits_out.empty()) {
+      const auto T = static_cast<int64_t>(prompt_ids.size());
+      std::vector<SafetensorsEntry> entries = {
+          {"tokens", DType::i32, {T}, prompt_ids.data(), prompt_ids.size() * sizeof(int32_t)},
+          {"logits",
+           DType::f32,
+           {T, config.vocab_size},
+           prompt_logits.data(),
+           prompt_logits.size() * sizeof(float)}};
+      if (!generated.empty())
+        entries.push_back({"generated",
+                           DType::i32,
+                           {static_cast<int64_t>(generated.size())},
+                           generated.data(),
+                           generated.size() * sizeof(int32_t)});
+      write_safetensors(o->logits_out, entries);
+    }
     std::fprintf(stderr, "%s\n", stats.summary().c_str());
   });
 }

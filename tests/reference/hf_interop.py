@@ -4,7 +4,10 @@
       Loads the directory `lattice export --format hf` wrote with AutoModelForCausalLM (fp32, eager
       attention), runs it on the tokens of LOGITS_FILE (what `lattice generate --logits-out` wrote:
       "tokens" [T] and Lattice's "logits" [T, vocab]) and fails unless every logit is within
-      TOLERANCE x the largest |logit|. Prints the measured difference.
+      TOLERANCE x the largest |logit|. Prints the measured difference. When the file also holds
+      "generated" (Lattice's greedy continuation, `lattice generate --max-tokens N`), transformers'
+      greedy generate of as many tokens (its eos disabled, as Lattice's --stop-token -1) must give
+      the same ids.
   hf_interop.py tokenize EXPORT_DIR TEXT
       Loads the exported tokenizer files with AutoTokenizer and prints the ids of TEXT, one line.
   hf_interop.py generate EXPORT_DIR PROMPT MAX_NEW
@@ -68,6 +71,19 @@ def check(export_dir, logits_file, tolerance):
     if not diff <= tolerance * scale:
         print(f"FAIL: beyond {tolerance} x the largest logit")
         sys.exit(1)
+    if "generated" in tensors:  # Lattice's greedy continuation: transformers' must be the same
+        without_fsdp_probe()
+        ours_new = tensors["generated"].long().tolist()
+        model.generation_config.eos_token_id = None  # Lattice generated without stopping
+        with torch.no_grad():
+            out = model.generate(tokens[None], attention_mask=torch.ones_like(tokens[None]),
+                                 do_sample=False, max_new_tokens=len(ours_new),
+                                 min_new_tokens=len(ours_new), eos_token_id=None, pad_token_id=0)
+        theirs_new = out[0, tokens.numel():].tolist()
+        print(f"greedy: Lattice {ours_new}, transformers {theirs_new}")
+        if ours_new != theirs_new:
+            print("FAIL: the greedy tokens differ")
+            sys.exit(1)
 
 
 def tokenize(export_dir, text):

@@ -156,25 +156,31 @@ class HfCli : public ::testing::Test {
     // transformers' make saves no tokenizer: the run uses bytes, and the import says so.
     EXPECT_NE(imported.out.find("no tokenizer found in " + hf), std::string::npos) << imported.out;
   }
-  // Lattice's logits of `prompt` (byte tokens) from a checkpoint, in `file`.
+  // Lattice's logits of `prompt` (byte tokens) from a checkpoint, in `file`, and its greedy
+  // continuation of `greedy` tokens (KV-cached, never stopping early).
   void logits(const std::string& checkpoint, const std::string& file,
-              const std::string& prompt = kPrompt) {
+              const std::string& prompt = kPrompt, int greedy = 0) {
     const CliResult r = run_lattice("generate --checkpoint " + checkpoint + " --prompt '" + prompt +
-                                        "' --max-tokens 0 --threads 1 --logits-out " + file,
+                                        "' --max-tokens " + std::to_string(greedy) +
+                                        " --temperature 0 --stop-token -1 --threads 1"
+                                        " --logits-out " +
+                                        file,
                                     dir_);
     ASSERT_EQ(r.status, 0) << r.out << r.err;
   }
   // Exports run `run` into `out` (small files: the index is written too) and checks it in
   // transformers against Lattice's logits. fp32 on both sides, the same operations in another
   // order (fused kernels here, eager PyTorch there): relative 1e-5 of the largest logit
-  // (measured 2.6e-7 to 3.9e-7; the scaled-RoPE Llamas on 64 tokens 4e-7 to 5e-7).
+  // (measured 2.6e-7 to 3.9e-7; the scaled-RoPE Llamas on 64 tokens 4e-7 to 5e-7). And 8 greedy
+  // tokens after the prompt, Lattice's KV-cached generation against transformers' generate: the
+  // same ids.
   void expect_loads_in_transformers(const std::vector<std::string>& pythons, const std::string& run,
                                     const std::string& out, const std::string& prompt = kPrompt) {
     const CliResult e = run_lattice(
         "export --format hf --checkpoint " + run + " " + out + " --max-shard-mb 0.05", dir_);
     ASSERT_EQ(e.status, 0) << e.out << e.err;
     EXPECT_TRUE(fs::exists(dir_ / out / "model.safetensors.index.json")) << e.out;
-    logits(run, run + ".logits", prompt);
+    logits(run, run + ".logits", prompt, 8);
     const std::string type = model_type_of(dir_ / out);
     for (const std::string& python : pythons) {
       SCOPED_TRACE(python);
