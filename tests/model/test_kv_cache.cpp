@@ -25,7 +25,8 @@ namespace {
 // heads of 16 over a 32-wide model), max_seq_len 32, vocabulary 64, with larger weights than
 // GPT-2's 0.02 so that every position matters.
 ModelConfig tiny(Family family) {
-  ModelConfig c = model_preset(family_name(family) + "-tiny");
+  ModelConfig c = model_preset(family == Family::deepseek ? "deepseek-v3-tiny"
+                                                          : family_name(family) + "-tiny");
   c.init_std = 0.2f;
   return c;
 }
@@ -122,6 +123,32 @@ TEST(KvCache, LaysOutTokenRowsAndCountsItsMemory) {
   cache.clear();
   EXPECT_EQ(cache.length(), 0);
   EXPECT_EQ(cache.room(), capacity);
+}
+
+TEST(KvCache, HoldsValueHeadsOfTheirOwnWidth) {
+  // DeepSeek's latent attention caches its expanded keys (qk wide) and values (v wide): the values
+  // are rows of kv_heads x value_dim, with a source stride of their own.
+  const int64_t B = 2, capacity = 4, kv_heads = 2, head_dim = 6, value_dim = 3, n = 3;
+  KvCache cache(1, B, capacity, kv_heads, head_dim, host_memory(), nullptr, value_dim);
+  EXPECT_EQ(cache.value_dim(), value_dim);
+  EXPECT_EQ(cache.bytes(), B * capacity * kv_heads * (head_dim + value_dim) * 4);
+  EXPECT_EQ(cache.value_row_stride(), kv_heads * value_dim);
+  EXPECT_EQ(cache.value_batch_stride(), capacity * kv_heads * value_dim);
+  const int64_t k_row = kv_heads * head_dim, v_row = kv_heads * value_dim;
+  std::vector<float> k(static_cast<size_t>(B * n * k_row)), v(static_cast<size_t>(B * n * v_row));
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(i);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = -static_cast<float>(i);
+  cache.write(0, k.data(), v.data(), k_row, n, v_row);
+  cache.advance(n);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < k_row; ++j)
+        ASSERT_EQ(cache.keys(0)[b * cache.batch_stride() + t * k_row + j],
+                  k[static_cast<size_t>((b * n + t) * k_row + j)]);
+      for (int64_t j = 0; j < v_row; ++j)
+        ASSERT_EQ(cache.values(0)[b * cache.value_batch_stride() + t * v_row + j],
+                  v[static_cast<size_t>((b * n + t) * v_row + j)]);
+    }
 }
 
 class CachedForward : public ::testing::TestWithParam<Family> {

@@ -1,11 +1,13 @@
 // KvCache: the keys and values every attention layer has computed for the tokens a model has seen
 // so far, so that incremental inference runs only the new tokens (Transformer::forward_cached).
 //
-// Layout per layer: K and V each [batch, capacity, kv_heads, head_dim], token-major. (The attention
-// kernel reads keys and values as token rows of [heads, head_dim] with a row stride and a batch
-// stride, so a cache in that layout is read in place: row stride kv_heads·head_dim, batch stride
-// capacity·kv_heads·head_dim.) Positions [0, length()) hold valid entries; the storage is counted
-// as activations by the memory tracker.
+// Layout per layer: K [batch, capacity, kv_heads, head_dim] and V [batch, capacity, kv_heads,
+// value_dim] (value_dim = head_dim but for value heads of their own width: DeepSeek's latent
+// attention, whose cache holds the expanded keys and values), token-major. (The attention kernel
+// reads keys and values as token rows of [heads, head_dim] with a row stride and a batch stride,
+// so a cache in that layout is read in place: row stride kv_heads·head_dim, batch stride
+// capacity·kv_heads·head_dim; the values' with value_dim.) Positions [0, length()) hold valid
+// entries; the storage is counted as activations by the memory tracker.
 #pragma once
 
 #include <cstdint>
@@ -20,14 +22,16 @@ class KvCache {
  public:
   // Storage for `layers` attention layers of `batch` sequences of up to `capacity` positions, in
   // `memory` (the backend's: kernels::Ops::memory()).
+  // `value_dim` 0: head_dim.
   KvCache(int64_t layers, int64_t batch, int64_t capacity, int64_t kv_heads, int64_t head_dim,
-          DeviceMemory& memory, MemoryTracker* tracker = nullptr);
+          DeviceMemory& memory, MemoryTracker* tracker = nullptr, int64_t value_dim = 0);
 
   int64_t layers() const { return static_cast<int64_t>(keys_.size()); }
   int64_t batch() const { return batch_; }
   int64_t capacity() const { return capacity_; }
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
+  int64_t value_dim() const { return value_dim_; }
   // Number of positions filled (the same for every layer and sequence).
   int64_t length() const { return length_; }
   // Positions still free.
@@ -38,15 +42,19 @@ class KvCache {
   // Elements between consecutive positions and between consecutive sequences.
   int64_t row_stride() const { return kv_heads_ * head_dim_; }
   int64_t batch_stride() const { return capacity_ * row_stride(); }
+  // The same for the values.
+  int64_t value_row_stride() const { return kv_heads_ * value_dim_; }
+  int64_t value_batch_stride() const { return capacity_ * value_row_stride(); }
   const float* keys(int64_t layer) const;
   const float* values(int64_t layer) const;
 
   // Copies the keys and values of `n` new positions of each of `batch()` sequences into positions
   // [length(), length() + n) of `layer`. Source rows are [kv_heads·head_dim] with
-  // `source_row_stride` elements between positions and n·source_row_stride between sequences.
+  // `source_row_stride` elements between positions and n·source_row_stride between sequences
+  // (the values' rows [kv_heads·value_dim] with `value_source_row_stride`, 0: the same stride).
   // length() moves only on advance(), once every layer has written.
   void write(int64_t layer, const float* new_keys, const float* new_values,
-             int64_t source_row_stride, int64_t n);
+             int64_t source_row_stride, int64_t n, int64_t value_source_row_stride = 0);
   // Marks n more positions as filled.
   void advance(int64_t n);
   // Forgets every position (storage is kept).
@@ -56,7 +64,7 @@ class KvCache {
   void check_layer(int64_t layer) const;
 
   DeviceMemory* memory_;
-  int64_t batch_, capacity_, kv_heads_, head_dim_;
+  int64_t batch_, capacity_, kv_heads_, head_dim_, value_dim_;
   int64_t length_ = 0;
   std::vector<Tensor> keys_, values_;
 };

@@ -14,7 +14,8 @@ KvCache Transformer::make_kv_cache(int64_t batch, DeviceMemory& memory,
                                    MemoryTracker* tracker) const {
   check(has_embedding() && has_head(), "a KV cache needs the whole model, not a pipeline stage");
   return KvCache(static_cast<int64_t>(blocks_.size()), batch, config_.max_seq_len,
-                 config_.n_kv_heads, config_.head_dim(), memory, tracker);
+                 config_.n_kv_heads, config_.head_dim(), memory, tracker,
+                 config_.value_head_dim());
 }
 
 const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache,
@@ -23,6 +24,7 @@ const float* Transformer::forward_cached(const LayerContext& ctx, KvCache& cache
   check(B > 0 && n > 0, "forward_cached() needs at least one new token per sequence");
   check(cache.layers() == static_cast<int64_t>(blocks_.size()) && cache.batch() == B &&
             cache.kv_heads() == config_.n_kv_heads && cache.head_dim() == config_.head_dim() &&
+            cache.value_dim() == config_.value_head_dim() &&
             cache.capacity() <= config_.max_seq_len,
         "the KV cache does not fit this model and batch: make it with make_kv_cache(" +
             std::to_string(B) + ")");
