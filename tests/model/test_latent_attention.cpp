@@ -4,8 +4,9 @@
 // (tests/reference/latent_attention_reference.py, committed data), bf16 stays within its rounding
 // of fp32, the input and weight halves and selective recomputation equal the whole backward bit
 // for bit, what its forward keeps is what saved_bytes says, and what it does not support yet
-// (tensor parallelism, context parallelism, KV-cached generation, yarn's softmax scale) is refused
-// in one line.
+// (context parallelism, KV-cached generation, yarn's softmax scale) or cannot (a tensor-parallel
+// size that does not divide the heads) is refused in one line. Tensor parallelism itself is tested
+// against one rank in test_tensor_parallel.cpp and through `lattice parity`.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -318,16 +319,15 @@ TEST(LatentAttention, WhatTheForwardKeepsIsWhatSavedBytesSaysAndBackwardFitsItsS
 }
 
 TEST(LatentAttention, RefusesWhatItDoesNotSupportYetInOneLine) {
-  // Tensor parallelism: kv_a_proj_with_mqa and the latent norms would be replicated.
-  parallel::TensorParallelGroup two_ranks;
-  two_ranks.size = 2;
+  // A tensor-parallel size that does not divide the heads (tp splits them).
+  parallel::TensorParallelGroup three_ranks;
+  three_ranks.size = 3;
   ParameterStore store;
   const std::string tp = error_of([&] {
-    TransformerBlock(store, latent_block(kQRank), 0, parallel::SequenceLayout(two_ranks),
+    TransformerBlock(store, latent_block(kQRank), 0, parallel::SequenceLayout(three_ranks),
                      &rope_table());
   });
-  EXPECT_NE(tp.find("multi-head latent attention runs on one tensor-parallel rank"),
-            std::string::npos)
+  EXPECT_NE(tp.find("parallelism.tp = 3 must divide the 4 attention heads"), std::string::npos)
       << tp;
   // A RoPE table of the whole head's width instead of the rope channels'.
   const kernels::RopeTable wide{64, kNope + kRope, 10000.0f};

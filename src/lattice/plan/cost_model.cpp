@@ -69,18 +69,20 @@ LayerCosts layer_costs(const ModelSpec& m, const ParallelLayout& l, const Hardwa
                                        gemm_seconds(expert_tokens, f / t, h, hw, cost));  // MLP
   if (m.is_moe()) dense_gemm += gemm_seconds(tokens, h, static_cast<double>(m.n_experts), hw, cost);
   if (m.latent_attention()) {
-    // Multi-head latent attention (one tp rank): its five projections instead of QKV and out.
+    // Multi-head latent attention: its five projections instead of QKV and out. Under tp the
+    // head projections are split (q_proj / q_b_proj and kv_b_proj by output heads, o_proj by
+    // input heads) and q_a_proj and kv_a_proj_with_mqa run whole on every rank.
     const double H = static_cast<double>(m.n_heads), qk = hd, r = m.q_lora_rank;
     const double c = m.kv_lora_rank, rope = m.qk_rope_head_dim, nope = m.qk_nope_head_dim;
     const double v = m.v_head_dim;
     dense_gemm -= gemm_seconds(tokens, h, (a + 2 * kv_width) / t, hw, cost) +
                   gemm_seconds(tokens, a / t, h, hw, cost);
-    dense_gemm +=
-        (r > 0 ? gemm_seconds(tokens, h, r, hw, cost) + gemm_seconds(tokens, r, H * qk, hw, cost)
-               : gemm_seconds(tokens, h, H * qk, hw, cost)) +
-        gemm_seconds(tokens, h, c + rope, hw, cost) +        // kv_a_proj_with_mqa
-        gemm_seconds(tokens, c, H * (nope + v), hw, cost) +  // kv_b_proj
-        gemm_seconds(tokens, H * v, h, hw, cost);            // o_proj
+    dense_gemm += (r > 0 ? gemm_seconds(tokens, h, r, hw, cost) +
+                               gemm_seconds(tokens, r, H * qk / t, hw, cost)
+                         : gemm_seconds(tokens, h, H * qk / t, hw, cost)) +
+                  gemm_seconds(tokens, h, c + rope, hw, cost) +            // kv_a_proj_with_mqa
+                  gemm_seconds(tokens, c, H * (nope + v) / t, hw, cost) +  // kv_b_proj
+                  gemm_seconds(tokens, H * v / t, h, hw, cost);            // o_proj
   }
   // QK^T and attention x V per head, queries local, keys all; FlashAttention skips the masked half.
   // Under a sliding window shorter than the sequence each query's band of window keys is computed

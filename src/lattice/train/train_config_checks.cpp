@@ -80,13 +80,9 @@ void refuse_moe_misfit(const TrainConfig& c) {
         "updated between steps on the whole parameters; use ZeRO 0-2");
 }
 
-// Multi-head latent attention (DeepSeek-V3): one tensor-parallel rank, no context parallelism.
+// Multi-head latent attention (DeepSeek-V3): no context parallelism (tp splits its heads).
 void refuse_latent_attention_misfit(const TrainConfig& c) {
   if (!c.model.latent_attention()) return;
-  check(c.parallelism.tp == 1,
-        "multi-head latent attention runs on one tensor-parallel rank (parallelism.tp = " +
-            std::to_string(c.parallelism.tp) +
-            "): its kv_a_proj_with_mqa and latent norms are not split yet; set parallelism.tp = 1");
   check(
       c.parallelism.cp == 1,
       "multi-head latent attention does not run under context parallelism yet (parallelism.cp = " +

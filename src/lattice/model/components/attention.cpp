@@ -46,22 +46,19 @@ Attention::Attention(ParameterStore& store, const std::string& prefix,
   V_ = kv_heads_ * v_head_dim_;
   norm_ = Norm(store, prefix + d.norm, d.norm_kind, C_, norm_eps);
   if (d.latent.enabled()) {
-    // Multi-head latent attention: q, k, v of `heads` heads each from its latent projections.
-    check(
-        layout.ranks() == 1,
-        "multi-head latent attention runs on one tensor-parallel rank (parallelism.tp = " +
-            std::to_string(layout.ranks()) +
-            "): its kv_a_proj_with_mqa and latent norms are not split yet; set parallelism.tp = 1");
+    // Multi-head latent attention: q, k, v of this rank's heads from its latent projections (the
+    // head projections column-split, the latent ones whole on every rank), the output row-split.
     check(d.packed.empty() && d.k.empty() && d.v.empty() && d.q_norm.empty() && !d.input_bias,
           "multi-head latent attention takes no packed, k or v projection, q/k norm or input bias "
           "(internal error)");
     check(d.head_dim == d.latent.qk_head_dim() && d.kv_heads == d.heads && d.rope,
           "multi-head latent attention has head_dim = qk_nope_head_dim + qk_rope_head_dim, as many "
           "key/value heads as query heads and RoPE (internal error)");
-    latent_ = LatentProjection(store, prefix, d.latent, d.q, C_, heads_, v_head_dim_, rope);
+    latent_ = LatentProjection(store, prefix, d.latent, d.q, C_, d.heads, v_head_dim_, rope, layout,
+                               input_split);
     rope_ = nullptr;  // the latent projections rotate their own rope channels
-    output_ = Linear(store, prefix + d.out, O_, C_, d.output_bias, InitKind::normal_residual,
-                     layout.split(output_split));
+    output_ = Linear(store, prefix + d.out, d.heads * v_head_dim_, C_, d.output_bias,
+                     InitKind::normal_residual, layout.split(output_split));
     return;
   }
   const int64_t q_width = d.heads * head_dim_, kv_width = d.kv_heads * head_dim_;
@@ -270,10 +267,13 @@ void Attention::forward(const LayerContext& ctx, AttentionActivations& a, float*
     Tensor gathered;  // fp32 sharded layouts: the norm's output over all rows, for the GEMMs
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
                               bf16_reader(ctx.precision), reader_saved(a));
-    if (latent()) {  // one rank: nothing is gathered
+    if (latent()) {  // on all rows: gathered first on a sharded layout
       in.gather.wait();
+      const bool shared = shares_input(ctx.precision);
       latent_.forward(ctx, a.latent, a.q.f32(), a.k.f32(), a.v.f32(), in.all,
-                      shares_input(ctx.precision) ? shared_input(a) : nullptr, B, T);
+                      shared ? shared_input(a) : nullptr, B, T);
+      // A sharded layout keeps this rank's rows (the norm's out16), not the gathered bf16 input.
+      if (shared && layout_.sharded()) Linear::release_prepared_input(a.latent.q_input);
     } else {
       project(ctx, a, in, rows, /*cached=*/false);
     }
@@ -367,14 +367,16 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
   ContextAttention& attention = core(ctx);
   std::function<void()> weight_halves;
   if (latent()) {
-    // The latent projections' backward from the attention core's d q, k, v (one rank: the input
-    // gradient needs no reduction, and their weight halves run in it unless deferred).
+    // The latent projections' backward from the attention core's d q, k, v: their input
+    // gradients summed into g.d_rows (reduced below like the other attentions'), their weight
+    // halves in it unless split (deferred, or several ranks: then below or in weight_pass).
     const LatentGradients d = latent_.attention_gradients(g, a.latent);
     attention.backward(ctx.ops, d.q, d.k, d.v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
                        a.lse.f32(), s, ctx.precision);
-    latent_.backward(ctx, a.latent, g, d, in, shared ? shared_input(a) : nullptr);
-    weight_halves = [&] {
-      latent_.weight_pass(ctx, a.latent, in, shared ? shared_input(a) : nullptr, rows);
+    const LatentInputGradients kept =
+        latent_.backward(ctx, a.latent, g, d, in, shared ? shared_input(a) : nullptr);
+    weight_halves = [&, kept] {
+      latent_.weight_halves(ctx, a.latent, kept, in, shared ? shared_input(a) : nullptr, rows);
     };
   } else if (fused) {
     // The projection's bias gradient comes out of the attention backward (the column sums of the
@@ -442,7 +444,7 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
   }
   finish_input_projections(layout_, g, C_, in_gather, weight_halves);
   if (layout_.sharded() && (fused || shared) && !g.defer)
-    Linear::release_prepared_input(a.input[0]);
+    Linear::release_prepared_input(*reader_saved(a));
   norm_.backward(ctx, layout_, a.norm, d_x, g.d_norm, x, g.local, d_x_out, g.norm_partials);
 }
 
@@ -455,6 +457,7 @@ void Attention::weight_pass(const LayerContext& ctx, AttentionActivations& a, in
   output_.backward_weight(ctx, a.output, a.d_out.f32(), a.att.f32(), rows);
   if (latent()) {
     latent_.weight_pass(ctx, a.latent, in, shared ? shared_input(a) : nullptr, rows);
+    if (shared && layout_.sharded()) Linear::release_prepared_input(a.latent.q_input);
   } else if (fused) {
     input_[0].backward_rounded(ctx, a.input[0], nullptr,
                                reinterpret_cast<const lattice::bf16*>(a.d_input[0].f32()), nullptr,
@@ -517,9 +520,11 @@ int64_t Attention::pending_weight_floats(int64_t rows) const {
 int64_t Attention::entry_transient_bytes(k::Precision precision, int64_t rows) const {
   // Sharded layouts: the norm output gathered for the input projections (fp32, or bf16 in the
   // fused projection's prepared input, freed after the GEMM), and without the fused paths in bf16
-  // each projection's rounding of it. Multi-head latent attention (one rank): its forward's kv_a
-  // and kv_b outputs.
-  if (latent()) return latent_.forward_transient_bytes(rows);
+  // each projection's rounding of it. Multi-head latent attention: its forward's kv_a and kv_b
+  // outputs beside that gathered input (fp32, or bf16 in its shared input).
+  if (latent())
+    return latent_.forward_transient_bytes(rows) +
+           (!layout_.sharded() ? 0 : rows * C_ * (shares_input(precision) ? 2 : 4));
   if (!layout_.sharded()) return 0;
   if (fused(precision) || shares_input(precision)) return rows * C_ * 2;
   return rows * C_ *

@@ -52,7 +52,7 @@ struct AttentionDescription {
   // DeepSeek's multi-head latent attention (enabled(): kv_lora_rank > 0): q, k, v from its latent
   // projections, with head_dim = qk_head_dim(), kv_heads = heads, v_head_dim its values' width;
   // `q` names q_proj when it has no query rank; rope on its qk_rope_head_dim channels only (the
-  // table is that wide); no input bias, one tensor-parallel rank.
+  // table is that wide); no input bias. Under tp its heads are split over the ranks.
   LatentAttentionDescription latent;
 };
 

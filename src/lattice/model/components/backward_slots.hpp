@@ -29,6 +29,7 @@ constexpr int latent_normed_gradient = 21;      // [rows, rank] a latent norm's 
 constexpr int latent_compressed_gradient = 22;  // [rows, kv_rank] d c, the latent norm's d_in
 constexpr int latent_rope_gradient = 23;        // [rows, rope] d k_pe summed over the heads
 constexpr int latent_rope_head_gradient = 24;   // [rows, rope] one head's d k_pe
+constexpr int latent_norm_partials = 25;        // [rank] tp > 1: a latent norm's partial gradient
 // MLPs.
 constexpr int mlp_hidden_gradient = 11;  // [rows, F] (GELU: d_gelu, or bf16 c_proj's d_out)
 constexpr int mlp_input_gradient = 12;   // [rows, F] c_fc's / gate's d_out; up's next

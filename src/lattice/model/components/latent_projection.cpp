@@ -36,10 +36,12 @@ void LatentActivations::release() {
 LatentProjection::LatentProjection(ParameterStore& store, const std::string& prefix,
                                    const LatentAttentionDescription& d, const std::string& q_name,
                                    int64_t d_model, int64_t heads, int64_t v_head_dim,
-                                   const k::RopeTable* rope)
-    : rope_(rope),
+                                   const k::RopeTable* rope, const parallel::SequenceLayout& layout,
+                                   parallel::TensorSplit head_split)
+    : layout_(layout),
+      rope_(rope),
       C_(d_model),
-      heads_(heads),
+      heads_(heads / layout.ranks()),
       nope_(d.qk_nope_head_dim),
       rope_dim_(d.qk_rope_head_dim),
       qk_(d.qk_head_dim()),
@@ -56,19 +58,32 @@ LatentProjection::LatentProjection(ParameterStore& store, const std::string& pre
   check(rope != nullptr && rope->head_dim() == rope_dim_,
         "multi-head latent attention rotates qk_rope_head_dim = " + std::to_string(rope_dim_) +
             " channels per head: build its RoPE table with head_dim qk_rope_head_dim");
+  check(heads % layout.ranks() == 0,
+        "parallelism.tp = " + std::to_string(layout.ranks()) + " must divide the " +
+            std::to_string(heads) +
+            " heads of multi-head latent attention: pick a tp that divides them");
   check(d.softmax_scale_factor > 0,
         "multi-head latent attention's softmax scale factor must be positive (internal error)");
-  // Hugging Face's module order: q (q_proj, or q_a_proj, q_a_layernorm, q_b_proj), then kv.
+  // Hugging Face's module order: q (q_proj, or q_a_proj, q_a_layernorm, q_b_proj), then kv. The
+  // projections whose output rows are per head (q_proj, q_b_proj: [q_nope | q_pe] per head;
+  // kv_b_proj: [k_nope | v] per head) are column-split, each rank its heads' rows; the others are
+  // whole on every rank.
+  const parallel::LinearSplit by_heads = layout.split(head_split);
   if (has_q_rank()) {
     q_a_ = Linear(store, prefix + d.q_a, C_, q_rank_, false, InitKind::normal);
     q_a_norm_ = Norm(store, prefix + d.q_a_norm, NormKind::rms_norm, q_rank_, d.norm_eps);
-    q_b_ = Linear(store, prefix + d.q_b, q_rank_, heads_ * qk_, false, InitKind::normal);
+    q_b_ = Linear(store, prefix + d.q_b, q_rank_, heads * qk_, false, InitKind::normal, by_heads);
   } else {
-    q_ = Linear(store, prefix + q_name, C_, heads_ * qk_, false, InitKind::normal);
+    q_ = Linear(store, prefix + q_name, C_, heads * qk_, false, InitKind::normal, by_heads);
   }
   kv_a_ = Linear(store, prefix + d.kv_a, C_, kv_rank_ + rope_dim_, false, InitKind::normal);
   kv_a_norm_ = Norm(store, prefix + d.kv_a_norm, NormKind::rms_norm, kv_rank_, d.norm_eps);
-  kv_b_ = Linear(store, prefix + d.kv_b, kv_rank_, heads_ * (nope_ + v_), false, InitKind::normal);
+  kv_b_ = Linear(store, prefix + d.kv_b, kv_rank_, heads * (nope_ + v_), false, InitKind::normal,
+                 by_heads);
+  check(kv_b_.out_features() == heads_ * (nope_ + v_) &&
+            (has_q_rank() ? q_b_ : q_).out_features() == heads_ * qk_,
+        "multi-head latent attention's head projections are not split by heads (a parallelize "
+        "plan that does not column-split the attention input is not supported with it)");
 }
 
 void LatentProjection::prepare(const LayerContext& ctx, LatentActivations& a, int64_t rows) const {
@@ -152,9 +167,9 @@ LatentGradients LatentProjection::attention_gradients(const SublayerBackward& g,
   return d;
 }
 
-void LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
-                                const SublayerBackward& g, const LatentGradients& d,
-                                const float* in, const lattice::bf16* in16) {
+LatentInputGradients LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
+                                                const SublayerBackward& g, const LatentGradients& d,
+                                                const float* in, const lattice::bf16* in16) {
   const int64_t rows = g.rows, B = g.B, T = g.T;
   const int64_t kv_a_width = kv_rank_ + rope_dim_, kv_b_width = nope_ + v_, width = heads_ * qk_;
   const bool bf16 = ctx.precision == k::Precision::bf16;
@@ -162,6 +177,29 @@ void LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
   auto inner_input = [&](const NormActivations& normed) {
     return bf16 ? nullptr : normed.out.f32();
   };
+  // Under tensor parallelism this rank's d q, k, v are its own heads', complete for them. What
+  // reaches the four replicated parts from them is this rank's heads' share of a sum over all
+  // heads, so each of their gradients is a partial sum over the group:
+  //   - q_a_layernorm: its d_out is q_b_proj's input gradient from this rank's heads' rows,
+  //   partial;
+  //     the norm's backward is linear in d_out, so its weight gradient (all-reduced over the group,
+  //     as Qwen 3's q/k norms' are: Norm::backward over split heads) and its d_in, q_a_proj's
+  //     d_out, are partial.
+  //   - kv_a_layernorm: the same through kv_b_proj: its weight gradient all-reduced, d c partial.
+  //   - kv_a_proj_with_mqa: its d_out is [d c | d k_pe], d c partial (above) and d k_pe this rank's
+  //     heads' sum, partial too.
+  //   - q_a_proj: its d_out is the partial d_in of q_a_layernorm.
+  // Both x-reading projections' output gradients are partial, so their input gradients are
+  // partial and right to sum: they join the head projections' in g.d_rows, which the layout
+  // reduces over the group once (all-reduced, or reduce-scattered under sequence parallelism).
+  // None of the four has a complete output gradient, so nothing is counted twice. Their weight
+  // gradients inᵀ·d_out, `in` the same on every rank, are linear in d_out: d_out itself is summed
+  // over the group after the input halves read it (rows × width floats rather than the weight's),
+  // and the weight halves (now or deferred) compute the summed gradient from it. q_proj (no query
+  // rank) is column-split: its d_out is this rank's heads' own, nothing to sum.
+  float* norm_partials = layout_.ranks() > 1
+                             ? g.get(slot::latent_norm_partials, std::max(q_rank_, kv_rank_))
+                             : nullptr;
   // Queries: RoPE's inverse, then (with a rank) q_b_proj and the query norm into q_a's d_out.
   if (softmax_scale_factor_ != 1.0f)
     ctx.ops.scale_copy(d.q, d.q, rows * width, softmax_scale_factor_);
@@ -171,8 +209,8 @@ void LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
     float* d_normed = g.get(slot::latent_normed_gradient, rows * std::max(q_rank_, kv_rank_));
     q_b_.backward(ctx, a.q_b, d_normed, d.q, inner_input(a.q_a_norm), rows);
     d_q_input = g.kept(a.d_q_input, slot::qkv_gradient, rows * q_rank_);
-    q_a_norm_.backward(ctx, parallel::SequenceLayout{}, a.q_a_norm, d_q_input, d_normed,
-                       a.q_a.f32(), rows, nullptr, nullptr);
+    q_a_norm_.backward(ctx, layout_, a.q_a_norm, d_q_input, d_normed, a.q_a.f32(), rows, nullptr,
+                       norm_partials, /*over_split_heads=*/true);
   }
   // Keys and values: d [k_nope | v] per head for kv_b_proj; d k_pe summed over the heads.
   float* d_kv_b = g.get(slot::latent_kv_b_gradient, rows * heads_ * kv_b_width);
@@ -192,11 +230,14 @@ void LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
   float* d_normed = g.get(slot::latent_normed_gradient, rows * std::max(q_rank_, kv_rank_));
   float* d_compressed = g.get(slot::latent_compressed_gradient, rows * kv_rank_);
   kv_b_.backward(ctx, a.kv_b, d_normed, d_kv_b, inner_input(a.kv_a_norm), rows);
-  kv_a_norm_.backward(ctx, parallel::SequenceLayout{}, a.kv_a_norm, d_compressed, d_normed,
-                      a.compressed.f32(), rows, nullptr, nullptr);
+  kv_a_norm_.backward(ctx, layout_, a.kv_a_norm, d_compressed, d_normed, a.compressed.f32(), rows,
+                      nullptr, norm_partials, /*over_split_heads=*/true);
   copy_columns(ctx, d_kv_a, kv_a_width, d_compressed, kv_rank_, kv_rank_, rows);
   // The x-reading projections' input gradients, summed in module order into g.d_rows (and their
-  // weight halves unless split).
+  // weight halves unless split: always split on a group of several ranks).
+  check(layout_.ranks() == 1 || g.split,
+        "multi-head latent attention under tensor parallelism runs its weight halves apart "
+        "(internal error)");
   float* d_part = g.get(slot::projection_gradient, rows * C_);
   Linear& q_in = input_reader();
   if (bf16) {
@@ -208,18 +249,33 @@ void LatentProjection::backward(const LayerContext& ctx, LatentActivations& a,
     input_projection_backward(ctx, g, kv_a_, a.kv_a, d_part, d_kv_a, in);
   }
   ctx.ops.add_inplace(g.d_rows, d_part, rows * C_);
+  sum_replicated_output_gradients(has_q_rank() ? d_q_input : nullptr, d_kv_a, rows);
+  return {d_q_input, d_kv_a};
+}
+
+void LatentProjection::sum_replicated_output_gradients(float* d_q_input, float* d_kv_a,
+                                                       int64_t rows) const {
+  if (layout_.ranks() == 1) return;
+  if (d_q_input != nullptr) layout_.all_reduce(d_q_input, rows * q_rank_);
+  layout_.all_reduce(d_kv_a, rows * (kv_rank_ + rope_dim_));
+}
+
+void LatentProjection::weight_halves(const LayerContext& ctx, LatentActivations& a,
+                                     const LatentInputGradients& d, const float* in,
+                                     const lattice::bf16* in16, int64_t rows) {
+  Linear& q_in = input_reader();
+  if (ctx.precision == k::Precision::bf16) {
+    q_in.backward_shared(ctx, a.q_input, nullptr, d.q_input, in16, rows);
+    kv_a_.backward_shared(ctx, a.kv_a, nullptr, d.kv_a, in16, rows);
+  } else {
+    q_in.backward_weight(ctx, a.q_input, d.q_input, in, rows);
+    kv_a_.backward_weight(ctx, a.kv_a, d.kv_a, in, rows);
+  }
 }
 
 void LatentProjection::weight_pass(const LayerContext& ctx, LatentActivations& a, const float* in,
                                    const lattice::bf16* in16, int64_t rows) {
-  Linear& q_in = input_reader();
-  if (ctx.precision == k::Precision::bf16) {
-    q_in.backward_shared(ctx, a.q_input, nullptr, a.d_q_input.f32(), in16, rows);
-    kv_a_.backward_shared(ctx, a.kv_a, nullptr, a.d_kv_a.f32(), in16, rows);
-  } else {
-    q_in.backward_weight(ctx, a.q_input, a.d_q_input.f32(), in, rows);
-    kv_a_.backward_weight(ctx, a.kv_a, a.d_kv_a.f32(), in, rows);
-  }
+  weight_halves(ctx, a, {a.d_q_input.f32(), a.d_kv_a.f32()}, in, in16, rows);
   a.d_q_input.reset();
   a.d_kv_a.reset();
 }
@@ -235,11 +291,13 @@ int64_t LatentProjection::saved_bytes(k::Precision precision, int64_t rows) cons
 
 int64_t LatentProjection::scratch_floats(int64_t rows) const {
   // d q (its own slot with a rank, plus q_a's d_out), d k, d v, d [k_nope | v], d k_pe and one
-  // head's, kv_a's d_out, a latent norm's d_out and d c.
+  // head's, kv_a's d_out, a latent norm's d_out and d c; under tp a latent norm's partial weight
+  // gradient.
   const int64_t width = heads_ * qk_;
-  return rows *
-         ((has_q_rank() ? width + q_rank_ : width) + width + heads_ * v_ + heads_ * (nope_ + v_) +
-          2 * rope_dim_ + kv_rank_ + rope_dim_ + std::max(q_rank_, kv_rank_) + kv_rank_);
+  return rows * ((has_q_rank() ? width + q_rank_ : width) + width + heads_ * v_ +
+                 heads_ * (nope_ + v_) + 2 * rope_dim_ + kv_rank_ + rope_dim_ +
+                 std::max(q_rank_, kv_rank_) + kv_rank_) +
+         (layout_.ranks() > 1 ? std::max(q_rank_, kv_rank_) : 0);
 }
 
 int64_t LatentProjection::pending_weight_floats(int64_t rows) const {

@@ -10,8 +10,12 @@
 // and its backward takes their gradients back into its weights and the input gradient. The two
 // projections that read x (q_proj or q_a_proj, and kv_a_proj_with_mqa) run their weight halves
 // when the block says (deferred for zero-bubble schedules); the inner ones (q_b_proj, kv_b_proj)
-// and the latent norms run whole in the input half. One tensor-parallel rank, no KV cache, no
-// context parallelism (Attention refuses them).
+// and the latent norms run whole in the input half. Under tensor parallelism (Megatron-style, as
+// Hugging Face's tp plan for DeepseekV3) each rank holds its heads: q_proj / q_b_proj and kv_b_proj
+// are column-split by heads, while q_a_proj, q_a_layernorm, kv_a_proj_with_mqa and kv_a_layernorm
+// are whole on every rank and run redundantly on the whole (under sequence parallelism gathered)
+// input; their gradients are partial sums over the ranks' heads, summed over the group (see
+// backward). No KV cache, no context parallelism (Attention refuses them).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +27,7 @@
 #include "lattice/model/components/normed_input.hpp"
 #include "lattice/model/layer_context.hpp"
 #include "lattice/model/linear.hpp"
+#include "lattice/parallel/tensor/sequence_layout.hpp"
 
 namespace lattice::model {
 
@@ -69,14 +74,24 @@ struct LatentGradients {
   float *q = nullptr, *k = nullptr, *v = nullptr;
 };
 
+// The output gradients of the two projections that read x, for their weight halves: scratch when
+// they run in the same backward, the activations' kept d_q_input and d_kv_a when deferred.
+struct LatentInputGradients {
+  const float *q_input = nullptr, *kv_a = nullptr;
+};
+
 class LatentProjection {
  public:
   LatentProjection() = default;
   // Declares its parameters under `prefix` in Hugging Face's module order; `q_name` is q_proj's
-  // name (no query rank). `rope`: the table of qk_rope_head_dim-wide heads.
+  // name (no query rank). `heads`: the whole model's, split over the layout's ranks (which must
+  // divide them) with the head-reading projections split as `head_split` says (the plan's
+  // attention input: column). `rope`: the table of qk_rope_head_dim-wide heads.
   LatentProjection(ParameterStore& store, const std::string& prefix,
                    const LatentAttentionDescription& d, const std::string& q_name, int64_t d_model,
-                   int64_t heads, int64_t v_head_dim, const kernels::RopeTable* rope);
+                   int64_t heads, int64_t v_head_dim, const kernels::RopeTable* rope,
+                   const parallel::SequenceLayout& layout = {},
+                   parallel::TensorSplit head_split = parallel::TensorSplit::column);
 
   bool enabled() const { return kv_rank_ > 0; }
   // The projection whose bf16 input the attention's norm writes (q_proj or q_a_proj); kv_a reads
@@ -92,10 +107,15 @@ class LatentProjection {
   LatentGradients attention_gradients(const SublayerBackward& g, LatentActivations& a) const;
   // From the attention core's gradients (overwritten: RoPE's inverse runs in place) into the
   // weights and g.d_rows, the input gradient; the two x-reading projections' weight halves run
-  // here unless g.split (then weight_pass), reading `in` / `in16` as forward did.
-  void backward(const LayerContext& ctx, LatentActivations& a, const SublayerBackward& g,
-                const LatentGradients& d, const float* in, const lattice::bf16* in16);
-  // The deferred weight halves of the two x-reading projections, from the kept gradients.
+  // here unless g.split (then weight_halves, with the gradients it returns, or weight_pass when
+  // deferred), reading `in` / `in16` as forward did.
+  LatentInputGradients backward(const LayerContext& ctx, LatentActivations& a,
+                                const SublayerBackward& g, const LatentGradients& d,
+                                const float* in, const lattice::bf16* in16);
+  // The two x-reading projections' weight halves from their output gradients `d`.
+  void weight_halves(const LayerContext& ctx, LatentActivations& a, const LatentInputGradients& d,
+                     const float* in, const lattice::bf16* in16, int64_t rows);
+  // The deferred weight halves, from the kept gradients (released after).
   void weight_pass(const LayerContext& ctx, LatentActivations& a, const float* in,
                    const lattice::bf16* in16, int64_t rows);
 
@@ -111,10 +131,16 @@ class LatentProjection {
   // RoPE (or its inverse) on the rope channels of every head of q [rows, heads·qk].
   void rotate_queries(const LayerContext& ctx, float* q, int64_t B, int64_t T, bool inverse) const;
 
+  // The sum over the group of the replicated x-reading projections' output gradients (kept for
+  // their weight halves); nothing on one rank.
+  void sum_replicated_output_gradients(float* d_q_input, float* d_kv_a, int64_t rows) const;
+
+  parallel::SequenceLayout layout_;
   const kernels::RopeTable* rope_ = nullptr;
   Linear q_, q_a_, q_b_, kv_a_, kv_b_;
   Norm q_a_norm_, kv_a_norm_;
-  // heads; qk = nope + rope channels of a query-key head; v of a value head; the ranks.
+  // heads (this rank's); qk = nope + rope channels of a query-key head; v of a value head; the
+  // ranks.
   int64_t C_ = 0, heads_ = 0, nope_ = 0, rope_dim_ = 0, qk_ = 0, v_ = 0, q_rank_ = 0, kv_rank_ = 0;
   float softmax_scale_factor_ = 1.0f;  // on the queries after RoPE (see the description)
 };
