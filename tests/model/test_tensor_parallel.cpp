@@ -2,7 +2,9 @@
 // ranks, each holding its column and row slices (ParameterStore placements), with and without
 // sequence parallelism (the residual stream on each rank's sequence rows), gives the loss and,
 // slice by slice, the gradients of the whole model on one rank from the same initial weights and
-// batch. The reference is that single-rank run.
+// batch: GPT-2, Llama and DeepSeek's multi-head latent attention (its heads split, its latent
+// projections and norms whole on every rank with their gradients summed over tp), with a query
+// rank and without. The reference is that single-rank run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,15 +27,47 @@ namespace {
 
 constexpr int64_t kB = 9, kT = 32;  // 288 rows: the bf16 row-chunk paths (256 and a tail)
 
-ModelConfig tiny(Family family) {
-  ModelConfig c = model_preset(family == Family::gpt2 ? "gpt2-tiny" : "llama-tiny");
+// The models under test: GPT-2, Llama, and DeepSeek-V3's multi-head latent attention (4 heads)
+// with dense SwiGLU MLPs (the routed experts are whole on every tp rank: the parity CLI tests
+// them), with a query rank (q_a_proj, q_a_layernorm, q_b_proj) and with q_proj.
+enum class Model { gpt2, llama, deepseek, deepseek_q_proj };
+
+bool latent(Model model) {
+  return model == Model::deepseek || model == Model::deepseek_q_proj;
+}
+
+std::string model_name(Model model) {
+  switch (model) {
+    case Model::gpt2:
+      return "gpt2";
+    case Model::llama:
+      return "llama";
+    case Model::deepseek:
+      return "deepseek";
+    case Model::deepseek_q_proj:
+      return "deepseek_q_proj";
+  }
+  return "";
+}
+
+ModelConfig tiny(Model model) {
+  ModelConfig c = model_preset(model == Model::gpt2 ? "gpt2-tiny"
+                               : latent(model)      ? "deepseek-v3-tiny"
+                                                    : "llama-tiny");
   c.n_layers = 2;
   c.init_std = 0.2f;
-  if (family == Family::llama) c.n_kv_heads = 4;  // tp 4 splits the key/value heads too
+  if (model == Model::llama) c.n_kv_heads = 4;  // tp 4 splits the key/value heads too
+  if (latent(model)) {                          // dense MLPs
+    c.n_experts = 1;
+    c.top_k = 1;
+    c.moe_shared_experts = 0;
+    c.moe_first_dense_layers = 0;
+  }
+  if (model == Model::deepseek_q_proj) c.q_lora_rank = 0;
   // Not a multiple of tp x 64: the vocabulary slices are padded (GPT-2: 320 rows over tp 2 or 4,
-  // the last slice partly padding; Llama untied: its head too).
+  // the last slice partly padding; Llama and DeepSeek untied: their heads too).
   c.vocab_size = 300;
-  if (family == Family::llama) c.tied_embeddings = false;
+  if (model != Model::gpt2) c.tied_embeddings = false;
   return c;
 }
 
@@ -68,10 +102,10 @@ StepResult train_once(Transformer& model, Precision precision, const Batch& b) {
   return r;
 }
 
-using Case = std::tuple<Family, Precision, int, bool>;  // ..., tp, sequence parallelism
+using Case = std::tuple<Model, Precision, int, bool>;  // ..., tp, sequence parallelism
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return std::string(std::get<0>(info.param) == Family::gpt2 ? "gpt2" : "llama") + "_" +
+  return model_name(std::get<0>(info.param)) + "_" +
          (std::get<1>(info.param) == Precision::bf16 ? "bf16" : "fp32") + "_tp" +
          std::to_string(std::get<2>(info.param)) + (std::get<3>(info.param) ? "_sp" : "");
 }
@@ -100,8 +134,8 @@ TensorParallelGroup group_of(comm::Communicator& group, bool sequence_parallel) 
 class TensorParallelBlocks : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelBlocks, EachRanksSlicesMatchTheWholeModelsGradients) {
-  const auto [family, precision, tp, sp] = GetParam();
-  const ModelConfig config = tiny(family);
+  const auto [model_kind, precision, tp, sp] = GetParam();
+  const ModelConfig config = tiny(model_kind);
   const Batch b = batch(config.vocab_size);
   Transformer whole(config, nullptr);
   whole.initialize(5);
@@ -155,21 +189,24 @@ TEST_P(TensorParallelBlocks, EachRanksSlicesMatchTheWholeModelsGradients) {
     }
   });
   // Every block's matrices are split (4 per GPT-2 block plus c_attn's and c_fc's biases; 7 per
-  // Llama block), and so are the token embedding and an untied head by vocabulary rows; the norms
-  // stay whole.
-  const int per_block = family == Family::gpt2 ? 6 : 7;
+  // Llama block; DeepSeek's q_b_proj or q_proj, kv_b_proj, o_proj and its MLP's 3, while q_a_proj
+  // and kv_a_proj_with_mqa stay whole), and so are the token embedding and an untied head by
+  // vocabulary rows; the norms stay whole.
+  const int per_block = model_kind == Model::gpt2 ? 6 : latent(model_kind) ? 6 : 7;
   const int vocabulary = config.tied_embeddings ? 1 : 2;
   for (int n : sharded) EXPECT_EQ(n, per_block * config.n_layers + vocabulary);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelBlocks,
-                         ::testing::Combine(::testing::Values(Family::gpt2, Family::llama),
+                         ::testing::Combine(::testing::Values(Model::gpt2, Model::llama,
+                                                              Model::deepseek,
+                                                              Model::deepseek_q_proj),
                                             ::testing::Values(Precision::fp32, Precision::bf16),
                                             ::testing::Values(2, 4), ::testing::Bool()),
                          case_name);
 
 TEST(TensorParallelBlocks, RefusesATpThatDoesNotDivideTheHeads) {
-  ModelConfig config = tiny(Family::llama);
+  ModelConfig config = tiny(Model::llama);
   config.n_kv_heads = 2;
   comm::run_local_ranks(4, [&](comm::Communicator& group) {
     const TensorParallelGroup g{&group, group.rank(), group.size()};
@@ -189,7 +226,7 @@ TEST(TensorParallelBlocks, ActivationCheckpointingUnderTensorParallelismIsBitIde
   // parallelism (whose recomputed forward gathers and reduce-scatters again) and without.
   for (const auto mode : {Recompute::kFull, Recompute::kSelective})
     for (const bool sp : {false, true}) {
-      const ModelConfig config = tiny(Family::gpt2);
+      const ModelConfig config = tiny(Model::gpt2);
       const Batch b = batch(config.vocab_size);
       comm::run_local_ranks(2, [&](comm::Communicator& group) {
         const TensorParallelGroup g = group_of(group, sp);
@@ -206,9 +243,9 @@ TEST(TensorParallelBlocks, OverlappedInputGradientReductionsAreBitIdenticalToBlo
   // work, so the same bits as blocking all-reduces, for every family and precision. Under sequence
   // parallelism the overlapped collectives are the reduce-scatters of those gradients and the
   // all-gathers of the column layers' inputs (run while the input halves compute).
-  for (const Family family : {Family::gpt2, Family::llama})
+  for (const Model kind : {Model::gpt2, Model::llama, Model::deepseek})
     for (const bool sp : {false, true}) {
-      const ModelConfig config = tiny(family);
+      const ModelConfig config = tiny(kind);
       const Batch b = batch(config.vocab_size);
       comm::run_local_ranks(2, [&](comm::Communicator& group) {
         TensorParallelGroup overlapped = group_of(group, sp);
@@ -224,8 +261,8 @@ TEST(TensorParallelBlocks, SplitBackwardUnderSequenceParallelismGivesTheWholeBac
   // Zero-bubble schedules run a stage's backward as B (input gradients) and later W (weight
   // gradients); under sequence parallelism W gathers the column layers' inputs again. B then W
   // performs the whole backward's operations: the same bits, on every tp rank.
-  for (const Family family : {Family::gpt2, Family::llama}) {
-    const ModelConfig config = tiny(family);
+  for (const Model kind : {Model::gpt2, Model::llama, Model::deepseek, Model::deepseek_q_proj}) {
+    const ModelConfig config = tiny(kind);
     const Batch b = batch(config.vocab_size);
     comm::run_local_ranks(2, [&](comm::Communicator& group) {
       const TensorParallelGroup g = group_of(group, true);
@@ -254,7 +291,7 @@ TEST(TensorParallelBlocks, RefusesSequenceParallelismWithoutTensorParallelism) {
   TensorParallelGroup one;
   one.sequence_parallel = true;
   try {
-    Transformer model(tiny(Family::gpt2), nullptr, {}, one);
+    Transformer model(tiny(Model::gpt2), nullptr, {}, one);
     ADD_FAILURE() << "sequence parallelism at tp = 1 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("parallelism.tp > 1"), std::string::npos) << e.what();
@@ -263,7 +300,7 @@ TEST(TensorParallelBlocks, RefusesSequenceParallelismWithoutTensorParallelism) {
 
 TEST(TensorParallelBlocks, RefusesSequenceRowsThatDoNotSplitOverTheGroup) {
   // 9 sequences of 3 tokens: 27 rows do not split over tp = 2.
-  const ModelConfig config = tiny(Family::llama);
+  const ModelConfig config = tiny(Model::llama);
   comm::run_local_ranks(2, [&](comm::Communicator& group) {
     Transformer model(config, nullptr, {}, group_of(group, true));
     model.initialize(5);

@@ -373,8 +373,10 @@ void Attention::backward(const LayerContext& ctx, AttentionActivations& a,
     const LatentGradients d = latent_.attention_gradients(g, a.latent);
     attention.backward(ctx.ops, d.q, d.k, d.v, d_att, a.q.f32(), a.k.f32(), a.v.f32(), a.att.f32(),
                        a.lse.f32(), s, ctx.precision);
+    // Split halves read the shared bf16 input in weight_halves only (deferred: gathered again
+    // later on a sharded layout).
     const LatentInputGradients kept =
-        latent_.backward(ctx, a.latent, g, d, in, shared ? shared_input(a) : nullptr);
+        latent_.backward(ctx, a.latent, g, d, in, shared && !g.split ? shared_input(a) : nullptr);
     weight_halves = [&, kept] {
       latent_.weight_halves(ctx, a.latent, kept, in, shared ? shared_input(a) : nullptr, rows);
     };
