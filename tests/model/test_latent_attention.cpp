@@ -4,8 +4,8 @@
 // (tests/reference/latent_attention_reference.py, committed data), bf16 stays within its rounding
 // of fp32, the input and weight halves and selective recomputation equal the whole backward bit
 // for bit, what its forward keeps is what saved_bytes says, and what it does not support yet
-// (context parallelism, KV-cached generation, yarn's softmax scale) or cannot (a tensor-parallel
-// size that does not divide the heads) is refused in one line. Tensor parallelism itself is tested
+// (context parallelism, KV-cached generation) or cannot (a tensor-parallel size that does not
+// divide the heads) is refused in one line. Tensor parallelism itself is tested
 // against one rank in test_tensor_parallel.cpp and through `lattice parity`.
 #include <gtest/gtest.h>
 
