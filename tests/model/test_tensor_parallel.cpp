@@ -192,7 +192,7 @@ TEST_P(TensorParallelBlocks, EachRanksSlicesMatchTheWholeModelsGradients) {
   // Llama block; DeepSeek's q_b_proj or q_proj, kv_b_proj, o_proj and its MLP's 3, while q_a_proj
   // and kv_a_proj_with_mqa stay whole), and so are the token embedding and an untied head by
   // vocabulary rows; the norms stay whole.
-  const int per_block = model_kind == Model::gpt2 ? 6 : latent(model_kind) ? 6 : 7;
+  const int per_block = model_kind == Model::llama ? 7 : 6;
   const int vocabulary = config.tied_embeddings ? 1 : 2;
   for (int n : sharded) EXPECT_EQ(n, per_block * config.n_layers + vocabulary);
 }
