@@ -82,9 +82,9 @@ TEST_F(FamilyParityCli, DeepSeekV3UnderDpEpPpAndTp) {
   // layouts with one rank, dp2t2e2 with dp2t2, dp1t2p2 and dp1t2sp2-zb-h1 with dp1t2 and dp1t2s
   // (bit for bit), dp2t2sz1 with dp2t2s (bit for bit).
   expect_parity("deepseek-v3-tiny",
-                "dp1,dp2,dp2z3,dp2e2,dp1p2,dp1t2,dp1t2s,dp2t2,dp2t2s,dp2t2e2,dp1t2p2,"
+                "dp1,dp2,dp2z3,dp2e2,dp1p2,dp1t2,dp1t2s,dp1t4s,dp2t2,dp2t2s,dp2t2e2,dp1t2p2,"
                 "dp1t2sp2-zb-h1,dp2t2sz1",
-                {"dp2", "dp2e2", "dp1t2", "dp1t2s", "dp2t2", "dp2t2s", "dp2t2e2"});
+                {"dp2", "dp2e2", "dp1t2", "dp1t2s", "dp1t4s", "dp2t2", "dp2t2s", "dp2t2e2"});
   const CliResult r =
       run_lattice("train --parallelism.cp=2" + family_flags(dir_, "deepseek-v3-tiny"), dir_);
   expect_one_error_line(r, "multi-head latent attention does not run under context parallelism");
