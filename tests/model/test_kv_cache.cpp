@@ -1,7 +1,8 @@
 // Tests of incremental inference: the KV cache's layout and memory accounting, and
 // Transformer::forward_cached (prefill, then one token at a time, chunks, a cleared and
 // re-prefilled window) against the logits of the full-sequence forward, Transformer::logits, for
-// GPT-2 and Llama with grouped-query attention.
+// GPT-2, Llama with grouped-query attention, Mistral's window, Qwen 3's q/k norms and DeepSeek-V3's
+// latent attention (its expanded keys and values of their own widths).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,8 +26,8 @@ namespace {
 // heads of 16 over a 32-wide model), max_seq_len 32, vocabulary 64, with larger weights than
 // GPT-2's 0.02 so that every position matters.
 ModelConfig tiny(Family family) {
-  ModelConfig c = model_preset(family == Family::deepseek ? "deepseek-v3-tiny"
-                                                          : family_name(family) + "-tiny");
+  ModelConfig c =
+      model_preset(family == Family::deepseek ? "deepseek-v3-tiny" : family_name(family) + "-tiny");
   c.init_std = 0.2f;
   return c;
 }
@@ -238,5 +239,5 @@ TEST_P(CachedForward, RefusesACacheOfAnotherShape) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CachedForward,
                          ::testing::Values(Family::gpt2, Family::llama, Family::mistral,
-                                           Family::qwen3),
+                                           Family::qwen3, Family::deepseek),
                          [](const auto& info) { return family_name(info.param); });

@@ -4,9 +4,10 @@
 // (tests/reference/latent_attention_reference.py, committed data), bf16 stays within its rounding
 // of fp32, the input and weight halves and selective recomputation equal the whole backward bit
 // for bit, what its forward keeps is what saved_bytes says, and what it does not support yet
-// (context parallelism, KV-cached generation) or cannot (a tensor-parallel size that does not
+// (context parallelism) or cannot (a tensor-parallel size that does not
 // divide the heads) is refused in one line. Tensor parallelism itself is tested
-// against one rank in test_tensor_parallel.cpp and through `lattice parity`.
+// against one rank in test_tensor_parallel.cpp and through `lattice parity`, KV-cached
+// generation against the full forward in test_kv_cache.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -336,19 +337,9 @@ TEST(LatentAttention, RefusesWhatItDoesNotSupportYetInOneLine) {
       [&] { TransformerBlock(other, latent_block(kQRank), 0, parallel::SequenceLayout{}, &wide); });
   EXPECT_NE(table.find("build its RoPE table with head_dim qk_rope_head_dim"), std::string::npos)
       << table;
-  // KV-cached generation.
+  // Context parallelism.
   RandomizedBlock t(latent_block(kQRank), &rope_table());
   kernels::CpuOps ops;
-  LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
-  KvCache cache(1, 1, 8, kHeads, kNope + kRope, host_memory(), nullptr);
-  std::vector<float> x(kWidth, 0.5f), out(kWidth);
-  auto work = t.block->make_activations();
-  const std::string cached =
-      error_of([&] { t.block->forward_cached(ctx, *work, out.data(), x.data(), 1, 1, cache, 0); });
-  EXPECT_NE(cached.find("KV-cached generation with multi-head latent attention is not built yet"),
-            std::string::npos)
-      << cached;
-  // Context parallelism.
   UnreachedContextAttention ring;
   LayerContext split_context{ops, kernels::Precision::fp32, nullptr};
   split_context.context = &ring;
@@ -360,6 +351,6 @@ TEST(LatentAttention, RefusesWhatItDoesNotSupportYetInOneLine) {
   EXPECT_NE(cp.find("multi-head latent attention does not run under context parallelism yet"),
             std::string::npos)
       << cp;
-  for (const std::string& line : {tp, table, cached, cp})
+  for (const std::string& line : {tp, table, cp})
     EXPECT_EQ(line.find('\n'), std::string::npos) << line;
 }

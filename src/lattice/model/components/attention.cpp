@@ -293,19 +293,38 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
                                int64_t cache_layer, Tensor& partial) {
   check(layout_.ranks() == 1,
         "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
-  check(!latent(),
-        "KV-cached generation with multi-head latent attention is not built yet (its cache would "
-        "hold the compressed latent): generate from a model without it");
-  check(v_head_dim_ == head_dim_,
-        "KV-cached generation with value heads narrower or wider than the key heads is not built "
-        "yet: the KV cache holds head_dim-wide values");
   const int64_t rows = B * n, start = cache.length();
   {
     Tensor gathered;
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
                               bf16_reader(ctx.precision), reader_saved(a));
-    project(ctx, a, in, rows, /*cached=*/true);
+    if (latent()) {  // q, k, v of the new tokens, RoPE at their positions [start, start + n)
+      in.gather.wait();
+      latent_.forward(ctx, a.latent, a.q.f32(), a.k.f32(), a.v.f32(), in.all,
+                      shares_input(ctx.precision) ? shared_input(a) : nullptr, B, n, start);
+    } else {
+      project(ctx, a, in, rows, /*cached=*/true);
+    }
   }
+  if (latent()) {
+    // The cache holds the expanded keys (qk wide) and values (v_head_dim wide) of every head:
+    // transformers' DynamicCache holds the compressed latent and k_pe instead, and expands them
+    // for every step; the attention over them is the same.
+    cache.write(cache_layer, a.k.f32(), a.v.f32(), KV_, n, V_);
+    k::AttentionShape s = shape(B, n);
+    s.kv_len = start + n;
+    s.k_row_stride = cache.row_stride();
+    s.v_row_stride = cache.value_row_stride();
+    s.kv_batch_stride = cache.batch_stride();
+    s.v_batch_stride = cache.value_batch_stride();
+    ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), a.q.f32(), cache.keys(cache_layer),
+                              cache.values(cache_layer), s, ctx.precision, {});
+    project_out(ctx, a, x_out, x, rows, partial);
+    return;
+  }
+  check(v_head_dim_ == head_dim_,
+        "KV-cached generation with value heads narrower or wider than the key heads is built for "
+        "latent attention only (internal error)");
   normalize_q_and_k(ctx, a, rows);
   const float *q = a.q.f32(), *keys = a.k.f32(), *values = a.v.f32();
   int64_t stride = KV_;

@@ -98,16 +98,16 @@ void LatentProjection::prepare(const LayerContext& ctx, LatentActivations& a, in
 }
 
 void LatentProjection::rotate_queries(const LayerContext& ctx, float* q, int64_t B, int64_t T,
-                                      bool inverse) const {
+                                      bool inverse, int64_t position_offset) const {
   // Each head's last qk_rope_head_dim channels, one head at a time (rows of heads·qk floats).
   const int64_t width = heads_ * qk_;
   for (int64_t h = 0; h < heads_; ++h)
-    ctx.ops.rope(*rope_, q + h * qk_ + nope_, B, T, 1, width, T * width, 0, inverse);
+    ctx.ops.rope(*rope_, q + h * qk_ + nope_, B, T, 1, width, T * width, position_offset, inverse);
 }
 
 void LatentProjection::forward(const LayerContext& ctx, LatentActivations& a, float* q, float* k,
                                float* v, const float* in, const lattice::bf16* in16, int64_t B,
-                               int64_t T) {
+                               int64_t T, int64_t position_offset) {
   const int64_t rows = B * T, kv_a_width = kv_rank_ + rope_dim_, kv_b_width = nope_ + v_;
   const bool bf16 = ctx.precision == k::Precision::bf16;
   check(bf16 ? in16 != nullptr : in != nullptr,
@@ -136,7 +136,7 @@ void LatentProjection::forward(const LayerContext& ctx, LatentActivations& a, fl
   } else {
     project_input(q_, a.q_input, q);
   }
-  rotate_queries(ctx, q, B, T, false);
+  rotate_queries(ctx, q, B, T, false, position_offset);
   if (softmax_scale_factor_ != 1.0f)
     ctx.ops.scale_copy(q, q, rows * heads_ * qk_, softmax_scale_factor_);
   // kv_a's output [c | k_pe] and kv_b's per-head [k_nope | v] live only through the forward.
@@ -147,7 +147,7 @@ void LatentProjection::forward(const LayerContext& ctx, LatentActivations& a, fl
   copy_columns(ctx, a.compressed.f32(), kv_rank_, kv_a_out.f32(), kv_a_width, kv_rank_, rows);
   project_normed(kv_a_norm_, a.kv_a_norm, a.compressed.f32(), kv_b_, a.kv_b, kv_b_out.f32());
   float* k_pe = kv_a_out.f32() + kv_rank_;
-  ctx.ops.rope(*rope_, k_pe, B, T, 1, kv_a_width, T * kv_a_width, 0, false);
+  ctx.ops.rope(*rope_, k_pe, B, T, 1, kv_a_width, T * kv_a_width, position_offset, false);
   // k per head [k_nope | k_pe] and v, as [rows · heads, ·] rows.
   copy_columns(ctx, k, qk_, kv_b_out.f32(), kv_b_width, nope_, rows * heads_);
   copy_columns(ctx, v, v_, kv_b_out.f32() + nope_, kv_b_width, v_, rows * heads_);

@@ -100,9 +100,11 @@ class LatentProjection {
 
   void prepare(const LayerContext& ctx, LatentActivations& a, int64_t rows) const;
   // q, k, v from the normed input of B sequences of T tokens: fp32 `in` [rows, C], or in bf16
-  // precision the shared bf16 `in16` (input_reader's prepared input).
+  // precision the shared bf16 `in16` (input_reader's prepared input); the tokens at positions
+  // [position_offset, position_offset + T) for RoPE (KV-cached generation's new tokens).
   void forward(const LayerContext& ctx, LatentActivations& a, float* q, float* k, float* v,
-               const float* in, const lattice::bf16* in16, int64_t B, int64_t T);
+               const float* in, const lattice::bf16* in16, int64_t B, int64_t T,
+               int64_t position_offset = 0);
   // Where the attention core writes d q, d k, d v.
   LatentGradients attention_gradients(const SublayerBackward& g, LatentActivations& a) const;
   // From the attention core's gradients (overwritten: RoPE's inverse runs in place) into the
@@ -129,7 +131,8 @@ class LatentProjection {
   bool has_q_rank() const { return q_rank_ > 0; }
   int64_t q_input_width() const { return has_q_rank() ? q_rank_ : heads_ * qk_; }
   // RoPE (or its inverse) on the rope channels of every head of q [rows, heads·qk].
-  void rotate_queries(const LayerContext& ctx, float* q, int64_t B, int64_t T, bool inverse) const;
+  void rotate_queries(const LayerContext& ctx, float* q, int64_t B, int64_t T, bool inverse,
+                      int64_t position_offset = 0) const;
 
   // The sum over the group of the replicated x-reading projections' output gradients (kept for
   // their weight halves); nothing on one rank.
