@@ -404,17 +404,13 @@ TEST_F(HfCli, ImportsWhatTransformersSavedAndTrainsFromIt) {
       EXPECT_TRUE(fs::exists(dir_ / hf / "model.safetensors.index.json"));  // sharded
       expect_transformers_logits(run, hf, kPrompt);
       // A run starts from the imported weights (step 0) with the settings import wrote, here
-      // under tp 2 x pp 2 (DeepSeek's latent attention: dp 2 x pp 2, with expert parallelism),
-      // and its export loads in the same transformers with Lattice's logits.
-      const std::string layout = std::string(kind) == "deepseek_v3"
-                                     ? " --parallelism.dp=2 --parallelism.pp=2 --parallelism.ep=2"
-                                       " --training.micro_batch_size=4"
-                                     : " --parallelism.tp=2 --parallelism.pp=2";
+      // under tp 2 x pp 2, and its export loads in the same transformers with Lattice's logits.
       const CliResult trained =
           run_lattice("train " + run +
                           "/import.toml --data.train_files=corpus.txt --data.val_fraction=0.1"
-                          " --training.seq_len=32 --training.steps=2 --training.threads=1" +
-                          layout + " --optimizer.lr=1e-3 --validation.freq=0 --metrics.log_freq=1",
+                          " --training.seq_len=32 --training.steps=2 --training.threads=1"
+                          " --parallelism.tp=2 --parallelism.pp=2 --optimizer.lr=1e-3"
+                          " --validation.freq=0 --metrics.log_freq=1",
                       dir_);
       ASSERT_EQ(trained.status, 0) << trained.out << trained.err;
       EXPECT_NE(trained.out.find("resumed from " + run + "/checkpoints/step_00000000 at step 0"),
