@@ -85,6 +85,31 @@ TEST(MemoryEstimate, ReproducesKorthikantiActivationFormulas) {
   EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, l), sbh * 2);
 }
 
+// DeepSeek-V3's multi-head latent attention: Q and K of 128 heads x 192 channels, V and the
+// attention output of 128 x 128 (instead of d_model-wide Q, K, V), and the latent tensors kept
+// whole on every tp rank: q_a's output and its norm's (1536 each), c and its norm's (512 each);
+// the MoE's experts at their own width with the shared expert, the dense layers at theirs.
+TEST(MemoryEstimate, LatentAttentionKeepsItsOwnWidths) {
+  ModelSpec m = planning_model(model_preset("deepseek-v3"), 4096);
+  ParallelLayout l;
+  l.micro_batch_size = 1;
+  l.global_batch_size = 1;
+  l.recompute = Recompute::kSelective;
+  const double s = 4096, h = 7168;
+  // The MLP: 58 MoE layers of top-8 routed experts and one shared expert of width 2048 (and the
+  // 8 dispatched copies), 3 dense layers of 18432: the mean over the 61.
+  const double moe_layer = 6 * 2048.0 * 8 + 6 * 2048.0 + 2 * h * 8, dense_layer = 6 * 18432.0;
+  const double mlp = (58 * moe_layer + 3 * dense_layer) / 61;
+  const double attention = 2 * (2 * 128 * 192.0 + 2 * 128 * 128.0);
+  const double latent = 2 * 2 * (1536.0 + 512.0);
+  const double replicated = h * (4 + 2 + 2);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, l), s * (replicated + latent + attention + mlp));
+  l.tp = 8;
+  l.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(m, l),
+                   s * (replicated / 8 + latent + (attention + mlp) / 8));
+}
+
 // Korthikanti §4.2.3: with 1F1B the first stage holds L layers' worth of activations (p
 // microbatches of L/p layers); interleaving with v chunks multiplies that by 1 + (p-1)/(p v).
 TEST(MemoryEstimate, PipelineFirstStageHoldsLLayersOfActivations) {

@@ -49,15 +49,35 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelLayout& l, Recom
   // masks.
   const double replicated = sbh * (4 + 2 + 2 + masks);
   // Sharded over TP: Q, K, V, the projection input, and the MLP's activation inputs/outputs.
-  const double mlp_per_token =
-      (m.gated_mlp() ? 6 : 4) * f * m.top_k + (m.is_moe() ? 2 * h * m.top_k : 0);
-  const double sharded = s * b * (2 * q_width + 4 * kv_width + 2 * q_width) + s * b * mlp_per_token;
+  // A MoE layer: its top_k routed experts' (of their own width) and its shared experts' MLP
+  // tensors, and the dispatched copies; a layer's mean where dense layers come first (DeepSeek)
+  // or alternate.
+  const double per_width = m.gated_mlp() ? 6 : 4;
+  double mlp_per_token = per_width * f;
+  if (m.is_moe()) {
+    const double expert = static_cast<double>(m.expert_ffn_hidden());
+    const double moe_layer =
+        per_width * expert * m.top_k + 6 * expert * m.moe_shared_experts + 2 * h * m.top_k;
+    const double L = static_cast<double>(m.n_layers), moe_layers = m.moe_layers();
+    mlp_per_token = (moe_layers * moe_layer + (L - moe_layers) * per_width * f) / L;
+  }
+  // Q, K and V (2 bytes each), and the output projection's input (the attention's output: as
+  // wide as the value heads). Multi-head latent attention: H heads of qk channels for Q and K, of
+  // v_head_dim for V and the output; its latent tensors (q_a's output and the query norm's, the
+  // compressed c and its norm's) are kept whole on every tp rank, computed on all rows.
+  const double attention_per_token =
+      m.latent_attention() ? 2 * (2 * q_width + 2 * a * static_cast<double>(m.v_head_dim))
+                           : 2 * q_width + 4 * kv_width + 2 * q_width;
+  const double latent_kept =
+      m.latent_attention() ? s * b * 2 * (2 * static_cast<double>(m.q_lora_rank + m.kv_lora_rank))
+                           : 0;
+  const double sharded = s * b * attention_per_token + s * b * mlp_per_token;
   // Attention scores: softmax output (2 bytes), with dropout also its mask (1) and output (2); none
   // with FlashAttention. FlashAttention keeps only the fp32 log-sum-exp per query and head.
   const double scores = l.flash_attention               ? b * a * s * 4
                         : mode == Recompute::kSelective ? 0
                                                         : b * a * s * s * (m.has_dropout() ? 5 : 2);
-  return replicated / (l.sequence_parallel ? t : 1) + (sharded + scores) / t;
+  return replicated / (l.sequence_parallel ? t : 1) + latent_kept + (sharded + scores) / t;
 }
 
 // The virtual stages (chunks of n_layers / (pp v) consecutive layers) pipeline rank `stage` owns:
