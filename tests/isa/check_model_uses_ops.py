@@ -52,6 +52,8 @@ HOST_DATA = {
     "parallel/expert_parallel_state.cpp": "expert-parallel parameters placed in the gathered state",
     "train/pipeline_rank.cpp": "the pipeline stages' parameters placed in the whole state",
     "train/sharded_checkpoint.cpp": "the index's text packed into a tensor's bytes",
+    # Hugging Face weights reordered in the host buffers import reads into and export writes from.
+    "train/hf_deepseek.cpp": "DeepSeek's rope rows reordered in the host buffers of import/export",
     # The offloaded AdamW state is host memory and files by definition (ZeRO-Offload).
     "optim/offload_adamw_state.cpp": "the offloaded state's host buffers",
     "optim/offload_header.cpp": "the offload file header's bytes",

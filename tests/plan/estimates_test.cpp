@@ -110,6 +110,21 @@ TEST(MemoryEstimate, LatentAttentionKeepsItsOwnWidths) {
                    s * (replicated / 8 + latent + (attention + mlp) / 8));
 }
 
+// Mistral 7B's sliding window of 4096: without FlashAttention each query keeps the scores of at
+// most 4096 keys (2 bytes each), not of the whole 32768-token sequence.
+TEST(MemoryEstimate, ASlidingWindowBoundsTheStoredScores) {
+  ModelSpec windowed = planning_model(model_preset("mistral-7b"), 32768);
+  ModelSpec full = windowed;
+  full.sliding_window = 0;
+  ParallelLayout l;
+  l.micro_batch_size = 1;
+  l.global_batch_size = 1;
+  l.tp = 2;
+  const double s = 32768, a = 32, W = 4096;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(full, l) - activation_bytes_per_layer(windowed, l),
+                   a * s * (s - W) * 2 / 2);
+}
+
 // Korthikanti §4.2.3: with 1F1B the first stage holds L layers' worth of activations (p
 // microbatches of L/p layers); interleaving with v chunks multiplies that by 1 + (p-1)/(p v).
 TEST(MemoryEstimate, PipelineFirstStageHoldsLLayersOfActivations) {

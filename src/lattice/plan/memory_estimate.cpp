@@ -73,10 +73,13 @@ double layer_activation_bytes(const ModelSpec& m, const ParallelLayout& l, Recom
                            : 0;
   const double sharded = s * b * attention_per_token + s * b * mlp_per_token;
   // Attention scores: softmax output (2 bytes), with dropout also its mask (1) and output (2); none
-  // with FlashAttention. FlashAttention keeps only the fp32 log-sum-exp per query and head.
+  // with FlashAttention. FlashAttention keeps only the fp32 log-sum-exp per query and head. Under
+  // a sliding window each query scores at most `window` keys.
+  const double keys =
+      m.sliding_window > 0 ? std::min(s, static_cast<double>(m.sliding_window)) : s;
   const double scores = l.flash_attention               ? b * a * s * 4
                         : mode == Recompute::kSelective ? 0
-                                                        : b * a * s * s * (m.has_dropout() ? 5 : 2);
+                                                        : b * a * s * keys * (m.has_dropout() ? 5 : 2);
   return replicated / (l.sequence_parallel ? t : 1) + latent_kept + (sharded + scores) / t;
 }
 
