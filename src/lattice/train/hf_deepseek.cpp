@@ -165,7 +165,9 @@ bool HfWeightLayout::is_prediction_weight(const std::string& name) const {
   const size_t end = name.find('.', prefix.size());
   if (end == std::string::npos) return false;
   const std::string index = name.substr(prefix.size(), end - prefix.size());
-  if (index.empty() || !std::all_of(index.begin(), index.end(), ::isdigit)) return false;
+  const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+  if (index.empty() || index.size() > 9 || !std::all_of(index.begin(), index.end(), digit))
+    return false;
   const int64_t layer = std::stoll(index);
   return layer >= n_layers && layer < n_layers + prediction_layers;
 }
