@@ -34,6 +34,19 @@ std::vector<float> read_logits(const fs::path& file, int64_t n) {
   return values;
 }
 
+// The largest |logit| of `theirs` and the largest difference of `ours` from it.
+struct LogitDifference {
+  double scale = 0, diff = 0;
+};
+LogitDifference logit_difference(const std::vector<float>& ours, const std::vector<float>& theirs) {
+  LogitDifference d;
+  for (size_t i = 0; i < ours.size(); ++i) {
+    d.scale = std::max(d.scale, static_cast<double>(std::fabs(theirs[i])));
+    d.diff = std::max(d.diff, static_cast<double>(std::fabs(ours[i] - theirs[i])));
+  }
+  return d;
+}
+
 class HfFixturesCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -76,11 +89,7 @@ TEST_F(HfFixturesCli, EveryFamilyImportsWithTransformersLogitsAndExportsBackUnch
     const std::vector<float> ours = logits(run, prompt);
     const std::vector<float> theirs =
         read_logits(saved / "reference_logits.safetensors", static_cast<int64_t>(ours.size()));
-    double scale = 0, diff = 0;
-    for (size_t i = 0; i < ours.size(); ++i) {
-      scale = std::max(scale, static_cast<double>(std::fabs(theirs[i])));
-      diff = std::max(diff, static_cast<double>(std::fabs(ours[i] - theirs[i])));
-    }
+    const auto [scale, diff] = logit_difference(ours, theirs);
     EXPECT_GT(scale, 0.5);  // far from uniform: the comparison means something
     EXPECT_LE(diff, 1e-5 * scale) << "max difference " << diff << " of " << scale;
     // Exported (fp32) and imported again: the same config and the same weights, so the same
@@ -203,11 +212,7 @@ TEST_F(HfFixturesCli, DeepSeekPredictionLayersAreReportedAndLeftOut) {
   const std::vector<float> ours = logits("run-mtp", prompt);
   const std::vector<float> theirs =
       read_logits(fixture / "reference_logits.safetensors", static_cast<int64_t>(ours.size()));
-  double scale = 0, diff = 0;
-  for (size_t i = 0; i < ours.size(); ++i) {
-    scale = std::max(scale, static_cast<double>(std::fabs(theirs[i])));
-    diff = std::max(diff, static_cast<double>(std::fabs(ours[i] - theirs[i])));
-  }
+  const auto [scale, diff] = logit_difference(ours, theirs);
   EXPECT_LE(diff, 1e-5 * scale);  // as the fixture test: the MTP weights changed nothing
   expect_one_error_line(
       run_lattice("import " + with_prediction_layer("undeclared", 0) + " --run-dir run-undeclared",
