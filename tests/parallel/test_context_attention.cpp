@@ -1,6 +1,7 @@
 // Context-parallel attention (ring and Ulysses) on thread ranks against one attention call over
 // the whole sequence: each rank's outputs, log-sum-exps and q, k, v gradients at its load-balanced
-// positions must match the one-rank call's rows there.
+// positions must match the one-rank call's rows there, with value heads as wide as the query-key
+// heads or of their own width (DeepSeek's multi-head latent attention).
 #include <gtest/gtest.h>
 
 #include <cmath>
