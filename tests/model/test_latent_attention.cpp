@@ -3,13 +3,14 @@
 // without a query rank, its output and every gradient match PyTorch's DeepseekV3Attention
 // (tests/reference/latent_attention_reference.py, committed data), bf16 stays within its rounding
 // of fp32, the input and weight halves and selective recomputation equal the whole backward bit
-// for bit, what its forward keeps is what saved_bytes says, and what it does not support yet
-// (context parallelism) or cannot (a tensor-parallel size that does not
-// divide the heads) is refused in one line. Tensor parallelism itself is tested
-// against one rank in test_tensor_parallel.cpp and through `lattice parity`, KV-cached
-// generation against the full forward in test_kv_cache.cpp.
+// for bit, what its forward keeps is what saved_bytes says, under a context attention its RoPE
+// follows the rows' positions (the runs'), and what it cannot run (a tensor-parallel size that
+// does not divide the heads) is refused in one line. Tensor and context parallelism themselves are
+// tested against one rank in test_tensor_parallel.cpp and through `lattice parity`
+// (test_family_parity_cli.cpp), KV-cached generation against the full forward in test_kv_cache.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -68,22 +69,100 @@ const kernels::RopeTable& rope_table() {
   return table;
 }
 
-// A context-parallel attention that must never be reached (the latent attention refuses first).
-class UnreachedContextAttention : public ContextAttention {
+// Rows of `width` floats (`stride` apart) of one sequence of n rows with its halves swapped: row
+// r of `x` is row (r + n/2) % n of the result (its own inverse for even n).
+std::vector<float> swap_halves(const float* x, int64_t n, int64_t width, int64_t stride) {
+  std::vector<float> out(static_cast<size_t>(n * width));
+  for (int64_t r = 0; r < n; ++r)
+    std::copy(x + r * stride, x + r * stride + width, out.data() + (r + n / 2) % n * width);
+  return out;
+}
+void unswap_halves(float* x, const std::vector<float>& ordered, int64_t n, int64_t width,
+                   int64_t stride) {
+  for (int64_t r = 0; r < n; ++r)
+    std::copy(ordered.data() + (r + n / 2) % n * width,
+              ordered.data() + ((r + n / 2) % n + 1) * width, x + r * stride);
+}
+
+// A context attention over one sequence whose rows hold its halves swapped: rows [0, n/2) are
+// positions [n/2, n) and rows [n/2, n) positions [0, n/2) — runs that do not start at position 0
+// and are not in position order, as a cp rank's. Its attention puts q, k, v (and out, d_out, lse)
+// in position order, runs the kernel over the whole sequence and puts its results back.
+class SwappedHalvesAttention : public ContextAttention {
  public:
   int size() const override { return 2; }
   int rank() const override { return 0; }
-  std::vector<PositionRun> runs(int64_t local_len) const override { return {{0, 0, local_len}}; }
-  void forward(kernels::Ops&, float*, float*, const float*, const float*, const float*,
-               const kernels::AttentionShape&, kernels::Precision) override {
-    ADD_FAILURE() << "context-parallel attention reached";
+  std::vector<PositionRun> runs(int64_t n) const override {
+    return {{0, n / 2, n / 2}, {n / 2, 0, n / 2}};
   }
-  void backward(kernels::Ops&, float*, float*, float*, const float*, const float*, const float*,
-                const float*, const float*, const float*, const kernels::AttentionShape&,
-                kernels::Precision) override {
-    ADD_FAILURE() << "context-parallel attention reached";
+  void forward(kernels::Ops& ops, float* out, float* lse, const float* q, const float* k,
+               const float* v, const kernels::AttentionShape& local,
+               kernels::Precision precision) override {
+    ++calls;
+    const Widths w(local);
+    const auto sq = swap_halves(q, w.n, w.q, local.q_row_stride);
+    const auto sk = swap_halves(k, w.n, w.k, local.k_row_stride);
+    const auto sv = swap_halves(v, w.n, w.v, local.v_row_stride);
+    std::vector<float> o(static_cast<size_t>(w.n * w.out)), l(static_cast<size_t>(w.h * w.n));
+    ops.attention_forward(o.data(), l.data(), sq.data(), sk.data(), sv.data(), w.shape(local),
+                          precision, {});
+    unswap_halves(out, o, w.n, w.out, w.out);
+    unswap_lse(lse, l, w);
+  }
+  void backward(kernels::Ops& ops, float* dq, float* dk, float* dv, const float* d_out,
+                const float* q, const float* k, const float* v, const float* out, const float* lse,
+                const kernels::AttentionShape& local, kernels::Precision precision) override {
+    ++calls;
+    const Widths w(local);
+    const auto sq = swap_halves(q, w.n, w.q, local.q_row_stride);
+    const auto sk = swap_halves(k, w.n, w.k, local.k_row_stride);
+    const auto sv = swap_halves(v, w.n, w.v, local.v_row_stride);
+    const auto so = swap_halves(out, w.n, w.out, w.out);
+    const auto sd = swap_halves(d_out, w.n, w.out, w.out);
+    std::vector<float> sl(static_cast<size_t>(w.h * w.n));
+    for (int64_t h = 0; h < w.h; ++h) {
+      const auto row = swap_halves(lse + h * w.n, w.n, 1, 1);
+      std::copy(row.begin(), row.end(), sl.begin() + h * w.n);
+    }
+    std::vector<float> gq(sq.size()), gk(sk.size()), gv(sv.size());
+    ops.attention_backward(gq.data(), gk.data(), gv.data(), sd.data(), sq.data(), sk.data(),
+                           sv.data(), so.data(), sl.data(), w.shape(local), precision, {});
+    unswap_halves(dq, gq, w.n, w.q, local.q_row_stride);
+    unswap_halves(dk, gk, w.n, w.k, local.k_row_stride);
+    unswap_halves(dv, gv, w.n, w.v, local.v_row_stride);
   }
   double take_wait_seconds() override { return 0; }
+  int calls = 0;
+
+ private:
+  // One sequence's widths (B = 1).
+  struct Widths {
+    explicit Widths(const kernels::AttentionShape& s)
+        : n(s.q_len),
+          h(s.q_heads),
+          q(s.q_heads * s.head_dim),
+          k(s.kv_heads * s.head_dim),
+          v(s.kv_heads * s.value_dim()),
+          out(s.q_heads * s.value_dim()) {
+      EXPECT_EQ(s.batch, 1);
+    }
+    // The contiguous whole-sequence call (causal from position 0).
+    kernels::AttentionShape shape(const kernels::AttentionShape& local) const {
+      kernels::AttentionShape s =
+          kernels::AttentionShape::contiguous(1, n, local.q_heads, local.kv_heads, local.head_dim);
+      s.v_head_dim = local.v_head_dim;
+      s.v_row_stride = v;
+      s.v_batch_stride = n * v;
+      return s;
+    }
+    int64_t n, h, q, k, v, out;
+  };
+  static void unswap_lse(float* lse, const std::vector<float>& ordered, const Widths& w) {
+    for (int64_t h = 0; h < w.h; ++h) {
+      const std::vector<float> row(ordered.begin() + h * w.n, ordered.begin() + (h + 1) * w.n);
+      unswap_halves(lse + h * w.n, row, w.n, 1, 1);
+    }
+  }
 };
 
 // The first line of what `f` throws as lattice::Error ("" when nothing).
@@ -112,9 +191,11 @@ struct BlockRun {
   std::vector<float> out, d_x, grads;
 };
 BlockRun run_block(RandomizedBlock& t, kernels::Precision precision, const std::vector<float>& x,
-                   const std::vector<float>& d_out, int64_t B, int64_t T) {
+                   const std::vector<float>& d_out, int64_t B, int64_t T,
+                   ContextAttention* context = nullptr) {
   kernels::CpuOps ops;
   LayerContext ctx{ops, precision, nullptr};
+  ctx.context = context;
   t.store.zero_grads();
   BlockRun r{std::vector<float>(x.size()), std::vector<float>(x.size()), {}};
   auto saved = t.block->make_activations();
@@ -319,7 +400,7 @@ TEST(LatentAttention, WhatTheForwardKeepsIsWhatSavedBytesSaysAndBackwardFitsItsS
     }
 }
 
-TEST(LatentAttention, RefusesWhatItDoesNotSupportYetInOneLine) {
+TEST(LatentAttention, RefusesWhatItCannotRunInOneLine) {
   // A tensor-parallel size that does not divide the heads (tp splits them).
   parallel::TensorParallelGroup three_ranks;
   three_ranks.size = 3;
@@ -337,20 +418,37 @@ TEST(LatentAttention, RefusesWhatItDoesNotSupportYetInOneLine) {
       [&] { TransformerBlock(other, latent_block(kQRank), 0, parallel::SequenceLayout{}, &wide); });
   EXPECT_NE(table.find("build its RoPE table with head_dim qk_rope_head_dim"), std::string::npos)
       << table;
-  // Context parallelism.
-  RandomizedBlock t(latent_block(kQRank), &rope_table());
-  kernels::CpuOps ops;
-  UnreachedContextAttention ring;
-  LayerContext split_context{ops, kernels::Precision::fp32, nullptr};
-  split_context.context = &ring;
-  const int64_t T = 4;
-  std::vector<float> sequence(T * kWidth, 0.5f), sequence_out(T * kWidth);
-  auto saved = t.block->make_activations();
-  const std::string cp = error_of(
-      [&] { t.block->forward(split_context, *saved, sequence_out.data(), sequence.data(), 1, T); });
-  EXPECT_NE(cp.find("multi-head latent attention does not run under context parallelism yet"),
-            std::string::npos)
-      << cp;
-  for (const std::string& line : {tp, table, cp})
-    EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+  for (const std::string& line : {tp, table}) EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+}
+
+TEST(LatentAttention, UnderAContextAttentionItsRopeFollowsTheRunsPositions) {
+  // The block on one sequence's rows with its halves swapped, through a context attention whose
+  // runs say so, equals the plain block on the sequence in order, rows swapped likewise: q's rope
+  // channels and k_pe rotate at the runs' positions and their gradients rotate back at them
+  // (rotated at the rows' indices instead, the output differs by 3e-4 relative, the residual
+  // dominating it, and the gradients by up to 20%). Every row-wise layer computes the same rows;
+  // the weight gradients sum the rows in another order (fp32 rounding, 1e-5 relative bounds it).
+  const int64_t T = 8, n = T * kWidth;
+  const std::vector<float> x = uniform_values(n, 7), d_out = uniform_values(n, 8);
+  for (int64_t q_rank : {kQRank, int64_t{0}}) {
+    SCOPED_TRACE(::testing::Message() << "q_lora_rank " << q_rank);
+    RandomizedBlock t(latent_block(q_rank), &rope_table());
+    const BlockRun in_order = run_block(t, kernels::Precision::fp32, x, d_out, 1, T);
+    SwappedHalvesAttention context;
+    const BlockRun swapped =
+        run_block(t, kernels::Precision::fp32, swap_halves(x.data(), T, kWidth, kWidth),
+                  swap_halves(d_out.data(), T, kWidth, kWidth), 1, T, &context);
+    EXPECT_EQ(context.calls, 2);  // its forward and backward ran
+    EXPECT_LT(relative_difference(swapped.out, swap_halves(in_order.out.data(), T, kWidth, kWidth)),
+              1e-5);
+    EXPECT_LT(relative_difference(swapped.d_x, swap_halves(in_order.d_x.data(), T, kWidth, kWidth)),
+              1e-5);
+    for (const auto& p : t.store.parameters()) {
+      const std::vector<float> a(swapped.grads.begin() + p.offset,
+                                 swapped.grads.begin() + p.offset + p.numel);
+      const std::vector<float> b(in_order.grads.begin() + p.offset,
+                                 in_order.grads.begin() + p.offset + p.numel);
+      EXPECT_LT(relative_difference(a, b), 1e-5) << p.name;
+    }
+  }
 }

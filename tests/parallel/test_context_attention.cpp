@@ -1,6 +1,7 @@
 // Context-parallel attention (ring and Ulysses) on thread ranks against one attention call over
 // the whole sequence: each rank's outputs, log-sum-exps and q, k, v gradients at its load-balanced
-// positions must match the one-rank call's rows there.
+// positions must match the one-rank call's rows there, with value heads as wide as the query-key
+// heads or of their own width (DeepSeek's multi-head latent attention).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,6 +35,8 @@ struct Case {
   k::Precision precision;
   bool packed;         // q, k, v as one [q | k | v] projection per token (GPT-2's layout)
   int64_t window = 0;  // sliding window (0: none)
+  int64_t head_dim = 8;
+  int64_t value_dim = 0;  // the value heads' own width (0: head_dim; DeepSeek's MLA: narrower)
 };
 
 // Rows [positions of rank r] of x [B, T, width] (row stride `stride`) into [B, T / cp, width].
@@ -57,11 +60,14 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 void check_case(const Case& c) {
-  const int64_t B = 2, T = 64, D = 8, Hq = c.q_heads, Hkv = c.kv_heads;
-  const int64_t A = Hq * D, W = Hkv * D;
-  // Layout: packed [B, T, A + 2W] or separate q [B, T, A], k and v [B, T, W].
-  const int64_t q_stride = c.packed ? A + 2 * W : A, kv_stride = c.packed ? A + 2 * W : W;
-  const std::vector<float> qkv = random_values(B * T * (A + 2 * W), 7);
+  const int64_t B = 2, T = 64, D = c.head_dim, Hq = c.q_heads, Hkv = c.kv_heads;
+  const int64_t Dv = c.value_dim > 0 ? c.value_dim : D;
+  const int64_t A = Hq * D, W = Hkv * D, Wv = Hkv * Dv, O = Hq * Dv;  // O: one token's output
+  // Layout: packed [B, T, A + W + Wv] or separate q [B, T, A], k [B, T, W] and v [B, T, Wv].
+  const int64_t packed_stride = A + W + Wv;
+  const int64_t q_stride = c.packed ? packed_stride : A, k_stride = c.packed ? packed_stride : W;
+  const int64_t v_stride = c.packed ? packed_stride : Wv;
+  const std::vector<float> qkv = random_values(B * T * packed_stride, 7);
   std::vector<float> q, kk, v;
   if (c.packed) {
     q = qkv;
@@ -74,14 +80,17 @@ void check_case(const Case& c) {
   const float* kp = c.packed ? q.data() + A : kk.data();
   const float* vp = c.packed ? q.data() + A + W : v.data();
   k::AttentionShape full = k::AttentionShape::contiguous(B, T, Hq, Hkv, D);
+  full.v_head_dim = c.value_dim;
   full.q_row_stride = q_stride;
-  full.k_row_stride = full.v_row_stride = kv_stride;
+  full.k_row_stride = k_stride;
+  full.v_row_stride = v_stride;
   full.q_batch_stride = T * q_stride;
-  full.kv_batch_stride = T * kv_stride;
+  full.kv_batch_stride = T * k_stride;
+  full.v_batch_stride = T * v_stride;
   full.window = c.window;
-  const std::vector<float> d_out = random_values(B * T * A, 11);
+  const std::vector<float> d_out = random_values(B * T * O, 11);
   k::CpuOps ops;
-  std::vector<float> out(B * T * A), lse(B * Hq * T);
+  std::vector<float> out(B * T * O), lse(B * Hq * T);
   ops.attention_forward(out.data(), lse.data(), qp, kp, vp, full, c.precision, {});
   std::vector<float> dq(q.size()), dk(c.packed ? 0 : kk.size()), dv(c.packed ? 0 : v.size());
   float* dqp = dq.data();
@@ -110,19 +119,20 @@ void check_case(const Case& c) {
     k::AttentionShape local = full;
     local.q_len = local.kv_len = n;
     local.q_batch_stride = n * q_stride;
-    local.kv_batch_stride = n * kv_stride;
+    local.kv_batch_stride = n * k_stride;
+    local.v_batch_stride = n * v_stride;
     std::vector<float> lq = local_rows(q, B, T, q_stride, c.cp, r);
     std::vector<float> lk = c.packed ? std::vector<float>() : local_rows(kk, B, T, W, c.cp, r);
-    std::vector<float> lv = c.packed ? std::vector<float>() : local_rows(v, B, T, W, c.cp, r);
+    std::vector<float> lv = c.packed ? std::vector<float>() : local_rows(v, B, T, Wv, c.cp, r);
     const float* lqp = lq.data();
     const float* lkp = c.packed ? lq.data() + A : lk.data();
     const float* lvp = c.packed ? lq.data() + A + W : lv.data();
-    std::vector<float> lout(B * n * A), llse(B * Hq * n);
+    std::vector<float> lout(B * n * O), llse(B * Hq * n);
     attention->forward(ops, lout.data(), llse.data(), lqp, lkp, lvp, local, c.precision);
-    expect_close(lout, local_rows(out, B, T, A, c.cp, r), out_tol, "out");
+    expect_close(lout, local_rows(out, B, T, O, c.cp, r), out_tol, "out");
     // lse [B, H, T] is a [B·H, T] table of one float per position.
     expect_close(llse, local_rows(lse, B * Hq, T, 1, c.cp, r), out_tol, "lse");
-    const std::vector<float> ld_out = local_rows(d_out, B, T, A, c.cp, r);
+    const std::vector<float> ld_out = local_rows(d_out, B, T, O, c.cp, r);
     std::vector<float> ldq(lq.size()), ldk(lk.size()), ldv(lv.size());
     float* ldqp = ldq.data();
     float* ldkp = c.packed ? ldq.data() + A : ldk.data();
@@ -132,7 +142,7 @@ void check_case(const Case& c) {
     expect_close(ldq, local_rows(dq, B, T, q_stride, c.cp, r), grad_tol, "dq (and dk, dv packed)");
     if (!c.packed) {
       expect_close(ldk, local_rows(dk, B, T, W, c.cp, r), grad_tol, "dk");
-      expect_close(ldv, local_rows(dv, B, T, W, c.cp, r), grad_tol, "dv");
+      expect_close(ldv, local_rows(dv, B, T, Wv, c.cp, r), grad_tol, "dv");
     }
     EXPECT_GE(attention->take_wait_seconds(), 0.0);
   });
@@ -164,6 +174,23 @@ TEST(ContextAttention, SlidingWindowMatchesOneCall) {
 TEST(ContextAttention, Bf16WithinTheRoundingOfTheProbabilities) {
   check_case({ContextParallelMode::ring, 2, 4, 4, k::Precision::bf16, true});
   check_case({ContextParallelMode::ulysses, 2, 4, 2, k::Precision::bf16, false});
+}
+
+TEST(ContextAttention, ValueHeadsOfTheirOwnWidthMatchOneCall) {
+  // DeepSeek's multi-head latent attention: query-key heads of 16, value (and output) heads of 12;
+  // ring carries [k | v] blocks of the two widths and merges outputs 12 wide, Ulysses all-to-alls
+  // v, out and their gradients 12 wide. Both layouts (v in its own buffer, and packed after k);
+  // the tolerances are check_case's.
+  for (int cp : {2, 4})
+    for (bool packed : {false, true}) {
+      check_case({ContextParallelMode::ring, cp, 4, packed ? 4 : 2, k::Precision::fp32, packed, 0,
+                  16, 12});
+      check_case({ContextParallelMode::ulysses, cp, 8, packed ? 8 : 4, k::Precision::fp32, packed,
+                  0, 16, 12});
+    }
+  check_case({ContextParallelMode::ring, 2, 4, 4, k::Precision::bf16, false, 0, 16, 12});
+  check_case({ContextParallelMode::ulysses, 2, 4, 2, k::Precision::bf16, true, 0, 16, 12});
+  check_case({ContextParallelMode::ring, 4, 4, 2, k::Precision::fp32, false, 12, 16, 12});
 }
 
 TEST(ContextAttention, LoadBalancedRunsCoverTheSequenceOnce) {

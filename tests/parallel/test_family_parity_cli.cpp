@@ -5,8 +5,9 @@
 // attention skips the key blocks before every query's window, Ulysses passes the window on) and
 // Qwen3-MoE (expert parallelism) and DeepSeek-V3 (multi-head latent attention, a dense first
 // layer, sigmoid-routed experts with a shared one; under tp its heads are split and its latent
-// projections and norms whole on every rank, their gradients summed over tp; cp refused). Each
-// layout against one rank from the same weights and batches.
+// projections and norms whole on every rank, their gradients summed over tp; under cp ring
+// attention and Ulysses carry its narrower value heads and RoPE rotates its rope channels at the
+// runs' positions). Each layout against one rank from the same weights and batches.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -73,10 +74,9 @@ TEST_F(FamilyParityCli, Qwen3MoeUnderEpTpAndPp) {
 
 // DeepSeek-V3's latent attention under dp (ZeRO-3 included), ep, the pipeline and tp (with and
 // without sequence parallelism, with dp, ep, ZeRO and a zero-bubble pipeline whose deferred weight
-// halves read the summed gradients of the replicated latent projections); context parallelism is
-// refused in one line. Within 1e-4 of one rank as above: under tp the row-parallel o_proj's sum
-// and the latent projections' and norms' gradients, summed over the ranks' heads, add in another
-// order.
+// halves read the summed gradients of the replicated latent projections). Within 1e-4 of one rank
+// as above: under tp the row-parallel o_proj's sum and the latent projections' and norms'
+// gradients, summed over the ranks' heads, add in another order.
 TEST_F(FamilyParityCli, DeepSeekV3UnderDpEpPpAndTp) {
   // dp2z3 and dp2e2 are compared with dp2 (ZeRO-3 bit for bit), dp1p2 with one rank; the tp
   // layouts with one rank, dp2t2e2 with dp2t2, dp1t2p2 and dp1t2sp2-zb-h1 with dp1t2 and dp1t2s
@@ -85,7 +85,14 @@ TEST_F(FamilyParityCli, DeepSeekV3UnderDpEpPpAndTp) {
                 "dp1,dp2,dp2z3,dp2e2,dp1p2,dp1t2,dp1t2s,dp1t4s,dp2t2,dp2t2s,dp2t2e2,dp1t2p2,"
                 "dp1t2sp2-zb-h1,dp2t2sz1",
                 {"dp2", "dp2e2", "dp1t2", "dp1t2s", "dp1t4s", "dp2t2", "dp2t2s", "dp2t2e2"});
-  const CliResult r =
-      run_lattice("train --parallelism.cp=2" + family_flags(dir_, "deepseek-v3-tiny"), dir_);
-  expect_one_error_line(r, "multi-head latent attention does not run under context parallelism");
+}
+
+// DeepSeek-V3's latent attention under context parallelism: ring attention (2 and 4 ranks, and
+// with dp) and Ulysses (alone and with tp: 2 of the 4 heads per tp rank, split over cp 2), its
+// value heads (8 wide) narrower than its query-key heads (16). Within 1e-4 of one rank as above:
+// ring merges the ranks' partial outputs through their log-sum-exps and sums the key/value
+// gradients over the ring, dp and cp sum the weight gradients in another order.
+TEST_F(FamilyParityCli, DeepSeekV3UnderCp) {
+  expect_parity("deepseek-v3-tiny", "dp1,dp1c2,dp1c2u,dp1c4,dp2c2,dp1t2c2u",
+                {"dp1c2", "dp1c2u", "dp1c4", "dp2c2", "dp1t2c2u"});
 }

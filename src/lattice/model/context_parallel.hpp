@@ -36,8 +36,9 @@ class ContextAttention {
   virtual std::vector<PositionRun> runs(int64_t local_len) const = 0;
   // Causal attention of this rank's queries over every rank's keys. `local` describes this rank's
   // q, k, v ([batch, local_len] tokens with its strides; offsets and mask are ignored: the runs
-  // give the positions); out [batch, local_len, q_heads·head_dim] and lse [batch, q_heads,
-  // local_len] as Ops::attention_forward writes them.
+  // give the positions; values may have their own width, local.value_dim()); out [batch,
+  // local_len, q_heads·value_dim()] and lse [batch, q_heads, local_len] as Ops::attention_forward
+  // writes them.
   virtual void forward(kernels::Ops& ops, float* out, float* lse, const float* q, const float* k,
                        const float* v, const kernels::AttentionShape& local,
                        kernels::Precision precision) = 0;

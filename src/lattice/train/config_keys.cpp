@@ -128,7 +128,7 @@ std::vector<ConfigKey> build_keys() {
       "q_proj; from the preset");
   add("model", "kv_lora_rank", int_key(model_field(&ModelConfig::kv_lora_rank)),
       "multi-head latent attention's compressed key/value width (DeepSeek-V3: 512); > 0 turns it "
-      "on (family deepseek; cp = 1, tp dividing n_heads); 0: none; from the preset");
+      "on (family deepseek; tp dividing n_heads); 0: none; from the preset");
   add("model", "qk_nope_head_dim", int_key(model_field(&ModelConfig::qk_nope_head_dim)),
       "multi-head latent attention: each query/key head's channels without RoPE (DeepSeek-V3: "
       "128); from the preset");

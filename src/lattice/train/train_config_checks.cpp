@@ -80,15 +80,6 @@ void refuse_moe_misfit(const TrainConfig& c) {
         "updated between steps on the whole parameters; use ZeRO 0-2");
 }
 
-// Multi-head latent attention (DeepSeek-V3): no context parallelism (tp splits its heads).
-void refuse_latent_attention_misfit(const TrainConfig& c) {
-  if (!c.model.latent_attention()) return;
-  check(
-      c.parallelism.cp == 1,
-      "multi-head latent attention does not run under context parallelism yet (parallelism.cp = " +
-          std::to_string(c.parallelism.cp) + "): set parallelism.cp = 1");
-}
-
 // Context parallelism: the sequence in 2·cp equal chunks, Ulysses' heads divisible by cp, and
 // under sequence parallelism each rank's T / cp rows divisible by tp.
 void refuse_context_parallel_misfit(const TrainConfig& c) {
@@ -250,7 +241,6 @@ void TrainConfig::finalize() {
   refuse_tensor_parallel_misfit(*this);
   refuse_context_parallel_misfit(*this);
   refuse_moe_misfit(*this);
-  refuse_latent_attention_misfit(*this);
 }
 
 }  // namespace lattice::train

@@ -260,9 +260,6 @@ void Attention::project_out(const LayerContext& ctx, AttentionActivations& a, fl
 void Attention::forward(const LayerContext& ctx, AttentionActivations& a, float* x_out,
                         const float* x, int64_t B, int64_t T, Tensor& partial) {
   const int64_t rows = B * T;
-  check(!latent() || ctx.context == nullptr,
-        "multi-head latent attention does not run under context parallelism yet: train it with "
-        "one context-parallel rank");
   {
     Tensor gathered;  // fp32 sharded layouts: the norm's output over all rows, for the GEMMs
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,

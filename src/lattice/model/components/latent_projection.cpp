@@ -6,6 +6,7 @@
 #include "lattice/core/error.hpp"
 #include "lattice/model/block.hpp"
 #include "lattice/model/components/backward_slots.hpp"
+#include "lattice/model/context_parallel.hpp"
 
 namespace lattice::model {
 
@@ -22,6 +23,21 @@ void copy_columns(const LayerContext& ctx, float* to, int64_t to_width, const fl
                              sizeof(float) * static_cast<size_t>(from_width),
                              sizeof(float) * static_cast<size_t>(width), static_cast<size_t>(rows),
                              CopyKind::device_to_device);
+}
+
+// RoPE (or its inverse) on one head of `width` floats a row in x [B, T, ...] at the rows'
+// positions: under context parallelism this rank's runs of each sequence (rope_at_runs), otherwise
+// position_offset + the row's index.
+void rotate_at_positions(const LayerContext& ctx, const k::RopeTable& table, float* x, int64_t B,
+                         int64_t T, int64_t width, int64_t position_offset, bool inverse) {
+  if (ctx.context == nullptr) {
+    ctx.ops.rope(table, x, B, T, 1, width, T * width, position_offset, inverse);
+    return;
+  }
+  check(position_offset == 0,
+        "multi-head latent attention under context parallelism takes its positions from the "
+        "sequence split, not an offset (internal error)");
+  rope_at_runs(ctx.ops, ctx.context, table, x, B, T, 1, width, T * width, inverse);
 }
 
 }  // namespace
@@ -102,7 +118,7 @@ void LatentProjection::rotate_queries(const LayerContext& ctx, float* q, int64_t
   // Each head's last qk_rope_head_dim channels, one head at a time (rows of heads·qk floats).
   const int64_t width = heads_ * qk_;
   for (int64_t h = 0; h < heads_; ++h)
-    ctx.ops.rope(*rope_, q + h * qk_ + nope_, B, T, 1, width, T * width, position_offset, inverse);
+    rotate_at_positions(ctx, *rope_, q + h * qk_ + nope_, B, T, width, position_offset, inverse);
 }
 
 void LatentProjection::forward(const LayerContext& ctx, LatentActivations& a, float* q, float* k,
@@ -147,7 +163,7 @@ void LatentProjection::forward(const LayerContext& ctx, LatentActivations& a, fl
   copy_columns(ctx, a.compressed.f32(), kv_rank_, kv_a_out.f32(), kv_a_width, kv_rank_, rows);
   project_normed(kv_a_norm_, a.kv_a_norm, a.compressed.f32(), kv_b_, a.kv_b, kv_b_out.f32());
   float* k_pe = kv_a_out.f32() + kv_rank_;
-  ctx.ops.rope(*rope_, k_pe, B, T, 1, kv_a_width, T * kv_a_width, position_offset, false);
+  rotate_at_positions(ctx, *rope_, k_pe, B, T, kv_a_width, position_offset, false);
   // k per head [k_nope | k_pe] and v, as [rows · heads, ·] rows.
   copy_columns(ctx, k, qk_, kv_b_out.f32(), kv_b_width, nope_, rows * heads_);
   copy_columns(ctx, v, v_, kv_b_out.f32() + nope_, kv_b_width, v_, rows * heads_);
@@ -223,7 +239,7 @@ LatentInputGradients LatentProjection::backward(const LayerContext& ctx, LatentA
                  rows);
     if (h > 0) ctx.ops.add_inplace(d_k_pe, d_head, rows * rope_dim_);
   }
-  ctx.ops.rope(*rope_, d_k_pe, B, T, 1, rope_dim_, T * rope_dim_, 0, true);
+  rotate_at_positions(ctx, *rope_, d_k_pe, B, T, rope_dim_, 0, true);
   // kv_a_proj_with_mqa's d_out [d c | d k_pe], d c through kv_b_proj and the latent norm.
   float* d_kv_a = g.kept(a.d_kv_a, slot::latent_kv_a_gradient, rows * kv_a_width);
   copy_columns(ctx, d_kv_a + kv_rank_, kv_a_width, d_k_pe, rope_dim_, rope_dim_, rows);

@@ -15,7 +15,8 @@
 // are column-split by heads, while q_a_proj, q_a_layernorm, kv_a_proj_with_mqa and kv_a_layernorm
 // are whole on every rank and run redundantly on the whole (under sequence parallelism gathered)
 // input; their gradients are partial sums over the ranks' heads, summed over the group (see
-// backward). No KV cache, no context parallelism (Attention refuses them).
+// backward). Under context parallelism (ctx.context) the rows are this rank's runs of each
+// sequence and RoPE rotates them at the runs' positions (rope_at_runs), forward and backward.
 #pragma once
 
 #include <cstdint>
@@ -101,7 +102,8 @@ class LatentProjection {
   void prepare(const LayerContext& ctx, LatentActivations& a, int64_t rows) const;
   // q, k, v from the normed input of B sequences of T tokens: fp32 `in` [rows, C], or in bf16
   // precision the shared bf16 `in16` (input_reader's prepared input); the tokens at positions
-  // [position_offset, position_offset + T) for RoPE (KV-cached generation's new tokens).
+  // [position_offset, position_offset + T) for RoPE (KV-cached generation's new tokens; under
+  // context parallelism the runs' positions, offset 0).
   void forward(const LayerContext& ctx, LatentActivations& a, float* q, float* k, float* v,
                const float* in, const lattice::bf16* in16, int64_t B, int64_t T,
                int64_t position_offset = 0);
@@ -130,7 +132,8 @@ class LatentProjection {
  private:
   bool has_q_rank() const { return q_rank_ > 0; }
   int64_t q_input_width() const { return has_q_rank() ? q_rank_ : heads_ * qk_; }
-  // RoPE (or its inverse) on the rope channels of every head of q [rows, heads·qk].
+  // RoPE (or its inverse) on the rope channels of every head of q [rows, heads·qk], at the rows'
+  // positions (forward's).
   void rotate_queries(const LayerContext& ctx, float* q, int64_t B, int64_t T, bool inverse,
                       int64_t position_offset = 0) const;
 

@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <string>
 
-#include "lattice/core/error.hpp"
 #include "lattice/parallel/context/row_copies.hpp"
 #include "lattice/parallel/context/sequence_split.hpp"
 
@@ -20,8 +18,9 @@ namespace {
 constexpr int kKeyValueTag = 2301;  // a key/value block moving one hop
 constexpr int kGradientTag = 2302;  // a block's key/value gradient summed so far
 
-// The call over query run `q` and key run `kv` of a block laid out [batch, n, width] (k and v
-// contiguous per token), with the local shape's query strides; nullopt when the mask hides every
+// The call over query run `q` and key run `kv` of a block laid out [k | v] ([batch, n, kv_heads ·
+// head_dim] then [batch, n, kv_heads · value_dim()], each contiguous per token), with the local
+// shape's query strides; nullopt when the mask hides every
 // key of the run from every query (all its keys after the last query, or before the first query's
 // sliding window).
 std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, const PositionRun& q,
@@ -31,11 +30,14 @@ std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, cons
   if (local.window > 0 && kv.position + kv.length - 1 < q.position - local.window + 1)
     return std::nullopt;
   k::AttentionShape s = local;
-  const int64_t width = local.kv_heads * local.head_dim;
+  const int64_t k_width = local.kv_heads * local.head_dim;
+  const int64_t v_width = local.kv_heads * local.value_dim();
   s.q_len = q.length;
   s.kv_len = kv.length;
-  s.k_row_stride = s.v_row_stride = width;
-  s.kv_batch_stride = local.kv_len * width;
+  s.k_row_stride = k_width;
+  s.v_row_stride = v_width;
+  s.kv_batch_stride = local.kv_len * k_width;
+  s.v_batch_stride = local.kv_len * v_width;
   s.q_offset = q.position;
   s.k_offset = kv.position;
   // Keys wholly before every query need no mask (the same result, less work) unless a sliding
@@ -51,30 +53,29 @@ std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, cons
 RingAttention::Blocks RingAttention::own_blocks(k::Ops& ops, const float* k, const float* v,
                                                 const k::AttentionShape& local,
                                                 k::Precision precision) {
-  check(local.value_dim() == local.head_dim,
-        "context_parallel.mode = ring does not take value heads of their own width (v_head_dim " +
-            std::to_string(local.value_dim()) + " beside head_dim " +
-            std::to_string(local.head_dim) + ") yet: use parallelism.cp = 1");
-  const int64_t B = local.batch, n = local.q_len, width = local.kv_heads * local.head_dim;
-  const int64_t half = B * n * width;
+  const int64_t B = local.batch, n = local.q_len;
+  const int64_t k_width = local.kv_heads * local.head_dim;
+  const int64_t v_width = local.kv_heads * local.value_dim();
+  const int64_t k_part = B * n * k_width, count = k_part + B * n * v_width;
   if (precision != k::Precision::bf16) {
-    float* own = workspace_.slot(0, 2 * half);
+    float* own = workspace_.slot(0, count);
     DeviceMemory& memory = workspace_.memory();
-    pack_rows(memory, own, k, B, 0, n, width, local.k_row_stride, local.kv_batch_stride);
-    pack_rows(memory, own + half, v, B, 0, n, width, local.v_row_stride,
+    pack_rows(memory, own, k, B, 0, n, k_width, local.k_row_stride, local.kv_batch_stride);
+    pack_rows(memory, own + k_part, v, B, 0, n, v_width, local.v_row_stride,
               local.value_batch_stride());
-    return {{own, workspace_.slot(1, 2 * half)}, 2 * half, DType::f32};
+    return {{own, workspace_.slot(1, count)}, count, DType::f32};
   }
-  // bf16 elements in float slots: 2·half of them take `half` floats.
-  auto* own = reinterpret_cast<lattice::bf16*>(workspace_.slot(0, half));
+  // bf16 elements in float slots: `count` of them take count / 2 floats (rounded up).
+  const int64_t floats = (count + 1) / 2;
+  auto* own = reinterpret_cast<lattice::bf16*>(workspace_.slot(0, floats));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t row = (b * n + t) * width;
-      ops.convert_to_bf16(own + row, k + b * local.kv_batch_stride + t * local.k_row_stride, width);
-      ops.convert_to_bf16(own + half + row,
-                          v + b * local.value_batch_stride() + t * local.v_row_stride, width);
+      ops.convert_to_bf16(own + (b * n + t) * k_width,
+                          k + b * local.kv_batch_stride + t * local.k_row_stride, k_width);
+      ops.convert_to_bf16(own + k_part + (b * n + t) * v_width,
+                          v + b * local.value_batch_stride() + t * local.v_row_stride, v_width);
     }
-  return {{own, workspace_.slot(1, half)}, 2 * half, DType::bf16};
+  return {{own, workspace_.slot(1, floats)}, count, DType::bf16};
 }
 
 const float* RingAttention::held_fp32(k::Ops& ops, const Blocks& blocks, int index) {
@@ -89,11 +90,12 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
                             k::Precision precision) {
   const int P = cp_.size(), me = cp_.rank();
   const int next = (me + 1) % P, prev = (me + P - 1) % P;
-  const int64_t B = local.batch, n = local.q_len, H = local.q_heads, D = local.head_dim;
-  const int64_t width = local.kv_heads * D, half = B * n * width;
+  const int64_t B = local.batch, n = local.q_len, H = local.q_heads, Dv = local.value_dim();
+  const int64_t k_width = local.kv_heads * local.head_dim, v_width = local.kv_heads * Dv;
+  const int64_t k_part = B * n * k_width;
   // Workspace slots (the backward uses 0-5 and 14 for the same things and 8-13 for its own): 0,
   // 1 the travelling key/value blocks (own_blocks); 2, 3 each query run's running out [B, len,
-  // H·D]; 4, 5 its lse [B, H, len]; 6, 7 one call's out and lse; 14 the block in hand widened.
+  // H·Dv]; 4, 5 its lse [B, H, len]; 6, 7 one call's out and lse; 14 the block in hand widened.
   const Blocks blocks = own_blocks(ops, k, v, local, precision);
   const std::vector<PositionRun> mine = runs(n);
   std::vector<float*> run_out, run_lse;
@@ -101,11 +103,11 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
   for (size_t i = 0; i < mine.size(); ++i) {
     const int64_t len = mine[i].length;
     longest = std::max(longest, len);
-    run_out.push_back(workspace_.slot(2 + i, B * len * H * D));
+    run_out.push_back(workspace_.slot(2 + i, B * len * H * Dv));
     run_lse.push_back(workspace_.slot(4 + i, B * H * len));
     ops.fill(run_lse.back(), B * H * len, -std::numeric_limits<float>::infinity());  // no key yet
   }
-  float* part_out = workspace_.slot(6, B * longest * H * D);
+  float* part_out = workspace_.slot(6, B * longest * H * Dv);
   float* part_lse = workspace_.slot(7, B * H * longest);
   for (int step = 0; step < P; ++step) {
     comm::CommHandle sent, received;
@@ -121,17 +123,17 @@ void RingAttention::forward(k::Ops& ops, float* out, float* lse, const float* q,
         const std::optional<k::AttentionShape> s = pair_shape(local, mine[i], kv);
         if (!s) continue;
         ops.attention_forward(part_out, part_lse, q + mine[i].row * local.q_row_stride,
-                              held + kv.row * width, held + half + kv.row * width, *s, precision,
-                              {});
+                              held + kv.row * k_width, held + k_part + kv.row * v_width, *s,
+                              precision, {});
         ops.attention_merge_partial(run_out[i], run_lse[i], part_out, part_lse, B, mine[i].length,
-                                    H, D);
+                                    H, Dv);
       }
     wait(received);
     wait(sent);
   }
   for (size_t i = 0; i < mine.size(); ++i) {
-    unpack_rows(workspace_.memory(), out, run_out[i], B, mine[i].row, mine[i].length, H * D, H * D,
-                n * H * D);
+    unpack_rows(workspace_.memory(), out, run_out[i], B, mine[i].row, mine[i].length, H * Dv,
+                H * Dv, n * H * Dv);
     unpack_columns(workspace_.memory(), lse, run_lse[i], B, H, n, mine[i].row, mine[i].length);
   }
 }
@@ -143,7 +145,9 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   const int P = cp_.size(), me = cp_.rank();
   const int next = (me + 1) % P, prev = (me + P - 1) % P;
   const int64_t B = local.batch, n = local.q_len, H = local.q_heads, D = local.head_dim;
-  const int64_t width = local.kv_heads * D, half = B * n * width, block = 2 * half;
+  const int64_t Dv = local.value_dim();
+  const int64_t k_width = local.kv_heads * D, v_width = local.kv_heads * Dv;
+  const int64_t k_part = B * n * k_width, block = k_part + B * n * v_width;
   // Workspace slots: 0, 1 the key/value blocks as in the forward; 2, 3 each query run's out, 4, 5
   // its lse and 8, 9 its d_out (the kernel reads the queries' out, d_out and lse contiguously:
   // one copy per run); 10 one call's [dk | dv]; 11 the sum arriving from the previous rank; 12, 13
@@ -154,12 +158,12 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   std::vector<float*> run_out, run_d_out, run_lse;
   for (size_t i = 0; i < mine.size(); ++i) {
     const PositionRun& r = mine[i];
-    run_out.push_back(workspace_.slot(2 + i, B * r.length * H * D));
+    run_out.push_back(workspace_.slot(2 + i, B * r.length * H * Dv));
     run_lse.push_back(workspace_.slot(4 + i, B * H * r.length));
-    run_d_out.push_back(workspace_.slot(8 + i, B * r.length * H * D));
+    run_d_out.push_back(workspace_.slot(8 + i, B * r.length * H * Dv));
     DeviceMemory& memory = workspace_.memory();
-    pack_rows(memory, run_out.back(), out, B, r.row, r.length, H * D, H * D, n * H * D);
-    pack_rows(memory, run_d_out.back(), d_out, B, r.row, r.length, H * D, H * D, n * H * D);
+    pack_rows(memory, run_out.back(), out, B, r.row, r.length, H * Dv, H * Dv, n * H * Dv);
+    pack_rows(memory, run_d_out.back(), d_out, B, r.row, r.length, H * Dv, H * Dv, n * H * Dv);
     pack_columns(memory, run_lse.back(), lse, B, H, n, r.row, r.length);
   }
   // dq accumulates over every block (zeroed here, strided like q).
@@ -191,15 +195,15 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
       for (size_t i = 0; i < mine.size(); ++i) {
         const std::optional<k::AttentionShape> s = pair_shape(local, mine[i], kv);
         if (!s) continue;
-        const int64_t at = kv.row * width;
-        ops.attention_backward(dq + mine[i].row * local.q_row_stride, call + at, call + half + at,
-                               run_d_out[i], q + mine[i].row * local.q_row_stride, held + at,
-                               held + half + at, run_out[i], run_lse[i], *s, precision, accumulate);
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t part : {int64_t{0}, half}) {
-            const int64_t offset = part + b * n * width + at;
-            ops.add_inplace(sum + offset, call + offset, kv.length * width);
-          }
+        const int64_t k_at = kv.row * k_width, v_at = k_part + kv.row * v_width;
+        ops.attention_backward(dq + mine[i].row * local.q_row_stride, call + k_at, call + v_at,
+                               run_d_out[i], q + mine[i].row * local.q_row_stride, held + k_at,
+                               held + v_at, run_out[i], run_lse[i], *s, precision, accumulate);
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t k_offset = b * n * k_width + k_at, v_offset = b * n * v_width + v_at;
+          ops.add_inplace(sum + k_offset, call + k_offset, kv.length * k_width);
+          ops.add_inplace(sum + v_offset, call + v_offset, kv.length * v_width);
+        }
       }
     if (step > 0) {
       wait(sum_received);
@@ -215,9 +219,9 @@ void RingAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, const
   wait(sum_received);
   wait(sum_sent[0]);
   wait(sum_sent[1]);
-  unpack_rows(workspace_.memory(), dk, incoming, B, 0, n, width, local.k_row_stride,
+  unpack_rows(workspace_.memory(), dk, incoming, B, 0, n, k_width, local.k_row_stride,
               local.kv_batch_stride);
-  unpack_rows(workspace_.memory(), dv, incoming + half, B, 0, n, width, local.v_row_stride,
+  unpack_rows(workspace_.memory(), dv, incoming + k_part, B, 0, n, v_width, local.v_row_stride,
               local.value_batch_stride());
 }
 

@@ -35,8 +35,9 @@ class RingAttention final : public ContextGroupAttention {
   void wait(comm::CommHandle& handle) {
     waited([&] { handle.wait(); });
   }
-  // The key/value blocks that travel: this rank's own [k | v] ([B, n, width] each) packed into
-  // workspace slot 0, and slot 1 for the one arriving — fp32, or rounded to bf16 under
+  // The key/value blocks that travel: this rank's own [k | v] ([B, n, kv_heads·head_dim] then
+  // [B, n, kv_heads·value_dim()]: values of their own width travel at it) packed into workspace
+  // slot 0, and slot 1 for the one arriving — fp32, or rounded to bf16 under
   // Precision::bf16 (the kernel rounds k and v to bf16 before its products anyway: the same
   // result for half the bytes).
   struct Blocks {

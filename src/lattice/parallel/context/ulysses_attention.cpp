@@ -28,21 +28,22 @@ void UlyssesAttention::check_heads(const k::AttentionShape& local) const {
             std::to_string(P) + " ranks, but this rank has " + std::to_string(local.q_heads) +
             " query and " + std::to_string(local.kv_heads) +
             " key/value heads: use context_parallel.mode = ring, or a cp dividing both");
-  check(
-      local.value_dim() == local.head_dim,
-      "context_parallel.mode = ulysses does not take value heads of their own width (v_head_dim " +
-          std::to_string(local.value_dim()) + " beside head_dim " + std::to_string(local.head_dim) +
-          ") yet: use parallelism.cp = 1");
 }
 
 namespace {
 
-// The whole-sequence call over this rank's heads: the local call's positions rule, mask and window.
+// The whole-sequence call over this rank's heads: the local call's positions rule, mask, window
+// and value width (v contiguous [B, T, hkv·value_dim()] in its own buffer).
 k::AttentionShape full_sequence_shape(const k::AttentionShape& local, int64_t T, int64_t hq,
                                       int64_t hkv) {
   k::AttentionShape s = k::AttentionShape::contiguous(local.batch, T, hq, hkv, local.head_dim);
   s.mask = local.mask;
   s.window = local.window;
+  if (local.value_dim() != local.head_dim) {
+    s.v_head_dim = local.value_dim();
+    s.v_row_stride = hkv * s.v_head_dim;
+    s.v_batch_stride = T * s.v_row_stride;
+  }
   return s;
 }
 
@@ -123,18 +124,19 @@ void UlyssesAttention::forward(k::Ops& ops, float* out, float* lse, const float*
   check_heads(local);
   const int P = cp_.size();
   const int64_t B = local.batch, n = local.q_len, T = n * P, D = local.head_dim;
+  const int64_t Dv = local.value_dim();
   const int64_t hq = local.q_heads / P, hkv = local.kv_heads / P;
   float* fq = workspace_.slot(0, B * T * hq * D);
   float* fk = workspace_.slot(1, B * T * hkv * D);
-  float* fv = workspace_.slot(2, B * T * hkv * D);
-  float* fo = workspace_.slot(3, B * T * hq * D);
+  float* fv = workspace_.slot(2, B * T * hkv * Dv);
+  float* fo = workspace_.slot(3, B * T * hq * Dv);
   float* fl = workspace_.slot(4, B * hq * T);
   to_heads(fq, q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   to_heads(fk, k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.value_batch_stride());
+  to_heads(fv, v, B, n, local.kv_heads, Dv, local.v_row_stride, local.value_batch_stride());
   ops.attention_forward(fo, fl, fq, fk, fv, full_sequence_shape(local, T, hq, hkv), precision, {});
-  const int64_t width = local.q_heads * D;
-  from_heads(out, fo, B, n, local.q_heads, D, width, n * width);
+  const int64_t width = local.q_heads * Dv;
+  from_heads(out, fo, B, n, local.q_heads, Dv, width, n * width);
   lse_from_heads(lse, fl, B, n, local.q_heads);
 }
 
@@ -145,29 +147,31 @@ void UlyssesAttention::backward(k::Ops& ops, float* dq, float* dk, float* dv, co
   check_heads(local);
   const int P = cp_.size();
   const int64_t B = local.batch, n = local.q_len, T = n * P, D = local.head_dim;
-  const int64_t hq = local.q_heads / P, hkv = local.kv_heads / P, width = local.q_heads * D;
+  const int64_t Dv = local.value_dim();
+  const int64_t hq = local.q_heads / P, hkv = local.kv_heads / P, width = local.q_heads * Dv;
   const int64_t q_size = B * T * hq * D, kv_size = B * T * hkv * D;
+  const int64_t out_size = B * T * hq * Dv, v_size = B * T * hkv * Dv;
   float* fq = workspace_.slot(0, q_size);
   float* fk = workspace_.slot(1, kv_size);
-  float* fv = workspace_.slot(2, kv_size);
-  float* fo = workspace_.slot(3, q_size);
+  float* fv = workspace_.slot(2, v_size);
+  float* fo = workspace_.slot(3, out_size);
   float* fl = workspace_.slot(4, B * hq * T);
-  float* fdo = workspace_.slot(5, q_size);
+  float* fdo = workspace_.slot(5, out_size);
   to_heads(fq, q, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   to_heads(fk, k, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  to_heads(fv, v, B, n, local.kv_heads, D, local.v_row_stride, local.value_batch_stride());
-  to_heads(fo, out, B, n, local.q_heads, D, width, n * width);
-  to_heads(fdo, d_out, B, n, local.q_heads, D, width, n * width);
+  to_heads(fv, v, B, n, local.kv_heads, Dv, local.v_row_stride, local.value_batch_stride());
+  to_heads(fo, out, B, n, local.q_heads, Dv, width, n * width);
+  to_heads(fdo, d_out, B, n, local.q_heads, Dv, width, n * width);
   lse_to_heads(fl, lse, B, n, local.q_heads);
   // The gradients of this rank's head shard over the whole sequence.
   float* fdq = workspace_.slot(6, q_size);
   float* fdk = workspace_.slot(7, kv_size);
-  float* fdv = workspace_.slot(8, kv_size);
+  float* fdv = workspace_.slot(8, v_size);
   ops.attention_backward(fdq, fdk, fdv, fdo, fq, fk, fv, fo, fl,
                          full_sequence_shape(local, T, hq, hkv), precision, {});
   from_heads(dq, fdq, B, n, local.q_heads, D, local.q_row_stride, local.q_batch_stride);
   from_heads(dk, fdk, B, n, local.kv_heads, D, local.k_row_stride, local.kv_batch_stride);
-  from_heads(dv, fdv, B, n, local.kv_heads, D, local.v_row_stride, local.value_batch_stride());
+  from_heads(dv, fdv, B, n, local.kv_heads, Dv, local.v_row_stride, local.value_batch_stride());
 }
 
 }  // namespace lattice::parallel
