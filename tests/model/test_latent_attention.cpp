@@ -189,6 +189,10 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
 // The block's output, input gradient and parameter gradients for x and d_out in `precision`.
 struct BlockRun {
   std::vector<float> out, d_x, grads;
+  // The gradient of parameter `p` (of the block's store).
+  std::vector<float> grad(const ParameterInfo& p) const {
+    return {grads.begin() + p.offset, grads.begin() + p.offset + p.numel};
+  }
 };
 BlockRun run_block(RandomizedBlock& t, kernels::Precision precision, const std::vector<float>& x,
                    const std::vector<float>& d_out, int64_t B, int64_t T,
@@ -266,8 +270,7 @@ TEST(LatentAttention, MatchesThePyTorchReferenceOutputAndEveryGradient) {
     expect_close(r.out, read("output", n), "output");
     expect_close(r.d_x, read("input_gradient", n), "input gradient");
     for (const auto& p : t.store.parameters()) {
-      const std::vector<float> got(r.grads.begin() + p.offset,
-                                   r.grads.begin() + p.offset + p.numel);
+      const std::vector<float> got = r.grad(p);
       expect_close(got, read("grad/" + p.name, p.numel), "gradient of " + p.name);
     }
   }
@@ -301,8 +304,8 @@ TEST(LatentAttention, TheSoftmaxScaleFactorIsTheQueriesScaledByIt) {
   EXPECT_LT(relative_difference(a.out, b.out), 1e-6);
   EXPECT_LT(relative_difference(a.d_x, b.d_x), 1e-6);
   for (const auto& p : with_factor.store.parameters()) {
-    std::vector<float> got(a.grads.begin() + p.offset, a.grads.begin() + p.offset + p.numel);
-    std::vector<float> want(b.grads.begin() + p.offset, b.grads.begin() + p.offset + p.numel);
+    const std::vector<float> got = a.grad(p);
+    std::vector<float> want = b.grad(p);
     if (p.name == q_proj)
       for (float& g : want) g *= f;
     EXPECT_LT(relative_difference(got, want), 1e-5) << p.name;
@@ -329,11 +332,7 @@ TEST(LatentAttention, Bf16StaysWithinItsRoundingOfFp32) {
     EXPECT_LT(relative_difference(bf16.out, fp32.out), 3e-2);
     EXPECT_LT(relative_difference(bf16.d_x, fp32.d_x), 3e-2);
     for (const auto& p : t.store.parameters()) {
-      const std::vector<float> a(bf16.grads.begin() + p.offset,
-                                 bf16.grads.begin() + p.offset + p.numel);
-      const std::vector<float> b(fp32.grads.begin() + p.offset,
-                                 fp32.grads.begin() + p.offset + p.numel);
-      EXPECT_LT(relative_difference(a, b), 3e-2) << p.name;
+      EXPECT_LT(relative_difference(bf16.grad(p), fp32.grad(p)), 3e-2) << p.name;
     }
   }
 }
@@ -444,11 +443,7 @@ TEST(LatentAttention, UnderAContextAttentionItsRopeFollowsTheRunsPositions) {
     EXPECT_LT(relative_difference(swapped.d_x, swap_halves(in_order.d_x.data(), T, kWidth, kWidth)),
               1e-5);
     for (const auto& p : t.store.parameters()) {
-      const std::vector<float> a(swapped.grads.begin() + p.offset,
-                                 swapped.grads.begin() + p.offset + p.numel);
-      const std::vector<float> b(in_order.grads.begin() + p.offset,
-                                 in_order.grads.begin() + p.offset + p.numel);
-      EXPECT_LT(relative_difference(a, b), 1e-5) << p.name;
+      EXPECT_LT(relative_difference(swapped.grad(p), in_order.grad(p)), 1e-5) << p.name;
     }
   }
 }
