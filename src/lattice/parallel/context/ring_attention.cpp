@@ -20,9 +20,8 @@ constexpr int kGradientTag = 2302;  // a block's key/value gradient summed so fa
 
 // The call over query run `q` and key run `kv` of a block laid out [k | v] ([batch, n, kv_heads ·
 // head_dim] then [batch, n, kv_heads · value_dim()], each contiguous per token), with the local
-// shape's query strides; nullopt when the mask hides every
-// key of the run from every query (all its keys after the last query, or before the first query's
-// sliding window).
+// shape's query strides; nullopt when the mask hides every key of the run from every query (all
+// its keys after the last query, or before the first query's sliding window).
 std::optional<k::AttentionShape> pair_shape(const k::AttentionShape& local, const PositionRun& q,
                                             const PositionRun& kv) {
   if (kv.position > q.position + q.length - 1) return std::nullopt;
