@@ -1,4 +1,5 @@
-// Tests of incremental inference: the KV cache's layout and memory accounting, and
+// Tests of incremental inference: the KV cache's layout, memory accounting and rolling under a
+// sliding window, and
 // Transformer::forward_cached (prefill, then one token at a time, chunks, a cleared and
 // re-prefilled window) against the logits of the full-sequence forward, Transformer::logits, for
 // GPT-2, Llama with grouped-query attention, Mistral's window, Qwen 3's q/k norms and DeepSeek-V3's
@@ -152,6 +153,57 @@ TEST(KvCache, HoldsValueHeadsOfTheirOwnWidth) {
     }
 }
 
+// A sliding window of 4 over 6 slots and up to 20 positions: when 3 new positions do not fit, the
+// last 3 entries (all that a window of 4 lets the new queries see) move to the front, the older
+// ones are forgotten, and the positions go on counting.
+TEST(KvCache, UnderAWindowKeepsTheLastEntriesAndRolls) {
+  const int64_t B = 2, capacity = 6, window = 4, max_positions = 20, row = 2;
+  KvCache cache(1, B, capacity, 1, row, host_memory(), nullptr, 0, window, max_positions);
+  EXPECT_EQ(cache.bytes(), 2 * B * capacity * row * 4);  // slots, not positions
+  // Writes n positions whose keys are their position (values: minus it) in every element.
+  const auto write = [&](int64_t n) {
+    std::vector<float> k(static_cast<size_t>(B * n * row)), v(k.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < row; ++j) {
+          const float position = static_cast<float>(cache.length() + t);
+          k[static_cast<size_t>((b * n + t) * row + j)] = 100 * b + position;
+          v[static_cast<size_t>((b * n + t) * row + j)] = -(100 * b + position);
+        }
+    cache.make_room(n);
+    cache.write(0, k.data(), v.data(), row, n);
+    cache.advance(n);
+  };
+  const auto expect_slots_hold_positions = [&] {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t slot = 0; slot < cache.stored(); ++slot) {
+        const float position = static_cast<float>(cache.first_position() + slot);
+        const int64_t at = b * cache.batch_stride() + slot * row + 1;
+        ASSERT_EQ(cache.keys(0)[at], 100 * b + position) << "slot " << slot;
+        ASSERT_EQ(cache.values(0)[at], -(100 * b + position)) << "slot " << slot;
+      }
+  };
+  write(5);
+  EXPECT_EQ(cache.max_write(), 3);  // 1 free slot and the 2 entries older than the window's 3
+  write(3);  // 5 stored + 3 > 6: positions 2, 3, 4 to slots 0..2, moved 2 slots (blocks of 2, 1)
+  EXPECT_EQ(cache.first_position(), 2);
+  EXPECT_EQ(cache.stored(), 6);
+  EXPECT_EQ(cache.length(), 8);
+  expect_slots_hold_positions();
+  for (int i = 0; i < 9; ++i) write(1);  // rolls three times more, by 3 slots each
+  EXPECT_EQ(cache.length(), 17);
+  EXPECT_EQ(cache.room(), 3);
+  EXPECT_GE(cache.stored(), window - 1);
+  expect_slots_hold_positions();
+  std::vector<float> four(static_cast<size_t>(B * 4 * row));
+  cache.make_room(4);  // keeps 3 slots; but only 3 positions are left before max_positions
+  EXPECT_THROW(cache.write(0, four.data(), four.data(), row, 4), Error);
+  EXPECT_THROW(KvCache(1, B, capacity, 1, row, host_memory(), nullptr, 0, capacity + 1, 20),
+               Error);  // a window wider than the slots
+  EXPECT_THROW(KvCache(1, B, capacity, 1, row, host_memory(), nullptr, 0, 0, 20),
+               Error);  // more positions than slots without a window
+}
+
 class CachedForward : public ::testing::TestWithParam<Family> {
  protected:
   CachedForward() : config_(tiny(GetParam())), model_(config_, nullptr) { model_.initialize(5); }
@@ -185,7 +237,10 @@ TEST_P(CachedForward, PrefillThenSingleTokensEqualTheFullForward) {
     for (int64_t prompt : {1, 6}) {
       SCOPED_TRACE("batch " + std::to_string(B) + ", prompt of " + std::to_string(prompt));
       KvCache cache = model_.make_kv_cache(B, host_memory());
-      EXPECT_EQ(cache.capacity(), config_.max_seq_len);
+      EXPECT_EQ(cache.max_positions(), config_.max_seq_len);
+      // mistral-tiny's window of 8 rolls over 16 slots (T = 20 rolls it); the others hold all 32.
+      EXPECT_EQ(cache.capacity(),
+                config_.sliding_window > 0 ? 2 * config_.sliding_window : config_.max_seq_len);
       EXPECT_EQ(cache.kv_heads(), config_.n_kv_heads);
       feed_and_compare(cache, tokens, B, T, 0, 0, prompt);
       for (int64_t t = prompt; t < T; ++t) feed_and_compare(cache, tokens, B, T, 0, t, t + 1);
@@ -202,6 +257,18 @@ TEST_P(CachedForward, ChunksAfterThePrefillEqualTheFullForward) {
   feed_and_compare(cache, tokens, B, T, 0, 5, 9);
   feed_and_compare(cache, tokens, B, T, 0, 9, 12);
   feed_and_compare(cache, tokens, B, T, 0, 12, 13);
+}
+
+// A prompt longer than a windowed cache's slots is taken in pieces; chunks after it roll the cache.
+TEST_P(CachedForward, APromptLongerThanTheSlotsAndLaterChunksEqualTheFullForward) {
+  const int64_t B = 2, T = config_.max_seq_len;
+  const std::vector<int32_t> tokens = random_tokens(B * T, config_.vocab_size, 13);
+  KvCache cache = model_.make_kv_cache(B, host_memory());
+  feed_and_compare(cache, tokens, B, T, 0, 0, 21);
+  feed_and_compare(cache, tokens, B, T, 0, 21, 30);
+  feed_and_compare(cache, tokens, B, T, 0, 30, T);
+  EXPECT_EQ(cache.length(), T);
+  if (config_.sliding_window > 0) EXPECT_GT(cache.first_position(), 0);
 }
 
 // The generator's sliding window: a full cache refuses one more position; cleared and re-prefilled

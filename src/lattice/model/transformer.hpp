@@ -118,14 +118,16 @@ class Transformer {
   const float* logits(const LayerContext& ctx, const int32_t* tokens, int64_t B, int64_t T);
 
   // Incremental inference (transformer_inference.cpp; whole model only). An empty KV cache for
-  // `batch` sequences of up to max_seq_len positions.
+  // `batch` sequences of up to max_seq_len positions (under a sliding window W, 2W slots that roll:
+  // kv_cache.hpp).
   KvCache make_kv_cache(int64_t batch, DeviceMemory& memory,
                         MemoryTracker* tracker = nullptr) const;
   // Runs tokens [B, n] at positions [cache.length(), cache.length() + n) (absolute positions for
   // GPT-2's learned position embeddings and Llama's RoPE angles), appends their keys and values to
   // `cache` and returns the logits of each sequence's last new position, [B, vocab] (valid until
-  // the next call). Prefill a prompt with one call, then feed one token at a time. Throws when
-  // the cache has no room for n positions (clear it and re-prefill a shorter window). Overwrites
+  // the next call). Prefill a prompt with one call (a windowed cache takes it in pieces), then
+  // feed one token at a time. Throws when the positions would pass max_seq_len (clear the cache
+  // and re-prefill a shorter window). Overwrites
   // the training activations: no backward may follow.
   const float* forward_cached(const LayerContext& ctx, KvCache& cache, const int32_t* tokens,
                               int64_t B, int64_t n);
@@ -210,6 +212,11 @@ class Transformer {
   // logits, forward_cached).
   StageActivations own_;
   BackwardScratch scratch_;
+  // forward_cached on tokens [first, first + count) of each of the B sequences of n: one piece
+  // that fits the cache's free slots (after make_room), through every block; no head.
+  void forward_cached_piece(const LayerContext& ctx, KvCache& cache, const int32_t* tokens,
+                            int64_t B, int64_t n, int64_t first, int64_t count);
+
   Tensor last_hidden_;  // forward_cached: each sequence's last hidden state [B, d_model]
   std::vector<ParameterUnit> units_;
   std::vector<MoeLayerStatistics> moe_statistics_;  // take_moe_statistics' running sums

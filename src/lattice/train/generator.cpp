@@ -76,7 +76,7 @@ GenerationStats generate(model::Transformer& model, kernels::Ops& ops, std::vect
   Rng rng(settings.seed);
   model::LayerContext ctx{ops, kernels::Precision::fp32, nullptr};
   model::KvCache cache = model.make_kv_cache(1, ops.memory());
-  const int64_t capacity = cache.capacity();
+  const int64_t capacity = cache.max_positions();  // positions: a windowed cache rolls its slots
   // Runs the last `count` tokens at the cache's next positions; returns the last one's logits,
   // copied to the host for sampling.
   std::vector<float> host_logits(static_cast<size_t>(vocab));

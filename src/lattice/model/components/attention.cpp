@@ -290,7 +290,9 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
                                int64_t cache_layer, Tensor& partial) {
   check(layout_.ranks() == 1,
         "KV-cached generation runs on one rank: generate from the run's (logical) checkpoint");
-  const int64_t rows = B * n, start = cache.length();
+  // RoPE at the absolute positions [start, start + n); the keys read are the cache's slots, the
+  // new ones last (a rolled cache has dropped only keys outside every new query's window).
+  const int64_t rows = B * n, start = cache.length(), kv_len = cache.stored() + n;
   {
     Tensor gathered;
     NormedRows in = normalize(ctx, layout_, norm_, a.norm, x, rows, gathered,
@@ -309,7 +311,7 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
     // for every step; the attention over them is the same.
     cache.write(cache_layer, a.k.f32(), a.v.f32(), KV_, n, V_);
     k::AttentionShape s = shape(B, n);
-    s.kv_len = start + n;
+    s.kv_len = kv_len;
     s.k_row_stride = cache.row_stride();
     s.v_row_stride = cache.value_row_stride();
     s.kv_batch_stride = cache.batch_stride();
@@ -336,9 +338,9 @@ void Attention::forward_cached(const LayerContext& ctx, AttentionActivations& a,
     ctx.ops.rope(*rope_, a.k.f32(), B, n, kv_heads_, KV_, n * KV_, start, false);
   }
   cache.write(cache_layer, keys, values, stride, n);
-  // The new queries sit at the end of the cached keys: positions [start, start + n).
+  // The new queries sit at the end of the cached keys.
   k::AttentionShape s = shape(B, n);
-  s.kv_len = start + n;
+  s.kv_len = kv_len;
   s.k_row_stride = s.v_row_stride = cache.row_stride();
   s.kv_batch_stride = cache.batch_stride();
   ctx.ops.attention_forward(a.att.f32(), a.lse.f32(), q, cache.keys(cache_layer),
