@@ -12,10 +12,12 @@ packages=(
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
   openmpi-bin libopenmpi-dev
   libpcre2-dev  # the tokenizer's pre-tokenizer (Unicode classes, lookahead)
+  libgloo-dev   # replica groups: Gloo's TCP collectives between groups (DiLoCo, fault tolerance)
   fortunes      # the demo's corpus
 )
 $demo_only || packages+=(
   libgtest-dev libgmock-dev libbenchmark-dev
+  etcd-server   # the replica groups' membership store, started by the replica tests
   python3 python3-numpy python3-torch
   libopenblas0-pthread  # PyTorch's fp32 BLAS: without it Debian's torch falls back to reference BLAS
   libjemalloc2  # `bench train` runs PyTorch on jemalloc, its fastest allocator setup here
