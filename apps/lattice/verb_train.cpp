@@ -34,7 +34,10 @@ void register_train_verb(CLI::App& app) {
         [layout, axis](const int64_t& value) { layout->emplace_back(axis, value); },
         std::string("shorthand for --parallelism.") + axis + "=N");
   }
-  verb->callback([verb, config_path, layout, help_config] {
+  auto replica_group = std::make_shared<int64_t>(-1);
+  verb->add_option("--replica-group", *replica_group,
+                   "shorthand for --replica.group=G (this process's replica group)");
+  verb->callback([verb, config_path, layout, help_config, replica_group] {
     if (!help_config->empty()) {
       check(*help_config == "text" || *help_config == "markdown",
             "--help-config=" + *help_config +
@@ -53,6 +56,7 @@ void register_train_verb(CLI::App& app) {
     }
     for (const auto& [axis, value] : *layout)
       overrides.push_back("parallelism." + axis + "=" + std::to_string(value));
+    if (*replica_group >= 0) overrides.push_back("replica.group=" + std::to_string(*replica_group));
     train::TrainConfig config = train::load_train_config(*config_path, overrides);
     train::TrainResult result = train::train_on_ranks(config);
     if (result.rank == 0 && !result.losses.empty())

@@ -91,6 +91,9 @@ class DataParallel final : public model::ModelHooks {
   // Completes pending parameter gathers, and with `full` gathers every ZeRO-3 bucket (the model
   // then holds every parameter until the next forward releases them).
   void settle_parameters(bool full = false);
+  // After the model's (whole, settled) values were written in place, e.g. by DiLoCo's outer step:
+  // ZeRO-3 takes its shards from them and releases the rest; other stages hold them already.
+  void take_whole_values() { parameters_.take_whole_values(); }
   // The mean over ranks of a per-rank value, added in rank order (the same on all ranks).
   double average(double value);
   // Throws Error naming the first rank whose replicated parameters differ from rank 0's.

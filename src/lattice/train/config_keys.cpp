@@ -404,6 +404,32 @@ std::vector<ConfigKey> build_keys() {
       "steps between validation losses (0 disables)");
   add("validation", "batches", int_key(field(&TrainConfig::validation, &ValidationConfig::batches)),
       "fixed validation batches averaged (> 0)");
+
+  add("replica", "groups", int_key(field(&TrainConfig::replica, &ReplicaConfig::groups)),
+      "replica groups of the job, each started on its own (1: none; > 1 needs diloco.inner_steps "
+      "and replica.store)");
+  add("replica", "group", int_key(field(&TrainConfig::replica, &ReplicaConfig::group)),
+      "this process's group, 0 .. groups - 1 (`lattice train --replica-group G`)");
+  add("replica", "store", string_key(field(&TrainConfig::replica, &ReplicaConfig::store)),
+      "host:port of the etcd the groups meet at (its client URL, e.g. 127.0.0.1:2379)");
+  add("replica", "host", string_key(field(&TrainConfig::replica, &ReplicaConfig::host)),
+      "the address this group's ranks listen on for the other groups");
+  add("replica", "job", string_key(field(&TrainConfig::replica, &ReplicaConfig::job)),
+      "the job's name in the store (keys under /lattice/<job>/): the same in every group");
+  add("replica", "timeout_seconds",
+      number_key(field(&TrainConfig::replica, &ReplicaConfig::timeout_seconds)),
+      "how long a group waits for the others (rendezvous, every exchange) before it stops with an "
+      "error naming them");
+
+  add("diloco", "inner_steps", int_key(field(&TrainConfig::diloco, &DilocoConfig::inner_steps)),
+      "DiLoCo's H: steps between outer steps (0: off)");
+  add("diloco", "outer_lr", number_key(field(&TrainConfig::diloco, &DilocoConfig::outer_lr)),
+      "the outer SGD's learning rate (the paper's 0.7; 1 without momentum: plain averaging)");
+  add("diloco", "outer_momentum",
+      number_key(field(&TrainConfig::diloco, &DilocoConfig::outer_momentum)),
+      "the outer SGD's momentum, in [0, 1)");
+  add("diloco", "nesterov", bool_key(field(&TrainConfig::diloco, &DilocoConfig::nesterov)),
+      "Nesterov momentum in the outer step (the paper's)");
   return keys;
 }
 
@@ -423,6 +449,8 @@ const std::vector<ConfigSection>& config_sections() {
       {"metrics", "log lines, metrics.jsonl, TensorBoard, MFU and traces"},
       {"data", "the training text or token files, and the tokenizer"},
       {"validation", "the held-out loss"},
+      {"replica", "replica groups: the job's groups and where they meet"},
+      {"diloco", "DiLoCo between replica groups: inner steps and the outer optimizer"},
   };
   return sections;
 }

@@ -128,6 +128,26 @@ struct ValidationConfig {
   int64_t batches = 4;
 };
 
+// [replica]: replica groups (docs/parallelism.md): the job is `groups` groups, each its own run of
+// any layout (threads or one mpirun), joined between groups by Gloo over TCP with etcd as the
+// membership store. This process's ranks are group `group`.
+struct ReplicaConfig {
+  int64_t groups = 1;
+  int64_t group = 0;
+  std::string store;               // etcd's client address host:port (needed when groups > 1)
+  std::string host = "127.0.0.1";  // the address this group's ranks listen on for the others
+  std::string job = "lattice";  // the job's name: its keys in the store are under /lattice/<job>/
+  double timeout_seconds = 60;  // rendezvous and every collective between groups
+};
+
+// [diloco]: DiLoCo (Douillard et al. 2023): every inner_steps steps the groups average their
+// parameters and an outer SGD (Nesterov momentum) steps the pseudo-gradient (outer_optimizer.hpp).
+struct DilocoConfig {
+  int64_t inner_steps = 0;  // H; 0: off
+  double outer_lr = 0.7, outer_momentum = 0.9;
+  bool nesterov = true;
+};
+
 struct TrainConfig {
   JobConfig job;
   // [model]: the preset's name and the model it gives, then any dimension overridden. (The model
@@ -145,6 +165,8 @@ struct TrainConfig {
   MetricsConfig metrics;
   DataConfig data;
   ValidationConfig validation;
+  ReplicaConfig replica;
+  DilocoConfig diloco;
 
   optim::LrSchedule lr_schedule() const;
   // Ranks of the run: dp x tp x pp x cp.

@@ -11,6 +11,7 @@
 #include "lattice/data/dataset_manifest.hpp"
 #include "lattice/data/token_dataset.hpp"
 #include "lattice/parallel/pipeline/stage_partition.hpp"
+#include "lattice/parallel/replica/outer_optimizer.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::train {
@@ -143,6 +144,34 @@ void resolve_pipeline_keys(TrainConfig& c) {
 
 }  // namespace
 
+// [replica] and [diloco]: one line per impossible value.
+static void check_replica_keys(const TrainConfig& c) {
+  const ReplicaConfig& r = c.replica;
+  check(r.groups >= 1, "replica.groups must be at least 1 (1: no replica groups)");
+  check(r.group >= 0 && r.group < r.groups,
+        "replica.group = " + std::to_string(r.group) + " is not a group of replica.groups = " +
+            std::to_string(r.groups) + ": use 0 .. " + std::to_string(r.groups - 1));
+  check(c.diloco.inner_steps >= 0, "diloco.inner_steps must not be negative (0: DiLoCo off)");
+  check(r.groups == 1 || c.diloco.inner_steps > 0,
+        "replica.groups = " + std::to_string(r.groups) +
+            " needs diloco.inner_steps > 0 (synchronous replica groups are not built yet): set "
+            "diloco.inner_steps, e.g. 100");
+  check(r.groups == 1 || !r.store.empty(),
+        "replica.groups = " + std::to_string(r.groups) +
+            " needs replica.store, the host:port of the etcd the groups meet at (start one with "
+            "`etcd --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls "
+            "http://127.0.0.1:2379`)");
+  check(r.timeout_seconds > 0 && r.timeout_seconds <= 86400,
+        "replica.timeout_seconds must be in (0, 86400]");
+  check(!r.job.empty() && r.job.find('/') == std::string::npos,
+        "replica.job must be a non-empty name without '/'");
+  check(r.groups == 1 || !r.host.empty(), "replica.host must name this group's address");
+  if (c.diloco.inner_steps > 0)
+    replica::validate(replica::OuterSettings{static_cast<float>(c.diloco.outer_lr),
+                                             static_cast<float>(c.diloco.outer_momentum),
+                                             c.diloco.nesterov});
+}
+
 void TrainConfig::finalize() {
   // metrics.trace_steps = "a:b" (1 <= a <= b); without it a trace covers steps 1 to 50.
   if (!metrics.trace_steps.empty()) {
@@ -192,6 +221,7 @@ void TrainConfig::finalize() {
         "training.activation_memory_limit_mb must not be negative (0: no limit)");
   check(validation.freq >= 0 && validation.batches > 0,
         "validation.freq must be >= 0 (0 disables) and validation.batches positive");
+  check_replica_keys(*this);
   check(checkpoint.interval >= 0 && checkpoint.keep_latest >= 1,
         "checkpoint.interval must be >= 0 and checkpoint.keep_latest >= 1");
   // Batch: two of micro, global and accumulation decide the third (with dp ranks in between).

@@ -19,6 +19,7 @@
 #include "lattice/parallel/context/sequence_split.hpp"
 #include "lattice/train/activation_estimate.hpp"
 #include "lattice/train/checkpoint.hpp"
+#include "lattice/train/diloco_sync.hpp"
 #include "lattice/train/moe_bias_update.hpp"
 #include "lattice/train/moe_metrics.hpp"
 #include "lattice/train/pipelined_step_runner.hpp"
@@ -77,8 +78,13 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   checkpoints_ = std::make_unique<ShardedCheckpointWriter>(mesh_->world());
   // The data loader splits each global batch over the dp ranks; the cp ranks of one dp index read
   // the same sequences and keep their load-balanced share of each (sequence_split.hpp).
+  // Replica groups read disjoint shares: group g's dp rank r is rank g·dp + r of M·dp, so the M
+  // groups together read what one group of M·dp ranks would.
   comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
-  batches_ = std::make_unique<BatchSource>(config_, dp_group.rank(), dp_group.size());
+  const int groups = static_cast<int>(config_.replica.groups);
+  batches_ = std::make_unique<BatchSource>(
+      config_, static_cast<int>(config_.replica.group) * dp_group.size() + dp_group.rank(),
+      groups * dp_group.size());
   // The backend, with the CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK,
   // LATTICE_MATMUL_NO_AMX_PACKED) read by the factory: the kernels themselves read no environment.
   ops_ = kernels::make_ops(Device::cpu);
@@ -121,6 +127,13 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     runner_ = std::make_unique<PlainStepRunner>(*model_, *dp_, clocks_);
   }
   resume();
+  if (config_.diloco.inner_steps > 0) {
+    check(start_step_ == 0,
+          "resuming a DiLoCo run from its checkpoint of step " + std::to_string(start_step_) +
+              " would restart the outer optimizer (its anchor and momentum are not in checkpoints "
+              "yet): start a new run directory, or set checkpoint.resume = false");
+    diloco_ = std::make_unique<DilocoSync>(config_, *runner_, mesh_->world().rank());
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -252,6 +265,7 @@ TrainResult Trainer::run() {
       update_moe_bias(*runner_, *moe, config_.model.moe_bias_update_rate);
     }
     faults_.after_step(result.rank, step);
+    if (diloco_) diloco_->after_step(step);  // collective across the replica groups
     result.add_step(outcome);
     total_seconds += outcome.seconds;
     std::optional<double> val_loss;  // on every rank (ZeRO-3's gathers are collective)
@@ -264,6 +278,14 @@ TrainResult Trainer::run() {
     checkpoint_after_step(step, config_toml, reporter, result);
   }
   reporter.finish_progress();
+  if (diloco_) {
+    result.outer_steps = diloco_->outer_steps();
+    result.replica_bytes_sent = diloco_->bytes_sent();
+    if (printing_)
+      std::printf("diloco: %lld outer steps, %.3f MB sent to the other groups by rank 0\n",
+                  static_cast<long long>(result.outer_steps),
+                  static_cast<double>(result.replica_bytes_sent) / 1e6);
+  }
   finish_run(config_toml, trace ? &*trace : nullptr, result);
   const int64_t steps_run = config_.training.steps - start_step_;
   if (steps_run > 0)

@@ -36,6 +36,8 @@ class LocalWorld;
 
 namespace lattice::train {
 
+class DilocoSync;
+
 struct TrainResult {
   std::vector<double> losses;  // training loss of every step run (mean over the global batch)
   std::vector<double> grad_norms;
@@ -52,6 +54,8 @@ struct TrainResult {
   int64_t checkpoints = 0;
   double checkpoint_seconds = 0, final_checkpoint_seconds = 0;
   int rank = 0;  // the world rank that ran it (rank 0 reports)
+  // DiLoCo: outer steps taken and the bytes this rank sent to the other replica groups.
+  int64_t outer_steps = 0, replica_bytes_sent = 0;
 
   // Adds a step's loss, gradient norm, communication and bubble.
   void add_step(const StepOutcome& step);
@@ -126,6 +130,8 @@ class Trainer {
   std::unique_ptr<model::ContextAttention> context_;
   // The steps' runner over model_ and dp_, or over pipeline_.
   std::unique_ptr<StepRunner> runner_;
+  // diloco.inner_steps > 0: the outer steps between replica groups (after runner_).
+  std::unique_ptr<DilocoSync> diloco_;
   // This rank's rows of full [batch, seq_len] tokens (all of them without context parallelism).
   void take_sequence_share(int32_t* local, const int32_t* full, int64_t batch) const;
   // This rank's micro-batches of the training data: its dp slice, its cp share of each sequence.

@@ -11,6 +11,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -24,11 +26,13 @@ using Clock = std::chrono::steady_clock;
 
 class EtcdStore : public gloo::rendezvous::Store {
  public:
-  EtcdStore(const std::string& endpoint, std::string prefix, std::chrono::milliseconds timeout)
-      : client_(endpoint), prefix_(std::move(prefix)), timeout_(timeout) {}
+  // Keys are put under `lease` (0: none).
+  EtcdStore(const std::string& endpoint, std::string prefix, std::chrono::milliseconds timeout,
+            int64_t lease)
+      : client_(endpoint), prefix_(std::move(prefix)), timeout_(timeout), lease_(lease) {}
 
   void set(const std::string& key, const std::vector<char>& data) override {
-    client_.put(prefix_ + key, std::string(data.begin(), data.end()));
+    client_.put(prefix_ + key, std::string(data.begin(), data.end()), lease_);
   }
   std::vector<char> get(const std::string& key) override {
     wait({key}, timeout_);
@@ -54,6 +58,7 @@ class EtcdStore : public gloo::rendezvous::Store {
   EtcdClient client_;
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+  int64_t lease_;
 };
 
 }  // namespace
@@ -62,13 +67,23 @@ GlooLink::GlooLink(const std::string& store_endpoint, const std::string& prefix,
                    const std::string& hostname, std::chrono::milliseconds timeout)
     : rank_(rank), size_(size), prefix_(prefix), timeout_(timeout) {
   check(size > 0 && rank >= 0 && rank < size, "a replica link needs 0 <= rank < size");
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a dead peer must become the
+  // collective's error, not a SIGPIPE that ends this process (Python, PyTorch's usual host,
+  // ignores SIGPIPE for the same reason). Process-wide, and idempotent.
+  ::signal(SIGPIPE, SIG_IGN);
   gloo::transport::tcp::attr attr;
   attr.hostname = hostname;
   try {
     device_ = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(timeout);
-    EtcdStore store(store_endpoint, prefix, timeout);
+    // The addresses are put under a lease that outlives the rendezvous and is revoked with the
+    // link: a later link under the same prefix never meets a dead member's address.
+    EtcdClient client(store_endpoint);
+    lease_ =
+        client.grant_lease(std::chrono::duration_cast<std::chrono::seconds>(timeout).count() + 10);
+    store_endpoint_ = store_endpoint;
+    EtcdStore store(store_endpoint, prefix, timeout, lease_);
     context->connectFullMesh(store, device_);
     context_ = std::move(context);
   } catch (const gloo::Exception& e) {
@@ -78,7 +93,13 @@ GlooLink::GlooLink(const std::string& store_endpoint, const std::string& prefix,
   }
 }
 
-GlooLink::~GlooLink() = default;
+GlooLink::~GlooLink() {
+  if (lease_ == 0) return;
+  try {
+    EtcdClient(store_endpoint_, std::chrono::milliseconds(1000)).revoke_lease(lease_);
+  } catch (const Error&) {  // the store is gone: the lease expires on its own
+  }
+}
 
 template <typename Run>
 void GlooLink::guarded(const char* what, Run&& run) {

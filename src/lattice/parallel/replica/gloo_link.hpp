@@ -60,6 +60,8 @@ class GlooLink {
   std::shared_ptr<gloo::Context> context_;
   int64_t bytes_sent_ = 0;
   uint32_t tag_ = 0;
+  std::string store_endpoint_;
+  int64_t lease_ = 0;  // the rendezvous keys'
 };
 
 }  // namespace lattice::replica

@@ -1,0 +1,105 @@
+// DilocoSync: see diloco_sync.hpp.
+#include "lattice/train/diloco_sync.hpp"
+
+#include <chrono>
+#include <set>
+#include <sstream>
+
+#include "lattice/core/error.hpp"
+
+namespace lattice::train {
+
+namespace {
+
+// FNV-1a over the text.
+uint64_t fnv1a(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+}  // namespace
+
+uint64_t replica_fingerprint(const TrainConfig& config) {
+  // The resolved config's sections that decide the arithmetic, less the keys a group sets for
+  // itself (its kernel threads).
+  static const std::set<std::string> shared = {
+      "[model]",       "[training]",         "[optimizer]", "[lr_scheduler]",
+      "[parallelism]", "[context_parallel]", "[diloco]"};
+  std::istringstream lines(config.to_toml());
+  std::string line, section, kept;
+  while (std::getline(lines, line)) {
+    if (!line.empty() && line[0] == '[') {
+      section = line;
+      continue;
+    }
+    if (shared.count(section) && line.rfind("threads", 0) != 0) kept += section + line + "\n";
+  }
+  kept += "groups=" + std::to_string(config.replica.groups);
+  return fnv1a(kept);
+}
+
+DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, int world_rank)
+    : config_(config), runner_(runner), groups_(static_cast<int>(config.replica.groups)) {
+  const replica::OuterSettings settings{static_cast<float>(config.diloco.outer_lr),
+                                        static_cast<float>(config.diloco.outer_momentum),
+                                        config.diloco.nesterov};
+  if (groups_ > 1) {
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.replica.timeout_seconds * 1000));
+    const std::string prefix =
+        "/lattice/" + config.replica.job + "/diloco/rank" + std::to_string(world_rank) + "/";
+    link_ = std::make_unique<replica::GlooLink>(config.replica.store, prefix,
+                                                static_cast<int>(config.replica.group), groups_,
+                                                config.replica.host, timeout);
+    const uint64_t mine = replica_fingerprint(config);
+    std::vector<uint64_t> all(static_cast<size_t>(groups_));
+    link_->all_gather(&mine, all.data(), sizeof(mine));
+    for (int g = 0; g < groups_; ++g)
+      check(all[static_cast<size_t>(g)] == all[0],
+            "replica group " + std::to_string(g) +
+                " runs another model, layout, batch or optimizer than group 0: start every group "
+                "with the same config (only replica.group, replica.host, job.run_dir, the "
+                "checkpoint and metrics keys and training.threads may differ)");
+  }
+  settle_whole();
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    const model::ParameterStore& store = runner_.stage(i).parameters();
+    outer_.push_back(
+        std::make_unique<replica::OuterOptimizer>(store.values(), store.size(), settings));
+  }
+}
+
+DilocoSync::~DilocoSync() = default;
+
+int64_t DilocoSync::outer_steps() const {
+  return outer_.empty() ? 0 : outer_[0]->steps_taken();
+}
+
+void DilocoSync::settle_whole() {
+  for (int i = 0; i < runner_.stage_count(); ++i) runner_.data_parallel(i).settle_parameters(true);
+}
+
+bool DilocoSync::after_step(int64_t step) {
+  if (step % config_.diloco.inner_steps != 0) return false;
+  settle_whole();
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    model::ParameterStore& store = runner_.stage(i).parameters();
+    float* values = store.mutable_values();
+    const int64_t n = store.size();
+    if (link_) {  // θ̄: the groups' sum divided by M (one group: θ itself, untouched)
+      link_->allreduce_sum(values, n);
+      const float groups = static_cast<float>(groups_);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t j = 0; j < n; ++j) values[j] /= groups;
+    }
+    outer_[static_cast<size_t>(i)]->step(values);
+    runner_.data_parallel(i).take_whole_values();  // ZeRO-3: its shards of the new values
+  }
+  return true;
+}
+
+}  // namespace lattice::train
