@@ -146,3 +146,36 @@ TEST_F(DilocoTest, RefusesImpossibleReplicaKeysInOneLine) {
       std::string::npos);
   EXPECT_NE(refusal({"replica.job=a/b"}).find("replica.job"), std::string::npos);
 }
+
+// The outer state (anchor, momentum) is in the checkpoints: resumed from its checkpoint of step 4
+// (between the outer steps of H = 3), a run goes on bit for bit as the run that never stopped;
+// resumed in another layout (dp 2 ZeRO-1 to dp 1) it reshards, equal within fp32 rounding of
+// another reduction order.
+TEST_F(DilocoTest, ResumesBitForBitAndReshardsTheOuterState) {
+  const auto config = [&](const std::string& run, int dp, int zero,
+                          std::vector<std::string> more = {}) {
+    more.insert(more.end(),
+                {"job.run_dir=" + (dir_ / run).string(), "training.steps=6", "diloco.inner_steps=3",
+                 "checkpoint.enable=true", "checkpoint.interval=4"});
+    return tiny_dp_config(dir_, dp, zero, 8, 1, more);
+  };
+  const DpOutcome whole = run_dp(config("whole", 2, 1));
+  const std::string step4 = (dir_ / "whole" / "checkpoints" / "step_00000004").string();
+  const DpOutcome resumed = run_dp(config("resumed", 2, 1, {"checkpoint.resume_from=" + step4}));
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.losses[0], whole.losses[4]);
+  EXPECT_EQ(resumed.losses[1], whole.losses[5]);
+  EXPECT_EQ(resumed.parameters, whole.parameters);
+
+  const DpOutcome resharded =
+      run_dp(config("resharded", 1, 0, {"checkpoint.resume_from=" + step4}));
+  ASSERT_EQ(resharded.losses.size(), 2u);
+  // Another reduction order over a few AdamW steps: the data-parallel tests' bounds.
+  EXPECT_NEAR(resharded.losses[1], whole.losses[5], 1e-5 * whole.losses[5]);
+  float scale = 0, worst = 0;
+  for (size_t i = 0; i < whole.parameters.size(); ++i) {
+    scale = std::max(scale, std::abs(whole.parameters[i]));
+    worst = std::max(worst, std::abs(whole.parameters[i] - resharded.parameters[i]));
+  }
+  EXPECT_LE(worst, 1e-4f * scale);
+}

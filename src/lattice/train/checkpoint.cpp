@@ -162,6 +162,17 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, const model::Mod
   return load_checkpoint(reader, config, params, optimizer);
 }
 
+bool read_parameter_state(CheckpointReader& reader, const std::string& prefix,
+                          const model::ParameterStore& params, float* out) {
+  if (params.parameters().empty() ||
+      !reader.contains(prefix + params.parameters().front().stored_name()))
+    return false;
+  std::vector<float> scratch;
+  for (const model::ParameterInfo& p : params.parameters())
+    read_parameter(reader, prefix + p.stored_name(), p, out + p.offset, scratch);
+  return true;
+}
+
 TrainerState load_checkpoint(CheckpointReader& reader, const model::ModelConfig& config,
                              model::ParameterStore& params, optim::AdamWOptimizer* optimizer) {
   const std::string& checkpoint_dir = reader.directory();

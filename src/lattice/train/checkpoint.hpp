@@ -74,5 +74,10 @@ TrainerState load_checkpoint(const std::string& checkpoint_dir, const model::Mod
 // The same from an open checkpoint (several stores of one rank read one index).
 TrainerState load_checkpoint(CheckpointReader& reader, const model::ModelConfig& config,
                              model::ParameterStore& params, optim::AdamWOptimizer* optimizer);
+// Reads the state "<prefix><name>" of every parameter of `params` (e.g. "diloco_anchor/") into
+// `out`, laid out as the store's values (this store's slices of the logical tensors); false, with
+// nothing read, when the checkpoint has no such state.
+bool read_parameter_state(CheckpointReader& reader, const std::string& prefix,
+                          const model::ParameterStore& params, float* out);
 
 }  // namespace lattice::train

@@ -2,10 +2,13 @@
 #include "lattice/train/diloco_sync.hpp"
 
 #include <chrono>
+#include <cstdio>
 #include <set>
 #include <sstream>
 
 #include "lattice/core/error.hpp"
+#include "lattice/train/checkpoint.hpp"
+#include "lattice/train/checkpoint_reader.hpp"
 
 namespace lattice::train {
 
@@ -81,6 +84,35 @@ int64_t DilocoSync::outer_steps() const {
 
 void DilocoSync::settle_whole() {
   for (int i = 0; i < runner_.stage_count(); ++i) runner_.data_parallel(i).settle_parameters(true);
+}
+
+std::vector<std::pair<std::string, const float*>> DilocoSync::checkpoint_states(int stage) const {
+  const replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(stage)];
+  return {{"diloco_anchor/", outer.anchor().data()}, {"diloco_momentum/", outer.momentum().data()}};
+}
+
+void DilocoSync::resume(const std::string& checkpoint_dir, int64_t step, bool printing) {
+  CheckpointReader reader(checkpoint_dir);
+  const int64_t outer_steps = step / config_.diloco.inner_steps;
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    const model::ParameterStore& store = runner_.stage(i).parameters();
+    std::vector<float> anchor(static_cast<size_t>(store.size()), 0.0f), momentum(anchor.size());
+    const bool has_anchor = read_parameter_state(reader, "diloco_anchor/", store, anchor.data());
+    const bool has_momentum =
+        read_parameter_state(reader, "diloco_momentum/", store, momentum.data());
+    check(has_anchor == has_momentum, "checkpoint " + checkpoint_dir +
+                                          " holds half of DiLoCo's outer state: it is damaged; "
+                                          "resume from an earlier one (checkpoint.resume_from)");
+    if (!has_anchor) {
+      if (printing && i == 0)
+        std::printf(
+            "diloco: checkpoint %s has no outer state; the outer optimizer starts at the "
+            "resumed parameters\n",
+            checkpoint_dir.c_str());
+      continue;  // anchored at the resumed parameters by the constructor
+    }
+    outer_[static_cast<size_t>(i)]->load(anchor.data(), momentum.data(), outer_steps);
+  }
 }
 
 bool DilocoSync::after_step(int64_t step) {

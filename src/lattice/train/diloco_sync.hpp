@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lattice/parallel/replica/gloo_link.hpp"
@@ -33,6 +34,14 @@ class DilocoSync {
   bool after_step(int64_t step);
 
   int64_t outer_steps() const;
+
+  // Stage i's outer state, laid out as its store's values, for the checkpoint (states named
+  // "diloco_anchor/" and "diloco_momentum/" + parameter name).
+  std::vector<std::pair<std::string, const float*>> checkpoint_states(int stage) const;
+  // After the trainer resumed from `checkpoint_dir` at `step`: the outer state from it (any layout
+  // wrote it); a checkpoint without one (DiLoCo newly switched on) anchors at the resumed
+  // parameters with momentum 0, and says so on `printing` ranks.
+  void resume(const std::string& checkpoint_dir, int64_t step, bool printing);
   // Bytes this rank has sent to the other groups so far.
   int64_t bytes_sent() const { return link_ ? link_->bytes_sent() : 0; }
 

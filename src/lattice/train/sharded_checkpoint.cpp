@@ -134,6 +134,12 @@ RankShard collect(std::span<const CheckpointSource> sources, const std::string& 
         add_piece(shard.index, shard.moments, "exp_avg/" + p.name, p, begin, end, m.get());
         add_piece(shard.index, shard.moments, "exp_avg_sq/" + p.name, p, begin, end, v.get());
         for (auto* buffer : {&w, &m, &v}) shard.buffers.push_back(std::move(*buffer));
+        for (const auto& [prefix, data] : source.states) {
+          auto s = std::make_unique_for_overwrite<float[]>(n);
+          std::copy_n(data + a, n, s.get());
+          add_piece(shard.index, shard.moments, prefix + p.name, p, begin, end, s.get());
+          shard.buffers.push_back(std::move(s));
+        }
       }
     }
   }

@@ -10,8 +10,9 @@
 // (ShardedCheckpointWriter) while training goes on from a snapshot of the state.
 //
 // Files of rank r of N: model-rank-<r>-of-<N>.safetensors and optimizer-rank-<r>-of-<N>.safetensors
-// (exp_avg/<name> and exp_avg_sq/<name>); with one rank, model.safetensors and
-// optimizer.safetensors, which then hold every tensor whole under its own name.
+// (exp_avg/<name> and exp_avg_sq/<name>, and any further states of the sources); with one rank,
+// model.safetensors and optimizer.safetensors, which then hold every tensor whole under its own
+// name.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +42,9 @@ struct CheckpointSource {
   std::vector<std::pair<int64_t, int64_t>> ranges;
   // Copies the AdamW moments of the flat range [begin, end) (inside one of `ranges`).
   std::function<void(int64_t begin, int64_t end, float* exp_avg, float* exp_avg_sq)> moments;
+  // Further per-parameter states laid out as the store's values, whole on this rank (DiLoCo's
+  // "diloco_anchor/" and "diloco_momentum/"), written beside the moments under prefix + name.
+  std::vector<std::pair<std::string, const float*>> states;
   // This rank's index in its tensor-parallel group: a parameter the group holds whole (not a
   // tensor-parallel slice) is written by its rank 0 only.
   int tp_rank = 0;

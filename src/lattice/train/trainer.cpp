@@ -128,11 +128,8 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   }
   resume();
   if (config_.diloco.inner_steps > 0) {
-    check(start_step_ == 0,
-          "resuming a DiLoCo run from its checkpoint of step " + std::to_string(start_step_) +
-              " would restart the outer optimizer (its anchor and momentum are not in checkpoints "
-              "yet): start a new run directory, or set checkpoint.resume = false");
     diloco_ = std::make_unique<DilocoSync>(config_, *runner_, mesh_->world().rank());
+    if (start_step_ > 0) diloco_->resume(resumed_from_, start_step_, printing_);
   }
 }
 

@@ -122,6 +122,7 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<PipelineRank> pipeline_;  // pp > 1: the stages, their DP and the executor
   int64_t start_step_ = 0;
+  std::string resumed_from_;  // the checkpoint resumed from ("" when none)
   std::unique_ptr<ShardedCheckpointWriter> checkpoints_;
   bool background_save_ = false;  // the pending (or last) save writes in the background
   FaultInjection faults_;

@@ -10,6 +10,7 @@
 #include "lattice/parallel/expert_parallel_state.hpp"
 #include "lattice/parallel/tensor_parallel_state.hpp"
 #include "lattice/train/checkpoint.hpp"
+#include "lattice/train/diloco_sync.hpp"
 #include "lattice/train/sharded_checkpoint.hpp"
 #include "lattice/train/trainer.hpp"
 
@@ -74,8 +75,10 @@ void Trainer::save(int64_t step, const std::string& config_toml, bool final) {
     source.tp_rank = tp_rank;
     sources.push_back(std::move(source));
   };
-  for (int i = 0; i < runner_->stage_count(); ++i)
+  for (int i = 0; i < runner_->stage_count(); ++i) {
     add(runner_->stage(i), runner_->data_parallel(i));
+    if (diloco_) sources.back().states = diloco_->checkpoint_states(i);
+  }
   const mesh::MeshShape shape = config_.layout().mesh_shape();
   CheckpointContents contents;
   contents.run_dir = config_.job.run_dir;
@@ -158,6 +161,7 @@ void Trainer::resume() {
           "checkpoint " + dir + " was trained with training.seed = " + std::to_string(state.seed) +
               ": resume with the same seed or use a new job.run_dir");
     start_step_ = state.step;
+    resumed_from_ = dir;
     batches_->set_position(state.samples_consumed);
     if (printing_)
       std::printf("resumed from %s at step %lld\n", dir.c_str(),
