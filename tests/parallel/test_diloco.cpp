@@ -11,8 +11,11 @@
 #include <vector>
 
 #include "../replica/etcd_process.hpp"
+#include "../train/cli_runner.hpp"
 #include "dp_fixture.hpp"
 #include "lattice/core/error.hpp"
+#include "lattice/train/checkpoint_reader.hpp"
+#include "mpi_runner.hpp"
 
 using namespace lattice;
 using lattice::testing::CorpusDirectoryTest;
@@ -20,6 +23,7 @@ using lattice::testing::DpOutcome;
 using lattice::testing::run_dp;
 using lattice::testing::tiny_dp_config;
 using EtcdProcess = lattice::replica::test_support::EtcdProcess;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -179,3 +183,48 @@ TEST_F(DilocoTest, ResumesBitForBitAndReshardsTheOuterState) {
   }
   EXPECT_LE(worst, 1e-4f * scale);
 }
+
+#ifdef LATTICE_MPIEXEC
+// The groups as they run at two sites: group 0 one `mpirun -np 2` (mpi backend), group 1 two
+// threads of one `lattice train` (local backend), meeting at etcd. After the last outer step both
+// checkpoints hold the same weights, bit for bit.
+TEST_F(DilocoTest, AGroupUnderMpirunAndAGroupOnThreadsShareTheOuterSteps) {
+  REQUIRE_ETCD();
+  EtcdProcess etcd;
+  const auto flags = [&](int group) {
+    const fs::path run = dir_ / ("site" + std::to_string(group));
+    return " --model.preset=gpt2-tiny --model.vocab_size=256 --model.max_seq_len=32"
+           " --training.seq_len=32 --training.global_batch_size=8 --training.threads=1"
+           " --training.precision=fp32 --training.steps=4 --optimizer.lr=3e-3"
+           " --lr_scheduler.warmup_steps=1 --data.train_files=" +
+           (dir_ / "corpus.txt").string() +
+           " --data.val_fraction=0.1 --validation.freq=0 --metrics.peak_tflops=1 --dp 2"
+           " --diloco.inner_steps=2 --replica.groups=2 --replica.store=" +
+           etcd.endpoint() + " --replica.job=sites --replica.timeout_seconds=60 --replica-group " +
+           std::to_string(group) + " --job.run_dir=" + run.string();
+  };
+  for (int g = 0; g < 2; ++g) fs::create_directories(dir_ / ("work" + std::to_string(g)));
+  lattice::testing::CliResult mpi, threads;
+  std::thread site0(
+      [&] { mpi = lattice::testing::run_mpi(2, "train" + flags(0), dir_ / "work0"); });
+  threads = lattice::testing::run_lattice("train" + flags(1), dir_ / "work1");
+  site0.join();
+  ASSERT_EQ(mpi.status, 0) << mpi.out << mpi.err;
+  ASSERT_EQ(threads.status, 0) << threads.out << threads.err;
+  EXPECT_NE(mpi.out.find("(mpi backend)"), std::string::npos) << mpi.out;
+  EXPECT_NE(threads.out.find("diloco: 2 outer steps"), std::string::npos) << threads.out;
+  train::CheckpointReader a((dir_ / "site0" / "checkpoints" / "step_00000004").string());
+  train::CheckpointReader b((dir_ / "site1" / "checkpoints" / "step_00000004").string());
+  size_t compared = 0;
+  for (const std::string& name : a.names()) {
+    if (name.find('/') != std::string::npos) continue;  // the weights, not the optimizer states
+    const Shape& shape = a.global_shape(name);
+    std::vector<float> x(static_cast<size_t>(shape_numel(shape))), y(x.size());
+    a.read(name, shape, x.data());
+    b.read(name, shape, y.data());
+    EXPECT_EQ(x, y) << name;
+    ++compared;
+  }
+  EXPECT_GT(compared, 10u);
+}
+#endif
