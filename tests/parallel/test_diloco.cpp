@@ -226,5 +226,31 @@ TEST_F(DilocoTest, AGroupUnderMpirunAndAGroupOnThreadsShareTheOuterSteps) {
     ++compared;
   }
   EXPECT_GT(compared, 10u);
+  // The exchanges in metrics.jsonl: none on inner steps; at each outer step (2, 4) a ring over two
+  // members sends 2·(2-1)/2 of the rank's 4-byte parameters (its whole store: 4 bytes a parameter,
+  // and the alignment gaps between them).
+  const std::vector<nlohmann::json> lines =
+      lattice::testing::read_jsonl(dir_ / "site1" / "metrics.jsonl");
+  ASSERT_EQ(lines.size(), 4u);
+  // Before the first step: the groups' fingerprints (8 bytes to the one other group).
+  int64_t total = 8;
+  const int64_t params =
+      train::load_train_config("", {"model.preset=gpt2-tiny", "model.vocab_size=256",
+                                    "model.max_seq_len=32", "training.seq_len=32"})
+          .model.parameter_count();
+  for (const nlohmann::json& line : lines) {
+    const nlohmann::json& d = line.at("diloco");
+    const int64_t step = line.at("step").get<int64_t>(), bytes = d.at("step_bytes").get<int64_t>();
+    total += bytes;
+    EXPECT_EQ(d.at("bytes_sent").get<int64_t>(), total) << step;
+    EXPECT_EQ(d.at("outer_steps").get<int64_t>(), step / 2) << step;
+    if (step % 2 == 1) {
+      EXPECT_EQ(bytes, 0) << step;
+    } else {
+      EXPECT_GE(bytes, 4 * params) << step;
+      EXPECT_LT(bytes, 4 * params + 64 * 64) << step;  // at most 64 bytes of gap per tensor
+      EXPECT_GT(d.at("outer_seconds").get<double>(), 0) << step;
+    }
+  }
 }
 #endif

@@ -49,4 +49,12 @@ struct CommunicationClocks {
   void finish_step(CommunicationTimes& times);
 };
 
+// DiLoCo's exchanges between replica groups (diloco_sync.hpp) as of a step: the outer steps so far,
+// this rank's bytes sent to the other groups so far, and the step's own outer exchange (0 when
+// the step had none): its bytes and its seconds.
+struct ReplicaExchange {
+  int64_t outer_steps = 0, bytes_sent = 0, step_bytes = 0;
+  double outer_seconds = 0;
+};
+
 }  // namespace lattice::train

@@ -119,6 +119,9 @@ void MetricsLogger::log_step(const StepMetrics& m) {
     if (m.moe->dropped_fraction > 0)
       std::printf(" dropped %.2f%%", 100.0 * m.moe->dropped_fraction);
   }
+  if (m.replica)
+    std::printf(" | outer %lld, %s sent", static_cast<long long>(m.replica->outer_steps),
+                format_bytes(m.replica->bytes_sent).c_str());
   if (m.val_loss) std::printf(" | val_loss %.4f", *m.val_loss);
   std::printf("\n");
   std::fflush(stdout);
@@ -157,6 +160,11 @@ void MetricsLogger::record(const StepMetrics& m) {
   }
   if (m.scaling_efficiency) j["scaling_efficiency"] = *m.scaling_efficiency;
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.replica)
+    j["diloco"] = {{"outer_steps", m.replica->outer_steps},
+                   {"bytes_sent", m.replica->bytes_sent},
+                   {"step_bytes", m.replica->step_bytes},
+                   {"outer_seconds", m.replica->outer_seconds}};
   if (m.moe) {
     nlohmann::json layers = nlohmann::json::array();
     for (const MoeLayerMetrics& l : m.moe->layers)

@@ -43,6 +43,8 @@ struct StepMetrics {
   // A mixture-of-experts model: the step's routing and balancing losses (the line summarises
   // them, the JSONL record has every layer).
   std::optional<MoeStepMetrics> moe;
+  // DiLoCo: outer steps and bytes to the other replica groups (training_step.hpp's Replica).
+  std::optional<ReplicaExchange> replica;
 };
 
 // The best seconds of `run` over at least `min_runs` timed calls spread over at least

@@ -76,6 +76,7 @@ void StepReporter::report(int64_t step, float lr, const StepOutcome& outcome,
   m.families = families_;
   m.pp_bubble = outcome.pp_bubble.value_or(0.0);
   m.moe = moe;
+  m.replica = outcome.replica;
   logger_.record(m);
   if (step % config_.metrics.log_freq != 0 && step != first_step_ &&
       step != config_.training.steps && !val_loss) {

@@ -250,7 +250,7 @@ TrainResult Trainer::run() {
     const float lr = schedule.at(step);
     faults_.before_step(result.rank, step);
     const int64_t step_start_ns = steady_clock_ns();
-    const StepOutcome outcome = runner_->run(ctx, step_shape, next_micro_batch, lr, step);
+    StepOutcome outcome = runner_->run(ctx, step_shape, next_micro_batch, lr, step);
     if (trace && step >= config_.metrics.trace_first && step <= config_.metrics.trace_last)
       trace->add_step(step, step_start_ns, steady_clock_ns(), runner_->timeline());
     else if (trace)
@@ -262,7 +262,13 @@ TrainResult Trainer::run() {
       update_moe_bias(*runner_, *moe, config_.model.moe_bias_update_rate);
     }
     faults_.after_step(result.rank, step);
-    if (diloco_) diloco_->after_step(step);  // collective across the replica groups
+    if (diloco_) {  // collective across the replica groups
+      const int64_t bytes_before = diloco_->bytes_sent(), start_ns = steady_clock_ns();
+      const bool outer = diloco_->after_step(step);
+      outcome.replica = ReplicaExchange{
+          diloco_->outer_steps(), diloco_->bytes_sent(), diloco_->bytes_sent() - bytes_before,
+          outer ? static_cast<double>(steady_clock_ns() - start_ns) * 1e-9 : 0.0};
+    }
     result.add_step(outcome);
     total_seconds += outcome.seconds;
     std::optional<double> val_loss;  // on every rank (ZeRO-3's gathers are collective)

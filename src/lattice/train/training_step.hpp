@@ -36,6 +36,8 @@ struct StepOutcome {
   // Pipeline parallelism (pipeline_step.hpp): the measured bubble, the pipeline ranks' idle share
   // of the pipeline's part of the step (none without a pipeline).
   std::optional<double> pp_bubble;
+  // DiLoCo (set by the trainer after the step).
+  std::optional<ReplicaExchange> replica;
 };
 
 // Runs step `step` (1-based; it names the step when the loss is not finite) at learning rate lr.
