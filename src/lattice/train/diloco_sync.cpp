@@ -28,18 +28,21 @@ uint64_t fnv1a(const std::string& text) {
 
 uint64_t replica_fingerprint(const TrainConfig& config) {
   // The resolved config's sections that decide the arithmetic, less the keys a group sets for
-  // itself (its kernel threads).
-  static const std::set<std::string> shared = {
-      "[model]",       "[training]",         "[optimizer]", "[lr_scheduler]",
-      "[parallelism]", "[context_parallel]", "[diloco]"};
+  // itself (its kernel threads, its backend, its offload directory, its throughput baseline).
+  static const std::set<std::string> shared = {"model",        "training",    "optimizer",
+                                               "lr_scheduler", "parallelism", "context_parallel",
+                                               "diloco"};
   std::istringstream lines(config.to_toml());
   std::string line, section, kept;
   while (std::getline(lines, line)) {
-    if (!line.empty() && line[0] == '[') {
-      section = line;
+    if (!line.empty() && line[0] == '[') {  // [section] or [section.table]
+      section = line.substr(1, line.find_first_of(".]") - 1);
       continue;
     }
-    if (shared.count(section) && line.rfind("threads", 0) != 0) kept += section + line + "\n";
+    const auto own = [&line](const char* key) { return line.rfind(key, 0) == 0; };
+    if (shared.count(section) && !own("threads") && !own("backend") && !own("offload_dir") &&
+        !own("baseline_tokens_per_second"))
+      kept += section + ": " + line + "\n";
   }
   kept += "groups=" + std::to_string(config.replica.groups);
   return fnv1a(kept);
@@ -65,8 +68,8 @@ DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, int world_
       check(all[static_cast<size_t>(g)] == all[0],
             "replica group " + std::to_string(g) +
                 " runs another model, layout, batch or optimizer than group 0: start every group "
-                "with the same config (only replica.group, replica.host, job.run_dir, the "
-                "checkpoint and metrics keys and training.threads may differ)");
+                "with the same config (only [job], [replica], [checkpoint], [metrics], [data], "
+                "training.threads and parallelism.backend / offload_dir may differ)");
   }
   settle_whole();
   for (int i = 0; i < runner_.stage_count(); ++i) {
