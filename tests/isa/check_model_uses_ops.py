@@ -57,6 +57,12 @@ HOST_DATA = {
     # The offloaded AdamW state is host memory and files by definition (ZeRO-Offload).
     "optim/offload_adamw_state.cpp": "the offloaded state's host buffers",
     "optim/offload_header.cpp": "the offload file header's bytes",
+    # The caller's host token ids, cut into the pieces a rolling KV cache takes.
+    "model/transformer_inference.cpp": "the caller's token ids cut into pieces for the KV cache",
+    # Between replica groups everything is host memory: Gloo's TCP buffers and DiLoCo's outer
+    # state (train/diloco_sync.cpp stages the store's values through the host).
+    "parallel/replica/gloo_link.cpp": "Gloo's host buffers (all-gather of one member)",
+    "parallel/replica/outer_optimizer.cpp": "DiLoCo's anchor and momentum, host memory",
 }
 
 RAW_MEMORY = re.compile(r"(?<![\w.>:])(?:(?:::)?std\s*::\s*(memcpy|memset|memmove|copy|copy_n|fill|fill_n)"

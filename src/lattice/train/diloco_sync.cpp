@@ -74,9 +74,17 @@ DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, int world_
   settle_whole();
   for (int i = 0; i < runner_.stage_count(); ++i) {
     const model::ParameterStore& store = runner_.stage(i).parameters();
+    std::vector<float>& host = host_values(store);
     outer_.push_back(
-        std::make_unique<replica::OuterOptimizer>(store.values(), store.size(), settings));
+        std::make_unique<replica::OuterOptimizer>(host.data(), store.size(), settings));
   }
+}
+
+std::vector<float>& DilocoSync::host_values(const model::ParameterStore& store) {
+  host_.resize(static_cast<size_t>(store.size()));
+  store.memory().copy(host_.data(), store.values(), host_.size() * sizeof(float),
+                      CopyKind::device_to_host);
+  return host_;
 }
 
 DilocoSync::~DilocoSync() = default;
@@ -123,7 +131,7 @@ bool DilocoSync::after_step(int64_t step) {
   settle_whole();
   for (int i = 0; i < runner_.stage_count(); ++i) {
     model::ParameterStore& store = runner_.stage(i).parameters();
-    float* values = store.mutable_values();
+    float* values = host_values(store).data();
     const int64_t n = store.size();
     if (link_) {  // θ̄: the groups' sum divided by M (one group: θ itself, untouched)
       link_->allreduce_sum(values, n);
@@ -132,6 +140,8 @@ bool DilocoSync::after_step(int64_t step) {
       for (int64_t j = 0; j < n; ++j) values[j] /= groups;
     }
     outer_[static_cast<size_t>(i)]->step(values);
+    store.memory().copy(store.mutable_values(), values, static_cast<size_t>(n) * sizeof(float),
+                        CopyKind::host_to_device);
     runner_.data_parallel(i).take_whole_values();  // ZeRO-3: its shards of the new values
   }
   return true;

@@ -5,7 +5,8 @@
 // (replica::OuterOptimizer) to them, so every group continues from the same parameters. Every
 // stage's whole values take part (ZeRO-3 gathers them first and keeps its shards of the result):
 // each rank exchanges 2·(M-1)/M of its 4Ψ bytes per outer step, and holds the anchor and the
-// momentum (8Ψ) beside its model.
+// momentum (8Ψ) in host memory beside its model (the values are staged through the host:
+// Gloo sends host buffers, whatever the backend).
 #pragma once
 
 #include <cstdint>
@@ -48,12 +49,15 @@ class DilocoSync {
  private:
   // Every stage's whole parameters, settled (ZeRO-3 gathers them).
   void settle_whole();
+  // `store`'s values copied to host memory (host_), where Gloo sends them and the outer step runs.
+  std::vector<float>& host_values(const model::ParameterStore& store);
 
   const TrainConfig& config_;
   StepRunner& runner_;
   int groups_;
   std::unique_ptr<replica::GlooLink> link_;                      // null with one group
   std::vector<std::unique_ptr<replica::OuterOptimizer>> outer_;  // one per stage
+  std::vector<float> host_;  // one stage's values on the host during an outer step
 };
 
 // A fingerprint of what every replica group must share: the model, the layout, the batch and the
