@@ -27,10 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-#define REQUIRE_ETCD()           \
-  if (!EtcdProcess::available()) \
-  GTEST_SKIP() << "no etcd binary (install_deps installs etcd-server)"
-
 // Runs groups.size() replica groups at once, group g with config groups[g], each in a thread of
 // its own; each group's outcome, or its error's message.
 struct GroupRun {
@@ -74,7 +70,7 @@ TEST_F(DilocoTest, OneGroupWithPlainAveragingTrainsBitForBitAsWithout) {
 }
 
 TEST_F(DilocoTest, TwoGroupsReadHalvesOfOneStreamAndShareEveryOuterStep) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
   std::vector<train::TrainConfig> groups;
   for (int g = 0; g < 2; ++g)
@@ -103,7 +99,7 @@ TEST_F(DilocoTest, TwoGroupsReadHalvesOfOneStreamAndShareEveryOuterStep) {
 }
 
 TEST_F(DilocoTest, GroupsThatDisagreeOrNeverComeAreOneErrorLine) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
   std::vector<train::TrainConfig> groups;
   for (int g = 0; g < 2; ++g)
@@ -189,7 +185,7 @@ TEST_F(DilocoTest, ResumesBitForBitAndReshardsTheOuterState) {
 // threads of one `lattice train` (local backend), meeting at etcd. After the last outer step both
 // checkpoints hold the same weights, bit for bit.
 TEST_F(DilocoTest, AGroupUnderMpirunAndAGroupOnThreadsShareTheOuterSteps) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
   const auto flags = [&](int group) {
     const fs::path run = dir_ / ("site" + std::to_string(group));

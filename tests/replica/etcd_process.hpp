@@ -3,6 +3,7 @@
 // and removed when the object goes. `available()` is false when no etcd binary is installed.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -103,3 +104,8 @@ class EtcdProcess {
 };
 
 }  // namespace lattice::replica::test_support
+
+// Skips the test (with how to install it) where no etcd binary is installed.
+#define LATTICE_REQUIRE_ETCD()                                     \
+  if (!::lattice::replica::test_support::EtcdProcess::available()) \
+  GTEST_SKIP() << "no etcd binary (scripts/install_deps.sh installs Debian's etcd-server)"

@@ -17,10 +17,6 @@ using namespace lattice::replica;
 
 namespace {
 
-#define REQUIRE_ETCD()                         \
-  if (!test_support::EtcdProcess::available()) \
-  GTEST_SKIP() << "no etcd binary (scripts/install_deps.sh installs Debian's etcd-server)"
-
 std::string message_of(const std::function<void()>& run) {
   try {
     run();
@@ -50,7 +46,7 @@ TEST(Base64, MatchesRfc4648) {
 }
 
 TEST(EtcdClient, PutsGetsRangesAndRemoves) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   test_support::EtcdProcess etcd;
   EtcdClient client(etcd.endpoint());
   const std::string binary("a\0b\xff", 4);
@@ -72,7 +68,7 @@ TEST(EtcdClient, PutsGetsRangesAndRemoves) {
 }
 
 TEST(EtcdClient, LeasedKeysGoWithTheirLease) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   test_support::EtcdProcess etcd;
   EtcdClient client(etcd.endpoint());
   // Revoked: gone at once.
@@ -95,7 +91,7 @@ TEST(EtcdClient, LeasedKeysGoWithTheirLease) {
 }
 
 TEST(EtcdClient, AStoreThatIsNotThereOrGoesAwayIsOneErrorLine) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   EXPECT_THROW(EtcdClient("localhost"), Error);
   EXPECT_THROW(EtcdClient("localhost:99999"), Error);
   const std::string nobody = "127.0.0.1:" + std::to_string(test_support::free_port());

@@ -22,10 +22,6 @@ using namespace lattice::replica;
 
 namespace {
 
-#define REQUIRE_ETCD()                         \
-  if (!test_support::EtcdProcess::available()) \
-  GTEST_SKIP() << "no etcd binary (scripts/install_deps.sh installs Debian's etcd-server)"
-
 constexpr std::chrono::milliseconds kTimeout{5000};
 
 // Member r's values: small integers, so every order of summation gives the exact sum.
@@ -39,7 +35,7 @@ std::vector<float> values_of(int r, int64_t n) {
 }  // namespace
 
 TEST(GlooLink, ThreeMembersReduceBroadcastAndGatherExactly) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   test_support::EtcdProcess etcd;
   const int M = 3;
   const int64_t n = 300'001;  // more than one ring segment, not a multiple of M
@@ -81,7 +77,7 @@ TEST(GlooLink, ThreeMembersReduceBroadcastAndGatherExactly) {
 }
 
 TEST(GlooLink, AMemberThatNeverComesIsOneErrorLine) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   test_support::EtcdProcess etcd;
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -100,7 +96,7 @@ TEST(GlooLink, AMemberThatNeverComesIsOneErrorLine) {
 // the test. Member 0's next allreduce fails with one line well within the timeout (the peer's
 // socket closes), and member 0 goes on: a new link of itself alone reduces.
 TEST(GlooLink, AKilledMemberFailsTheCollectiveNotTheSurvivor) {
-  REQUIRE_ETCD();
+  LATTICE_REQUIRE_ETCD();
   test_support::EtcdProcess etcd;
   const int64_t n = 1000;
   int ready[2];
