@@ -198,6 +198,14 @@ TEST(KvCache, UnderAWindowKeepsTheLastEntriesAndRolls) {
   std::vector<float> four(static_cast<size_t>(B * 4 * row));
   cache.make_room(4);  // keeps 3 slots; but only 3 positions are left before max_positions
   EXPECT_THROW(cache.write(0, four.data(), four.data(), row, 4), Error);
+  // Only entries inside the window: make_room has nothing to drop, and a write too large is
+  // refused.
+  cache.clear();
+  write(3);
+  cache.make_room(5);
+  EXPECT_EQ(cache.stored(), 3);
+  std::vector<float> five(static_cast<size_t>(B * 5 * row));
+  EXPECT_THROW(cache.write(0, five.data(), five.data(), row, 5), Error);
   EXPECT_THROW(KvCache(1, B, capacity, 1, row, host_memory(), nullptr, 0, capacity + 1, 20),
                Error);  // a window wider than the slots
   EXPECT_THROW(KvCache(1, B, capacity, 1, row, host_memory(), nullptr, 0, 0, 20),

@@ -64,8 +64,9 @@ int64_t KvCache::max_write() const {
 }
 
 void KvCache::make_room(int64_t n) {
-  if (window_ == 0 || n <= capacity_ - stored_) return;
   const int64_t kept = std::min(stored_, window_ - 1), dropped = stored_ - kept;
+  // Nothing to move: no window, room enough, or no entry older than the window (write() refuses).
+  if (window_ == 0 || n <= capacity_ - stored_ || dropped == 0) return;
   // Slots [dropped, stored) to [0, kept), in blocks of `dropped` rows: each block's source and
   // destination are disjoint, and every source is read before a later block overwrites it.
   for (size_t layer = 0; layer < keys_.size(); ++layer) {
