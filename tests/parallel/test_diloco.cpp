@@ -6,6 +6,7 @@
 // impossible keys).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,6 +49,23 @@ std::vector<GroupRun> run_groups(const std::vector<train::TrainConfig>& groups) 
   return runs;
 }
 
+// Two replica groups of the tiny dp-1 model (batch 4) meeting at `store` as job `job`: group g runs
+// in run directory <dir>/<job>-g with the `extra` keys and, when given, `own(g)`.
+std::vector<train::TrainConfig> two_groups(const fs::path& dir, const std::string& store,
+                                           const std::string& job, std::vector<std::string> extra,
+                                           const std::function<std::string(int)>& own = {}) {
+  std::vector<train::TrainConfig> groups;
+  for (int g = 0; g < 2; ++g) {
+    std::vector<std::string> keys = extra;
+    keys.insert(keys.end(), {"job.run_dir=" + (dir / (job + "-" + std::to_string(g))).string(),
+                             "replica.groups=2", "replica.group=" + std::to_string(g),
+                             "replica.store=" + store, "replica.job=" + job});
+    if (own) keys.push_back(own(g));
+    groups.push_back(tiny_dp_config(dir, 1, 0, 4, 1, keys));
+  }
+  return groups;
+}
+
 }  // namespace
 
 class DilocoTest : public CorpusDirectoryTest {};
@@ -72,15 +90,9 @@ TEST_F(DilocoTest, OneGroupWithPlainAveragingTrainsBitForBitAsWithout) {
 TEST_F(DilocoTest, TwoGroupsReadHalvesOfOneStreamAndShareEveryOuterStep) {
   LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
-  std::vector<train::TrainConfig> groups;
-  for (int g = 0; g < 2; ++g)
-    groups.push_back(
-        tiny_dp_config(dir_, 1, 0, 4, 1,
-                       {"job.run_dir=" + (dir_ / ("group" + std::to_string(g))).string(),
-                        "training.steps=6", "diloco.inner_steps=3", "replica.groups=2",
-                        "replica.group=" + std::to_string(g), "replica.store=" + etcd.endpoint(),
-                        "replica.job=two-groups", "replica.timeout_seconds=30"}));
-  const std::vector<GroupRun> runs = run_groups(groups);
+  const std::vector<GroupRun> runs = run_groups(
+      two_groups(dir_, etcd.endpoint(), "two-groups",
+                 {"training.steps=6", "diloco.inner_steps=3", "replica.timeout_seconds=30"}));
   ASSERT_EQ(runs[0].error, "");
   ASSERT_EQ(runs[1].error, "");
   // Step 6 ended with an outer step: both groups hold the same parameters, bit for bit.
@@ -101,14 +113,9 @@ TEST_F(DilocoTest, TwoGroupsReadHalvesOfOneStreamAndShareEveryOuterStep) {
 TEST_F(DilocoTest, GroupsThatDisagreeOrNeverComeAreOneErrorLine) {
   LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
-  std::vector<train::TrainConfig> groups;
-  for (int g = 0; g < 2; ++g)
-    groups.push_back(tiny_dp_config(
-        dir_, 1, 0, 4, 1,
-        {"job.run_dir=" + (dir_ / ("g" + std::to_string(g))).string(), "diloco.inner_steps=2",
-         "replica.groups=2", "replica.group=" + std::to_string(g),
-         "replica.store=" + etcd.endpoint(), "replica.job=disagree", "replica.timeout_seconds=20",
-         g == 0 ? "optimizer.lr=3e-3" : "optimizer.lr=1e-3"}));
+  const std::vector<train::TrainConfig> groups = two_groups(
+      dir_, etcd.endpoint(), "disagree", {"diloco.inner_steps=2", "replica.timeout_seconds=20"},
+      [](int g) { return g == 0 ? "optimizer.lr=3e-3" : "optimizer.lr=1e-3"; });
   for (const GroupRun& run : run_groups(groups)) {
     EXPECT_NE(run.error.find("replica group 1 runs another model, layout, batch or optimizer"),
               std::string::npos)

@@ -58,15 +58,23 @@ const float* KvCache::values(int64_t layer) const {
   return values_[static_cast<size_t>(layer)].f32();
 }
 
+int64_t KvCache::entries_kept() const {
+  return window_ > 0 ? std::min(stored_, window_ - 1) : stored_;
+}
+
+int64_t KvCache::free_slots() const {
+  return std::min(capacity_ - stored_, room());
+}
+
 int64_t KvCache::max_write() const {
-  const int64_t kept = window_ > 0 ? std::min(stored_, window_ - 1) : stored_;
-  return capacity_ - kept;
+  return capacity_ - entries_kept();
 }
 
 void KvCache::make_room(int64_t n) {
-  const int64_t kept = std::min(stored_, window_ - 1), dropped = stored_ - kept;
-  // Nothing to move: no window, room enough, or no entry older than the window (write() refuses).
-  if (window_ == 0 || n <= capacity_ - stored_ || dropped == 0) return;
+  const int64_t kept = entries_kept(), dropped = stored_ - kept;
+  // Nothing to move: room enough, or no entry older than the window (no window: none is dropped;
+  // write() refuses what does not fit).
+  if (n <= capacity_ - stored_ || dropped == 0) return;
   // Slots [dropped, stored) to [0, kept), in blocks of `dropped` rows: each block's source and
   // destination are disjoint, and every source is read before a later block overwrites it.
   for (size_t layer = 0; layer < keys_.size(); ++layer) {
@@ -92,11 +100,10 @@ void KvCache::make_room(int64_t n) {
 void KvCache::write(int64_t layer, const float* new_keys, const float* new_values,
                     int64_t source_row_stride, int64_t n, int64_t value_source_row_stride) {
   check_layer(layer);
-  const int64_t free_slots = std::min(capacity_ - stored_, room());
-  check(n > 0 && n <= free_slots, "the KV cache has room for " + std::to_string(free_slots) +
-                                      " of " + std::to_string(capacity_) + " positions, not " +
-                                      std::to_string(n) +
-                                      ": clear it and re-prefill a shorter window");
+  check(n > 0 && n <= free_slots(), "the KV cache has room for " + std::to_string(free_slots()) +
+                                        " of " + std::to_string(capacity_) + " positions, not " +
+                                        std::to_string(n) +
+                                        ": clear it and re-prefill a shorter window");
   // Per sequence, n token rows from the new keys' rows into slots stored() .. + n.
   const int64_t row = row_stride(), value_row = value_row_stride();
   const int64_t value_stride =
@@ -118,10 +125,9 @@ void KvCache::write(int64_t layer, const float* new_keys, const float* new_value
 }
 
 void KvCache::advance(int64_t n) {
-  const int64_t free_slots = std::min(capacity_ - stored_, room());
-  check(n >= 0 && n <= free_slots, "cannot advance the KV cache by " + std::to_string(n) +
-                                       " positions: only " + std::to_string(free_slots) +
-                                       " are free");
+  check(n >= 0 && n <= free_slots(), "cannot advance the KV cache by " + std::to_string(n) +
+                                         " positions: only " + std::to_string(free_slots()) +
+                                         " are free");
   stored_ += n;
 }
 

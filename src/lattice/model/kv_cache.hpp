@@ -85,6 +85,10 @@ class KvCache {
 
  private:
   void check_layer(int64_t layer) const;
+  // The entries a roll keeps (the last W - 1; without a window, all of them).
+  int64_t entries_kept() const;
+  // Slots a write may fill now: free slots, and no more than the positions left.
+  int64_t free_slots() const;
 
   DeviceMemory* memory_;
   int64_t batch_, capacity_, kv_heads_, head_dim_, value_dim_, window_, max_positions_;
