@@ -63,6 +63,7 @@ HOST_DATA = {
     # state (train/diloco_sync.cpp stages the store's values through the host).
     "parallel/replica/gloo_link.cpp": "Gloo's host buffers (all-gather of one member)",
     "parallel/replica/outer_optimizer.cpp": "DiLoCo's anchor and momentum, host memory",
+    "train/diloco_sync.cpp": "the host copies a hand-over packs and the quorum's text",
 }
 
 RAW_MEMORY = re.compile(r"(?<![\w.>:])(?:(?:::)?std\s*::\s*(memcpy|memset|memmove|copy|copy_n|fill|fill_n)"

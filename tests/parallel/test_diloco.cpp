@@ -1,9 +1,10 @@
 // Tests of DiLoCo between replica groups (train/diloco_sync.hpp) on the tiny data-parallel model:
 // one group with lr 1 and no momentum trains bit for bit as without DiLoCo (plain DP and ZeRO-1/3
 // inside the group); two groups, each a separate Trainer meeting at a real etcd over Gloo, read
-// the two halves of what one dp-2 run reads and end every outer step on the same parameters bit
-// for bit; and the one-line refusals (a group that runs another config, a group that never comes,
-// impossible keys).
+// disjoint blocks of one stream and end every outer step on the same parameters bit for bit; a
+// group killed with -9 mid-run (threads, and under mpirun) is left out while the other trains on,
+// and its restart joins and takes the job's state, with every data block trained exactly once;
+// and the one-line refusals (a group that runs another config, too few groups, impossible keys).
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -87,12 +88,13 @@ TEST_F(DilocoTest, OneGroupWithPlainAveragingTrainsBitForBitAsWithout) {
   }
 }
 
-TEST_F(DilocoTest, TwoGroupsReadHalvesOfOneStreamAndShareEveryOuterStep) {
+TEST_F(DilocoTest, TwoGroupsReadDisjointBlocksOfOneStreamAndShareEveryOuterStep) {
   LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
-  const std::vector<GroupRun> runs = run_groups(
-      two_groups(dir_, etcd.endpoint(), "two-groups",
-                 {"training.steps=6", "diloco.inner_steps=3", "replica.timeout_seconds=30"}));
+  const std::vector<GroupRun> runs =
+      run_groups(two_groups(dir_, etcd.endpoint(), "two-groups",
+                            {"training.steps=6", "diloco.inner_steps=3",
+                             "replica.timeout_seconds=30", "metrics.jsonl=true"}));
   ASSERT_EQ(runs[0].error, "");
   ASSERT_EQ(runs[1].error, "");
   // Step 6 ended with an outer step: both groups hold the same parameters, bit for bit.
@@ -101,11 +103,29 @@ TEST_F(DilocoTest, TwoGroupsReadHalvesOfOneStreamAndShareEveryOuterStep) {
   size_t differing = 0;
   for (size_t i = 0; i < a.parameters.size(); ++i) differing += a.parameters[i] != b.parameters[i];
   EXPECT_EQ(differing, 0u);
-  // Step 1 of each group is one half of a dp-2 run's first batch (the same start, disjoint data):
-  // their mean is the dp-2 loss up to the order of one addition.
-  const DpOutcome dp2 = run_dp(tiny_dp_config(dir_, 2, 0, 8, 1, {"training.steps=1"}));
-  EXPECT_NE(a.losses[0], b.losses[0]);
-  EXPECT_NEAR((a.losses[0] + b.losses[0]) / 2, dp2.losses[0], 1e-6 * dp2.losses[0]);
+  // Group 0 trains block 0 first: steps 1-3 of the stream one group reads, from the same start,
+  // so its first three steps are those of a plain run bit for bit; group 1's block 1 is other data.
+  const DpOutcome plain = run_dp(tiny_dp_config(dir_, 1, 0, 4, 1, {"training.steps=6"}));
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(a.losses[i], plain.losses[i]) << i;
+  EXPECT_NE(b.losses[0], a.losses[0]);
+  // The quorum's bookkeeping in metrics.jsonl: at step 3 each group brings back its block (0, 1)
+  // and takes the next (2, 3); at step 6 brings those back; the weights hash is the same.
+  std::vector<std::vector<nlohmann::json>> lines;
+  for (int g = 0; g < 2; ++g)
+    lines.push_back(
+        lattice::testing::read_jsonl(dir_ / ("two-groups-" + std::to_string(g)) / "metrics.jsonl"));
+  for (int g = 0; g < 2; ++g) {
+    ASSERT_EQ(lines[g].size(), 6u);
+    const nlohmann::json& third = lines[g][2].at("diloco");
+    EXPECT_EQ(third.at("members"), nlohmann::json::array({0, 1}));
+    EXPECT_EQ(third.at("completed_block").get<int64_t>(), g);
+    EXPECT_EQ(third.at("next_block").get<int64_t>(), 2 + g);
+    EXPECT_EQ(lines[g][5].at("diloco").at("completed_block").get<int64_t>(), 2 + g);
+    EXPECT_FALSE(lines[g][1].at("diloco").contains("members"));  // an inner step
+  }
+  for (int step : {2, 5})
+    EXPECT_EQ(lines[0][step].at("diloco").at("weights_hash"),
+              lines[1][step].at("diloco").at("weights_hash"));
   // Between outer steps the groups drift apart; after them they train from the same point.
   EXPECT_NE(a.losses[3], b.losses[3]);
 }
@@ -113,22 +133,29 @@ TEST_F(DilocoTest, TwoGroupsReadHalvesOfOneStreamAndShareEveryOuterStep) {
 TEST_F(DilocoTest, GroupsThatDisagreeOrNeverComeAreOneErrorLine) {
   LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
+  // The group that comes second with another config is refused; the first goes on alone once
+  // the other has not come within the timeout.
   const std::vector<train::TrainConfig> groups = two_groups(
-      dir_, etcd.endpoint(), "disagree", {"diloco.inner_steps=2", "replica.timeout_seconds=20"},
+      dir_, etcd.endpoint(), "disagree", {"diloco.inner_steps=2", "replica.timeout_seconds=2"},
       [](int g) { return g == 0 ? "optimizer.lr=3e-3" : "optimizer.lr=1e-3"; });
-  for (const GroupRun& run : run_groups(groups)) {
-    EXPECT_NE(run.error.find("replica group 1 runs another model, layout, batch or optimizer"),
-              std::string::npos)
-        << run.error;
-    EXPECT_EQ(run.error.find('\n'), std::string::npos);
-  }
+  const std::vector<GroupRun> runs = run_groups(groups);
+  ASSERT_NE(runs[0].error.empty(), runs[1].error.empty()) << runs[0].error << runs[1].error;
+  const std::string& refused = runs[0].error.empty() ? runs[1].error : runs[0].error;
+  EXPECT_NE(refused.find("runs another model, layout, batch or optimizer than group"),
+            std::string::npos)
+      << refused;
+  EXPECT_EQ(refused.find('\n'), std::string::npos);
 
+  // Alone under replica.min_groups = 2: refused after the timeout, naming the key.
   train::TrainConfig alone = groups[0];
   alone.replica.job = "alone";
   alone.replica.timeout_seconds = 1;
+  alone.replica.min_groups = 2;
   const std::vector<GroupRun> lonely = run_groups({alone});
-  EXPECT_NE(lonely[0].error.find("did not arrive within 1000 ms"), std::string::npos)
+  EXPECT_NE(lonely[0].error.find("only 1 of the 2 replica groups came within 1000 ms"),
+            std::string::npos)
       << lonely[0].error;
+  EXPECT_NE(lonely[0].error.find("replica.min_groups = 2"), std::string::npos) << lonely[0].error;
 }
 
 TEST_F(DilocoTest, RefusesImpossibleReplicaKeysInOneLine) {
@@ -235,8 +262,8 @@ TEST_F(DilocoTest, AGroupUnderMpirunAndAGroupOnThreadsShareTheOuterSteps) {
   const std::vector<nlohmann::json> lines =
       lattice::testing::read_jsonl(dir_ / "site1" / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 4u);
-  // Before the first step: the groups' fingerprints (8 bytes to the one other group).
-  int64_t total = 8;
+  // Before the first step only the store is spoken to (the groups' fingerprints are there).
+  int64_t total = 0;
   const int64_t params =
       train::load_train_config("", {"model.preset=gpt2-tiny", "model.vocab_size=256",
                                     "model.max_seq_len=32", "training.seq_len=32"})

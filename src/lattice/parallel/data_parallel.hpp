@@ -112,6 +112,10 @@ class DataParallel final : public model::ModelHooks {
     optimizer_.read_moments(begin, end, exp_avg, exp_avg_sq);
   }
 
+  // This rank's AdamW state as it holds it (ShardedAdamW::copy_state / load_state).
+  const ShardedAdamW& optimizer() const { return optimizer_; }
+  ShardedAdamW& optimizer() { return optimizer_; }
+
   DataParallelTimes take_communication_times();
 
   // Hooks (called by the Transformer through LayerContext::hooks).

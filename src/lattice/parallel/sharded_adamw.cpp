@@ -165,4 +165,23 @@ void ShardedAdamW::read_moments(int64_t begin, int64_t end, float* exp_avg,
   ops_.memory().copy(exp_avg_sq, v_.f32() + at, bytes, CopyKind::device_to_host);
 }
 
+void ShardedAdamW::copy_state(float* exp_avg, float* exp_avg_sq) const {
+  check(!offload_,
+        "a replica group's optimizer state is handed over from memory: run the groups without "
+        "parallelism.offload_dir");
+  const size_t bytes = static_cast<size_t>(state_elements()) * sizeof(float);
+  ops_.memory().copy(exp_avg, m_.f32(), bytes, CopyKind::device_to_host);
+  ops_.memory().copy(exp_avg_sq, v_.f32(), bytes, CopyKind::device_to_host);
+}
+
+void ShardedAdamW::load_state(const float* exp_avg, const float* exp_avg_sq, int64_t steps_taken) {
+  check(!offload_,
+        "a replica group's optimizer state is handed over from memory: run the groups without "
+        "parallelism.offload_dir");
+  const size_t bytes = static_cast<size_t>(state_elements()) * sizeof(float);
+  ops_.memory().copy(m_.f32(), exp_avg, bytes, CopyKind::host_to_device);
+  ops_.memory().copy(v_.f32(), exp_avg_sq, bytes, CopyKind::host_to_device);
+  step_ = steps_taken;
+}
+
 }  // namespace lattice::parallel

@@ -42,8 +42,14 @@ class ShardedAdamW {
   // checkpoints write; read back from the files under offload).
   void read_moments(int64_t begin, int64_t end, float* exp_avg, float* exp_avg_sq) const;
 
- private:
+  // This rank's whole state, as it holds it (another rank of the same place in the same layout
+  // holds the same shapes): the moments, state_elements() floats each, and the step count. A
+  // replica group that joins a running job takes it from a live group (moments in memory only).
   int64_t state_elements() const;
+  void copy_state(float* exp_avg, float* exp_avg_sq) const;
+  void load_state(const float* exp_avg, const float* exp_avg_sq, int64_t steps_taken);
+
+ private:
   // This rank's shard index in `bucket`'s group.
   int rank_in(const Bucket& bucket) const { return bucket.expert ? expert_rank_ : shard_rank_; }
 

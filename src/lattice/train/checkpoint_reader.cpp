@@ -46,6 +46,7 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
     state_.step = j.at("step").get<int64_t>();
     state_.samples_consumed = j.at("samples_consumed").get<int64_t>();
     state_.seed = j.at("seed").get<uint64_t>();
+    if (j.contains("replica_quorum")) state_.replica_quorum = j.at("replica_quorum").dump();
     optimizer_steps_ = j.value("optimizer_steps", int64_t{0});
   } catch (const nlohmann::json::exception& e) {
     throw Error("checkpoint state " + state_path + " is damaged (" + e.what() +

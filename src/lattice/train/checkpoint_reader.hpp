@@ -21,6 +21,7 @@ struct TrainerState {
   int64_t step = 0;              // optimizer steps completed
   int64_t samples_consumed = 0;  // the training sampler's position
   uint64_t seed = 0;
+  std::string replica_quorum;  // DiLoCo with replica groups: the last agreed QuorumRecord's JSON
 };
 
 class CheckpointReader {

@@ -418,8 +418,10 @@ std::vector<ConfigKey> build_keys() {
       "the job's name in the store (keys under /lattice/<job>/): the same in every group");
   add("replica", "timeout_seconds",
       number_key(field(&TrainConfig::replica, &ReplicaConfig::timeout_seconds)),
-      "how long a group waits for the others (rendezvous, every exchange) before it stops with an "
-      "error naming them");
+      "how long a group waits for a silent one (the start, every outer step and exchange) before "
+      "it goes on without it; also how soon a killed group's lease runs out");
+  add("replica", "min_groups", int_key(field(&TrainConfig::replica, &ReplicaConfig::min_groups)),
+      "the fewest live groups an outer step takes place with (fewer after the timeout: an error)");
 
   add("diloco", "inner_steps", int_key(field(&TrainConfig::diloco, &DilocoConfig::inner_steps)),
       "DiLoCo's H: steps between outer steps (0: off)");

@@ -1,8 +1,10 @@
 // DilocoSync: see diloco_sync.hpp.
 #include "lattice/train/diloco_sync.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <set>
 #include <sstream>
 
@@ -22,6 +24,25 @@ uint64_t fnv1a(const std::string& text) {
     hash *= 1099511628211ull;
   }
   return hash;
+}
+
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+
+// FNV-1a over the 32-bit words of `values`, continuing from `hash`.
+uint64_t fnv1a_words(const float* values, size_t n, uint64_t hash) {
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(values);
+  for (size_t i = 0; i < n; ++i) {
+    hash ^= words[i];
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+// "0, 2, 3".
+std::string group_list(const std::vector<int>& groups) {
+  std::string text;
+  for (int g : groups) text += (text.empty() ? "" : ", ") + std::to_string(g);
+  return text;
 }
 
 }  // namespace
@@ -48,49 +69,51 @@ uint64_t replica_fingerprint(const TrainConfig& config) {
   return fnv1a(kept);
 }
 
-DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, int world_rank)
-    : config_(config), runner_(runner), groups_(static_cast<int>(config.replica.groups)) {
+DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, comm::Communicator& world)
+    : config_(config),
+      runner_(runner),
+      world_(world),
+      groups_(static_cast<int>(config.replica.groups)),
+      group_(static_cast<int>(config.replica.group)),
+      inner_steps_(config.diloco.inner_steps) {
   const replica::OuterSettings settings{static_cast<float>(config.diloco.outer_lr),
                                         static_cast<float>(config.diloco.outer_momentum),
                                         config.diloco.nesterov};
-  if (groups_ > 1) {
-    const auto timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(config.replica.timeout_seconds * 1000));
-    const std::string prefix =
-        "/lattice/" + config.replica.job + "/diloco/rank" + std::to_string(world_rank) + "/";
-    link_ = std::make_unique<replica::GlooLink>(config.replica.store, prefix,
-                                                static_cast<int>(config.replica.group), groups_,
-                                                config.replica.host, timeout);
-    const uint64_t mine = replica_fingerprint(config);
-    std::vector<uint64_t> all(static_cast<size_t>(groups_));
-    link_->all_gather(&mine, all.data(), sizeof(mine));
-    for (int g = 0; g < groups_; ++g)
-      check(all[static_cast<size_t>(g)] == all[0],
-            "replica group " + std::to_string(g) +
-                " runs another model, layout, batch or optimizer than group 0: start every group "
-                "with the same config (only [job], [replica], [checkpoint], [metrics], [data], "
-                "training.threads and parallelism.backend / offload_dir may differ)");
-  }
+  if (groups_ > 1)
+    on_leader([&] {
+      membership_ = std::make_unique<replica::Membership>(replica::MembershipSettings{
+          config.replica.store, config.replica.job, group_, groups_,
+          static_cast<int>(config.replica.min_groups), timeout(), replica_fingerprint(config)});
+      return std::string("K");
+    });
   settle_whole();
+  std::vector<float> host;
   for (int i = 0; i < runner_.stage_count(); ++i) {
     const model::ParameterStore& store = runner_.stage(i).parameters();
-    std::vector<float>& host = host_values(store);
+    copy_values(store, host);
     outer_.push_back(
         std::make_unique<replica::OuterOptimizer>(host.data(), store.size(), settings));
   }
 }
 
-std::vector<float>& DilocoSync::host_values(const model::ParameterStore& store) {
-  host_.resize(static_cast<size_t>(store.size()));
-  store.memory().copy(host_.data(), store.values(), host_.size() * sizeof(float),
-                      CopyKind::device_to_host);
-  return host_;
+DilocoSync::~DilocoSync() = default;
+
+std::chrono::milliseconds DilocoSync::timeout() const {
+  return std::chrono::milliseconds(static_cast<int64_t>(config_.replica.timeout_seconds * 1000));
 }
 
-DilocoSync::~DilocoSync() = default;
+void DilocoSync::copy_values(const model::ParameterStore& store, std::vector<float>& host) const {
+  host.resize(static_cast<size_t>(store.size()));
+  store.memory().copy(host.data(), store.values(), host.size() * sizeof(float),
+                      CopyKind::device_to_host);
+}
 
 int64_t DilocoSync::outer_steps() const {
   return outer_.empty() ? 0 : outer_[0]->steps_taken();
+}
+
+int64_t DilocoSync::bytes_sent() const {
+  return retired_bytes_ + (link_ ? link_->bytes_sent() : 0);
 }
 
 void DilocoSync::settle_whole() {
@@ -102,9 +125,14 @@ std::vector<std::pair<std::string, const float*>> DilocoSync::checkpoint_states(
   return {{"diloco_anchor/", outer.anchor().data()}, {"diloco_momentum/", outer.momentum().data()}};
 }
 
-void DilocoSync::resume(const std::string& checkpoint_dir, int64_t step, bool printing) {
+std::string DilocoSync::checkpoint_quorum() const {
+  return record_ ? record_->to_json() : std::string();
+}
+
+void DilocoSync::resume(const std::string& checkpoint_dir, int64_t step, const std::string& quorum,
+                        bool printing) {
   CheckpointReader reader(checkpoint_dir);
-  const int64_t outer_steps = step / config_.diloco.inner_steps;
+  const int64_t outer_steps = step / inner_steps_;
   for (int i = 0; i < runner_.stage_count(); ++i) {
     const model::ParameterStore& store = runner_.stage(i).parameters();
     std::vector<float> anchor(static_cast<size_t>(store.size()), 0.0f), momentum(anchor.size());
@@ -124,27 +152,319 @@ void DilocoSync::resume(const std::string& checkpoint_dir, int64_t step, bool pr
     }
     outer_[static_cast<size_t>(i)]->load(anchor.data(), momentum.data(), outer_steps);
   }
+  if (!quorum.empty() && groups_ > 1)
+    record_ = replica::QuorumRecord::from_json(
+        quorum, "checkpoint " + checkpoint_dir + "'s replica_quorum");
 }
 
-bool DilocoSync::after_step(int64_t step) {
-  if (step % config_.diloco.inner_steps != 0) return false;
-  settle_whole();
-  for (int i = 0; i < runner_.stage_count(); ++i) {
-    model::ParameterStore& store = runner_.stage(i).parameters();
-    float* values = host_values(store).data();
-    const int64_t n = store.size();
-    if (link_) {  // θ̄: the groups' sum divided by M (one group: θ itself, untouched)
-      link_->allreduce_sum(values, n);
-      const float groups = static_cast<float>(groups_);
-#pragma omp parallel for simd schedule(static)
-      for (int64_t j = 0; j < n; ++j) values[j] /= groups;
+std::string DilocoSync::on_leader(const std::function<std::string()>& ask) {
+  std::string answer;
+  if (world_.rank() == 0) {
+    try {
+      answer = ask();
+    } catch (const std::exception& e) {
+      answer = std::string("E") + e.what();
     }
-    outer_[static_cast<size_t>(i)]->step(values);
-    store.memory().copy(store.mutable_values(), values, static_cast<size_t>(n) * sizeof(float),
-                        CopyKind::host_to_device);
-    runner_.data_parallel(i).take_whole_values();  // ZeRO-3: its shards of the new values
+  }
+  if (world_.size() > 1) {
+    int64_t bytes = static_cast<int64_t>(answer.size());
+    world_.broadcast(&bytes, 1, DType::i64, 0);
+    // As 32-bit words (the communicators' broadcast moves numbers), the text padded to them.
+    std::vector<int32_t> words(static_cast<size_t>((bytes + 3) / 4), 0);
+    std::memcpy(words.data(), answer.data(), answer.size());
+    if (!words.empty())
+      world_.broadcast(words.data(), static_cast<int64_t>(words.size()), DType::i32, 0);
+    answer.assign(reinterpret_cast<const char*>(words.data()), static_cast<size_t>(bytes));
+  }
+  check(!answer.empty(), "replica group " + std::to_string(group_) +
+                             ": its first rank gave no answer (internal error)");
+  if (answer[0] == 'E') throw Error(answer.substr(1));
+  return answer;
+}
+
+namespace {
+
+// 'N' for none, else 'R' and the record.
+std::string record_answer(const std::optional<replica::QuorumRecord>& record) {
+  return record ? "R" + record->to_json() : std::string("N");
+}
+std::optional<replica::QuorumRecord> record_of(const std::string& answer) {
+  if (answer[0] == 'N') return std::nullopt;
+  return replica::QuorumRecord::from_json(answer.substr(1), "a quorum record");
+}
+
+}  // namespace
+
+std::optional<replica::QuorumRecord> DilocoSync::agree_in_group(
+    int64_t round, bool contributor, const std::optional<replica::QuorumRecord>& committed) {
+  return record_of(
+      on_leader([&] { return record_answer(membership_->agree(round, contributor, committed)); }));
+}
+
+bool DilocoSync::settle_in_group(const replica::QuorumRecord& record, bool succeeded) {
+  return on_leader([&] {
+           return std::string(membership_->settle(record, succeeded) ? "C" : "A");
+         }) == "C";
+}
+
+bool DilocoSync::everyone(bool mine) {
+  int32_t all = mine ? 1 : 0;
+  if (world_.size() > 1) world_.allreduce(&all, 1, DType::i32, comm::ReduceOp::min);
+  return all == 1;
+}
+
+replica::GlooLink& DilocoSync::link_for(const replica::QuorumRecord& record) {
+  // The link of the last outer step serves again only among the same members, none of them new
+  // (a joiner may be a restart of a member whose old end of the link is dead).
+  if (!link_ || link_members_ != record.members || record.contributors != record.members) {
+    drop_link();
+    const auto at = std::find(record.members.begin(), record.members.end(), group_);
+    const std::string prefix = "/lattice/" + config_.replica.job + "/diloco/link/" +
+                               std::to_string(record.round) + "/" + std::to_string(record.attempt) +
+                               "/rank" + std::to_string(world_.rank()) + "/";
+    link_ = std::make_unique<replica::GlooLink>(
+        config_.replica.store, prefix, static_cast<int>(at - record.members.begin()),
+        static_cast<int>(record.members.size()), config_.replica.host, timeout());
+    link_members_ = record.members;
+  }
+  return *link_;
+}
+
+void DilocoSync::drop_link() {
+  if (link_) retired_bytes_ += link_->bytes_sent();
+  link_.reset();
+  link_members_.clear();
+}
+
+void DilocoSync::say(const std::string& line) const {
+  if (world_.rank() == 0) std::printf("diloco: group %d: %s\n", group_, line.c_str());
+}
+
+bool DilocoSync::exchange(const replica::QuorumRecord& record) {
+  const bool mine = record.contributes(group_);
+  sums_.resize(static_cast<size_t>(runner_.stage_count()));
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    const model::ParameterStore& store = runner_.stage(i).parameters();
+    std::vector<float>& sum = sums_[static_cast<size_t>(i)];
+    if (mine)
+      copy_values(store, sum);
+    else
+      sum.assign(static_cast<size_t>(store.size()), 0.0f);  // nothing to bring: adds nothing
+  }
+  // The start has nothing to average; a member alone holds its own sum.
+  if (record.contributors.empty() || record.members.size() == 1) {
+    drop_link();
+    return true;
+  }
+  try {
+    replica::GlooLink& link = link_for(record);
+    for (std::vector<float>& sum : sums_)
+      link.allreduce_sum(sum.data(), static_cast<int64_t>(sum.size()));
+  } catch (const Error& e) {
+    say("outer step " + std::to_string(record.round) + " failed (" + e.what() +
+        "); agreeing on it again");
+    drop_link();
+    return false;
   }
   return true;
+}
+
+void DilocoSync::apply_outer_step(const replica::QuorumRecord& record) {
+  const float contributors = static_cast<float>(record.contributors.size());
+  uint64_t hash = kFnvOffset;
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    model::ParameterStore& store = runner_.stage(i).parameters();
+    std::vector<float>& values = sums_[static_cast<size_t>(i)];
+    const int64_t n = store.size();
+    if (contributors > 1) {  // θ̄: the contributors' sum over their count (one: θ, untouched)
+      float* v = values.data();
+#pragma omp parallel for simd schedule(static)
+      for (int64_t j = 0; j < n; ++j) v[j] /= contributors;
+    }
+    outer_[static_cast<size_t>(i)]->step(values.data());
+    store.memory().copy(store.mutable_values(), values.data(),
+                        static_cast<size_t>(n) * sizeof(float), CopyKind::host_to_device);
+    runner_.data_parallel(i).take_whole_values();  // ZeRO-3: its shards of the new values
+    hash = fnv1a_words(values.data(), values.size(), hash);
+  }
+  last_.weights_hash = hash;
+}
+
+bool DilocoSync::hand_over_state(const replica::QuorumRecord& record) {
+  const bool needed =
+      !record.contributors.empty() && std::any_of(record.members.begin(), record.members.end(),
+                                                  [&](int g) { return !record.contributes(g); });
+  if (!needed) return true;
+  const bool receiving = !record.contributes(group_), sending = group_ == record.source;
+  const int root =
+      static_cast<int>(std::find(record.members.begin(), record.members.end(), record.source) -
+                       record.members.begin());
+  uint64_t hash = kFnvOffset;
+  try {
+    check(link_ != nullptr, "no link to the source (internal error)");
+    for (int i = 0; i < runner_.stage_count(); ++i) {
+      model::ParameterStore& store = runner_.stage(i).parameters();
+      parallel::ShardedAdamW& adamw = runner_.data_parallel(i).optimizer();
+      replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(i)];
+      const size_t n = static_cast<size_t>(store.size()),
+                   s = static_cast<size_t>(adamw.state_elements());
+      // [values | anchor | momentum | exp_avg | exp_avg_sq] and the two step counts.
+      std::vector<float> state(3 * n + 2 * s);
+      int64_t steps[2] = {adamw.steps_taken(), outer.steps_taken()};
+      if (sending) {
+        std::copy(sums_[static_cast<size_t>(i)].begin(), sums_[static_cast<size_t>(i)].end(),
+                  state.begin());
+        std::copy(outer.anchor().begin(), outer.anchor().end(), state.begin() + n);
+        std::copy(outer.momentum().begin(), outer.momentum().end(), state.begin() + 2 * n);
+        adamw.copy_state(state.data() + 3 * n, state.data() + 3 * n + s);
+      }
+      link_->broadcast(state.data(), static_cast<int64_t>(state.size() * sizeof(float)), root);
+      link_->broadcast(steps, sizeof(steps), root);
+      if (!receiving) continue;
+      store.memory().copy(store.mutable_values(), state.data(), n * sizeof(float),
+                          CopyKind::host_to_device);
+      runner_.data_parallel(i).take_whole_values();
+      adamw.load_state(state.data() + 3 * n, state.data() + 3 * n + s, steps[0]);
+      outer.load(state.data() + n, state.data() + 2 * n, steps[1]);
+      hash = fnv1a_words(state.data(), n, hash);
+    }
+  } catch (const Error& e) {
+    if (receiving)
+      say("the job's state did not arrive at outer step " + std::to_string(record.round) + " (" +
+          e.what() + "); joining the next one");
+    drop_link();
+    return !receiving;
+  }
+  if (receiving) last_.weights_hash = hash;
+  if (sending || receiving) {
+    std::vector<int> receivers;
+    for (int g : record.members)
+      if (!record.contributes(g)) receivers.push_back(g);
+    const std::string fnv = " (state fnv " + std::to_string(state_hash()) + ")";
+    if (sending)
+      say("handed the job's state to groups " + group_list(receivers) + " at outer step " +
+          std::to_string(record.round) + fnv);
+    else
+      say("took the job's state at outer step " + std::to_string(record.round) + " from group " +
+          std::to_string(record.source) + fnv);
+  }
+  return true;
+}
+
+uint64_t DilocoSync::state_hash() {
+  settle_whole();
+  uint64_t hash = kFnvOffset;
+  std::vector<float> values;
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    const parallel::ShardedAdamW& adamw = runner_.data_parallel(i).optimizer();
+    const replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(i)];
+    copy_values(runner_.stage(i).parameters(), values);
+    hash = fnv1a_words(values.data(), values.size(), hash);
+    hash = fnv1a_words(outer.anchor().data(), outer.anchor().size(), hash);
+    hash = fnv1a_words(outer.momentum().data(), outer.momentum().size(), hash);
+    std::vector<float> m(static_cast<size_t>(adamw.state_elements())), v(m.size());
+    adamw.copy_state(m.data(), v.data());
+    hash = fnv1a_words(m.data(), m.size(), hash);
+    hash = fnv1a_words(v.data(), v.size(), hash);
+    const float steps[2] = {static_cast<float>(adamw.steps_taken()),
+                            static_cast<float>(outer.steps_taken())};
+    hash = fnv1a_words(steps, 2, hash);
+  }
+  return hash;
+}
+
+void DilocoSync::report(const replica::QuorumRecord& record, bool joined) {
+  last_.members = record.members;
+  last_.joined = joined;
+  last_.completed_block = -1;
+  for (size_t i = 0; i < record.contributors.size(); ++i)
+    if (record.contributors[i] == group_) last_.completed_block = record.completed[i];
+  last_.next_block = record.block_of(group_);
+  if (!record_ || record_->members != record.members)
+    say("outer step " + std::to_string(record.round) + " with groups " +
+        group_list(record.members) + " of " + std::to_string(groups_) +
+        (joined ? ", this one joining" : ""));
+  record_ = record;
+}
+
+RoundStart DilocoSync::join(int64_t step) {
+  if (groups_ == 1) return {step, std::nullopt};
+  const std::optional<replica::QuorumRecord> latest =
+      record_of(on_leader([&] { return record_answer(membership_->latest()); }));
+  if (record_) {  // resumed with the record of its last outer step
+    if (latest && latest->round > record_->round) {
+      say("the job went on past this group's checkpoint (outer step " +
+          std::to_string(record_->round) + ", the job's " + std::to_string(latest->round) +
+          "): joining at the next outer step");
+      return join_running(latest->round + 1);
+    }
+    return {step, std::nullopt};  // trains on to its next outer step, where it brings its block
+  }
+  if (latest) return join_running(latest->round + 1);  // a running job
+  // The job's start (or the whole job resumed from checkpoints without a record): every group
+  // holds the same state; the blocks are handed out from the first one not yet read.
+  replica::QuorumRecord before;
+  before.round = step / inner_steps_ - 1;
+  before.next_block = (step + inner_steps_ - 1) / inner_steps_;
+  const int64_t round = step / inner_steps_;
+  while (true) {
+    const std::optional<replica::QuorumRecord> r = agree_in_group(round, false, before);
+    if (!r) return join_running(round + 1);    // the others started without this group
+    if (!settle_in_group(*r, true)) continue;  // agreed on again
+    report(*r, false);
+    return {step, r->block_of(group_)};
+  }
+}
+
+RoundStart DilocoSync::join_running(int64_t round) {
+  while (true) {
+    const std::optional<replica::QuorumRecord> r = agree_in_group(round, false, record_);
+    if (!r) {  // it went on without this group: the next one
+      ++round;
+      continue;
+    }
+    settle_whole();
+    const bool exchanged = everyone(exchange(*r));
+    if (!settle_in_group(*r, exchanged)) continue;  // agreed on again, without the failed
+    if (!everyone(hand_over_state(*r))) {
+      ++round;
+      continue;
+    }
+    report(*r, true);
+    return {r->round * inner_steps_, r->block_of(group_)};
+  }
+}
+
+std::optional<RoundStart> DilocoSync::after_step(int64_t step) {
+  if (step % inner_steps_ != 0) return std::nullopt;
+  settle_whole();
+  const int64_t round = step / inner_steps_;
+  if (groups_ == 1) {  // its own outer step on its own parameters; the data goes on as it is
+    sums_.resize(static_cast<size_t>(runner_.stage_count()));
+    for (int i = 0; i < runner_.stage_count(); ++i)
+      copy_values(runner_.stage(i).parameters(), sums_[static_cast<size_t>(i)]);
+    replica::QuorumRecord alone;
+    alone.contributors = {group_};
+    apply_outer_step(alone);
+    return std::nullopt;
+  }
+  while (true) {
+    const bool contributor = record_ && record_->has(group_);
+    const std::optional<replica::QuorumRecord> r = agree_in_group(round, contributor, record_);
+    if (!r) {
+      say("outer step " + std::to_string(round) +
+          " went on without this group (it came later than replica.timeout_seconds): joining "
+          "the next one");
+      return join_running(round + 1);
+    }
+    const bool exchanged = everyone(exchange(*r));
+    if (!settle_in_group(*r, exchanged)) continue;  // agreed on again, without the failed
+    const bool brought = r->contributes(group_);
+    if (brought) apply_outer_step(*r);
+    if (!everyone(hand_over_state(*r))) return join_running(round + 1);
+    report(*r, !brought);
+    return RoundStart{step, r->block_of(group_)};
+  }
 }
 
 }  // namespace lattice::train

@@ -1,63 +1,128 @@
-// DilocoSync: DiLoCo on one trainer rank (Douillard et al. 2023). Each replica group trains on its
-// own (any layout, its own AdamW); after every diloco.inner_steps steps each rank averages the
-// parameters it holds with the ranks at the same place of the other groups (a GlooLink of M
-// members per rank position, over TCP, meeting at replica.store) and applies the outer step
-// (replica::OuterOptimizer) to them, so every group continues from the same parameters. Every
-// stage's whole values take part (ZeRO-3 gathers them first and keeps its shards of the result):
-// each rank exchanges 2·(M-1)/M of its 4Ψ bytes per outer step, and holds the anchor and the
-// momentum (8Ψ) in host memory beside its model (the values are staged through the host:
-// Gloo sends host buffers, whatever the backend).
+// DilocoSync: DiLoCo on one trainer rank (Douillard et al. 2023), and the replica groups' fault
+// tolerance around it. Each replica group trains on its own (any layout, its own AdamW); after
+// every diloco.inner_steps (H) steps the groups agree on who takes part (replica::Membership,
+// through the group's first rank: a group that died, or stalled past replica.timeout_seconds, is
+// left out), each rank averages the parameters it holds with the ranks at the same place of the
+// other members (a GlooLink per rank position, made afresh when the members change) and applies
+// the outer step (replica::OuterOptimizer), so every member continues from the same parameters.
+// The step commits only when every member's exchange succeeded; otherwise it is agreed on again
+// without the failed ones, from the same parameters. A group that joins a running job (a new one,
+// or one restarted after it died) takes part in the next outer step with nothing to average and
+// receives the result, its AdamW state and the outer state from a live member, then trains on
+// from there. The data is one stream cut into blocks of H steps of one group, handed out by the
+// quorum (replica::QuorumRecord): a block whose group left before bringing it back is handed out
+// again, so no sample is skipped or trained twice. Every stage's whole values take part (ZeRO-3
+// gathers them first and keeps its shards of the result): each rank exchanges 2·(M-1)/M of its
+// 4Ψ bytes per outer step and holds the anchor and the momentum (8Ψ) in host memory.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "lattice/comm/communicator.hpp"
 #include "lattice/parallel/replica/gloo_link.hpp"
+#include "lattice/parallel/replica/membership.hpp"
 #include "lattice/parallel/replica/outer_optimizer.hpp"
+#include "lattice/train/communication_times.hpp"
 #include "lattice/train/step_runner.hpp"
 #include "lattice/train/train_config.hpp"
 
 namespace lattice::train {
 
+// Where a group trains on from after it joined or took an outer step.
+struct RoundStart {
+  int64_t step = 0;              // the group's state is that after this step
+  std::optional<int64_t> block;  // the data block it trains next (none: where its data stands)
+};
+
 class DilocoSync {
  public:
-  // Anchors the outer state at the runner's current parameters; with replica.groups > 1 joins the
-  // link of this rank's position and checks that every group runs the same model and layout.
-  // Collective over this group's ranks (ZeRO-3 gathers) and over the groups.
-  DilocoSync(const TrainConfig& config, StepRunner& runner, int world_rank);
+  // Anchors the outer state at the runner's current parameters; with replica.groups > 1 the
+  // group's first rank joins the job's store. Collective over this group's ranks (`world`).
+  DilocoSync(const TrainConfig& config, StepRunner& runner, comm::Communicator& world);
   ~DilocoSync();
 
-  // After step `step`: at each multiple of diloco.inner_steps the outer step (true), else
-  // nothing. Collective like the constructor.
-  bool after_step(int64_t step);
+  // Before the first step, at `step` (0, or the resumed step): where the group starts. With one
+  // group, where it is. With several: at the job's start the groups meet and take their first
+  // blocks; a group that comes to a running job (or whose checkpoint the job has gone past) waits
+  // for the next outer step and takes the job's state there. Collective like the constructor.
+  RoundStart join(int64_t step);
+  // After step `step`: at each multiple of H the outer step, and where the group goes on from
+  // (a new data block; a later step when it was left out and joined again). Collective.
+  std::optional<RoundStart> after_step(int64_t step);
 
   int64_t outer_steps() const;
+  // Bytes this rank has sent to the other groups so far.
+  int64_t bytes_sent() const;
+  // What the last outer step did (members, blocks, the weights' hash) for the metrics.
+  const ReplicaExchange& last_exchange() const { return last_; }
 
   // Stage i's outer state, laid out as its store's values, for the checkpoint (states named
   // "diloco_anchor/" and "diloco_momentum/" + parameter name).
   std::vector<std::pair<std::string, const float*>> checkpoint_states(int stage) const;
-  // After the trainer resumed from `checkpoint_dir` at `step`: the outer state from it (any layout
-  // wrote it); a checkpoint without one (DiLoCo newly switched on) anchors at the resumed
-  // parameters with momentum 0, and says so on `printing` ranks.
-  void resume(const std::string& checkpoint_dir, int64_t step, bool printing);
-  // Bytes this rank has sent to the other groups so far.
-  int64_t bytes_sent() const { return link_ ? link_->bytes_sent() : 0; }
+  // The last committed quorum record's JSON, for the checkpoint's state (empty with one group).
+  std::string checkpoint_quorum() const;
+  // After the trainer resumed from `checkpoint_dir` at `step`: the outer state and the quorum
+  // record from it (any layout wrote them); a checkpoint without an outer state (DiLoCo newly
+  // switched on) anchors at the resumed parameters with momentum 0, and says so on `printing`
+  // ranks.
+  void resume(const std::string& checkpoint_dir, int64_t step, const std::string& quorum,
+              bool printing);
 
  private:
   // Every stage's whole parameters, settled (ZeRO-3 gathers them).
   void settle_whole();
-  // `store`'s values copied to host memory (host_), where Gloo sends them and the outer step runs.
-  std::vector<float>& host_values(const model::ParameterStore& store);
+  // `store`'s values copied to `host`.
+  void copy_values(const model::ParameterStore& store, std::vector<float>& host) const;
+
+  std::chrono::milliseconds timeout() const;
+  // The answer of `ask` run on the group's first rank (which holds the membership), on every rank
+  // of the group; an error there is thrown on every rank. Collective over the group.
+  std::string on_leader(const std::function<std::string()>& ask);
+  // Membership::agree and settle through on_leader.
+  std::optional<replica::QuorumRecord> agree_in_group(
+      int64_t round, bool contributor, const std::optional<replica::QuorumRecord>& committed);
+  bool settle_in_group(const replica::QuorumRecord& record, bool succeeded);
+  // Whether every rank of the group holds `mine`.
+  bool everyone(bool mine);
+  // This rank's link among `record`'s members (kept while they stay the same).
+  replica::GlooLink& link_for(const replica::QuorumRecord& record);
+  void drop_link();
+  // One line on the group's first rank.
+  void say(const std::string& line) const;
+  // Sums the contributors' parameters into sums_ (zeros from the others); false on a failed link.
+  bool exchange(const replica::QuorumRecord& record);
+  // The contributors' outer step from sums_.
+  void apply_outer_step(const replica::QuorumRecord& record);
+  // The source's state to the members that do not hold it; true where it arrived (or was not
+  // needed).
+  bool hand_over_state(const replica::QuorumRecord& record);
+  // An FNV-1a hash of everything a hand-over moves (this rank's parameters, outer state, AdamW
+  // moments and step counts), as this rank holds it now.
+  uint64_t state_hash();
+  // Joins outer step `round` (or a later one) without parameters to bring, and takes the state.
+  RoundStart join_running(int64_t round);
+  void report(const replica::QuorumRecord& record, bool joined);
 
   const TrainConfig& config_;
   StepRunner& runner_;
-  int groups_;
-  std::unique_ptr<replica::GlooLink> link_;                      // null with one group
+  comm::Communicator& world_;
+  int groups_, group_;
+  int64_t inner_steps_;
+  std::unique_ptr<replica::Membership> membership_;  // on the group's first rank, groups > 1
+  std::unique_ptr<replica::GlooLink> link_;
+  std::vector<int> link_members_;
+  int64_t retired_bytes_ = 0;                                    // sent over links since replaced
+  std::optional<replica::QuorumRecord> record_;                  // the last committed outer step's
   std::vector<std::unique_ptr<replica::OuterOptimizer>> outer_;  // one per stage
-  std::vector<float> host_;  // one stage's values on the host during an outer step
+  std::vector<std::vector<float>> sums_;                         // per stage, during an outer step
+  ReplicaExchange last_;
 };
 
 // A fingerprint of what every replica group must share: the model, the layout, the batch and the

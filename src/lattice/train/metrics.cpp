@@ -165,6 +165,14 @@ void MetricsLogger::record(const StepMetrics& m) {
                    {"bytes_sent", m.replica->bytes_sent},
                    {"step_bytes", m.replica->step_bytes},
                    {"outer_seconds", m.replica->outer_seconds}};
+  if (m.replica && !m.replica->members.empty()) {
+    nlohmann::json& d = j["diloco"];
+    d["members"] = m.replica->members;
+    d["completed_block"] = m.replica->completed_block;
+    d["next_block"] = m.replica->next_block;
+    d["joined"] = m.replica->joined;
+    d["weights_hash"] = std::to_string(m.replica->weights_hash);
+  }
   if (m.moe) {
     nlohmann::json layers = nlohmann::json::array();
     for (const MoeLayerMetrics& l : m.moe->layers)

@@ -180,7 +180,7 @@ void publish(StagedDirectory& stage, const CheckpointContents& c, int ranks) {
       {"weight_layout", "[out, in] for every Linear weight"},
       {"tensors", checkpoint_index_to_json(index)}};
   write_text_atomic(stage.file_path("index.json"), top.dump(1) + "\n");
-  const nlohmann::json state = {
+  nlohmann::json state = {
       {"step", c.state.step},
       {"samples_consumed", c.state.samples_consumed},
       {"seed", c.state.seed},
@@ -188,6 +188,8 @@ void publish(StagedDirectory& stage, const CheckpointContents& c, int ranks) {
       {"rng",
        "no random stream advances during training: initialisation and the data order are "
        "functions of the seed and samples_consumed"}};
+  if (!c.state.replica_quorum.empty())
+    state["replica_quorum"] = nlohmann::json::parse(c.state.replica_quorum);
   write_text_atomic(stage.file_path("state.json"), state.dump(2) + "\n");
   write_text_atomic(stage.file_path("config.toml"), c.config_toml);
   stage.commit();

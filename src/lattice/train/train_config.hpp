@@ -137,7 +137,8 @@ struct ReplicaConfig {
   std::string store;               // etcd's client address host:port (needed when groups > 1)
   std::string host = "127.0.0.1";  // the address this group's ranks listen on for the others
   std::string job = "lattice";  // the job's name: its keys in the store are under /lattice/<job>/
-  double timeout_seconds = 60;  // rendezvous and every collective between groups
+  double timeout_seconds = 60;  // a silent group's grace (start, outer steps, exchanges)
+  int64_t min_groups = 1;       // an outer step with fewer live groups is an error
 };
 
 // [diloco]: DiLoCo (Douillard et al. 2023): every inner_steps steps the groups average their

@@ -166,6 +166,12 @@ static void check_replica_keys(const TrainConfig& c) {
   check(!r.job.empty() && r.job.find('/') == std::string::npos,
         "replica.job must be a non-empty name without '/'");
   check(r.groups == 1 || !r.host.empty(), "replica.host must name this group's address");
+  check(r.min_groups >= 1 && r.min_groups <= r.groups,
+        "replica.min_groups = " + std::to_string(r.min_groups) +
+            " must be in 1 .. replica.groups = " + std::to_string(r.groups));
+  check(r.groups == 1 || c.parallelism.offload_dir.empty(),
+        "replica groups hand their optimizer state to a joining group from memory: drop "
+        "parallelism.offload_dir, or run one group (replica.groups = 1)");
   if (c.diloco.inner_steps > 0)
     replica::validate(replica::OuterSettings{static_cast<float>(c.diloco.outer_lr),
                                              static_cast<float>(c.diloco.outer_momentum),

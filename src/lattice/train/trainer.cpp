@@ -78,13 +78,10 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   checkpoints_ = std::make_unique<ShardedCheckpointWriter>(mesh_->world());
   // The data loader splits each global batch over the dp ranks; the cp ranks of one dp index read
   // the same sequences and keep their load-balanced share of each (sequence_split.hpp).
-  // Replica groups read disjoint shares: group g's dp rank r is rank g·dp + r of M·dp, so the M
-  // groups together read what one group of M·dp ranks would.
+  // Replica groups read disjoint blocks of one such stream, which the quorum hands out
+  // (DilocoSync positions the source at each block's start).
   comm::Communicator& dp_group = mesh_->group(mesh::Axis::dp);
-  const int groups = static_cast<int>(config_.replica.groups);
-  batches_ = std::make_unique<BatchSource>(
-      config_, static_cast<int>(config_.replica.group) * dp_group.size() + dp_group.rank(),
-      groups * dp_group.size());
+  batches_ = std::make_unique<BatchSource>(config_, dp_group.rank(), dp_group.size());
   // The backend, with the CLI's kernel settings (LATTICE_MATMUL_BF16_FALLBACK,
   // LATTICE_MATMUL_NO_AMX_PACKED) read by the factory: the kernels themselves read no environment.
   ops_ = kernels::make_ops(Device::cpu);
@@ -128,9 +125,20 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
   }
   resume();
   if (config_.diloco.inner_steps > 0) {
-    diloco_ = std::make_unique<DilocoSync>(config_, *runner_, mesh_->world().rank());
-    if (start_step_ > 0) diloco_->resume(resumed_from_, start_step_, printing_);
+    diloco_ = std::make_unique<DilocoSync>(config_, *runner_, mesh_->world());
+    if (start_step_ > 0) diloco_->resume(resumed_from_, start_step_, resumed_quorum_, printing_);
+    const RoundStart start = diloco_->join(start_step_);  // may take a running job's state
+    start_step_ = start.step;
+    if (start.block) move_to_block(*start.block);
   }
+}
+
+void Trainer::move_to_block(int64_t block) {
+  // A block is diloco.inner_steps steps of the group's global batch.
+  const int64_t samples_per_step = config_.training.micro_batch_size *
+                                   config_.training.gradient_accumulation_steps *
+                                   mesh_->group(mesh::Axis::dp).size();
+  batches_->set_position(block * config_.diloco.inner_steps * samples_per_step);
 }
 
 Trainer::~Trainer() = default;
@@ -248,6 +256,7 @@ TrainResult Trainer::run() {
   double total_seconds = 0;
   for (int64_t step = start_step_ + 1; step <= config_.training.steps; ++step) {
     const float lr = schedule.at(step);
+    std::optional<int64_t> jump_to;  // left out of an outer step: the later step it joined at
     faults_.before_step(result.rank, step);
     const int64_t step_start_ns = steady_clock_ns();
     StepOutcome outcome = runner_->run(ctx, step_shape, next_micro_batch, lr, step);
@@ -264,10 +273,17 @@ TrainResult Trainer::run() {
     faults_.after_step(result.rank, step);
     if (diloco_) {  // collective across the replica groups
       const int64_t bytes_before = diloco_->bytes_sent(), start_ns = steady_clock_ns();
-      const bool outer = diloco_->after_step(step);
-      outcome.replica = ReplicaExchange{
-          diloco_->outer_steps(), diloco_->bytes_sent(), diloco_->bytes_sent() - bytes_before,
-          outer ? static_cast<double>(steady_clock_ns() - start_ns) * 1e-9 : 0.0};
+      const std::optional<RoundStart> next = diloco_->after_step(step);
+      const bool outer = step % config_.diloco.inner_steps == 0;
+      if (outer && config_.replica.groups > 1) outcome.replica = diloco_->last_exchange();
+      if (!outcome.replica) outcome.replica.emplace();
+      outcome.replica->outer_steps = diloco_->outer_steps();
+      outcome.replica->bytes_sent = diloco_->bytes_sent();
+      outcome.replica->step_bytes = diloco_->bytes_sent() - bytes_before;
+      outcome.replica->outer_seconds =
+          outer ? static_cast<double>(steady_clock_ns() - start_ns) * 1e-9 : 0.0;
+      if (next && next->block) move_to_block(*next->block);
+      if (next && next->step != step) jump_to = next->step;
     }
     result.add_step(outcome);
     total_seconds += outcome.seconds;
@@ -279,6 +295,12 @@ TrainResult Trainer::run() {
     }
     reporter.report(step, lr, outcome, val_loss, moe);
     checkpoint_after_step(step, config_toml, reporter, result);
+    if (jump_to) {
+      if (printing_)
+        std::printf("diloco: this group continues after step %lld with the job's state\n",
+                    static_cast<long long>(*jump_to));
+      step = *jump_to;
+    }
   }
   reporter.finish_progress();
   if (diloco_) {

@@ -122,7 +122,8 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<PipelineRank> pipeline_;  // pp > 1: the stages, their DP and the executor
   int64_t start_step_ = 0;
-  std::string resumed_from_;  // the checkpoint resumed from ("" when none)
+  std::string resumed_from_;    // the checkpoint resumed from ("" when none)
+  std::string resumed_quorum_;  // its replica quorum record ("" when none)
   std::unique_ptr<ShardedCheckpointWriter> checkpoints_;
   bool background_save_ = false;  // the pending (or last) save writes in the background
   FaultInjection faults_;
@@ -135,6 +136,8 @@ class Trainer {
   std::unique_ptr<DilocoSync> diloco_;
   // This rank's rows of full [batch, seq_len] tokens (all of them without context parallelism).
   void take_sequence_share(int32_t* local, const int32_t* full, int64_t batch) const;
+  // Replica groups: the data source at the start of data block `block` (DilocoSync).
+  void move_to_block(int64_t block);
   // This rank's micro-batches of the training data: its dp slice, its cp share of each sequence.
   MicroBatchSource micro_batch_source();
   // After step `step`: publishes a finished background save, saves at checkpoint.interval (the

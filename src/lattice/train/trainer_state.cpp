@@ -83,7 +83,8 @@ void Trainer::save(int64_t step, const std::string& config_toml, bool final) {
   CheckpointContents contents;
   contents.run_dir = config_.job.run_dir;
   contents.config = config_.model;
-  contents.state = TrainerState{step, batches_->position(), config_.training.seed};
+  contents.state = TrainerState{step, batches_->position(), config_.training.seed,
+                                diloco_ ? diloco_->checkpoint_quorum() : std::string()};
   contents.optimizer_steps = data_parallel().steps_taken();
   contents.config_toml = config_toml;
   contents.keep_latest = config_.checkpoint.keep_latest;
@@ -162,6 +163,7 @@ void Trainer::resume() {
               ": resume with the same seed or use a new job.run_dir");
     start_step_ = state.step;
     resumed_from_ = dir;
+    resumed_quorum_ = state.replica_quorum;
     batches_->set_position(state.samples_consumed);
     if (printing_)
       std::printf("resumed from %s at step %lld\n", dir.c_str(),

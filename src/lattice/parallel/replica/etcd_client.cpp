@@ -237,6 +237,12 @@ void EtcdClient::remove(const std::string& key) {
   post("/v3/kv/deleterange", json{{"key", base64_encode(key)}}.dump());
 }
 
+void EtcdClient::remove_prefix(const std::string& prefix) {
+  post("/v3/kv/deleterange",
+       json{{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_end(prefix))}}
+           .dump());
+}
+
 bool EtcdClient::create(const std::string& key, const std::string& value, int64_t lease) {
   json put = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
   if (lease != 0) put["lease"] = std::to_string(lease);

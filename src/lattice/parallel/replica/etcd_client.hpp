@@ -37,6 +37,8 @@ class EtcdClient {
   std::vector<KeyValue> get_prefix(const std::string& prefix);
   // Removes `key` (no error when absent).
   void remove(const std::string& key);
+  // Removes every key starting with `prefix`.
+  void remove_prefix(const std::string& prefix);
   // Puts `key` only if it does not exist; true when this call created it.
   bool create(const std::string& key, const std::string& value, int64_t lease = 0);
 

@@ -1,0 +1,168 @@
+// The replica groups' fault tolerance end to end, as a user runs it: two groups, each its own
+// process (`lattice train`, or one `mpirun`), meet at a real etcd. Group 1 is killed with -9
+// after step 3 (its rank dies mid-block: the fault runner raises SIGKILL); group 0 notices within
+// the timeout, leaves it out and trains on without a lost step; group 1 is started again from
+// nothing, joins a later outer step and takes the job's state from group 0 — parameters, AdamW
+// moments and the outer state, checked by a hash both sides print — and from then on both end
+// every outer step on the same weights. Across the three processes every data block is brought
+// back exactly once: no sample skipped, none trained twice (the quorum records in metrics.jsonl).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../replica/etcd_process.hpp"
+#include "../train/cli_runner.hpp"
+#include "dp_fixture.hpp"
+#include "mpi_runner.hpp"
+
+using namespace lattice;
+using lattice::testing::CliResult;
+using lattice::testing::CorpusDirectoryTest;
+using EtcdProcess = lattice::replica::test_support::EtcdProcess;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kSteps = 14, kInner = 2;
+
+// The outer step and state hash of a "handed ... / took the job's state" line in `out`.
+std::map<std::string, std::string> hand_overs(const std::string& out, const std::string& verb) {
+  std::map<std::string, std::string> found;  // outer step -> hash
+  const std::regex line(verb + R"(.* at outer step (\d+).*\(state fnv (\d+)\))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator();
+       ++it)
+    found[(*it)[1]] = (*it)[2];
+  return found;
+}
+
+class DilocoFaultTest : public CorpusDirectoryTest {
+ protected:
+  // `lattice train`'s flags for group `group` of the two, in run directory `run`.
+  std::string flags(int group, const std::string& run, int dp) const {
+    return " --model.preset=gpt2-tiny --model.vocab_size=256 --model.max_seq_len=32"
+           " --training.seq_len=32 --training.global_batch_size=" +
+           std::to_string(4 * dp) +
+           " --training.threads=1 --training.precision=fp32 --training.steps=" +
+           std::to_string(kSteps) +
+           " --optimizer.lr=3e-3 --lr_scheduler.warmup_steps=1 --data.train_files=" +
+           (dir_ / "corpus.txt").string() +
+           " --data.val_fraction=0.1 --validation.freq=0 --metrics.peak_tflops=1 --dp " +
+           std::to_string(dp) + " --diloco.inner_steps=" + std::to_string(kInner) +
+           " --replica.groups=2 --replica.store=" + etcd_.endpoint() +
+           " --replica.job=faults --replica.timeout_seconds=3 --replica.group=" +
+           std::to_string(group) + " --job.run_dir=" + (dir_ / run).string();
+  }
+
+  fs::path work(const std::string& name) const {
+    fs::create_directories(dir_ / name);
+    return dir_ / name;
+  }
+
+  // Group 0 on threads, stalled 8 s before step 9 so that the restarted group 1 finds it still
+  // running; group 1 (on threads, or under `mpirun -np dp` when `mpi`) killed after step 3, then
+  // started again from nothing. Checks everything the file's comment names.
+  void run_and_check(bool mpi, int dp) {
+    const std::string runner = LATTICE_FAULT_RUNNER;
+    CliResult survivor, killed, again;
+    std::thread group0([&] {
+      survivor = lattice::testing::run_program(
+          runner,
+          "--stall-rank=0 --stall-before-step=9 --stall-seconds=8 train" + flags(0, "g0", dp),
+          work("w0"));
+    });
+    const std::string kill = "--kill-rank=" + std::to_string(dp - 1) + " --kill-after-step=3 train";
+#ifdef LATTICE_MPIEXEC
+    if (mpi) {
+      killed = lattice::testing::run_mpi_program(runner, dp, kill + flags(1, "g1-first", dp),
+                                                 work("w1"));
+      again = lattice::testing::run_mpi(dp, "train" + flags(1, "g1-again", dp), work("w2"));
+    }
+#endif
+    if (!mpi) {
+      killed = lattice::testing::run_program(runner, kill + flags(1, "g1-first", dp), work("w1"));
+      again = lattice::testing::run_lattice("train" + flags(1, "g1-again", dp), work("w2"));
+    }
+    group0.join();
+    ASSERT_EQ(survivor.status, 0) << survivor.out << survivor.err;
+    EXPECT_NE(killed.status, 0) << killed.out << killed.err;
+    ASSERT_EQ(again.status, 0) << again.out << again.err;
+
+    // Group 0 trained every step, and went on without group 1 for a while.
+    const auto lines0 = lattice::testing::read_jsonl(dir_ / "g0" / "metrics.jsonl");
+    ASSERT_EQ(lines0.size(), static_cast<size_t>(kSteps));
+    for (int i = 0; i < kSteps; ++i) EXPECT_EQ(lines0[i].at("step").get<int>(), i + 1);
+    EXPECT_NE(survivor.out.find("diloco: group 0: outer step 2 with groups 0 of 2"),
+              std::string::npos)
+        << survivor.out;
+
+    // The restarted group took the state group 0 handed over, bit for bit (the hash of its
+    // parameters, AdamW moments, outer state and step counts after loading them).
+    const auto handed = hand_overs(survivor.out, "handed the job's state to groups 1");
+    const auto took = hand_overs(again.out, "took the job's state");
+    ASSERT_EQ(took.size(), 1u) << again.out;
+    const std::string joined_at = took.begin()->first;
+    ASSERT_TRUE(handed.count(joined_at)) << survivor.out;
+    EXPECT_EQ(handed.at(joined_at), took.begin()->second);
+
+    // From then on both end every outer step on the same weights.
+    const auto lines1 = lattice::testing::read_jsonl(dir_ / "g1-again" / "metrics.jsonl");
+    const int first_step = std::stoi(joined_at) * kInner + 1;
+    ASSERT_EQ(lines1.size(), static_cast<size_t>(kSteps - first_step + 1)) << again.out;
+    EXPECT_EQ(lines1.front().at("step").get<int>(), first_step);
+    int shared = 0;
+    for (const auto& line : lines1) {
+      const int step = line.at("step").get<int>();
+      if (step % kInner != 0) continue;
+      const auto& mine = line.at("diloco");
+      const auto& theirs = lines0[static_cast<size_t>(step - 1)].at("diloco");
+      EXPECT_EQ(mine.at("members"), nlohmann::json::array({0, 1})) << step;
+      EXPECT_EQ(mine.at("weights_hash"), theirs.at("weights_hash")) << step;
+      ++shared;
+    }
+    EXPECT_GE(shared, 2);
+
+    // Every block handed out and brought back exactly once over the three processes (the killed
+    // one's lines end with its last step before the kill), and no gap below the highest.
+    std::map<int64_t, int> brought;
+    for (const fs::path& run : {dir_ / "g0", dir_ / "g1-first", dir_ / "g1-again"})
+      for (const auto& line : lattice::testing::read_jsonl(run / "metrics.jsonl"))
+        if (line.at("diloco").contains("completed_block") &&
+            line.at("diloco").at("completed_block").get<int64_t>() >= 0)
+          ++brought[line.at("diloco").at("completed_block").get<int64_t>()];
+    ASSERT_FALSE(brought.empty());
+    const int64_t highest = brought.rbegin()->first;
+    for (int64_t b = 0; b <= highest; ++b) EXPECT_EQ(brought[b], 1) << "block " << b;
+    // Two groups for most of 7 outer steps: more blocks than one group alone would train.
+    EXPECT_GT(highest + 1, kSteps / kInner);
+  }
+
+  void SetUp() override {
+    CorpusDirectoryTest::SetUp();
+    if (!EtcdProcess::available()) GTEST_SKIP() << "no etcd installed (Debian's etcd-server)";
+    etcd_.emplace();
+  }
+
+  // std::optional keeps the store from starting where the test is skipped.
+  struct Store {
+    std::optional<EtcdProcess> process;
+    void emplace() { process.emplace(); }
+    std::string endpoint() const { return process->endpoint(); }
+  } etcd_;
+};
+
+}  // namespace
+
+TEST_F(DilocoFaultTest, AGroupKilledOnThreadsIsLeftOutAndItsRestartTakesTheJobsState) {
+  run_and_check(/*mpi=*/false, /*dp=*/1);
+}
+
+#ifdef LATTICE_MPIEXEC
+TEST_F(DilocoFaultTest, AGroupKilledUnderMpirunIsLeftOutAndItsRestartTakesTheJobsState) {
+  run_and_check(/*mpi=*/true, /*dp=*/2);
+}
+#endif
