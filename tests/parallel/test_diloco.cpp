@@ -130,6 +130,30 @@ TEST_F(DilocoTest, TwoGroupsReadDisjointBlocksOfOneStreamAndShareEveryOuterStep)
   EXPECT_NE(a.losses[3], b.losses[3]);
 }
 
+// Synchronous replica groups (diloco.inner_steps = 0): the groups' gradients are averaged every
+// step before the norm and the update, so two groups of one rank train as one dp-2 run — the same
+// data (blocks of one step: group g reads what dp rank g reads) and the same mean gradient, up to
+// the order of one addition — and end every step on the same weights bit for bit.
+TEST_F(DilocoTest, SynchronousGroupsTrainAsOneDataParallelRun) {
+  LATTICE_REQUIRE_ETCD();
+  EtcdProcess etcd;
+  const std::vector<GroupRun> runs = run_groups(two_groups(
+      dir_, etcd.endpoint(), "sync", {"training.steps=4", "replica.timeout_seconds=30"}));
+  ASSERT_EQ(runs[0].error, "");
+  ASSERT_EQ(runs[1].error, "");
+  const DpOutcome &a = runs[0].outcome, &b = runs[1].outcome;
+  EXPECT_EQ(a.parameters, b.parameters);
+  // One rank per group: each group's gradient is its rank's, and the mean over the two groups,
+  // (g0 + g1) / 2, is the sum-then-scale of a dp-2 allreduce: the same arithmetic, bit for bit.
+  // (With dp > 1 inside the groups the order of the additions differs: fp32 rounding.)
+  const DpOutcome dp2 = run_dp(tiny_dp_config(dir_, 2, 0, 8, 1, {"training.steps=4"}));
+  EXPECT_EQ(a.parameters, dp2.parameters);
+  ASSERT_EQ(a.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)  // each group's loss is half the batch's: their mean, in double
+    EXPECT_NEAR((a.losses[i] + b.losses[i]) / 2, dp2.losses[i], 1e-6 * dp2.losses[i]) << i;
+  EXPECT_NE(a.losses[0], b.losses[0]);  // disjoint data
+}
+
 TEST_F(DilocoTest, GroupsThatDisagreeOrNeverComeAreOneErrorLine) {
   LATTICE_REQUIRE_ETCD();
   EtcdProcess etcd;
@@ -167,11 +191,14 @@ TEST_F(DilocoTest, RefusesImpossibleReplicaKeysInOneLine) {
     }
     return std::string();
   };
-  EXPECT_NE(refusal({"replica.groups=2", "replica.store=127.0.0.1:2379"})
-                .find("needs diloco.inner_steps > 0"),
+  EXPECT_NE(refusal({"replica.groups=2", "replica.store=127.0.0.1:2379", "parallelism.pp=2"})
+                .find("synchronous replica groups (replica.groups > 1, diloco.inner_steps = 0) "
+                      "with a pipeline are not built yet"),
             std::string::npos);
-  EXPECT_NE(refusal({"replica.groups=2", "diloco.inner_steps=5"}).find("needs replica.store"),
+  EXPECT_NE(refusal({"replica.groups=2", "replica.store=127.0.0.1:2379", "replica.min_groups=3"})
+                .find("replica.min_groups = 3 must be in 1 .. replica.groups = 2"),
             std::string::npos);
+  EXPECT_NE(refusal({"replica.groups=2"}).find("needs replica.store"), std::string::npos);
   EXPECT_NE(refusal({"replica.groups=2", "replica.group=2"}).find("is not a group"),
             std::string::npos);
   EXPECT_NE(refusal({"diloco.inner_steps=-1"}).find("diloco.inner_steps"), std::string::npos);

@@ -33,6 +33,7 @@ MembershipSettings settings_of(const EtcdProcess& etcd, const std::string& job, 
   s.group = group;
   s.groups = groups;
   s.timeout = std::chrono::milliseconds(2000);
+  s.lease_seconds = 2;
   s.fingerprint = fingerprint;
   return s;
 }

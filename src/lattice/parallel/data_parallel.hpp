@@ -112,6 +112,11 @@ class DataParallel final : public model::ModelHooks {
     optimizer_.read_moments(begin, end, exp_avg, exp_avg_sq);
   }
 
+  // Synchronous replica groups: GradientReduction::set_exchange / held_elements.
+  void set_gradient_exchange(GradientReduction::Exchange exchange) {
+    reduction_.set_exchange(std::move(exchange));
+  }
+  int64_t held_gradient_elements() const { return reduction_.held_elements(); }
   // This rank's AdamW state as it holds it (ShardedAdamW::copy_state / load_state).
   const ShardedAdamW& optimizer() const { return optimizer_; }
   ShardedAdamW& optimizer() { return optimizer_; }

@@ -165,6 +165,8 @@ double GradientReduction::finish() {
   if (groups_.replicate)
     for (size_t b = 0; b < state_.size(); ++b)
       if (!layout_.buckets()[b].expert) clock_.wait(state_[b]->reduction);
+  if (exchange_)  // between replica groups: host memory, this rank's part as it holds it
+    exchange_(zero_stage_ == 0 ? store_.grads() : shard_grads_.f32(), held_elements());
   if (zero_stage_ == 0)
     return replicated_gradient_norm(ops_, layout_, store_.grads(), norm_classes_, groups_.axes);
   const auto start = CommunicationClock::Clock::now();
@@ -172,6 +174,10 @@ double GradientReduction::finish() {
                                             norm_classes_, groups_.axes, groups_.expert);
   clock_.add_since(start);
   return norm;
+}
+
+int64_t GradientReduction::held_elements() const {
+  return zero_stage_ == 0 ? layout_.total_elements() : layout_.shard_elements();
 }
 
 }  // namespace lattice::parallel

@@ -13,6 +13,7 @@
 // gradients (global_norm.hpp).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -62,6 +63,14 @@ class GradientReduction {
   // Stages 1-3: this rank's reduced gradient shards (layout.shard_elements()).
   const float* shard_gradients() const { return shard_grads_.f32(); }
 
+  // What this rank holds of the reduced gradients after finish()'s reductions: the whole store's
+  // gradients (stage 0) or its shards (stages 1-3), `elements` floats. Synchronous replica groups
+  // average it with the same rank of the other groups before the norm (`exchange`, called by
+  // finish() when set).
+  using Exchange = std::function<void(float* gradients, int64_t elements)>;
+  void set_exchange(Exchange exchange) { exchange_ = std::move(exchange); }
+  int64_t held_elements() const;
+
  private:
   struct BucketState;
   void launch(int b);
@@ -78,6 +87,7 @@ class GradientReduction {
   Tensor shard_grads_;  // stages 1-3: this rank's reduced gradient shards
   bool last_micro_ = true;
   bool finishing_ = false;  // inside finish(): held buckets launch too
+  Exchange exchange_;
 };
 
 }  // namespace lattice::parallel

@@ -56,10 +56,12 @@ struct CommunicationClocks {
 struct ReplicaExchange {
   int64_t outer_steps = 0, bytes_sent = 0, step_bytes = 0;
   double outer_seconds = 0;
-  // With a quorum (replica.groups > 1), at an outer step: its groups, the data block this group
+  // With a quorum (replica.groups > 1), at an outer step: its groups (and those that brought
+  // trained parameters or gradients), the data block this group
   // brought back (-1: none, it joined) and the one it trains next, whether it took the job's state
   // from another group, and an FNV-1a hash of this rank's parameters after the step.
-  std::vector<int> members;
+  std::vector<int> members, contributors;
+  std::vector<int64_t> completed;  // the blocks every contributor brought back
   int64_t completed_block = -1, next_block = -1;
   bool joined = false;
   uint64_t weights_hash = 0;

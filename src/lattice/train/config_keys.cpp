@@ -418,8 +418,11 @@ std::vector<ConfigKey> build_keys() {
       "the job's name in the store (keys under /lattice/<job>/): the same in every group");
   add("replica", "timeout_seconds",
       number_key(field(&TrainConfig::replica, &ReplicaConfig::timeout_seconds)),
-      "how long a group waits for a silent one (the start, every outer step and exchange) before "
-      "it goes on without it; also how soon a killed group's lease runs out");
+      "how long a group waits for a live but silent one (the start, every outer step and "
+      "exchange) before it goes on without it");
+  add("replica", "lease_seconds",
+      int_key(field(&TrainConfig::replica, &ReplicaConfig::lease_seconds)),
+      "a group's liveness lease in the store: a killed group is left out once it runs out (>= 2)");
   add("replica", "min_groups", int_key(field(&TrainConfig::replica, &ReplicaConfig::min_groups)),
       "the fewest live groups an outer step takes place with (fewer after the timeout: an error)");
 

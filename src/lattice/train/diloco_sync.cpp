@@ -75,17 +75,24 @@ DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, comm::Comm
       world_(world),
       groups_(static_cast<int>(config.replica.groups)),
       group_(static_cast<int>(config.replica.group)),
-      inner_steps_(config.diloco.inner_steps) {
+      sync_(config.replica.groups > 1 && config.diloco.inner_steps == 0),
+      inner_steps_(sync_ ? 1 : config.diloco.inner_steps) {
   const replica::OuterSettings settings{static_cast<float>(config.diloco.outer_lr),
                                         static_cast<float>(config.diloco.outer_momentum),
                                         config.diloco.nesterov};
   if (groups_ > 1)
     on_leader([&] {
-      membership_ = std::make_unique<replica::Membership>(replica::MembershipSettings{
-          config.replica.store, config.replica.job, group_, groups_,
-          static_cast<int>(config.replica.min_groups), timeout(), replica_fingerprint(config)});
+      membership_ = std::make_unique<replica::Membership>(
+          replica::MembershipSettings{config.replica.store, config.replica.job, group_, groups_,
+                                      static_cast<int>(config.replica.min_groups), timeout(),
+                                      config.replica.lease_seconds, replica_fingerprint(config)});
       return std::string("K");
     });
+  if (sync_) {  // the gradients meet inside the step, before the norm and the update
+    runner_.data_parallel(0).set_gradient_exchange(
+        [this](float* gradients, int64_t) { exchange_gradients(gradients); });
+    return;  // no outer optimizer
+  }
   settle_whole();
   std::vector<float> host;
   for (int i = 0; i < runner_.stage_count(); ++i) {
@@ -121,6 +128,7 @@ void DilocoSync::settle_whole() {
 }
 
 std::vector<std::pair<std::string, const float*>> DilocoSync::checkpoint_states(int stage) const {
+  if (sync_) return {};
   const replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(stage)];
   return {{"diloco_anchor/", outer.anchor().data()}, {"diloco_momentum/", outer.momentum().data()}};
 }
@@ -133,7 +141,7 @@ void DilocoSync::resume(const std::string& checkpoint_dir, int64_t step, const s
                         bool printing) {
   CheckpointReader reader(checkpoint_dir);
   const int64_t outer_steps = step / inner_steps_;
-  for (int i = 0; i < runner_.stage_count(); ++i) {
+  for (int i = 0; !sync_ && i < runner_.stage_count(); ++i) {
     const model::ParameterStore& store = runner_.stage(i).parameters();
     std::vector<float> anchor(static_cast<size_t>(store.size()), 0.0f), momentum(anchor.size());
     const bool has_anchor = read_parameter_state(reader, "diloco_anchor/", store, anchor.data());
@@ -240,17 +248,28 @@ void DilocoSync::say(const std::string& line) const {
   if (world_.rank() == 0) std::printf("diloco: group %d: %s\n", group_, line.c_str());
 }
 
-bool DilocoSync::exchange(const replica::QuorumRecord& record) {
+void DilocoSync::fill_sums(const replica::QuorumRecord& record, const float* gradients) {
   const bool mine = record.contributes(group_);
   sums_.resize(static_cast<size_t>(runner_.stage_count()));
   for (int i = 0; i < runner_.stage_count(); ++i) {
     const model::ParameterStore& store = runner_.stage(i).parameters();
     std::vector<float>& sum = sums_[static_cast<size_t>(i)];
-    if (mine)
+    if (sync_) {  // the gradients this rank holds (one stage: the config refuses a pipeline)
+      sum.resize(static_cast<size_t>(runner_.data_parallel(i).held_gradient_elements()));
+      if (mine)
+        store.memory().copy(sum.data(), gradients, sum.size() * sizeof(float),
+                            CopyKind::device_to_host);
+      else
+        std::fill(sum.begin(), sum.end(), 0.0f);
+    } else if (mine) {
       copy_values(store, sum);
-    else
+    } else {
       sum.assign(static_cast<size_t>(store.size()), 0.0f);  // nothing to bring: adds nothing
+    }
   }
+}
+
+bool DilocoSync::exchange(const replica::QuorumRecord& record) {
   // The start has nothing to average; a member alone holds its own sum.
   if (record.contributors.empty() || record.members.size() == 1) {
     drop_link();
@@ -261,7 +280,7 @@ bool DilocoSync::exchange(const replica::QuorumRecord& record) {
     for (std::vector<float>& sum : sums_)
       link.allreduce_sum(sum.data(), static_cast<int64_t>(sum.size()));
   } catch (const Error& e) {
-    say("outer step " + std::to_string(record.round) + " failed (" + e.what() +
+    say(round_name() + " " + std::to_string(record.round) + " failed (" + e.what() +
         "); agreeing on it again");
     drop_link();
     return false;
@@ -300,22 +319,26 @@ bool DilocoSync::hand_over_state(const replica::QuorumRecord& record) {
       static_cast<int>(std::find(record.members.begin(), record.members.end(), record.source) -
                        record.members.begin());
   uint64_t hash = kFnvOffset;
+  if (sending) settle_whole();  // ZeRO-3: the whole values to copy
+  std::vector<float> values;
   try {
     check(link_ != nullptr, "no link to the source (internal error)");
     for (int i = 0; i < runner_.stage_count(); ++i) {
       model::ParameterStore& store = runner_.stage(i).parameters();
       parallel::ShardedAdamW& adamw = runner_.data_parallel(i).optimizer();
-      replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(i)];
+      replica::OuterOptimizer* outer = sync_ ? nullptr : outer_[static_cast<size_t>(i)].get();
       const size_t n = static_cast<size_t>(store.size()),
                    s = static_cast<size_t>(adamw.state_elements());
       // [values | anchor | momentum | exp_avg | exp_avg_sq] and the two step counts.
       std::vector<float> state(3 * n + 2 * s);
-      int64_t steps[2] = {adamw.steps_taken(), outer.steps_taken()};
+      int64_t steps[2] = {adamw.steps_taken(), outer ? outer->steps_taken() : 0};
       if (sending) {
-        std::copy(sums_[static_cast<size_t>(i)].begin(), sums_[static_cast<size_t>(i)].end(),
-                  state.begin());
-        std::copy(outer.anchor().begin(), outer.anchor().end(), state.begin() + n);
-        std::copy(outer.momentum().begin(), outer.momentum().end(), state.begin() + 2 * n);
+        copy_values(store, values);
+        std::copy(values.begin(), values.end(), state.begin());
+        if (outer) {
+          std::copy(outer->anchor().begin(), outer->anchor().end(), state.begin() + n);
+          std::copy(outer->momentum().begin(), outer->momentum().end(), state.begin() + 2 * n);
+        }
         adamw.copy_state(state.data() + 3 * n, state.data() + 3 * n + s);
       }
       link_->broadcast(state.data(), static_cast<int64_t>(state.size() * sizeof(float)), root);
@@ -325,13 +348,13 @@ bool DilocoSync::hand_over_state(const replica::QuorumRecord& record) {
                           CopyKind::host_to_device);
       runner_.data_parallel(i).take_whole_values();
       adamw.load_state(state.data() + 3 * n, state.data() + 3 * n + s, steps[0]);
-      outer.load(state.data() + n, state.data() + 2 * n, steps[1]);
+      if (outer) outer->load(state.data() + n, state.data() + 2 * n, steps[1]);
       hash = fnv1a_words(state.data(), n, hash);
     }
   } catch (const Error& e) {
     if (receiving)
-      say("the job's state did not arrive at outer step " + std::to_string(record.round) + " (" +
-          e.what() + "); joining the next one");
+      say("the job's state did not arrive at " + round_name() + " " + std::to_string(record.round) +
+          " (" + e.what() + "); joining the next one");
     drop_link();
     return !receiving;
   }
@@ -342,11 +365,11 @@ bool DilocoSync::hand_over_state(const replica::QuorumRecord& record) {
       if (!record.contributes(g)) receivers.push_back(g);
     const std::string fnv = " (state fnv " + std::to_string(state_hash()) + ")";
     if (sending)
-      say("handed the job's state to groups " + group_list(receivers) + " at outer step " +
-          std::to_string(record.round) + fnv);
+      say("handed the job's state to groups " + group_list(receivers) + " at " + round_name() +
+          " " + std::to_string(record.round) + fnv);
     else
-      say("took the job's state at outer step " + std::to_string(record.round) + " from group " +
-          std::to_string(record.source) + fnv);
+      say("took the job's state at " + round_name() + " " + std::to_string(record.round) +
+          " from group " + std::to_string(record.source) + fnv);
   }
   return true;
 }
@@ -357,17 +380,21 @@ uint64_t DilocoSync::state_hash() {
   std::vector<float> values;
   for (int i = 0; i < runner_.stage_count(); ++i) {
     const parallel::ShardedAdamW& adamw = runner_.data_parallel(i).optimizer();
-    const replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(i)];
     copy_values(runner_.stage(i).parameters(), values);
     hash = fnv1a_words(values.data(), values.size(), hash);
-    hash = fnv1a_words(outer.anchor().data(), outer.anchor().size(), hash);
-    hash = fnv1a_words(outer.momentum().data(), outer.momentum().size(), hash);
+    int64_t outer_steps = 0;
+    if (!sync_) {
+      const replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(i)];
+      hash = fnv1a_words(outer.anchor().data(), outer.anchor().size(), hash);
+      hash = fnv1a_words(outer.momentum().data(), outer.momentum().size(), hash);
+      outer_steps = outer.steps_taken();
+    }
     std::vector<float> m(static_cast<size_t>(adamw.state_elements())), v(m.size());
     adamw.copy_state(m.data(), v.data());
     hash = fnv1a_words(m.data(), m.size(), hash);
     hash = fnv1a_words(v.data(), v.size(), hash);
     const float steps[2] = {static_cast<float>(adamw.steps_taken()),
-                            static_cast<float>(outer.steps_taken())};
+                            static_cast<float>(outer_steps)};
     hash = fnv1a_words(steps, 2, hash);
   }
   return hash;
@@ -375,13 +402,15 @@ uint64_t DilocoSync::state_hash() {
 
 void DilocoSync::report(const replica::QuorumRecord& record, bool joined) {
   last_.members = record.members;
+  last_.contributors = record.contributors;
+  last_.completed = record.completed;
   last_.joined = joined;
   last_.completed_block = -1;
   for (size_t i = 0; i < record.contributors.size(); ++i)
     if (record.contributors[i] == group_) last_.completed_block = record.completed[i];
   last_.next_block = record.block_of(group_);
   if (!record_ || record_->members != record.members)
-    say("outer step " + std::to_string(record.round) + " with groups " +
+    say(round_name() + " " + std::to_string(record.round) + " with groups " +
         group_list(record.members) + " of " + std::to_string(groups_) +
         (joined ? ", this one joining" : ""));
   record_ = record;
@@ -424,6 +453,7 @@ RoundStart DilocoSync::join_running(int64_t round) {
       continue;
     }
     settle_whole();
+    fill_sums(*r, nullptr);
     const bool exchanged = everyone(exchange(*r));
     if (!settle_in_group(*r, exchanged)) continue;  // agreed on again, without the failed
     if (!everyone(hand_over_state(*r))) {
@@ -435,7 +465,52 @@ RoundStart DilocoSync::join_running(int64_t round) {
   }
 }
 
+void DilocoSync::exchange_gradients(float* gradients) {
+  const int64_t round = record_->round + 1;  // one per step
+  while (true) {
+    const std::optional<replica::QuorumRecord> r =
+        agree_in_group(round, record_->has(group_), record_);
+    check(r.has_value(),
+          "replica group " + std::to_string(group_) + " was left out of step " +
+              std::to_string(round) +
+              " (it came later than replica.timeout_seconds): start it again, and it joins the "
+              "running job");
+    fill_sums(*r, gradients);
+    const bool exchanged = everyone(exchange(*r));
+    if (!settle_in_group(*r, exchanged)) continue;  // agreed on again, without the failed
+    // The mean over the groups that brought gradients, back where the update reads it.
+    std::vector<float>& sum = sums_[0];
+    const float contributors = static_cast<float>(r->contributors.size());
+    if (contributors > 1) {
+      float* v = sum.data();
+      const int64_t n = static_cast<int64_t>(sum.size());
+#pragma omp parallel for simd schedule(static)
+      for (int64_t j = 0; j < n; ++j) v[j] /= contributors;
+    }
+    runner_.stage(0).parameters().memory().copy(gradients, sum.data(), sum.size() * sizeof(float),
+                                                CopyKind::host_to_device);
+    exchanged_ = r;
+    return;
+  }
+}
+
 std::optional<RoundStart> DilocoSync::after_step(int64_t step) {
+  if (sync_) {  // the step's exchange is done: hand the updated state to the joiners
+    check(exchanged_.has_value(), "step " + std::to_string(step) +
+                                      " had no exchange between the replica groups (internal "
+                                      "error)");
+    const replica::QuorumRecord r = *exchanged_;
+    exchanged_.reset();
+    if (!everyone(hand_over_state(r))) return join_running(step + 1);
+    if (config_.parallelism.zero < 3) {  // the updated weights, whole on every rank (ZeRO-3: not
+      runner_.data_parallel(0).settle_parameters(false);  // without a gather, so no hash)
+      std::vector<float> values;
+      copy_values(runner_.stage(0).parameters(), values);
+      last_.weights_hash = fnv1a_words(values.data(), values.size(), kFnvOffset);
+    }
+    report(r, false);
+    return RoundStart{step, r.block_of(group_)};
+  }
   if (step % inner_steps_ != 0) return std::nullopt;
   settle_whole();
   const int64_t round = step / inner_steps_;
@@ -451,6 +526,7 @@ std::optional<RoundStart> DilocoSync::after_step(int64_t step) {
   while (true) {
     const bool contributor = record_ && record_->has(group_);
     const std::optional<replica::QuorumRecord> r = agree_in_group(round, contributor, record_);
+    if (r) fill_sums(*r, nullptr);
     if (!r) {
       say("outer step " + std::to_string(round) +
           " went on without this group (it came later than replica.timeout_seconds): joining "

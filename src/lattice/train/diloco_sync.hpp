@@ -1,19 +1,21 @@
-// DilocoSync: DiLoCo on one trainer rank (Douillard et al. 2023), and the replica groups' fault
-// tolerance around it. Each replica group trains on its own (any layout, its own AdamW); after
-// every diloco.inner_steps (H) steps the groups agree on who takes part (replica::Membership,
-// through the group's first rank: a group that died, or stalled past replica.timeout_seconds, is
-// left out), each rank averages the parameters it holds with the ranks at the same place of the
-// other members (a GlooLink per rank position, made afresh when the members change) and applies
-// the outer step (replica::OuterOptimizer), so every member continues from the same parameters.
-// The step commits only when every member's exchange succeeded; otherwise it is agreed on again
-// without the failed ones, from the same parameters. A group that joins a running job (a new one,
-// or one restarted after it died) takes part in the next outer step with nothing to average and
-// receives the result, its AdamW state and the outer state from a live member, then trains on
-// from there. The data is one stream cut into blocks of H steps of one group, handed out by the
-// quorum (replica::QuorumRecord): a block whose group left before bringing it back is handed out
-// again, so no sample is skipped or trained twice. Every stage's whole values take part (ZeRO-3
-// gathers them first and keeps its shards of the result): each rank exchanges 2·(M-1)/M of its
-// 4Ψ bytes per outer step and holds the anchor and the momentum (8Ψ) in host memory.
+// DilocoSync: DiLoCo on one trainer rank (Douillard et al. 2023), the synchronous replica groups
+// (diloco.inner_steps = 0: the gradients averaged across the groups every step, before the norm
+// and the update, like HSDP's replicas), and the replica groups' fault tolerance around both. Each
+// replica group trains on its own (any layout, its own AdamW); after every diloco.inner_steps (H)
+// steps the groups agree on who takes part (replica::Membership, through the group's first rank: a
+// group that died, or stalled past replica.timeout_seconds, is left out), each rank averages the
+// parameters it holds with the ranks at the same place of the other members (a GlooLink per rank
+// position, made afresh when the members change) and applies the outer step
+// (replica::OuterOptimizer), so every member continues from the same parameters. The step commits
+// only when every member's exchange succeeded; otherwise it is agreed on again without the failed
+// ones, from the same parameters. A group that joins a running job (a new one, or one restarted
+// after it died) takes part in the next outer step with nothing to average and receives the result,
+// its AdamW state and the outer state from a live member, then trains on from there. The data is
+// one stream cut into blocks of H steps of one group, handed out by the quorum
+// (replica::QuorumRecord): a block whose group left before bringing it back is handed out again, so
+// no sample is skipped or trained twice. Every stage's whole values take part (ZeRO-3 gathers them
+// first and keeps its shards of the result): each rank exchanges 2·(M-1)/M of its 4Ψ bytes per
+// outer step and holds the anchor and the momentum (8Ψ) in host memory.
 #pragma once
 
 #include <chrono>
@@ -57,6 +59,11 @@ class DilocoSync {
   // (a new data block; a later step when it was left out and joined again). Collective.
   std::optional<RoundStart> after_step(int64_t step);
 
+  // Whether step `step` ends with an exchange between the groups (every H-th; every step in
+  // the synchronous mode), and the steps of one data block (H; 1).
+  bool exchanges_at(int64_t step) const { return step % inner_steps_ == 0; }
+  int64_t block_steps() const { return inner_steps_; }
+
   int64_t outer_steps() const;
   // Bytes this rank has sent to the other groups so far.
   int64_t bytes_sent() const;
@@ -96,8 +103,15 @@ class DilocoSync {
   void drop_link();
   // One line on the group's first rank.
   void say(const std::string& line) const;
-  // Sums the contributors' parameters into sums_ (zeros from the others); false on a failed link.
+  // sums_ for `record`: what this rank brings (its parameters, or the synchronous mode's
+  // `gradients`), or zeros when it brings nothing (a joiner).
+  void fill_sums(const replica::QuorumRecord& record, const float* gradients);
+  // Sums sums_ over the members; false on a failed link.
   bool exchange(const replica::QuorumRecord& record);
+  // The synchronous mode, inside the step: `gradients` (what this rank holds) replaced by their
+  // mean over the groups, agreed on like an outer step.
+  void exchange_gradients(float* gradients);
+  std::string round_name() const { return sync_ ? "step" : "outer step"; }
   // The contributors' outer step from sums_.
   void apply_outer_step(const replica::QuorumRecord& record);
   // The source's state to the members that do not hold it; true where it arrived (or was not
@@ -114,7 +128,9 @@ class DilocoSync {
   StepRunner& runner_;
   comm::Communicator& world_;
   int groups_, group_;
-  int64_t inner_steps_;
+  bool sync_;  // synchronous replica groups: gradients averaged every step (diloco.inner_steps 0)
+  int64_t inner_steps_;                              // 1 in the synchronous mode
+  std::optional<replica::QuorumRecord> exchanged_;   // the synchronous step's, until after_step
   std::unique_ptr<replica::Membership> membership_;  // on the group's first rank, groups > 1
   std::unique_ptr<replica::GlooLink> link_;
   std::vector<int> link_members_;

@@ -168,6 +168,8 @@ void MetricsLogger::record(const StepMetrics& m) {
   if (m.replica && !m.replica->members.empty()) {
     nlohmann::json& d = j["diloco"];
     d["members"] = m.replica->members;
+    d["contributors"] = m.replica->contributors;
+    d["completed"] = m.replica->completed;
     d["completed_block"] = m.replica->completed_block;
     d["next_block"] = m.replica->next_block;
     d["joined"] = m.replica->joined;

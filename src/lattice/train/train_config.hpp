@@ -139,6 +139,7 @@ struct ReplicaConfig {
   std::string job = "lattice";  // the job's name: its keys in the store are under /lattice/<job>/
   double timeout_seconds = 60;  // a silent group's grace (start, outer steps, exchanges)
   int64_t min_groups = 1;       // an outer step with fewer live groups is an error
+  int64_t lease_seconds = 5;    // a killed group leaves the quorum when its lease runs out
 };
 
 // [diloco]: DiLoCo (Douillard et al. 2023): every inner_steps steps the groups average their

@@ -152,10 +152,9 @@ static void check_replica_keys(const TrainConfig& c) {
         "replica.group = " + std::to_string(r.group) + " is not a group of replica.groups = " +
             std::to_string(r.groups) + ": use 0 .. " + std::to_string(r.groups - 1));
   check(c.diloco.inner_steps >= 0, "diloco.inner_steps must not be negative (0: DiLoCo off)");
-  check(r.groups == 1 || c.diloco.inner_steps > 0,
-        "replica.groups = " + std::to_string(r.groups) +
-            " needs diloco.inner_steps > 0 (synchronous replica groups are not built yet): set "
-            "diloco.inner_steps, e.g. 100");
+  check(r.groups == 1 || c.diloco.inner_steps > 0 || c.parallelism.pp == 1,
+        "synchronous replica groups (replica.groups > 1, diloco.inner_steps = 0) with a pipeline "
+        "are not built yet: set parallelism.pp = 1, or use DiLoCo (diloco.inner_steps > 0)");
   check(r.groups == 1 || !r.store.empty(),
         "replica.groups = " + std::to_string(r.groups) +
             " needs replica.store, the host:port of the etcd the groups meet at (start one with "
@@ -166,6 +165,8 @@ static void check_replica_keys(const TrainConfig& c) {
   check(!r.job.empty() && r.job.find('/') == std::string::npos,
         "replica.job must be a non-empty name without '/'");
   check(r.groups == 1 || !r.host.empty(), "replica.host must name this group's address");
+  check(r.lease_seconds >= 2 && r.lease_seconds <= 3600,
+        "replica.lease_seconds must be in [2, 3600] (etcd grants no shorter lease)");
   check(r.min_groups >= 1 && r.min_groups <= r.groups,
         "replica.min_groups = " + std::to_string(r.min_groups) +
             " must be in 1 .. replica.groups = " + std::to_string(r.groups));

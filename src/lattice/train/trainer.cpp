@@ -124,7 +124,7 @@ Trainer::Trainer(TrainConfig config, comm::Communicator* world, FaultInjection f
     runner_ = std::make_unique<PlainStepRunner>(*model_, *dp_, clocks_);
   }
   resume();
-  if (config_.diloco.inner_steps > 0) {
+  if (config_.diloco.inner_steps > 0 || config_.replica.groups > 1) {
     diloco_ = std::make_unique<DilocoSync>(config_, *runner_, mesh_->world());
     if (start_step_ > 0) diloco_->resume(resumed_from_, start_step_, resumed_quorum_, printing_);
     const RoundStart start = diloco_->join(start_step_);  // may take a running job's state
@@ -138,7 +138,7 @@ void Trainer::move_to_block(int64_t block) {
   const int64_t samples_per_step = config_.training.micro_batch_size *
                                    config_.training.gradient_accumulation_steps *
                                    mesh_->group(mesh::Axis::dp).size();
-  batches_->set_position(block * config_.diloco.inner_steps * samples_per_step);
+  batches_->set_position(block * diloco_->block_steps() * samples_per_step);
 }
 
 Trainer::~Trainer() = default;
@@ -274,7 +274,7 @@ TrainResult Trainer::run() {
     if (diloco_) {  // collective across the replica groups
       const int64_t bytes_before = diloco_->bytes_sent(), start_ns = steady_clock_ns();
       const std::optional<RoundStart> next = diloco_->after_step(step);
-      const bool outer = step % config_.diloco.inner_steps == 0;
+      const bool outer = diloco_->exchanges_at(step);
       if (outer && config_.replica.groups > 1) outcome.replica = diloco_->last_exchange();
       if (!outcome.replica) outcome.replica.emplace();
       outcome.replica->outer_steps = diloco_->outer_steps();
@@ -306,9 +306,12 @@ TrainResult Trainer::run() {
   if (diloco_) {
     result.outer_steps = diloco_->outer_steps();
     result.replica_bytes_sent = diloco_->bytes_sent();
-    if (printing_)
+    if (printing_ && config_.diloco.inner_steps > 0)
       std::printf("diloco: %lld outer steps, %.3f MB sent to the other groups by rank 0\n",
                   static_cast<long long>(result.outer_steps),
+                  static_cast<double>(result.replica_bytes_sent) / 1e6);
+    else if (printing_)
+      std::printf("replica groups (synchronous): %.3f MB sent to the other groups by rank 0\n",
                   static_cast<double>(result.replica_bytes_sent) / 1e6);
   }
   finish_run(config_toml, trace ? &*trace : nullptr, result);

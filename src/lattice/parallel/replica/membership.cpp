@@ -40,15 +40,14 @@ Membership::Membership(MembershipSettings settings)
     : settings_(std::move(settings)),
       base_("/lattice/" + settings_.job + "/diloco/"),
       store_(settings_.store) {
-  const int64_t ttl = std::max<int64_t>(
-      2, (settings_.timeout.count() + 999) / 1000);  // whole seconds; etcd's least is about 2
+  const int64_t ttl = settings_.lease_seconds;
   lease_ = store_.grant_lease(ttl);
   const std::string me = "replica group " + std::to_string(settings_.group);
   // One group at a time looks at the job's keys and joins (the lock is under this group's lease:
   // a group killed while holding it frees it within the timeout). A key of this group's id that
   // is still alive is a predecessor killed moments ago (its lease runs out) or a twin (it never
   // does): wait out one lease's life before calling it a twin.
-  const auto twin_deadline = Clock::now() + settings_.timeout + std::chrono::seconds(ttl + 1);
+  const auto twin_deadline = Clock::now() + std::chrono::seconds(2 * ttl + 1);
   while (true) {
     const auto deadline = Clock::now() + settings_.timeout;
     while (!store_.create(base_ + "lock", std::to_string(settings_.group), lease_)) {
@@ -117,16 +116,14 @@ Membership::~Membership() {
 
 void Membership::heartbeat() {
   EtcdClient store(settings_.store);  // its own connection per call, from this thread
-  const auto period =
-      std::max<std::chrono::milliseconds>(std::chrono::milliseconds(200), settings_.timeout / 4);
+  const auto period = std::chrono::milliseconds(settings_.lease_seconds * 1000 / 4);
   std::unique_lock<std::mutex> lock(mutex_);
   while (!wake_.wait_for(lock, period, [this] { return stop_; })) {
     const int64_t lease = lease_;
     lock.unlock();
     try {
       if (!store.keep_alive(lease)) {  // expired: this group was taken for dead; come back
-        const int64_t ttl = std::max<int64_t>(2, (settings_.timeout.count() + 999) / 1000);
-        const int64_t renewed = store.grant_lease(ttl);
+        const int64_t renewed = store.grant_lease(settings_.lease_seconds);
         store.put(base_ + "alive/" + std::to_string(settings_.group), "1", renewed);
         lock.lock();
         lease_ = renewed;

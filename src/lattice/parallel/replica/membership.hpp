@@ -1,6 +1,6 @@
 // Membership: one replica group's side of the quorum, held by the group's first rank. The group
 // keeps a key alive in the store under a lease (renewed by a thread of its own: a group killed
-// with -9 leaves the quorum when the lease runs out, replica.timeout_seconds); at every outer step
+// with -9 leaves the quorum when the lease runs out, replica.lease_seconds); at every outer step
 // it posts itself, and the first group to see every live group posted (or to wait out the timeout)
 // writes the step's QuorumRecord, create-if-absent, so that every group reads the same one. After
 // the members' exchange each group posts whether it succeeded; the step commits only if every
@@ -31,8 +31,9 @@ struct MembershipSettings {
   int group = 0;       // this group's id, in [0, groups)
   int groups = 1;      // how many the job is meant to have (the start waits for them)
   int min_groups = 1;  // fewer live groups than this: an error, not an outer step
-  std::chrono::milliseconds timeout{60000};  // a silent group's grace, and the lease's life
-  uint64_t fingerprint = 0;                  // what every group must share
+  std::chrono::milliseconds timeout{60000};  // how long a live but silent group is waited for
+  int64_t lease_seconds = 5;  // a killed group is gone when its lease runs out (etcd's least: 2)
+  uint64_t fingerprint = 0;   // what every group must share
 };
 
 class Membership {
