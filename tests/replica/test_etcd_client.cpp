@@ -15,18 +15,7 @@
 using namespace lattice;
 using namespace lattice::replica;
 
-namespace {
-
-std::string message_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using lattice::replica::test_support::message_of;
 
 TEST(Base64, MatchesRfc4648) {
   const std::pair<const char*, const char*> vectors[] = {{"", ""},

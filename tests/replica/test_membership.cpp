@@ -22,6 +22,7 @@ using replica::Membership;
 using replica::MembershipSettings;
 using replica::QuorumRecord;
 using EtcdProcess = lattice::replica::test_support::EtcdProcess;
+using lattice::replica::test_support::message_of;
 
 namespace {
 
@@ -60,15 +61,6 @@ Agreed agree_all(
     });
   for (auto& t : threads) t.join();
   return out;
-}
-
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -162,12 +154,12 @@ TEST(Membership, RefusesAnotherFingerprintATwinAndTooFewGroupsInOneLine) {
   EtcdProcess etcd;
   Membership a(settings_of(etcd, "refuse", 0, 2));
   const std::string other =
-      error_of([&] { Membership b(settings_of(etcd, "refuse", 1, 2, /*fingerprint=*/8)); });
+      message_of([&] { Membership b(settings_of(etcd, "refuse", 1, 2, /*fingerprint=*/8)); });
   EXPECT_NE(other.find("replica group 1 runs another model, layout, batch or optimizer than "
                        "group 0"),
             std::string::npos)
       << other;
-  const std::string twin = error_of([&] { Membership b(settings_of(etcd, "refuse", 0, 2)); });
+  const std::string twin = message_of([&] { Membership b(settings_of(etcd, "refuse", 0, 2)); });
   EXPECT_NE(twin.find("replica group 0 of job 'refuse' is already running"), std::string::npos)
       << twin;
 
@@ -175,7 +167,7 @@ TEST(Membership, RefusesAnotherFingerprintATwinAndTooFewGroupsInOneLine) {
   few.min_groups = 2;
   few.timeout = std::chrono::milliseconds(500);
   Membership alone(few);
-  const std::string too_few = error_of([&] { alone.agree(0, false, std::nullopt); });
+  const std::string too_few = message_of([&] { alone.agree(0, false, std::nullopt); });
   EXPECT_NE(too_few.find("only 1 of the 2 replica groups came within 500 ms"), std::string::npos)
       << too_few;
   EXPECT_NE(too_few.find("replica.min_groups = 2"), std::string::npos) << too_few;
@@ -185,7 +177,7 @@ TEST(Membership, RefusesAnotherFingerprintATwinAndTooFewGroupsInOneLine) {
   // A store that is not there: one line naming it.
   MembershipSettings nowhere = settings_of(etcd, "nowhere", 0, 2);
   nowhere.store = "127.0.0.1:" + std::to_string(replica::test_support::free_port());
-  const std::string unreachable = error_of([&] { Membership m(nowhere); });
+  const std::string unreachable = message_of([&] { Membership m(nowhere); });
   EXPECT_NE(unreachable.find("cannot reach the replica store (etcd)"), std::string::npos)
       << unreachable;
 }
