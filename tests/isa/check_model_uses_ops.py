@@ -63,6 +63,7 @@ HOST_DATA = {
     # state (train/diloco_sync.cpp stages the store's values through the host).
     "parallel/replica/gloo_link.cpp": "Gloo's host buffers (all-gather of one member)",
     "parallel/replica/outer_optimizer.cpp": "DiLoCo's anchor and momentum, host memory",
+    "parallel/replica/outer_codec.cpp": "the outer gradients encoded into Gloo's host buffers",
     "train/diloco_sync.cpp": "the host copies a hand-over packs and the quorum's text",
 }
 

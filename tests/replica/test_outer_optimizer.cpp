@@ -84,3 +84,52 @@ TEST(OuterOptimizer, RefusesImpossibleSettingsInOneLine) {
     EXPECT_NE(std::string(e.what()).find("diloco.outer_momentum"), std::string::npos);
   }
 }
+
+// Streaming DiLoCo's fragment step: on the elements in the ranges it equals the whole-store step
+// bit for bit (the same arithmetic), outside them the anchor and the momentum stay as they were;
+// from the mean Δ (an encoded exchange) it takes θ ← anchor − lr·d, within fp32 rounding of the
+// θ̄ form (which computes the same value another way).
+TEST(OuterOptimizer, StepsOnlyTheFragmentAndFromTheMeanDelta) {
+  const int64_t n = 1000;
+  const OuterSettings settings{0.7f, 0.9f, true};
+  const std::vector<float> start = random_values(n, 3, 1.0f);
+  OuterOptimizer whole(start.data(), n, settings), part(start.data(), n, settings),
+      from_delta(start.data(), n, settings);
+  const std::vector<ElementRange> ranges = {{10, 200}, {500, 520}, {900, 1000}};
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<float> drift = random_values(n, 20 + round, 1e-2f);
+    std::vector<float> mean(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) mean[i] = whole.anchor()[i] + drift[i];
+    std::vector<float> packed, delta;
+    for (const ElementRange& r : ranges)
+      for (int64_t i = r.begin; i < r.end; ++i) {
+        packed.push_back(mean[i]);
+        delta.push_back(from_delta.anchor()[i] - mean[i]);
+      }
+    const std::vector<float> anchor_before = part.anchor(), momentum_before = part.momentum();
+    whole.step(mean.data());
+    part.step(packed.data(), ranges);
+    from_delta.step_delta(delta.data(), ranges);
+    size_t k = 0;
+    std::vector<bool> inside(static_cast<size_t>(n), false);
+    for (const ElementRange& r : ranges)
+      for (int64_t i = r.begin; i < r.end; ++i, ++k) {
+        inside[i] = true;
+        ASSERT_EQ(packed[k], mean[i]) << i;  // the whole step's θ, bit for bit
+        ASSERT_EQ(part.anchor()[i], packed[k]);
+        ASSERT_EQ(part.momentum()[i], whole.momentum()[i]);
+        // Δ itself instead of anchor − θ̄: one rounding of the subtraction apart.
+        EXPECT_NEAR(delta[k], packed[k], 1e-6f) << i;
+      }
+    for (int64_t i = 0; i < n; ++i)
+      if (!inside[i]) {
+        ASSERT_EQ(part.anchor()[i], anchor_before[i]) << i;
+        ASSERT_EQ(part.momentum()[i], momentum_before[i]) << i;
+      }
+    // The whole optimizer moved everything; for the next round the parts start from its anchor
+    // inside the ranges only, so re-anchor the others to keep comparing like with like.
+    part.load(whole.anchor().data(), whole.momentum().data(), part.steps_taken());
+    from_delta.load(whole.anchor().data(), whole.momentum().data(), from_delta.steps_taken());
+  }
+  EXPECT_EQ(part.steps_taken(), 3);
+}

@@ -56,6 +56,11 @@ struct CommunicationClocks {
 struct ReplicaExchange {
   int64_t outer_steps = 0, bytes_sent = 0, step_bytes = 0;
   double outer_seconds = 0;
+  // At the end of a round: the bytes its exchange (and any hand-over) sent from this rank, the
+  // most any round has, and the bandwidth that carries that round within the compute it can hide
+  // behind (τ inner steps with overlap, one without) at the group's mean step time so far.
+  int64_t round_bytes = 0, peak_round_bytes = 0;
+  double peak_gbps = 0;
   // With a quorum (replica.groups > 1), at an outer step: its groups (and those that brought
   // trained parameters or gradients), the data block this group
   // brought back (-1: none, it joined) and the one it trains next, whether it took the job's state

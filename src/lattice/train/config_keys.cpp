@@ -435,6 +435,20 @@ std::vector<ConfigKey> build_keys() {
       "the outer SGD's momentum, in [0, 1)");
   add("diloco", "nesterov", bool_key(field(&TrainConfig::diloco, &DilocoConfig::nesterov)),
       "Nesterov momentum in the outer step (the paper's)");
+  add("diloco", "fragments", int_key(field(&TrainConfig::diloco, &DilocoConfig::fragments)),
+      "Streaming DiLoCo: fragments of the model (strided over the layers), one synchronised every "
+      "inner_steps / fragments steps (1: the whole model at once)");
+  add("diloco", "overlap_steps", int_key(field(&TrainConfig::diloco, &DilocoConfig::overlap_steps)),
+      "Streaming DiLoCo's tau: inner steps a fragment's exchange runs behind, in [0, inner_steps "
+      "/ fragments)");
+  add("diloco", "mixing", number_key(field(&TrainConfig::diloco, &DilocoConfig::mixing)),
+      "with overlap_steps > 0: the weight of the parameters trained during the exchange against "
+      "its result, in [0, 1]");
+  add("diloco", "exchange",
+      enum_key(field(&TrainConfig::diloco, &DilocoConfig::exchange), replica::parse_outer_precision,
+               replica::precision_name),
+      "the outer gradients' precision between the groups: fp32 (the parameters' mean), bf16, or "
+      "fp4 (E2M1 with a scale per 32 values)");
   return keys;
 }
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -76,7 +77,12 @@ DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, comm::Comm
       groups_(static_cast<int>(config.replica.groups)),
       group_(static_cast<int>(config.replica.group)),
       sync_(config.replica.groups > 1 && config.diloco.inner_steps == 0),
-      inner_steps_(sync_ ? 1 : config.diloco.inner_steps) {
+      inner_steps_(sync_ ? 1 : config.diloco.inner_steps),
+      fragments_(sync_ ? 1 : static_cast<int>(config.diloco.fragments)),
+      round_steps_(inner_steps_ / fragments_),
+      overlap_(sync_ ? 0 : config.diloco.overlap_steps),
+      mixing_(static_cast<float>(config.diloco.mixing)),
+      precision_(sync_ ? replica::OuterPrecision::fp32 : config.diloco.exchange) {
   const replica::OuterSettings settings{static_cast<float>(config.diloco.outer_lr),
                                         static_cast<float>(config.diloco.outer_momentum),
                                         config.diloco.nesterov};
@@ -94,6 +100,7 @@ DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, comm::Comm
     return;  // no outer optimizer
   }
   settle_whole();
+  build_fragments();
   std::vector<float> host;
   for (int i = 0; i < runner_.stage_count(); ++i) {
     const model::ParameterStore& store = runner_.stage(i).parameters();
@@ -103,7 +110,53 @@ DilocoSync::DilocoSync(const TrainConfig& config, StepRunner& runner, comm::Comm
   }
 }
 
-DilocoSync::~DilocoSync() = default;
+DilocoSync::~DilocoSync() {
+  if (pending_ && pending_->worker.joinable()) pending_->worker.join();
+}
+
+int DilocoSync::fragment_of(int64_t round) const {
+  return fragments_ == 1 ? 0 : static_cast<int>((round - 1) % fragments_);
+}
+
+void DilocoSync::build_fragments() {
+  // The model's layers in order: the embedding (0), block i (i + 1), the final norm and head
+  // (n_layers + 1), dealt round-robin into the fragments (the paper's strided pattern: each
+  // fragment spans the depth of the model).
+  const std::regex block(R"(\.(h|layers)\.([0-9]+)\.)");
+  const int64_t layers = config_.model.n_layers;
+  fragment_ranges_.assign(
+      static_cast<size_t>(fragments_),
+      std::vector<std::vector<replica::ElementRange>>(static_cast<size_t>(runner_.stage_count())));
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    const model::ParameterStore& store = runner_.stage(i).parameters();
+    if (fragments_ == 1) {  // the whole store, gaps and all: DiLoCo's outer step as it was
+      fragment_ranges_[0][static_cast<size_t>(i)] = {{0, store.size()}};
+      continue;
+    }
+    std::vector<std::pair<int64_t, int>> starts;  // (offset, parameter)
+    for (size_t p = 0; p < store.parameters().size(); ++p)
+      starts.emplace_back(store.parameters()[p].offset, static_cast<int>(p));
+    std::sort(starts.begin(), starts.end());
+    for (const auto& [offset, index] : starts) {
+      const model::ParameterInfo& info = store.info(index);
+      std::smatch m;
+      int64_t layer = layers + 1;
+      if (std::regex_search(info.name, m, block))
+        layer = std::stoll(m[2].str()) + 1;
+      else if (info.name.find("wte") != std::string::npos ||
+               info.name.find("wpe") != std::string::npos ||
+               info.name.find("embed_tokens") != std::string::npos)
+        layer = 0;
+      std::vector<replica::ElementRange>& ranges =
+          fragment_ranges_[static_cast<size_t>(layer % fragments_)][static_cast<size_t>(i)];
+      const int64_t end = offset + info.numel;
+      if (!ranges.empty() && ranges.back().end == offset)
+        ranges.back().end = end;
+      else
+        ranges.push_back({offset, end});
+    }
+  }
+}
 
 std::chrono::milliseconds DilocoSync::timeout() const {
   return std::chrono::milliseconds(static_cast<int64_t>(config_.replica.timeout_seconds * 1000));
@@ -120,6 +173,7 @@ int64_t DilocoSync::outer_steps() const {
 }
 
 int64_t DilocoSync::bytes_sent() const {
+  if (pending_ && pending_->worker.joinable()) return bytes_snapshot_;  // the link is the thread's
   return retired_bytes_ + (link_ ? link_->bytes_sent() : 0);
 }
 
@@ -140,7 +194,7 @@ std::string DilocoSync::checkpoint_quorum() const {
 void DilocoSync::resume(const std::string& checkpoint_dir, int64_t step, const std::string& quorum,
                         bool printing) {
   CheckpointReader reader(checkpoint_dir);
-  const int64_t outer_steps = step / inner_steps_;
+  const int64_t outer_steps = step / round_steps_;
   for (int i = 0; !sync_ && i < runner_.stage_count(); ++i) {
     const model::ParameterStore& store = runner_.stage(i).parameters();
     std::vector<float> anchor(static_cast<size_t>(store.size()), 0.0f), momentum(anchor.size());
@@ -261,24 +315,91 @@ void DilocoSync::fill_sums(const replica::QuorumRecord& record, const float* gra
                             CopyKind::device_to_host);
       else
         std::fill(sum.begin(), sum.end(), 0.0f);
-    } else if (mine) {
-      copy_values(store, sum);
-    } else {
-      sum.assign(static_cast<size_t>(store.size()), 0.0f);  // nothing to bring: adds nothing
+    } else if (precision_ == replica::OuterPrecision::fp32) {
+      sum = captured_[static_cast<size_t>(i)];  // the allreduce sums it in place
+    }  // encoded: the sums are decoded from the members' payloads
+  }
+}
+
+namespace {
+
+// Elements in `ranges`.
+int64_t range_elements(const std::vector<replica::ElementRange>& ranges) {
+  int64_t n = 0;
+  for (const replica::ElementRange& r : ranges) n += r.end - r.begin;
+  return n;
+}
+
+}  // namespace
+
+void DilocoSync::capture(const replica::QuorumRecord& record, int fragment) {
+  settle_whole();
+  const bool mine = record.contributes(group_);
+  captured_.resize(static_cast<size_t>(runner_.stage_count()));
+  payload_.clear();
+  std::vector<float> host, delta;
+  for (int i = 0; i < runner_.stage_count(); ++i) {
+    const std::vector<replica::ElementRange>& ranges =
+        fragment_ranges_[static_cast<size_t>(fragment)][static_cast<size_t>(i)];
+    std::vector<float>& packed = captured_[static_cast<size_t>(i)];
+    packed.assign(static_cast<size_t>(range_elements(ranges)), 0.0f);  // nothing to bring
+    if (mine) {
+      copy_values(runner_.stage(i).parameters(), host);
+      float* at = packed.data();
+      for (const replica::ElementRange& r : ranges)
+        at = std::copy(host.begin() + r.begin, host.begin() + r.end, at);
+    }
+    if (precision_ == replica::OuterPrecision::fp32) continue;
+    // Encoded: the outer gradient Δ = θ_anchor − θ_local (zeros from a joiner).
+    delta.assign(packed.size(), 0.0f);
+    if (mine) {
+      const std::vector<float>& anchor = outer_[static_cast<size_t>(i)]->anchor();
+      size_t k = 0;
+      for (const replica::ElementRange& r : ranges)
+        for (int64_t j = r.begin; j < r.end; ++j, ++k) delta[k] = anchor[j] - packed[k];
+    }
+    const size_t at = payload_.size();
+    payload_.resize(at + static_cast<size_t>(replica::encoded_bytes(
+                             precision_, static_cast<int64_t>(delta.size()))));
+    replica::encode(precision_, delta.data(), static_cast<int64_t>(delta.size()),
+                    payload_.data() + at);
+  }
+  // ZeRO-3 gathered every bucket to read them; it goes back to its shards (the same values) so
+  // that the steps trained until the round's end run as they would without a capture.
+  for (int i = 0; i < runner_.stage_count(); ++i) runner_.data_parallel(i).take_whole_values();
+}
+
+void DilocoSync::decode_sums(const uint8_t* blocks, int members) {
+  sums_.resize(captured_.size());
+  for (int m = 0; m < members; ++m) {  // in member order: the same bits on every member
+    const uint8_t* at = blocks + static_cast<size_t>(m) * payload_.size();
+    for (size_t i = 0; i < captured_.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(captured_[i].size());
+      if (m == 0) sums_[i].assign(static_cast<size_t>(n), 0.0f);
+      replica::decode_add(precision_, at, n, sums_[i].data());
+      at += replica::encoded_bytes(precision_, n);
     }
   }
 }
 
 bool DilocoSync::exchange(const replica::QuorumRecord& record) {
+  const bool encoded = !sync_ && precision_ != replica::OuterPrecision::fp32;
   // The start has nothing to average; a member alone holds its own sum.
   if (record.contributors.empty() || record.members.size() == 1) {
     drop_link();
+    if (encoded && !record.contributors.empty()) decode_sums(payload_.data(), 1);
     return true;
   }
   try {
     replica::GlooLink& link = link_for(record);
-    for (std::vector<float>& sum : sums_)
-      link.allreduce_sum(sum.data(), static_cast<int64_t>(sum.size()));
+    if (encoded) {
+      gathered_.resize(payload_.size() * record.members.size());
+      link.all_gather(payload_.data(), gathered_.data(), static_cast<int64_t>(payload_.size()));
+      decode_sums(gathered_.data(), static_cast<int>(record.members.size()));
+    } else {
+      for (std::vector<float>& sum : sums_)
+        link.allreduce_sum(sum.data(), static_cast<int64_t>(sum.size()));
+    }
   } catch (const Error& e) {
     say(round_name() + " " + std::to_string(record.round) + " failed (" + e.what() +
         "); agreeing on it again");
@@ -288,23 +409,45 @@ bool DilocoSync::exchange(const replica::QuorumRecord& record) {
   return true;
 }
 
-void DilocoSync::apply_outer_step(const replica::QuorumRecord& record) {
+void DilocoSync::apply_outer_step(const replica::QuorumRecord& record, int fragment) {
   const float contributors = static_cast<float>(record.contributors.size());
   uint64_t hash = kFnvOffset;
+  std::vector<float> host;
   for (int i = 0; i < runner_.stage_count(); ++i) {
     model::ParameterStore& store = runner_.stage(i).parameters();
+    const std::vector<replica::ElementRange>& ranges =
+        fragment_ranges_[static_cast<size_t>(fragment)][static_cast<size_t>(i)];
     std::vector<float>& values = sums_[static_cast<size_t>(i)];
-    const int64_t n = store.size();
-    if (contributors > 1) {  // θ̄: the contributors' sum over their count (one: θ, untouched)
+    const int64_t n = static_cast<int64_t>(values.size());
+    if (contributors > 1) {  // the contributors' sum over their count (one: its own, untouched)
       float* v = values.data();
 #pragma omp parallel for simd schedule(static)
       for (int64_t j = 0; j < n; ++j) v[j] /= contributors;
     }
-    outer_[static_cast<size_t>(i)]->step(values.data());
-    store.memory().copy(store.mutable_values(), values.data(),
-                        static_cast<size_t>(n) * sizeof(float), CopyKind::host_to_device);
-    runner_.data_parallel(i).take_whole_values();  // ZeRO-3: its shards of the new values
+    replica::OuterOptimizer& outer = *outer_[static_cast<size_t>(i)];
+    if (precision_ == replica::OuterPrecision::fp32)
+      outer.step(values.data(), ranges);  // from θ̄
+    else
+      outer.step_delta(values.data(), ranges);  // from the mean Δ
     hash = fnv1a_words(values.data(), values.size(), hash);
+    // θ_global into the store's ranges; with overlap mixed with what was trained since.
+    copy_values(store, host);
+    const float* global = values.data();
+    for (const replica::ElementRange& r : ranges) {
+      float* local = host.data() + r.begin;
+      const int64_t m = r.end - r.begin;
+      if (overlap_ > 0) {
+        const float alpha = mixing_, beta = 1.0f - mixing_;
+#pragma omp parallel for simd schedule(static)
+        for (int64_t j = 0; j < m; ++j) local[j] = alpha * local[j] + beta * global[j];
+      } else {
+        std::copy(global, global + m, local);
+      }
+      global += m;
+    }
+    store.memory().copy(store.mutable_values(), host.data(), host.size() * sizeof(float),
+                        CopyKind::host_to_device);
+    runner_.data_parallel(i).take_whole_values();  // ZeRO-3: its shards of the new values
   }
   last_.weights_hash = hash;
 }
@@ -433,9 +576,9 @@ RoundStart DilocoSync::join(int64_t step) {
   // The job's start (or the whole job resumed from checkpoints without a record): every group
   // holds the same state; the blocks are handed out from the first one not yet read.
   replica::QuorumRecord before;
-  before.round = step / inner_steps_ - 1;
-  before.next_block = (step + inner_steps_ - 1) / inner_steps_;
-  const int64_t round = step / inner_steps_;
+  before.round = step / round_steps_ - 1;
+  before.next_block = (step + round_steps_ - 1) / round_steps_;
+  const int64_t round = step / round_steps_;
   while (true) {
     const std::optional<replica::QuorumRecord> r = agree_in_group(round, false, before);
     if (!r) return join_running(round + 1);    // the others started without this group
@@ -452,7 +595,7 @@ RoundStart DilocoSync::join_running(int64_t round) {
       ++round;
       continue;
     }
-    settle_whole();
+    if (!sync_) capture(*r, fragment_of(r->round));  // zeros: nothing to bring
     fill_sums(*r, nullptr);
     const bool exchanged = everyone(exchange(*r));
     if (!settle_in_group(*r, exchanged)) continue;  // agreed on again, without the failed
@@ -461,7 +604,7 @@ RoundStart DilocoSync::join_running(int64_t round) {
       continue;
     }
     report(*r, true);
-    return {r->round * inner_steps_, r->block_of(group_)};
+    return {r->round * round_steps_, r->block_of(group_)};
   }
 }
 
@@ -511,36 +654,94 @@ std::optional<RoundStart> DilocoSync::after_step(int64_t step) {
     report(r, false);
     return RoundStart{step, r.block_of(group_)};
   }
-  if (step % inner_steps_ != 0) return std::nullopt;
-  settle_whole();
-  const int64_t round = step / inner_steps_;
+  if (starts_at(step) && !pending_) {
+    const std::optional<RoundStart> left_out = start_round((step + overlap_) / round_steps_);
+    if (left_out) return left_out;
+  }
+  if (!exchanges_at(step)) return std::nullopt;
+  // A round whose start this group did not see (resumed from a checkpoint inside the overlap):
+  // it starts now, without overlap.
+  if (!pending_) {
+    const std::optional<RoundStart> left_out = start_round(step / round_steps_);
+    if (left_out) return left_out;
+  }
+  return finish_round(step);
+}
+
+std::optional<RoundStart> DilocoSync::start_round(int64_t round) {
+  const int fragment = fragment_of(round);
+  pending_ = std::make_unique<Pending>();
+  pending_->fragment = fragment;
+  pending_->bytes_before = bytes_sent();
   if (groups_ == 1) {  // its own outer step on its own parameters; the data goes on as it is
-    sums_.resize(static_cast<size_t>(runner_.stage_count()));
-    for (int i = 0; i < runner_.stage_count(); ++i)
-      copy_values(runner_.stage(i).parameters(), sums_[static_cast<size_t>(i)]);
-    replica::QuorumRecord alone;
-    alone.contributors = {group_};
-    apply_outer_step(alone);
+    pending_->record.members = pending_->record.contributors = {group_};
+    capture(pending_->record, fragment);
     return std::nullopt;
   }
-  while (true) {
-    const bool contributor = record_ && record_->has(group_);
-    const std::optional<replica::QuorumRecord> r = agree_in_group(round, contributor, record_);
-    if (r) fill_sums(*r, nullptr);
-    if (!r) {
-      say("outer step " + std::to_string(round) +
+  const bool contributor = record_ && record_->has(group_);
+  const std::optional<replica::QuorumRecord> r = agree_in_group(round, contributor, record_);
+  if (!r) {
+    pending_.reset();
+    say("outer step " + std::to_string(round) +
+        " went on without this group (it came later than replica.timeout_seconds): joining "
+        "the next one");
+    return join_running(round + 1);
+  }
+  pending_->record = *r;
+  capture(*r, fragment);
+  fill_sums(*r, nullptr);
+  if (overlap_ > 0) {  // the exchange runs while the group trains the next τ steps
+    bytes_snapshot_ = pending_->bytes_before;
+    Pending* p = pending_.get();
+    p->worker = std::thread([this, p] { p->exchanged = exchange(p->record); });
+  }
+  return std::nullopt;
+}
+
+std::optional<RoundStart> DilocoSync::finish_round(int64_t step) {
+  Pending& p = *pending_;
+  if (groups_ == 1) {
+    fill_sums(p.record, nullptr);
+    exchange(p.record);  // encoded: its own Δ decoded
+    settle_whole();      // ZeRO-3: the whole values the outer step is mixed into
+    apply_outer_step(p.record, p.fragment);
+    pending_.reset();
+    return std::nullopt;
+  }
+  bool exchanged;
+  if (p.worker.joinable()) {
+    p.worker.join();
+    exchanged = p.exchanged;
+  } else {
+    exchanged = exchange(p.record);
+  }
+  replica::QuorumRecord r = p.record;
+  const bool contributor = record_ && record_->has(group_);
+  while (!settle_in_group(r, everyone(exchanged))) {  // agreed on again, without the failed
+    const std::optional<replica::QuorumRecord> again =
+        agree_in_group(r.round, contributor, record_);
+    if (!again) {
+      pending_.reset();
+      say("outer step " + std::to_string(r.round) +
           " went on without this group (it came later than replica.timeout_seconds): joining "
           "the next one");
-      return join_running(round + 1);
+      return join_running(r.round + 1);
     }
-    const bool exchanged = everyone(exchange(*r));
-    if (!settle_in_group(*r, exchanged)) continue;  // agreed on again, without the failed
-    const bool brought = r->contributes(group_);
-    if (brought) apply_outer_step(*r);
-    if (!everyone(hand_over_state(*r))) return join_running(round + 1);
-    report(*r, !brought);
-    return RoundStart{step, r->block_of(group_)};
+    r = *again;
+    fill_sums(r, nullptr);  // from what was captured at the round's start
+    exchanged = exchange(r);
   }
+  const bool brought = r.contributes(group_);
+  settle_whole();
+  if (brought) apply_outer_step(r, p.fragment);
+  const int64_t bytes_before = p.bytes_before;
+  pending_.reset();
+  if (!everyone(hand_over_state(r))) return join_running(r.round + 1);
+  report(r, !brought);
+  last_.round_bytes = bytes_sent() - bytes_before;
+  peak_round_bytes_ = std::max(peak_round_bytes_, last_.round_bytes);
+  last_.peak_round_bytes = peak_round_bytes_;
+  return RoundStart{step, r.block_of(group_)};
 }
 
 }  // namespace lattice::train

@@ -16,6 +16,16 @@
 // no sample is skipped or trained twice. Every stage's whole values take part (ZeRO-3 gathers them
 // first and keeps its shards of the result): each rank exchanges 2·(M-1)/M of its 4Ψ bytes per
 // outer step and holds the anchor and the momentum (8Ψ) in host memory.
+//
+// Streaming DiLoCo (Douillard et al. 2025; diloco.fragments, overlap_steps, exchange): the layers
+// (the embedding, each block, the head) are dealt round-robin into P fragments, and a round every
+// H/P steps synchronises one fragment, so each is synchronised every H steps and one exchange
+// carries Ψ/P. Round k ends at step k·H/P; its exchange starts τ steps before (the quorum agreed,
+// the fragment's values captured) and runs on a thread of its own while the group trains on; at
+// the round's end the outer step is taken from what was captured and mixed into what the group
+// trained meanwhile (θ ← α·θ_local + (1−α)·θ_global; the anchor is θ_global). In bf16 or fp4 the
+// members send their outer gradients Δ = θ_anchor − θ_local encoded (replica/outer_codec.hpp) to
+// each other and each decodes and sums them in fp32. A data block is H/P steps, one per round.
 #pragma once
 
 #include <chrono>
@@ -24,6 +34,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -59,10 +70,14 @@ class DilocoSync {
   // (a new data block; a later step when it was left out and joined again). Collective.
   std::optional<RoundStart> after_step(int64_t step);
 
-  // Whether step `step` ends with an exchange between the groups (every H-th; every step in
-  // the synchronous mode), and the steps of one data block (H; 1).
-  bool exchanges_at(int64_t step) const { return step % inner_steps_ == 0; }
-  int64_t block_steps() const { return inner_steps_; }
+  // Whether step `step` ends a round (an exchange between the groups: every H-th step, every
+  // (H/P)-th with P fragments, every step in the synchronous mode), whether one starts there (τ
+  // steps earlier with overlap), and the steps of one data block (those of a round).
+  bool exchanges_at(int64_t step) const { return step % round_steps_ == 0; }
+  bool starts_at(int64_t step) const { return (step + overlap_) % round_steps_ == 0; }
+  int64_t block_steps() const { return round_steps_; }
+  // With overlap: the inner steps an exchange runs behind (τ).
+  int64_t overlap_steps() const { return overlap_; }
 
   int64_t outer_steps() const;
   // Bytes this rank has sent to the other groups so far.
@@ -103,17 +118,34 @@ class DilocoSync {
   void drop_link();
   // One line on the group's first rank.
   void say(const std::string& line) const;
-  // sums_ for `record`: what this rank brings (its parameters, or the synchronous mode's
+  // The fragment round `round` synchronises (0 with one fragment).
+  int fragment_of(int64_t round) const;
+  // Each fragment's element ranges in each stage's store (one range, the whole store, with one
+  // fragment).
+  void build_fragments();
+  // captured_ (and payload_ when encoded): fragment `fragment`'s values as this rank holds them
+  // now, or zeros when it brings nothing to `record` (a joiner).
+  void capture(const replica::QuorumRecord& record, int fragment);
+  // sums_ for `record`: what this rank brings (the captured values, or the synchronous mode's
   // `gradients`), or zeros when it brings nothing (a joiner).
   void fill_sums(const replica::QuorumRecord& record, const float* gradients);
-  // Sums sums_ over the members; false on a failed link.
+  // Sums sums_ over the members (encoded: the members' payloads, decoded); false on a failed link.
   bool exchange(const replica::QuorumRecord& record);
+  // sums_ = the sum of `members` payloads laid one after the other in `blocks`, decoded.
+  void decode_sums(const uint8_t* blocks, int members);
+  // Agrees on round `round` and captures its fragment; with overlap the exchange starts on a
+  // thread of its own. A left-out group joins a later round: its RoundStart.
+  std::optional<RoundStart> start_round(int64_t round);
+  // At step `step`, the end of the round in flight: the exchange finished (agreed on again
+  // without a failed member), the outer step, the hand-over to joiners.
+  std::optional<RoundStart> finish_round(int64_t step);
   // The synchronous mode, inside the step: `gradients` (what this rank holds) replaced by their
   // mean over the groups, agreed on like an outer step.
   void exchange_gradients(float* gradients);
   std::string round_name() const { return sync_ ? "step" : "outer step"; }
-  // The contributors' outer step from sums_.
-  void apply_outer_step(const replica::QuorumRecord& record);
+  // The contributors' outer step on fragment `fragment` from sums_, mixed into the parameters
+  // trained since the capture (with overlap).
+  void apply_outer_step(const replica::QuorumRecord& record, int fragment);
   // The source's state to the members that do not hold it; true where it arrived (or was not
   // needed).
   bool hand_over_state(const replica::QuorumRecord& record);
@@ -129,7 +161,27 @@ class DilocoSync {
   comm::Communicator& world_;
   int groups_, group_;
   bool sync_;  // synchronous replica groups: gradients averaged every step (diloco.inner_steps 0)
-  int64_t inner_steps_;                              // 1 in the synchronous mode
+  int64_t inner_steps_;  // 1 in the synchronous mode
+  int fragments_;
+  int64_t round_steps_;  // H / P
+  int64_t overlap_;      // τ
+  float mixing_;         // α
+  replica::OuterPrecision precision_;
+  // [fragment][stage]: the fragment's element ranges in the stage's store.
+  std::vector<std::vector<std::vector<replica::ElementRange>>> fragment_ranges_;
+  std::vector<std::vector<float>> captured_;  // per stage: the fragment's values at the capture
+  std::vector<uint8_t> payload_, gathered_;   // encoded: this rank's Δ, and every member's
+  // The round in flight between its start and its end (with overlap, its exchange's thread).
+  struct Pending {
+    replica::QuorumRecord record;
+    int fragment = 0;
+    bool exchanged = false;
+    std::thread worker;
+    int64_t bytes_before = 0;
+  };
+  std::unique_ptr<Pending> pending_;
+  int64_t bytes_snapshot_ = 0;  // bytes_sent() while an exchange's thread runs
+  int64_t peak_round_bytes_ = 0;
   std::optional<replica::QuorumRecord> exchanged_;   // the synchronous step's, until after_step
   std::unique_ptr<replica::Membership> membership_;  // on the group's first rank, groups > 1
   std::unique_ptr<replica::GlooLink> link_;

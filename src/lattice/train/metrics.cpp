@@ -122,6 +122,9 @@ void MetricsLogger::log_step(const StepMetrics& m) {
   if (m.replica)
     std::printf(" | outer %lld, %s sent", static_cast<long long>(m.replica->outer_steps),
                 format_bytes(m.replica->bytes_sent).c_str());
+  if (m.replica && m.replica->peak_round_bytes > 0)
+    std::printf(" (this round %s, peak %.3g Gbit/s)", format_bytes(m.replica->round_bytes).c_str(),
+                m.replica->peak_gbps);
   if (m.val_loss) std::printf(" | val_loss %.4f", *m.val_loss);
   std::printf("\n");
   std::fflush(stdout);
@@ -165,6 +168,12 @@ void MetricsLogger::record(const StepMetrics& m) {
                    {"bytes_sent", m.replica->bytes_sent},
                    {"step_bytes", m.replica->step_bytes},
                    {"outer_seconds", m.replica->outer_seconds}};
+  if (m.replica && m.replica->peak_round_bytes > 0) {
+    nlohmann::json& d = j["diloco"];
+    d["round_bytes"] = m.replica->round_bytes;
+    d["peak_round_bytes"] = m.replica->peak_round_bytes;
+    d["peak_gbps"] = m.replica->peak_gbps;
+  }
   if (m.replica && !m.replica->members.empty()) {
     nlohmann::json& d = j["diloco"];
     d["members"] = m.replica->members;

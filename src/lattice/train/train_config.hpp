@@ -19,6 +19,7 @@
 #include "lattice/optim/lr_schedule.hpp"
 #include "lattice/parallel/context/context_parallel_mode.hpp"
 #include "lattice/parallel/parallel_layout.hpp"
+#include "lattice/parallel/replica/outer_codec.hpp"
 
 namespace lattice::train {
 
@@ -144,10 +145,21 @@ struct ReplicaConfig {
 
 // [diloco]: DiLoCo (Douillard et al. 2023): every inner_steps steps the groups average their
 // parameters and an outer SGD (Nesterov momentum) steps the pseudo-gradient (outer_optimizer.hpp).
+// Streaming DiLoCo (Douillard et al. 2025): the model in `fragments` fragments synchronised one
+// after another every inner_steps / fragments steps, each exchange overlapped with the next
+// `overlap_steps` inner steps and its result mixed into the parameters trained meanwhile
+// (θ ← mixing·θ_local + (1 − mixing)·θ_global), the outer gradients sent in `exchange` precision.
 struct DilocoConfig {
   int64_t inner_steps = 0;  // H; 0: off
   double outer_lr = 0.7, outer_momentum = 0.9;
   bool nesterov = true;
+  int64_t fragments = 1;      // P
+  int64_t overlap_steps = 0;  // τ, in [0, H / P)
+  double mixing = 0.5;        // α, with overlap_steps > 0
+  replica::OuterPrecision exchange = replica::OuterPrecision::fp32;
+  bool streaming() const {
+    return fragments > 1 || overlap_steps > 0 || exchange != replica::OuterPrecision::fp32;
+  }
 };
 
 struct TrainConfig {

@@ -173,6 +173,26 @@ static void check_replica_keys(const TrainConfig& c) {
   check(r.groups == 1 || c.parallelism.offload_dir.empty(),
         "replica groups hand their optimizer state to a joining group from memory: drop "
         "parallelism.offload_dir, or run one group (replica.groups = 1)");
+  const DilocoConfig& d = c.diloco;
+  if (d.streaming()) {
+    check(d.inner_steps > 0,
+          "diloco.fragments, overlap_steps and exchange are Streaming DiLoCo's: they need "
+          "diloco.inner_steps > 0");
+    const int64_t layers = c.model.n_layers + 2;  // the embedding, the blocks, the head
+    check(d.fragments >= 1 && d.fragments <= layers,
+          "diloco.fragments = " + std::to_string(d.fragments) + " must be in 1 .. " +
+              std::to_string(layers) + " (the model's layers: embedding, blocks and head)");
+    check(d.inner_steps % d.fragments == 0,
+          "diloco.inner_steps = " + std::to_string(d.inner_steps) +
+              " must be a multiple of diloco.fragments = " + std::to_string(d.fragments) +
+              " (each fragment is synchronised every inner_steps steps, one every inner_steps / "
+              "fragments)");
+    check(d.overlap_steps >= 0 && d.overlap_steps < d.inner_steps / d.fragments,
+          "diloco.overlap_steps = " + std::to_string(d.overlap_steps) + " must be in 0 .. " +
+              std::to_string(d.inner_steps / d.fragments - 1) +
+              " (below inner_steps / fragments: one fragment in flight at a time)");
+  }
+  check(d.mixing >= 0 && d.mixing <= 1, "diloco.mixing must be in [0, 1] (the paper's 0.5)");
   if (c.diloco.inner_steps > 0)
     replica::validate(replica::OuterSettings{static_cast<float>(c.diloco.outer_lr),
                                              static_cast<float>(c.diloco.outer_momentum),

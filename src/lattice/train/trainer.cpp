@@ -280,8 +280,21 @@ TrainResult Trainer::run() {
       outcome.replica->outer_steps = diloco_->outer_steps();
       outcome.replica->bytes_sent = diloco_->bytes_sent();
       outcome.replica->step_bytes = diloco_->bytes_sent() - bytes_before;
+      // The time the step spent on the groups' exchange: its start (the quorum, the capture) and
+      // its end (what was not hidden behind the inner steps, the outer step).
       outcome.replica->outer_seconds =
-          outer ? static_cast<double>(steady_clock_ns() - start_ns) * 1e-9 : 0.0;
+          outer || diloco_->starts_at(step)
+              ? static_cast<double>(steady_clock_ns() - start_ns) * 1e-9
+              : 0.0;
+      if (outer && outcome.replica->peak_round_bytes > 0) {
+        // The link that carries the largest round within the compute it can hide behind.
+        const double step_seconds =
+            (total_seconds + outcome.seconds) / static_cast<double>(result.losses.size() + 1);
+        const double window =
+            static_cast<double>(std::max<int64_t>(1, diloco_->overlap_steps())) * step_seconds;
+        outcome.replica->peak_gbps =
+            static_cast<double>(outcome.replica->peak_round_bytes) * 8 / window / 1e9;
+      }
       if (next && next->block) move_to_block(*next->block);
       if (next && next->step != step) jump_to = next->step;
     }

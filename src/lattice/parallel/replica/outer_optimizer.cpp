@@ -27,21 +27,46 @@ OuterOptimizer::OuterOptimizer(const float* parameters, int64_t elements, OuterS
 }
 
 void OuterOptimizer::step(float* parameters) {
-  const float lr = settings_.lr, mu = settings_.momentum;
-  const bool nesterov = settings_.nesterov;
-  const int64_t n = elements();
-  float* anchor = anchor_.data();
-  float* momentum = momentum_.data();
+  step(parameters, {{0, elements()}});
+}
+
+namespace {
+
+// The outer step on n elements (anchor, momentum and the packed values from `at`): from θ̄ (the
+// formula that makes lr 1 without momentum the identity) or from the mean Δ itself.
+void outer_update(const OuterSettings& s, float* anchor, float* momentum, float* at, int64_t n,
+                  bool from_delta) {
+  const float lr = s.lr, mu = s.momentum;
+  const bool nesterov = s.nesterov;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float mean = parameters[i];
-    const float delta = anchor[i] - mean;
+    const float delta = from_delta ? at[i] : anchor[i] - at[i];
     const float m = mu * momentum[i] + delta;
     momentum[i] = m;
     const float direction = nesterov ? delta + mu * m : m;
-    const float updated = mean + (delta - lr * direction);
-    parameters[i] = updated;
+    const float updated =
+        from_delta ? anchor[i] - lr * direction : at[i] + (delta - lr * direction);
+    at[i] = updated;
     anchor[i] = updated;
+  }
+}
+
+}  // namespace
+
+void OuterOptimizer::step(float* packed, const std::vector<ElementRange>& ranges) {
+  for (const ElementRange& r : ranges) {
+    outer_update(settings_, anchor_.data() + r.begin, momentum_.data() + r.begin, packed,
+                 r.end - r.begin, false);
+    packed += r.end - r.begin;
+  }
+  ++steps_;
+}
+
+void OuterOptimizer::step_delta(float* packed, const std::vector<ElementRange>& ranges) {
+  for (const ElementRange& r : ranges) {
+    outer_update(settings_, anchor_.data() + r.begin, momentum_.data() + r.begin, packed,
+                 r.end - r.begin, true);
+    packed += r.end - r.begin;
   }
   ++steps_;
 }

@@ -7,7 +7,9 @@
 // computed as θ ← θ̄ + (Δ − lr·d), the same value, which makes lr 1 without momentum the identity
 // on θ̄ bit for bit (Δ − 1·Δ = 0 exactly): one group then trains exactly as without DiLoCo. The
 // new θ becomes the next anchor. The anchor and the momentum are the outer state a checkpoint
-// keeps.
+// keeps. Streaming DiLoCo steps one fragment of the parameters at a time (element ranges of the
+// rank's store, packed one after the other), and may bring the groups' mean Δ itself (decoded
+// from a low-precision exchange) instead of θ̄: then θ ← θ_anchor − lr·d.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,11 @@ struct OuterSettings {
 // Throws Error naming the key (diloco.outer_lr, diloco.outer_momentum) when a setting is invalid.
 void validate(const OuterSettings& settings);
 
+// Elements [begin, end) of the rank's parameters.
+struct ElementRange {
+  int64_t begin = 0, end = 0;
+};
+
 class OuterOptimizer {
  public:
   // The outer state of `elements` parameters, anchored at `parameters`.
@@ -35,6 +42,10 @@ class OuterOptimizer {
 
   // `parameters`: θ̄, the groups' mean; replaced by the outer step's θ, which is the new anchor.
   void step(float* parameters);
+  // The same for the elements in `ranges` only: `packed` holds their θ̄ one range after another.
+  void step(float* packed, const std::vector<ElementRange>& ranges);
+  // The same from the groups' mean Δ (`packed`, replaced by θ).
+  void step_delta(float* packed, const std::vector<ElementRange>& ranges);
 
   // The state (for checkpoints, and for a group that joins: it takes a live peer's).
   const std::vector<float>& anchor() const { return anchor_; }
