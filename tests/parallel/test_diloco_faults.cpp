@@ -57,7 +57,7 @@ class DilocoFaultTest : public CorpusDirectoryTest {
            " --replica.groups=2 --replica.store=" + etcd_.endpoint() +
            " --replica.job=faults --replica.timeout_seconds=30 --replica.lease_seconds=2"
            " --replica.group=" +
-           std::to_string(group) + " --job.run_dir=" + (dir_ / run).string();
+           std::to_string(group) + " --job.run_dir=" + (dir_ / run).string() + extra_;
   }
 
   fs::path work(const std::string& name) const {
@@ -69,9 +69,11 @@ class DilocoFaultTest : public CorpusDirectoryTest {
   // waited for) so that the restarted group 1 finds it still running; group 1 (on threads, or under
   // `mpirun -np dp` when `mpi`) killed after step 3, then started again from nothing. Checks
   // everything the file's comment names.
-  void run_and_check(bool mpi, int dp, int inner) {
+  // `extra`: more flags for both groups; `every`: the steps between exchanges (0: H, or 1).
+  void run_and_check(bool mpi, int dp, int inner, const std::string& extra = "", int every = 0) {
     inner_ = inner;
-    const int every = std::max(1, inner);
+    extra_ = extra;
+    if (every == 0) every = std::max(1, inner);
     const std::string runner = LATTICE_FAULT_RUNNER;
     CliResult survivor, killed, again;
     std::thread group0([&] {
@@ -162,6 +164,7 @@ class DilocoFaultTest : public CorpusDirectoryTest {
     std::string endpoint() const { return process->endpoint(); }
   } etcd_;
   int inner_ = 2;
+  std::string extra_;
 };
 
 }  // namespace
@@ -173,6 +176,16 @@ TEST_F(DilocoFaultTest, AGroupKilledOnThreadsIsLeftOutAndItsRestartTakesTheJobsS
 // The same with synchronous replica groups: a quorum every step, the gradients averaged.
 TEST_F(DilocoFaultTest, ASynchronousGroupKilledIsLeftOutAndItsRestartTakesTheJobsState) {
   run_and_check(/*mpi=*/false, /*dp=*/1, /*inner=*/0);
+}
+
+// The same under Streaming DiLoCo: 2 fragments of H = 4 (a round every 2 steps), each exchange
+// overlapped with one inner step, in fp4. Group 1 dies just before a round's start; the round
+// goes on without it; the restart joins a round and takes the whole state; afterwards both end
+// every round on the same global fragment.
+TEST_F(DilocoFaultTest, AStreamingGroupKilledIsLeftOutAndItsRestartTakesTheJobsState) {
+  run_and_check(/*mpi=*/false, /*dp=*/1, /*inner=*/4,
+                " --diloco.fragments=2 --diloco.overlap_steps=1 --diloco.exchange=fp4",
+                /*every=*/2);
 }
 
 #ifdef LATTICE_MPIEXEC

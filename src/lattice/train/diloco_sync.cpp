@@ -693,7 +693,14 @@ std::optional<RoundStart> DilocoSync::start_round(int64_t round) {
   if (overlap_ > 0) {  // the exchange runs while the group trains the next τ steps
     bytes_snapshot_ = pending_->bytes_before;
     Pending* p = pending_.get();
-    p->worker = std::thread([this, p] { p->exchanged = exchange(p->record); });
+    p->worker = std::thread([this, p] {
+      try {
+        p->exchanged = exchange(p->record);
+      } catch (const std::exception& e) {  // exchange() turns the link's failures into false
+        say(std::string("the exchange's thread failed: ") + e.what());
+        p->exchanged = false;
+      }
+    });
   }
   return std::nullopt;
 }
